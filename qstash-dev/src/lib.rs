@@ -1,0 +1,1 @@
+//! QStash-compatible dev server.

@@ -1,0 +1,1 @@
+//! Whole-system test harness.
