@@ -1,2 +1,34 @@
 //! Transactional outbox on Postgres, relayed to Upstash QStash.
+//!
+//! The four guarantees each live in one named module:
+//!
+//! | guarantee | module |
+//! |---|---|
+//! | **No event lost** at write time (event ⇔ committed business transaction) | [`producer`] |
+//! | **No event lost** in transit (lease, fencing, retries, dead letters) | `relay` |
+//! | **No side effect applied twice** (dedupe row + work in one transaction) | `once` |
+//! | **Per-key order** (sequence under a lock, one event per key in flight, delivery evidence) | [`ordering`] |
+//! | **Nothing fails silently** (one queryable dead-letter table) | `dead_letters` |
+//!
+//! Everything else is plumbing: [`config`], [`secrets`], [`db`].
+
+pub mod config;
+pub mod db;
+pub mod ordering;
+pub mod producer;
+pub mod secrets;
+pub mod telemetry;
+
+pub use producer::{
+    EnqueueError, EnqueuedEvent, InvalidEvent, NewEvent, Producer, Topic, TopicOrdering, enqueue,
+    enqueue_batch,
+};
+
+/// The embedded schema migrations (what the Lambdas expect). Run by the CLI (`outbox migrate`) and the tests.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// Installs rustls' ring provider as the process default (idempotent). reqwest is built without a provider
+/// so that one TLS stack (ring) serves sqlx, reqwest and the AWS SDK.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

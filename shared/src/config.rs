@@ -1,0 +1,515 @@
+//! Typed configuration from environment variables.
+//!
+//! Every Lambda reads only the sections it needs, so a variable one function requires never breaks another.
+//! Values are parsed into domain types at this edge; an invalid value is a [`ConfigError`] that names the
+//! variable (and, for non-secret variables only, the offending value). Secrets are not read here: see
+//! [`crate::secrets`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Where configuration values come from: the process environment in Lambda, a map in tests.
+pub trait EnvSource: Send + Sync {
+    /// The value of `key`, if set. Empty strings count as unset.
+    fn var(&self, key: &str) -> Option<String>;
+}
+
+/// The real process environment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessEnv;
+
+impl EnvSource for ProcessEnv {
+    fn var(&self, key: &str) -> Option<String> {
+        std::env::var(key).ok().filter(|v| !v.trim().is_empty())
+    }
+}
+
+impl EnvSource for HashMap<String, String> {
+    fn var(&self, key: &str) -> Option<String> {
+        self.get(key).filter(|v| !v.trim().is_empty()).cloned()
+    }
+}
+
+impl EnvSource for HashMap<&'static str, &'static str> {
+    fn var(&self, key: &str) -> Option<String> {
+        self.get(key)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| (*v).to_owned())
+    }
+}
+
+/// A configuration problem found at startup. Messages name the variable or secret field; secret values are
+/// never included.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A required environment variable is not set.
+    #[error("environment variable {name} is required ({hint})")]
+    MissingVar {
+        /// The variable.
+        name: &'static str,
+        /// What it is for.
+        hint: &'static str,
+    },
+    /// A variable is set but its value does not parse.
+    #[error("environment variable {name}={value:?} is invalid: {reason}")]
+    InvalidVar {
+        /// The variable.
+        name: &'static str,
+        /// The value as given (never used for secret variables).
+        value: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The Secrets Manager call failed.
+    #[error("could not read secret {secret_id:?} from AWS Secrets Manager: {reason}")]
+    SecretFetch {
+        /// The secret id or ARN.
+        secret_id: String,
+        /// The SDK error with its cause chain.
+        reason: String,
+    },
+    /// The secret exists but is not usable JSON.
+    #[error("secret {origin} is malformed: {reason}")]
+    MalformedSecret {
+        /// Secret id, or "environment".
+        origin: String,
+        /// What is wrong (never the content).
+        reason: String,
+    },
+    /// A field the function needs is missing from the secret (or from the environment fallback).
+    #[error("secret {origin} has no field {field} (a non-empty string is required)")]
+    MissingSecretField {
+        /// Secret id, or "environment".
+        origin: String,
+        /// The JSON field / environment variable name.
+        field: &'static str,
+    },
+    /// The database URL does not parse (the URL itself is not echoed: it holds a password).
+    #[error("DATABASE_URL is not a valid Postgres URL: {reason}")]
+    InvalidDatabaseUrl {
+        /// Parser message with the URL removed.
+        reason: String,
+    },
+}
+
+/// Reads typed values from an [`EnvSource`].
+pub struct Vars<'a> {
+    env: &'a dyn EnvSource,
+}
+
+impl<'a> Vars<'a> {
+    /// Wraps an environment source.
+    pub fn new(env: &'a dyn EnvSource) -> Self {
+        Self { env }
+    }
+
+    /// The raw value, if set.
+    pub fn raw(&self, name: &str) -> Option<String> {
+        self.env.var(name)
+    }
+
+    /// A required string.
+    pub fn required(&self, name: &'static str, hint: &'static str) -> Result<String, ConfigError> {
+        self.env
+            .var(name)
+            .map(|v| v.trim().to_owned())
+            .ok_or(ConfigError::MissingVar { name, hint })
+    }
+
+    /// An optional value parsed with `FromStr`, or `default`.
+    pub fn parse_or<T>(&self, name: &'static str, default: T) -> Result<T, ConfigError>
+    where
+        T: FromStr,
+        T::Err: fmt::Display,
+    {
+        match self.env.var(name) {
+            None => Ok(default),
+            Some(v) => v
+                .trim()
+                .parse()
+                .map_err(|e: T::Err| ConfigError::InvalidVar {
+                    name,
+                    value: v.clone(),
+                    reason: e.to_string(),
+                }),
+        }
+    }
+
+    /// A boolean (`true/false/1/0/yes/no/on/off`), or `default`.
+    pub fn bool_or(&self, name: &'static str, default: bool) -> Result<bool, ConfigError> {
+        match self.env.var(name) {
+            None => Ok(default),
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => Ok(true),
+                "false" | "0" | "no" | "off" => Ok(false),
+                _ => Err(ConfigError::InvalidVar {
+                    name,
+                    value: v,
+                    reason: "expected true or false".into(),
+                }),
+            },
+        }
+    }
+
+    /// A duration given in the unit named by the variable (`…_MS` or `…_SECS`), or `default`.
+    pub fn duration_or(
+        &self,
+        name: &'static str,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        let millis = name.ends_with("_MS");
+        match self.env.var(name) {
+            None => Ok(default),
+            Some(v) => {
+                let n: f64 = v.trim().parse().map_err(|_| ConfigError::InvalidVar {
+                    name,
+                    value: v.clone(),
+                    reason: "expected a number".into(),
+                })?;
+                if !n.is_finite() || n < 0.0 {
+                    return Err(ConfigError::InvalidVar {
+                        name,
+                        value: v,
+                        reason: "expected a non-negative number".into(),
+                    });
+                }
+                Ok(if millis {
+                    Duration::from_secs_f64(n / 1000.0)
+                } else {
+                    Duration::from_secs_f64(n)
+                })
+            }
+        }
+    }
+
+    /// An `http(s)` URL (trailing `/` removed), if set.
+    pub fn url(&self, name: &'static str) -> Result<Option<String>, ConfigError> {
+        match self.env.var(name) {
+            None => Ok(None),
+            Some(v) => {
+                let v = v.trim();
+                match url::Url::parse(v) {
+                    Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {
+                        Ok(Some(v.trim_end_matches('/').to_owned()))
+                    }
+                    Ok(_) => Err(ConfigError::InvalidVar {
+                        name,
+                        value: v.to_owned(),
+                        reason: "expected an http:// or https:// URL".into(),
+                    }),
+                    Err(e) => Err(ConfigError::InvalidVar {
+                        name,
+                        value: v.to_owned(),
+                        reason: e.to_string(),
+                    }),
+                }
+            }
+        }
+    }
+
+    /// A comma-separated list (empty items dropped).
+    pub fn list(&self, name: &'static str) -> Vec<String> {
+        self.env
+            .var(name)
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// A number within `[min, max]`, or `default`.
+    pub fn ranged_or<T>(
+        &self,
+        name: &'static str,
+        default: T,
+        min: T,
+        max: T,
+    ) -> Result<T, ConfigError>
+    where
+        T: FromStr + PartialOrd + fmt::Display + Copy,
+        T::Err: fmt::Display,
+    {
+        let v = self.parse_or(name, default)?;
+        if v < min || v > max {
+            return Err(ConfigError::InvalidVar {
+                name,
+                value: v.to_string(),
+                reason: format!("must be between {min} and {max}"),
+            });
+        }
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&'static str, &'static str)]) -> HashMap<&'static str, &'static str> {
+        pairs.iter().copied().collect()
+    }
+
+    #[test]
+    fn durations_follow_the_unit_in_the_name() {
+        let e = env(&[("A_MS", "1500"), ("B_SECS", "2.5")]);
+        let v = Vars::new(&e);
+        assert_eq!(
+            v.duration_or("A_MS", Duration::ZERO).unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(
+            v.duration_or("B_SECS", Duration::ZERO).unwrap(),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            v.duration_or("C_SECS", Duration::from_secs(7)).unwrap(),
+            Duration::from_secs(7)
+        );
+    }
+
+    #[test]
+    fn invalid_values_name_the_variable() {
+        let e = env(&[("N", "lots"), ("B", "maybe"), ("U", "ftp://x"), ("R", "0")]);
+        let v = Vars::new(&e);
+        let err = v.parse_or::<u32>("N", 1).unwrap_err().to_string();
+        assert!(err.contains("N=\"lots\""), "{err}");
+        assert!(
+            v.bool_or("B", false)
+                .unwrap_err()
+                .to_string()
+                .contains("true or false")
+        );
+        assert!(v.url("U").unwrap_err().to_string().contains("http"));
+        assert!(
+            v.ranged_or::<u32>("R", 5, 1, 10)
+                .unwrap_err()
+                .to_string()
+                .contains("between 1 and 10")
+        );
+        let missing = v.required("NOPE", "the thing").unwrap_err().to_string();
+        assert_eq!(missing, "environment variable NOPE is required (the thing)");
+    }
+
+    #[test]
+    fn empty_values_count_as_unset() {
+        let e = env(&[("E", "  ")]);
+        let v = Vars::new(&e);
+        assert_eq!(v.parse_or::<u32>("E", 3).unwrap(), 3);
+        assert!(v.list("E").is_empty());
+    }
+}
+
+/// QStash publishing settings (relay).
+#[derive(Debug, Clone)]
+pub struct QstashConfig {
+    /// `QSTASH_URL` (default `https://qstash.upstash.io`).
+    pub base_url: String,
+    /// `QSTASH_RETRIES` (default 5): QStash-level delivery retries after the first attempt.
+    pub retries: u32,
+    /// `QSTASH_PUBLISH_TIMEOUT_MS` (default 10000): HTTP timeout of one publish call.
+    pub publish_timeout: Duration,
+    /// `QSTASH_DELIVERY_TIMEOUT_SECS` (optional): `Upstash-Timeout` per delivery attempt.
+    pub delivery_timeout: Option<Duration>,
+    /// `QSTASH_FLOW_PARALLELISM` (default 10): `parallelism` of the per-key flow-control key.
+    pub flow_parallelism: u32,
+    /// `QSTASH_FLOW_RATE` (optional): `rate` per `QSTASH_FLOW_PERIOD_SECS` (default 1).
+    pub flow_rate: Option<u32>,
+    /// `QSTASH_FLOW_PERIOD_SECS`.
+    pub flow_period: Duration,
+    /// `CONSUMER_URL` (required by the relay): events go to `{CONSUMER_URL}/events/{topic}`.
+    pub consumer_url: String,
+    /// `CALLBACK_URL` (required by the relay): the failure-callback function's URL; QStash failure callbacks go
+    /// to `{CALLBACK_URL}/failure`, delivery callbacks of ordered topics to `{CALLBACK_URL}/delivered`.
+    pub callback_url: String,
+}
+
+impl QstashConfig {
+    /// Reads the `QSTASH_*`, `CONSUMER_URL` and `CALLBACK_URL` variables.
+    pub fn from_vars(v: &Vars<'_>) -> Result<Self, ConfigError> {
+        Ok(QstashConfig {
+            base_url: v
+                .url("QSTASH_URL")?
+                .unwrap_or_else(|| "https://qstash.upstash.io".into()),
+            retries: v.ranged_or("QSTASH_RETRIES", 5, 0, 100)?,
+            publish_timeout: v.duration_or("QSTASH_PUBLISH_TIMEOUT_MS", Duration::from_secs(10))?,
+            delivery_timeout: match v.raw("QSTASH_DELIVERY_TIMEOUT_SECS") {
+                Some(_) => Some(v.duration_or("QSTASH_DELIVERY_TIMEOUT_SECS", Duration::ZERO)?),
+                None => None,
+            },
+            flow_parallelism: v.ranged_or("QSTASH_FLOW_PARALLELISM", 10, 1, 1000)?,
+            flow_rate: match v.raw("QSTASH_FLOW_RATE") {
+                Some(_) => Some(v.ranged_or("QSTASH_FLOW_RATE", 1, 1, 1_000_000)?),
+                None => None,
+            },
+            flow_period: v.duration_or("QSTASH_FLOW_PERIOD_SECS", Duration::from_secs(1))?,
+            consumer_url: v.url("CONSUMER_URL")?.ok_or(ConfigError::MissingVar {
+                name: "CONSUMER_URL",
+                hint: "the consumer function URL QStash delivers events to",
+            })?,
+            callback_url: v.url("CALLBACK_URL")?.ok_or(ConfigError::MissingVar {
+                name: "CALLBACK_URL",
+                hint: "the failure-callback function URL",
+            })?,
+        })
+    }
+}
+
+/// What happens to the later events of an ordered key whose head is dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadHeadPolicy {
+    /// The key stops until an operator redrives or discards the head (default).
+    Block,
+    /// The head is recorded as a dead letter and the key moves on.
+    Skip,
+}
+
+/// Relay settings.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// `RELAY_BATCH_SIZE` (default 500): rows per claim.
+    pub batch_size: u32,
+    /// `RELAY_LEASE_SECS` (default 30): how long a claim is exclusive.
+    pub lease: Duration,
+    /// `RELAY_MAX_ATTEMPTS` (default 12): publish attempts before the relay dead-letters an event.
+    pub max_attempts: u32,
+    /// `RELAY_BACKOFF_BASE_SECS` (default 30).
+    pub backoff_base: Duration,
+    /// `RELAY_BACKOFF_CAP_SECS` (default 3600).
+    pub backoff_cap: Duration,
+    /// `RELAY_POLL_INTERVAL_MS` (default 500): wait between claims when the last one was not full.
+    pub poll_interval: Duration,
+    /// `RELAY_DEADLINE_MARGIN_MS` (default 3000): stop this long before the invocation's deadline.
+    pub deadline_margin: Duration,
+    /// `RELAY_CONCURRENCY` (default 2): claim/publish/settle cycles in flight at once.
+    pub concurrency: u32,
+    /// `RELAY_SKIP_DEAD_HEAD_TOPICS` (comma list): ordered topics whose dead heads are skipped, not blocking.
+    pub skip_topics: Vec<String>,
+    /// `RELAY_EVIDENCE_TIMEOUT_SECS`: an ordered head accepted by QStash without delivery evidence for this
+    /// long is published again. Default: QStash's whole retry horizon for `QSTASH_RETRIES`, plus an hour.
+    pub evidence_timeout: Duration,
+    /// `OUTBOX_RETENTION_HOURS` (default 24): dispatched rows are deleted after this.
+    pub retention: Duration,
+    /// `PROCESSED_TTL_HOURS` (default 168 = 7 days): consumer dedupe rows are pruned after this.
+    pub processed_ttl: Duration,
+    /// `RELAY_HOUSEKEEPING_BATCH` (default 1000): rows deleted per housekeeping statement.
+    pub housekeeping_batch: u32,
+    /// `RELAY_LISTEN_NOTIFY` (default false): wake on `NOTIFY outbox_new` instead of waiting a full poll.
+    pub listen_notify: bool,
+}
+
+/// QStash's default retry delays (seconds before the n-th retry): `min(86400, e^(2.5·n))`.
+pub fn qstash_retry_horizon(retries: u32) -> Duration {
+    let secs: f64 = (1..=retries)
+        .map(|n| (2.5 * n as f64).exp().min(86_400.0))
+        .sum();
+    Duration::from_secs_f64(secs)
+}
+
+impl RelayConfig {
+    /// Reads the `RELAY_*` variables; `qstash_retries` sets the default evidence timeout.
+    pub fn from_vars(v: &Vars<'_>, qstash_retries: u32) -> Result<Self, ConfigError> {
+        let lease = v.duration_or("RELAY_LEASE_SECS", Duration::from_secs(30))?;
+        if lease < Duration::from_secs(1) {
+            return Err(ConfigError::InvalidVar {
+                name: "RELAY_LEASE_SECS",
+                value: format!("{}", lease.as_secs_f64()),
+                reason: "must be at least 1 second".into(),
+            });
+        }
+        let hours = |name: &'static str, default: f64| -> Result<Duration, ConfigError> {
+            let h: f64 = v.parse_or(name, default)?;
+            if !h.is_finite() || h <= 0.0 {
+                return Err(ConfigError::InvalidVar {
+                    name,
+                    value: h.to_string(),
+                    reason: "must be a positive number of hours".into(),
+                });
+            }
+            Ok(Duration::from_secs_f64(h * 3600.0))
+        };
+        Ok(RelayConfig {
+            batch_size: v.ranged_or("RELAY_BATCH_SIZE", 500, 1, 5000)?,
+            lease,
+            max_attempts: v.ranged_or("RELAY_MAX_ATTEMPTS", 12, 1, 1000)?,
+            backoff_base: v.duration_or("RELAY_BACKOFF_BASE_SECS", Duration::from_secs(30))?,
+            backoff_cap: v.duration_or("RELAY_BACKOFF_CAP_SECS", Duration::from_secs(3600))?,
+            poll_interval: v.duration_or("RELAY_POLL_INTERVAL_MS", Duration::from_millis(500))?,
+            deadline_margin: v.duration_or("RELAY_DEADLINE_MARGIN_MS", Duration::from_secs(3))?,
+            concurrency: v.ranged_or("RELAY_CONCURRENCY", 2, 1, 16)?,
+            skip_topics: v.list("RELAY_SKIP_DEAD_HEAD_TOPICS"),
+            evidence_timeout: v.duration_or(
+                "RELAY_EVIDENCE_TIMEOUT_SECS",
+                qstash_retry_horizon(qstash_retries) + Duration::from_secs(3600),
+            )?,
+            retention: hours("OUTBOX_RETENTION_HOURS", 24.0)?,
+            processed_ttl: hours("PROCESSED_TTL_HOURS", 168.0)?,
+            housekeeping_batch: v.ranged_or("RELAY_HOUSEKEEPING_BATCH", 1000, 1, 100_000)?,
+            listen_notify: v.bool_or("RELAY_LISTEN_NOTIFY", false)?,
+        })
+    }
+
+    /// The policy for a topic's dead heads.
+    pub fn dead_head_policy(&self, topic: &str) -> DeadHeadPolicy {
+        if self.skip_topics.iter().any(|t| t == topic) {
+            DeadHeadPolicy::Skip
+        } else {
+            DeadHeadPolicy::Block
+        }
+    }
+}
+
+/// Consumer and callback receiver settings.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// `CONSUMER_NAME` (default `consumer`): the dedupe namespace in `processed_messages`.
+    pub name: String,
+    /// `PUBLIC_BASE_URL` (optional): the URL QStash calls, used for the signature's `sub`. When unset the URL
+    /// is rebuilt from the request (host header, raw path, raw query).
+    pub public_base_url: Option<String>,
+    /// `MAX_BODY_BYTES` (default 1048576): larger bodies are refused before verification.
+    pub max_body_bytes: usize,
+    /// `SIGNATURE_CLOCK_TOLERANCE_SECS` (default 0).
+    pub clock_tolerance: Duration,
+    /// `SECRET_REFRESH_INTERVAL_SECS` (default 60): at most one re-read of the secret per interval when both
+    /// signing keys fail (key rotation without redeploy).
+    pub secret_refresh_interval: Duration,
+    /// `RELAY_SKIP_DEAD_HEAD_TOPICS`: the failure callback applies the same dead-head policy as the relay.
+    pub skip_topics: Vec<String>,
+}
+
+impl ConsumerConfig {
+    /// Reads the consumer variables.
+    pub fn from_vars(v: &Vars<'_>) -> Result<Self, ConfigError> {
+        let name = v.raw("CONSUMER_NAME").unwrap_or_else(|| "consumer".into());
+        if name.len() > 100 {
+            return Err(ConfigError::InvalidVar {
+                name: "CONSUMER_NAME",
+                value: name,
+                reason: "at most 100 characters".into(),
+            });
+        }
+        Ok(ConsumerConfig {
+            name,
+            public_base_url: v.url("PUBLIC_BASE_URL")?,
+            max_body_bytes: v.ranged_or("MAX_BODY_BYTES", 1_048_576, 1024, 64 * 1_048_576)?,
+            clock_tolerance: v.duration_or("SIGNATURE_CLOCK_TOLERANCE_SECS", Duration::ZERO)?,
+            secret_refresh_interval: v
+                .duration_or("SECRET_REFRESH_INTERVAL_SECS", Duration::from_secs(60))?,
+            skip_topics: v.list("RELAY_SKIP_DEAD_HEAD_TOPICS"),
+        })
+    }
+
+    /// The policy for a topic's dead heads (same rule as the relay's).
+    pub fn dead_head_policy(&self, topic: &str) -> DeadHeadPolicy {
+        if self.skip_topics.iter().any(|t| t == topic) {
+            DeadHeadPolicy::Skip
+        } else {
+            DeadHeadPolicy::Block
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! A Postgres pool suited to Lambda: few connections, lazy connect (no I/O at cold start), short timeouts,
+//! a server-side `idle_in_transaction_session_timeout` so a frozen or killed invocation can never pin the xmin
+//! horizon, and a switch for the prepared-statement cache (off behind RDS Proxy / PgBouncer in transaction
+//! mode, where named statements break or pin sessions).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::config::{ConfigError, Vars};
+
+/// Pool settings, from `DB_*` environment variables.
+#[derive(Debug, Clone)]
+pub struct DbConfig {
+    /// `DB_MAX_CONNECTIONS` (default 2): one Lambda environment serves one invocation at a time.
+    pub max_connections: u32,
+    /// `DB_ACQUIRE_TIMEOUT_MS` (default 5000).
+    pub acquire_timeout: Duration,
+    /// `DB_STATEMENT_TIMEOUT_MS` (default 30000; 0 disables).
+    pub statement_timeout: Duration,
+    /// `DB_IDLE_IN_TRANSACTION_TIMEOUT_MS` (default 10000).
+    pub idle_in_transaction_timeout: Duration,
+    /// `DB_PERSISTENT_STATEMENTS` (default true). Set false behind RDS Proxy or PgBouncer (transaction mode):
+    /// every query then uses an unnamed statement. (sqlx 0.9's `statement_cache_capacity(0)` leaks named
+    /// statements instead, so it is not used.)
+    pub persistent_statements: bool,
+    /// `DB_ASYNC_COMMIT` (default false here; the relay turns it on for its own pool, see
+    /// `docs/decisions/0006-relay-async-commit.md`).
+    pub async_commit: bool,
+    /// `DB_MAX_LIFETIME_SECS` (default 1800): keep below any proxy idle timeout.
+    pub max_lifetime: Duration,
+    /// `DB_IDLE_TIMEOUT_SECS` (default 300).
+    pub idle_timeout: Duration,
+    /// `application_name` shown in `pg_stat_activity`.
+    pub application_name: String,
+}
+
+impl DbConfig {
+    /// Defaults for the named application.
+    pub fn defaults(application_name: &str) -> Self {
+        DbConfig {
+            max_connections: 2,
+            acquire_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(30),
+            idle_in_transaction_timeout: Duration::from_secs(10),
+            persistent_statements: true,
+            async_commit: false,
+            max_lifetime: Duration::from_secs(1800),
+            idle_timeout: Duration::from_secs(300),
+            application_name: application_name.to_owned(),
+        }
+    }
+
+    /// Reads the `DB_*` variables over the defaults.
+    pub fn from_vars(v: &Vars<'_>, application_name: &str) -> Result<Self, ConfigError> {
+        let d = Self::defaults(application_name);
+        Ok(DbConfig {
+            max_connections: v.ranged_or("DB_MAX_CONNECTIONS", d.max_connections, 1, 100)?,
+            acquire_timeout: v.duration_or("DB_ACQUIRE_TIMEOUT_MS", d.acquire_timeout)?,
+            statement_timeout: v.duration_or("DB_STATEMENT_TIMEOUT_MS", d.statement_timeout)?,
+            idle_in_transaction_timeout: v.duration_or(
+                "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+                d.idle_in_transaction_timeout,
+            )?,
+            persistent_statements: v
+                .bool_or("DB_PERSISTENT_STATEMENTS", d.persistent_statements)?,
+            async_commit: v.bool_or("DB_ASYNC_COMMIT", d.async_commit)?,
+            max_lifetime: v.duration_or("DB_MAX_LIFETIME_SECS", d.max_lifetime)?,
+            idle_timeout: v.duration_or("DB_IDLE_TIMEOUT_SECS", d.idle_timeout)?,
+            application_name: v.raw("DB_APPLICATION_NAME").unwrap_or(d.application_name),
+        })
+    }
+
+    /// Connect options from a URL plus these settings. Session settings go in the startup packet (no `SET`
+    /// round trip, nothing for a proxy to pin on).
+    pub fn connect_options(&self, url: &SecretString) -> Result<PgConnectOptions, ConfigError> {
+        let opts = PgConnectOptions::from_str(url.expose_secret()).map_err(|e| {
+            // sqlx's message may quote the URL; keep only the part before any quote.
+            let msg = e.to_string();
+            let reason = msg
+                .split(['"', '\''])
+                .next()
+                .unwrap_or("unparseable")
+                .trim()
+                .to_owned();
+            ConfigError::InvalidDatabaseUrl { reason }
+        })?;
+        let mut settings = vec![
+            (
+                "statement_timeout",
+                self.statement_timeout.as_millis().to_string(),
+            ),
+            (
+                "idle_in_transaction_session_timeout",
+                self.idle_in_transaction_timeout.as_millis().to_string(),
+            ),
+        ];
+        if self.async_commit {
+            settings.push(("synchronous_commit", "off".to_owned()));
+        }
+        Ok(opts
+            .application_name(&self.application_name)
+            .options(settings))
+    }
+
+    /// A lazily connecting pool: building it does no I/O, the first query connects.
+    pub fn pool(&self, url: &SecretString) -> Result<PgPool, ConfigError> {
+        let opts = self.connect_options(url)?;
+        Ok(PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .min_connections(0)
+            .acquire_timeout(self.acquire_timeout)
+            .max_lifetime(self.max_lifetime)
+            .idle_timeout(self.idle_timeout)
+            .test_before_acquire(true)
+            .connect_lazy_with(opts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn reads_overrides_and_rejects_bad_values() {
+        let env: HashMap<&'static str, &'static str> = [
+            ("DB_MAX_CONNECTIONS", "1"),
+            ("DB_PERSISTENT_STATEMENTS", "false"),
+        ]
+        .into();
+        let c = DbConfig::from_vars(&Vars::new(&env), "relay").unwrap();
+        assert_eq!(c.max_connections, 1);
+        assert!(!c.persistent_statements);
+        let env: HashMap<&'static str, &'static str> = [("DB_MAX_CONNECTIONS", "0")].into();
+        assert!(DbConfig::from_vars(&Vars::new(&env), "relay").is_err());
+    }
+
+    #[test]
+    fn bad_url_error_hides_the_password() {
+        let c = DbConfig::defaults("t");
+        let err = c
+            .connect_options(&SecretString::from(
+                "postgres://u:hunter2@h:notaport/db".to_owned(),
+            ))
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+}

@@ -1,0 +1,586 @@
+//! The producer API — guarantee 1, **no event is lost at write time**: an event exists if and only if the
+//! business transaction that wrote it committed.
+//!
+//! Call [`enqueue`] / [`enqueue_batch`] (or the [`Producer`] methods) with the caller's own transaction:
+//!
+//! ```no_run
+//! # async fn f(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox::producer::{enqueue, NewEvent, Topic};
+//! const ORDERS: Topic = Topic::ordered("orders");
+//! let mut tx = pool.begin().await?;
+//! sqlx::query("INSERT INTO orders (id) VALUES (42)").execute(&mut *tx).await?;
+//! enqueue(&mut tx, NewEvent::new(&ORDERS, "customer-7", &serde_json::json!({"order_id": 42}))?).await?;
+//! tx.commit().await?; // the order and its event commit together, or neither does
+//! # Ok(()) }
+//! ```
+//!
+//! Each call is **one SQL statement**, so an invalid or failing batch writes nothing, whether or not the caller
+//! is inside a transaction. Input is validated before anything is sent: an empty topic or key, an oversized
+//! payload, a payload that is not JSON (or holds `\u0000`, which `jsonb` rejects) or a malformed header is an
+//! [`InvalidEvent`] naming the event's index.
+//!
+//! Ordered topics allocate a per-key sequence in the same statement; see [`crate::ordering`] for why the
+//! sequence follows commit order.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::{PgConnection, Row};
+
+/// Payload limit by default: QStash's smallest plan accepts 1 MB messages.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1_000_000;
+/// Longest partition key accepted (it becomes part of HTTP headers and a flow-control key).
+pub const MAX_KEY_BYTES: usize = 512;
+/// Longest topic name (it becomes part of the consumer URL path).
+pub const MAX_TOPIC_CHARS: usize = 100;
+/// Longest delay accepted.
+pub const MAX_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Whether a topic keeps per-key order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicOrdering {
+    /// Events may be delivered in any order (highest throughput).
+    Unordered,
+    /// Events of one partition key are applied in commit order (see [`crate::ordering`]).
+    PerKey,
+}
+
+/// A topic and its ordering mode, usually declared once as a constant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topic {
+    name: Cow<'static, str>,
+    ordering: TopicOrdering,
+}
+
+impl Topic {
+    /// An unordered topic.
+    pub const fn unordered(name: &'static str) -> Topic {
+        Topic {
+            name: Cow::Borrowed(name),
+            ordering: TopicOrdering::Unordered,
+        }
+    }
+
+    /// A topic ordered per partition key.
+    pub const fn ordered(name: &'static str) -> Topic {
+        Topic {
+            name: Cow::Borrowed(name),
+            ordering: TopicOrdering::PerKey,
+        }
+    }
+
+    /// A topic named at run time.
+    pub fn new(name: impl Into<String>, ordering: TopicOrdering) -> Topic {
+        Topic {
+            name: Cow::Owned(name.into()),
+            ordering,
+        }
+    }
+
+    /// The topic name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The ordering mode.
+    pub fn ordering(&self) -> TopicOrdering {
+        self.ordering
+    }
+}
+
+/// Checks a topic name: 1–100 characters of `A-Z a-z 0-9 . _ -` (it becomes a URL path segment).
+pub fn validate_topic(name: &str) -> Result<(), InvalidEvent> {
+    if name.is_empty() {
+        return Err(InvalidEvent::EmptyTopic);
+    }
+    let ok = name.chars().count() <= MAX_TOPIC_CHARS
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidEvent::InvalidTopic(name.chars().take(120).collect()))
+    }
+}
+
+/// Metadata carried with an event and forwarded to the consumer as HTTP headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct EventHeaders {
+    /// W3C trace context of the producing span (`traceparent`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub traceparent: Option<String>,
+    /// Correlation id (e.g. the request id that caused the event).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub correlation_id: Option<String>,
+    /// Schema version of the payload (≥ 1).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub schema_version: Option<u32>,
+}
+
+impl EventHeaders {
+    fn validate(&self) -> Result<(), InvalidEvent> {
+        if let Some(tp) = &self.traceparent
+            && !is_traceparent(tp)
+        {
+            return Err(InvalidEvent::InvalidHeader {
+                name: "traceparent",
+                reason: "expected W3C format 00-<32 hex>-<16 hex>-<2 hex>".into(),
+            });
+        }
+        if let Some(id) = &self.correlation_id
+            && (id.is_empty() || id.len() > 256 || !id.bytes().all(|b| (0x21..=0x7e).contains(&b)))
+        {
+            return Err(InvalidEvent::InvalidHeader {
+                name: "correlation_id",
+                reason: "expected 1–256 visible ASCII characters".into(),
+            });
+        }
+        if self.schema_version == Some(0) {
+            return Err(InvalidEvent::InvalidHeader {
+                name: "schema_version",
+                reason: "versions start at 1".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `00-<trace id>-<parent id>-<flags>`, lower-case hex, non-zero ids.
+pub fn is_traceparent(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('-').collect();
+    let hex = |p: &str, n: usize| {
+        p.len() == n
+            && p.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    parts.len() == 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && hex(parts[1], 32)
+        && parts[1].bytes().any(|b| b != b'0')
+        && hex(parts[2], 16)
+        && parts[2].bytes().any(|b| b != b'0')
+        && hex(parts[3], 2)
+}
+
+/// One event to write.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    topic: String,
+    ordering: TopicOrdering,
+    key: String,
+    payload: Result<String, String>,
+    headers: EventHeaders,
+    delay: Option<Duration>,
+}
+
+impl NewEvent {
+    /// An event with a typed payload serialised to JSON.
+    pub fn new<T: Serialize + ?Sized>(
+        topic: &Topic,
+        key: impl Into<String>,
+        payload: &T,
+    ) -> Result<Self, EnqueueError> {
+        let json = serde_json::to_string(payload).map_err(EnqueueError::Serialize)?;
+        Ok(Self::build(topic, key.into(), Ok(json)))
+    }
+
+    /// An event whose payload is already JSON text; it is checked when enqueued.
+    pub fn from_json(topic: &Topic, key: impl Into<String>, json: impl Into<String>) -> Self {
+        Self::build(topic, key.into(), Err(json.into()))
+    }
+
+    /// An event whose payload is raw bytes that must be UTF-8 JSON; checked when enqueued.
+    pub fn from_json_bytes(topic: &Topic, key: impl Into<String>, bytes: &[u8]) -> Self {
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        Self::build(topic, key.into(), Err(text))
+    }
+
+    fn build(topic: &Topic, key: String, payload: Result<String, String>) -> Self {
+        NewEvent {
+            topic: topic.name().to_owned(),
+            ordering: topic.ordering(),
+            key,
+            payload,
+            headers: EventHeaders::default(),
+            delay: None,
+        }
+    }
+
+    /// Sets the W3C `traceparent` forwarded to the consumer.
+    pub fn traceparent(mut self, traceparent: impl Into<String>) -> Self {
+        self.headers.traceparent = Some(traceparent.into());
+        self
+    }
+
+    /// Sets the correlation id forwarded to the consumer.
+    pub fn correlation_id(mut self, id: impl Into<String>) -> Self {
+        self.headers.correlation_id = Some(id.into());
+        self
+    }
+
+    /// Sets the payload schema version (≥ 1).
+    pub fn schema_version(mut self, version: u32) -> Self {
+        self.headers.schema_version = Some(version);
+        self
+    }
+
+    /// Delays the first publish. For an ordered topic the delay holds back the key's later events too.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+
+    fn validated(&self, max_payload: usize) -> Result<String, InvalidEvent> {
+        validate_topic(&self.topic)?;
+        if self.key.is_empty() {
+            return Err(InvalidEvent::EmptyKey);
+        }
+        if self.key.len() > MAX_KEY_BYTES {
+            return Err(InvalidEvent::KeyTooLong {
+                len: self.key.len(),
+                max: MAX_KEY_BYTES,
+            });
+        }
+        if self.key.contains(['\0', '\r', '\n']) {
+            return Err(InvalidEvent::InvalidHeader {
+                name: "partition_key",
+                reason: "must not contain NUL, CR or LF".into(),
+            });
+        }
+        let json = match &self.payload {
+            Ok(json) => json.clone(),
+            Err(text) => {
+                if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text) {
+                    return Err(InvalidEvent::NotJson(e.to_string()));
+                }
+                text.clone()
+            }
+        };
+        if json.len() > max_payload {
+            return Err(InvalidEvent::PayloadTooLarge {
+                size: json.len(),
+                max: max_payload,
+            });
+        }
+        if json.contains("\\u0000") {
+            return Err(InvalidEvent::NulInPayload);
+        }
+        self.headers.validate()?;
+        if let Some(d) = self.delay
+            && d > MAX_DELAY
+        {
+            return Err(InvalidEvent::DelayTooLong(d));
+        }
+        Ok(json)
+    }
+}
+
+/// What was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnqueuedEvent {
+    /// The outbox id (the consumer's dedupe key).
+    pub id: i64,
+    /// The per-key sequence, for ordered topics.
+    pub seq: Option<i64>,
+}
+
+/// Why an event was rejected before anything was written.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidEvent {
+    /// The topic name is empty.
+    #[error("topic is empty")]
+    EmptyTopic,
+    /// The topic name has characters that cannot be a URL path segment, or is too long.
+    #[error("topic {0:?} may only contain A-Z a-z 0-9 . _ - and be at most 100 characters")]
+    InvalidTopic(String),
+    /// The partition key is empty.
+    #[error("partition key is empty")]
+    EmptyKey,
+    /// The partition key is too long.
+    #[error("partition key is {len} bytes; the maximum is {max}")]
+    KeyTooLong {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The JSON payload is larger than the configured maximum.
+    #[error("payload is {size} bytes; the maximum is {max}")]
+    PayloadTooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The payload is not valid JSON.
+    #[error("payload is not valid JSON: {0}")]
+    NotJson(String),
+    /// The payload contains a NUL character.
+    #[error("payload contains \\u0000, which Postgres jsonb cannot store")]
+    NulInPayload,
+    /// A header value is malformed.
+    #[error("{name} is invalid: {reason}")]
+    InvalidHeader {
+        /// Which header.
+        name: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The delay is longer than [`MAX_DELAY`].
+    #[error("delay of {0:?} is longer than the maximum of 365 days")]
+    DelayTooLong(Duration),
+}
+
+/// An enqueue failure. Nothing was written in any case.
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    /// An event failed validation.
+    #[error("{}: {problem}", match .index { Some(i) => format!("event #{i} rejected"), None => "event rejected".to_owned() })]
+    Invalid {
+        /// Its position in the batch (`None` for a single enqueue).
+        index: Option<usize>,
+        /// What is wrong.
+        problem: InvalidEvent,
+    },
+    /// A typed payload could not be serialised.
+    #[error("could not serialise the payload to JSON")]
+    Serialize(#[source] serde_json::Error),
+    /// The database rejected the statement (the caller's transaction is then aborted, as always in Postgres).
+    #[error("database error while enqueueing")]
+    Database(#[from] sqlx::Error),
+}
+
+impl EnqueueError {
+    /// The validation problem, if that was the cause.
+    pub fn invalid(&self) -> Option<&InvalidEvent> {
+        match self {
+            EnqueueError::Invalid { problem, .. } => Some(problem),
+            _ => None,
+        }
+    }
+}
+
+/// Producer settings. [`Producer::default`] suits most callers.
+#[derive(Debug, Clone)]
+pub struct Producer {
+    max_payload_bytes: usize,
+    persistent_statements: bool,
+    notify: bool,
+}
+
+impl Default for Producer {
+    fn default() -> Self {
+        Producer {
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            persistent_statements: true,
+            notify: false,
+        }
+    }
+}
+
+/// The channel of the optional wake-up hint (see the README: off by default).
+pub const NOTIFY_CHANNEL: &str = "outbox_new";
+
+const ENQUEUE_SQL: &str = r#"
+WITH input AS (
+    SELECT t.ord, t.topic, t.partition_key, t.ordered, t.payload, t.headers, t.delay_secs
+    FROM unnest($1::text[], $2::text[], $3::bool[], $4::text[], $5::text[], $6::float8[])
+         WITH ORDINALITY AS t(topic, partition_key, ordered, payload, headers, delay_secs, ord)
+),
+counts AS (
+    SELECT topic, partition_key, count(*) AS n
+    FROM input WHERE ordered
+    GROUP BY topic, partition_key
+),
+-- Ordered topics: take the next sequence numbers under the key's row lock, held until commit (crate::ordering).
+alloc AS (
+    INSERT INTO outbox_sequences AS s (topic, partition_key, last_seq)
+    SELECT topic, partition_key, n FROM counts ORDER BY topic, partition_key
+    ON CONFLICT (topic, partition_key) DO UPDATE SET last_seq = s.last_seq + excluded.last_seq
+    RETURNING s.topic, s.partition_key, s.last_seq
+),
+first_seq AS (
+    SELECT a.topic, a.partition_key, a.last_seq - c.n AS before_seq
+    FROM alloc a JOIN counts c USING (topic, partition_key)
+),
+-- Re-activate an idle key for the relay; an active key row is left alone (never locked by producers).
+activate AS (
+    INSERT INTO outbox_keys (topic, partition_key, done_seq)
+    SELECT topic, partition_key, before_seq FROM first_seq ORDER BY topic, partition_key
+    ON CONFLICT (topic, partition_key) DO NOTHING
+)
+INSERT INTO outbox (topic, partition_key, seq, payload, headers, available_at)
+SELECT i.topic, i.partition_key,
+       CASE WHEN i.ordered THEN f.before_seq
+            + row_number() OVER (PARTITION BY i.topic, i.partition_key, i.ordered ORDER BY i.ord) END,
+       i.payload::jsonb, i.headers::jsonb, now() + make_interval(secs => i.delay_secs)
+FROM input i
+LEFT JOIN first_seq f ON i.ordered AND f.topic = i.topic AND f.partition_key = i.partition_key
+ORDER BY i.ord
+RETURNING id, seq
+"#;
+
+impl Producer {
+    /// Default settings.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the payload limit in bytes of JSON text.
+    pub fn max_payload_bytes(mut self, max: usize) -> Self {
+        self.max_payload_bytes = max;
+        self
+    }
+
+    /// Named prepared statements (default) or unnamed ones (behind RDS Proxy / PgBouncer transaction mode).
+    pub fn persistent_statements(mut self, persistent: bool) -> Self {
+        self.persistent_statements = persistent;
+        self
+    }
+
+    /// Also sends `NOTIFY outbox_new` (delivered at commit) as a wake-up hint for a listening relay.
+    pub fn notify(mut self, notify: bool) -> Self {
+        self.notify = notify;
+        self
+    }
+
+    /// Writes one event in the caller's transaction (or connection).
+    pub async fn enqueue(
+        &self,
+        conn: &mut PgConnection,
+        event: NewEvent,
+    ) -> Result<EnqueuedEvent, EnqueueError> {
+        let mut out = self
+            .write(conn, std::slice::from_ref(&event), false)
+            .await?;
+        out.pop()
+            .ok_or(EnqueueError::Database(sqlx::Error::RowNotFound))
+    }
+
+    /// Writes many events in one statement: all or nothing.
+    pub async fn enqueue_batch(
+        &self,
+        conn: &mut PgConnection,
+        events: &[NewEvent],
+    ) -> Result<Vec<EnqueuedEvent>, EnqueueError> {
+        self.write(conn, events, true).await
+    }
+
+    #[tracing::instrument(name = "outbox.enqueue", skip_all, fields(events = events.len()))]
+    async fn write(
+        &self,
+        conn: &mut PgConnection,
+        events: &[NewEvent],
+        batch: bool,
+    ) -> Result<Vec<EnqueuedEvent>, EnqueueError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = events.len();
+        let (mut topics, mut keys, mut ordered, mut payloads, mut headers, mut delays) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for (i, e) in events.iter().enumerate() {
+            let json =
+                e.validated(self.max_payload_bytes)
+                    .map_err(|problem| EnqueueError::Invalid {
+                        index: batch.then_some(i),
+                        problem,
+                    })?;
+            topics.push(e.topic.as_str());
+            keys.push(e.key.as_str());
+            ordered.push(e.ordering == TopicOrdering::PerKey);
+            payloads.push(json);
+            headers.push(serde_json::to_string(&e.headers).map_err(EnqueueError::Serialize)?);
+            delays.push(e.delay.map(|d| d.as_secs_f64()).unwrap_or(0.0));
+        }
+        let rows = sqlx::query(ENQUEUE_SQL)
+            .persistent(self.persistent_statements)
+            .bind(&topics)
+            .bind(&keys)
+            .bind(&ordered)
+            .bind(&payloads)
+            .bind(&headers)
+            .bind(&delays)
+            .fetch_all(&mut *conn)
+            .await?;
+        if self.notify {
+            sqlx::query("SELECT pg_notify($1, '')")
+                .persistent(self.persistent_statements)
+                .bind(NOTIFY_CHANNEL)
+                .execute(&mut *conn)
+                .await?;
+        }
+        let mut out = rows
+            .iter()
+            .map(|r| {
+                Ok(EnqueuedEvent {
+                    id: r.try_get("id")?,
+                    seq: r.try_get("seq")?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        // Identity values are drawn in insertion order, which follows the input order.
+        out.sort_by_key(|e| e.id);
+        Ok(out)
+    }
+}
+
+/// Writes one event with [`Producer::default`] settings.
+pub async fn enqueue(
+    conn: &mut PgConnection,
+    event: NewEvent,
+) -> Result<EnqueuedEvent, EnqueueError> {
+    Producer::default().enqueue(conn, event).await
+}
+
+/// Writes many events in one statement with [`Producer::default`] settings.
+pub async fn enqueue_batch(
+    conn: &mut PgConnection,
+    events: &[NewEvent],
+) -> Result<Vec<EnqueuedEvent>, EnqueueError> {
+    Producer::default().enqueue_batch(conn, events).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_format() {
+        assert!(is_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        assert!(!is_traceparent(
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"
+        ));
+        assert!(!is_traceparent(
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01"
+        ));
+        assert!(!is_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
+        ));
+    }
+
+    #[test]
+    fn topic_names() {
+        assert!(validate_topic("orders.v2_eu-1").is_ok());
+        assert_eq!(validate_topic(""), Err(InvalidEvent::EmptyTopic));
+        assert!(matches!(
+            validate_topic("a/b"),
+            Err(InvalidEvent::InvalidTopic(_))
+        ));
+        assert!(matches!(
+            validate_topic(&"x".repeat(101)),
+            Err(InvalidEvent::InvalidTopic(_))
+        ));
+    }
+}

@@ -1,0 +1,416 @@
+//! Secrets: database URL, QStash token, current and next signing keys.
+//!
+//! In Lambda they come from one AWS Secrets Manager secret (a JSON object whose field names are the same as the
+//! environment variables below), named by `OUTBOX_SECRET_ID`. Without `OUTBOX_SECRET_ID` the plain environment
+//! variables are used (local runs, tests). Each function asks only for the fields it needs; a missing or
+//! malformed field is a startup [`ConfigError`] naming the field. Values are held as [`SecretString`] so they
+//! never reach a log through `Debug`.
+
+use std::sync::Arc;
+
+use aws_sdk_secretsmanager::config::Credentials;
+use secrecy::SecretString;
+use serde_json::Value;
+
+use crate::config::{ConfigError, EnvSource};
+
+/// One secret value the functions use. The name is both the JSON field in the secret and the environment
+/// variable of the local fallback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SecretField {
+    /// `DATABASE_URL`: Postgres connection URL.
+    DatabaseUrl,
+    /// `QSTASH_TOKEN`: bearer token for publishing.
+    QstashToken,
+    /// `QSTASH_CURRENT_SIGNING_KEY`: verifies `Upstash-Signature`.
+    CurrentSigningKey,
+    /// `QSTASH_NEXT_SIGNING_KEY`: verifies `Upstash-Signature` during key rotation.
+    NextSigningKey,
+}
+
+impl SecretField {
+    /// The JSON field / environment variable name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            SecretField::DatabaseUrl => "DATABASE_URL",
+            SecretField::QstashToken => "QSTASH_TOKEN",
+            SecretField::CurrentSigningKey => "QSTASH_CURRENT_SIGNING_KEY",
+            SecretField::NextSigningKey => "QSTASH_NEXT_SIGNING_KEY",
+        }
+    }
+
+    /// Every field.
+    pub const ALL: [SecretField; 4] = [
+        SecretField::DatabaseUrl,
+        SecretField::QstashToken,
+        SecretField::CurrentSigningKey,
+        SecretField::NextSigningKey,
+    ];
+}
+
+/// The secret values that were requested (and found).
+#[derive(Clone, Default)]
+pub struct Secrets {
+    origin: String,
+    database_url: Option<SecretString>,
+    qstash_token: Option<SecretString>,
+    current_signing_key: Option<SecretString>,
+    next_signing_key: Option<SecretString>,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secrets")
+            .field("origin", &self.origin)
+            .field(
+                "database_url",
+                &self.database_url.as_ref().map(|_| "[redacted]"),
+            )
+            .field(
+                "qstash_token",
+                &self.qstash_token.as_ref().map(|_| "[redacted]"),
+            )
+            .field(
+                "current_signing_key",
+                &self.current_signing_key.as_ref().map(|_| "[redacted]"),
+            )
+            .field(
+                "next_signing_key",
+                &self.next_signing_key.as_ref().map(|_| "[redacted]"),
+            )
+            .finish()
+    }
+}
+
+impl Secrets {
+    /// Builds secrets from explicit values (tests, the local stack).
+    pub fn from_values(
+        database_url: Option<&str>,
+        qstash_token: Option<&str>,
+        current_signing_key: Option<&str>,
+        next_signing_key: Option<&str>,
+    ) -> Self {
+        let s = |v: Option<&str>| v.map(|v| SecretString::from(v.to_owned()));
+        Secrets {
+            origin: "explicit values".into(),
+            database_url: s(database_url),
+            qstash_token: s(qstash_token),
+            current_signing_key: s(current_signing_key),
+            next_signing_key: s(next_signing_key),
+        }
+    }
+
+    /// Where the values came from ("environment" or the secret id), for messages.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// A field's value, or the error naming it.
+    pub fn get(&self, field: SecretField) -> Result<&SecretString, ConfigError> {
+        let v = match field {
+            SecretField::DatabaseUrl => &self.database_url,
+            SecretField::QstashToken => &self.qstash_token,
+            SecretField::CurrentSigningKey => &self.current_signing_key,
+            SecretField::NextSigningKey => &self.next_signing_key,
+        };
+        v.as_ref().ok_or_else(|| ConfigError::MissingSecretField {
+            origin: self.origin.clone(),
+            field: field.name(),
+        })
+    }
+
+    fn set(&mut self, field: SecretField, value: String) {
+        let v = Some(SecretString::from(value));
+        match field {
+            SecretField::DatabaseUrl => self.database_url = v,
+            SecretField::QstashToken => self.qstash_token = v,
+            SecretField::CurrentSigningKey => self.current_signing_key = v,
+            SecretField::NextSigningKey => self.next_signing_key = v,
+        }
+    }
+
+    /// Parses the JSON text of a secret, keeping the `needed` fields (each must be a non-empty string) and any
+    /// other known field that is present. Errors never include the secret's content.
+    pub fn parse_json(
+        origin: &str,
+        text: &str,
+        needed: &[SecretField],
+    ) -> Result<Secrets, ConfigError> {
+        let malformed = |reason: String| ConfigError::MalformedSecret {
+            origin: origin.to_owned(),
+            reason,
+        };
+        let value: Value = serde_json::from_str(text).map_err(|e| {
+            malformed(format!(
+                "not valid JSON ({} at line {}, column {})",
+                match e.classify() {
+                    serde_json::error::Category::Eof => "unexpected end of input",
+                    serde_json::error::Category::Syntax => "syntax error",
+                    serde_json::error::Category::Data => "invalid data",
+                    serde_json::error::Category::Io => "read error",
+                },
+                e.line(),
+                e.column()
+            ))
+        })?;
+        let Value::Object(map) = value else {
+            return Err(malformed(
+                "expected a JSON object with string fields".into(),
+            ));
+        };
+        let mut secrets = Secrets {
+            origin: origin.to_owned(),
+            ..Default::default()
+        };
+        // Wrong types first (a clearer message than "missing"), then the fields this function needs.
+        for field in SecretField::ALL {
+            match map.get(field.name()) {
+                Some(Value::String(s)) if !s.trim().is_empty() => {
+                    secrets.set(field, s.trim().to_owned())
+                }
+                Some(Value::String(_)) | None | Some(Value::Null) => {}
+                Some(_) => {
+                    return Err(malformed(format!(
+                        "field {} must be a string",
+                        field.name()
+                    )));
+                }
+            }
+        }
+        for field in needed {
+            secrets.get(*field)?;
+        }
+        Ok(secrets)
+    }
+
+    /// Reads the fields from environment variables; the `needed` ones must be set.
+    pub fn from_env(env: &dyn EnvSource, needed: &[SecretField]) -> Result<Secrets, ConfigError> {
+        let mut secrets = Secrets {
+            origin: "environment".into(),
+            ..Default::default()
+        };
+        for field in SecretField::ALL {
+            match env.var(field.name()) {
+                Some(v) => secrets.set(field, v.trim().to_owned()),
+                None if needed.contains(&field) => {
+                    return Err(ConfigError::MissingSecretField {
+                        origin: "environment".into(),
+                        field: field.name(),
+                    });
+                }
+                None => {}
+            }
+        }
+        Ok(secrets)
+    }
+}
+
+/// Options for the Secrets Manager client. In Lambda everything comes from the default provider chain;
+/// tests point it at a local Secrets Manager (moto) with static credentials.
+#[derive(Debug, Clone, Default)]
+pub struct SecretsManagerOptions {
+    /// Endpoint override (e.g. `http://127.0.0.1:5055`). `AWS_ENDPOINT_URL` also works without this.
+    pub endpoint_url: Option<String>,
+    /// Region override (`AWS_REGION` otherwise).
+    pub region: Option<String>,
+    /// Static credentials `(access key id, secret access key)` instead of the provider chain.
+    pub static_credentials: Option<(String, String)>,
+}
+
+/// Where secrets are read from, kept for the process lifetime so a consumer can re-read them after a key
+/// rotation.
+#[derive(Clone)]
+pub enum SecretSource {
+    /// Plain environment variables (local fallback).
+    Env(Arc<dyn EnvSource>),
+    /// One Secrets Manager secret holding a JSON object.
+    SecretsManager {
+        /// The SDK client, built once.
+        client: aws_sdk_secretsmanager::Client,
+        /// Secret id or ARN.
+        secret_id: String,
+    },
+}
+
+impl std::fmt::Debug for SecretSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SecretSource::Env(_) => f.write_str("SecretSource::Env"),
+            SecretSource::SecretsManager { secret_id, .. } => {
+                write!(f, "SecretSource::SecretsManager({secret_id})")
+            }
+        }
+    }
+}
+
+/// The environment variable naming the Secrets Manager secret.
+pub const SECRET_ID_VAR: &str = "OUTBOX_SECRET_ID";
+
+impl SecretSource {
+    /// Secrets Manager when `OUTBOX_SECRET_ID` is set, else the environment.
+    pub async fn from_env(env: Arc<dyn EnvSource>) -> SecretSource {
+        match env.var(SECRET_ID_VAR) {
+            Some(id) => {
+                SecretSource::secrets_manager(id.trim(), SecretsManagerOptions::default()).await
+            }
+            None => SecretSource::Env(env),
+        }
+    }
+
+    /// A Secrets Manager source. The SDK uses rustls with ring (the same TLS stack as the rest of the crate).
+    pub async fn secrets_manager(secret_id: &str, options: SecretsManagerOptions) -> SecretSource {
+        crate::install_crypto_provider();
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .build_https();
+        let mut loader =
+            aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http);
+        if let Some(url) = options.endpoint_url {
+            loader = loader.endpoint_url(url);
+        }
+        if let Some(region) = options.region {
+            loader = loader.region(aws_config::Region::new(region));
+        }
+        if let Some((id, secret)) = options.static_credentials {
+            loader =
+                loader.credentials_provider(Credentials::new(id, secret, None, None, "static"));
+        }
+        let sdk = loader.load().await;
+        SecretSource::SecretsManager {
+            client: aws_sdk_secretsmanager::Client::new(&sdk),
+            secret_id: secret_id.to_owned(),
+        }
+    }
+
+    /// Loads the secrets, requiring the `needed` fields.
+    #[tracing::instrument(name = "secrets.load", skip_all, fields(source = ?self))]
+    pub async fn load(&self, needed: &[SecretField]) -> Result<Secrets, ConfigError> {
+        match self {
+            SecretSource::Env(env) => Secrets::from_env(env.as_ref(), needed),
+            SecretSource::SecretsManager { client, secret_id } => {
+                let out = client
+                    .get_secret_value()
+                    .secret_id(secret_id)
+                    .send()
+                    .await
+                    .map_err(|e| ConfigError::SecretFetch {
+                        secret_id: secret_id.clone(),
+                        reason: aws_sdk_secretsmanager::error::DisplayErrorContext(&e).to_string(),
+                    })?;
+                let text = out
+                    .secret_string()
+                    .ok_or_else(|| ConfigError::MalformedSecret {
+                        origin: secret_id.clone(),
+                        reason: "the secret has no SecretString (binary secrets are not supported)"
+                            .into(),
+                    })?;
+                Secrets::parse_json(secret_id, text, needed)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use secrecy::ExposeSecret;
+    use std::collections::HashMap;
+
+    const ALL: &[SecretField] = &SecretField::ALL;
+
+    #[test]
+    fn parses_a_complete_secret() {
+        let s = Secrets::parse_json(
+            "app/outbox",
+            r#"{"DATABASE_URL":"postgres://u:p@h/db","QSTASH_TOKEN":"tok","QSTASH_CURRENT_SIGNING_KEY":"sig_a","QSTASH_NEXT_SIGNING_KEY":"sig_b","other":1}"#,
+            ALL,
+        )
+        .unwrap();
+        assert_eq!(
+            s.get(SecretField::QstashToken).unwrap().expose_secret(),
+            "tok"
+        );
+        assert_eq!(
+            s.get(SecretField::NextSigningKey).unwrap().expose_secret(),
+            "sig_b"
+        );
+    }
+
+    #[test]
+    fn missing_field_is_named() {
+        let err = Secrets::parse_json("app/outbox", r#"{"DATABASE_URL":"postgres://x"}"#, ALL)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "secret app/outbox has no field QSTASH_TOKEN (a non-empty string is required)"
+        );
+        // Only what a function needs is required.
+        let s = Secrets::parse_json(
+            "app/outbox",
+            r#"{"DATABASE_URL":"postgres://x"}"#,
+            &[SecretField::DatabaseUrl],
+        );
+        assert!(s.is_ok());
+    }
+
+    #[test]
+    fn malformed_json_never_echoes_content() {
+        let err = Secrets::parse_json(
+            "app/outbox",
+            r#"{"DATABASE_URL": "postgres://user:hunter2@h/db""#,
+            ALL,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("secret app/outbox is malformed: not valid JSON"),
+            "{err}"
+        );
+        assert!(!err.contains("hunter2"), "{err}");
+        let err = Secrets::parse_json("s", r#"{"QSTASH_TOKEN": 12345678}"#, ALL)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("field QSTASH_TOKEN must be a string") && !err.contains("12345678"),
+            "{err}"
+        );
+        let err = Secrets::parse_json("s", r#"["hunter2"]"#, ALL)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("JSON object") && !err.contains("hunter2"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn debug_redacts_values() {
+        let s = Secrets::from_values(
+            Some("postgres://u:hunter2@h/db"),
+            Some("tok-hunter2"),
+            None,
+            None,
+        );
+        let d = format!("{s:?}");
+        assert!(!d.contains("hunter2"), "{d}");
+    }
+
+    #[test]
+    fn env_fallback_requires_needed_fields() {
+        let mut env: HashMap<String, String> = HashMap::new();
+        env.insert("DATABASE_URL".into(), "postgres://x".into());
+        let s = Secrets::from_env(&env, &[SecretField::DatabaseUrl]).unwrap();
+        assert_eq!(s.origin(), "environment");
+        let err = Secrets::from_env(
+            &env,
+            &[SecretField::DatabaseUrl, SecretField::CurrentSigningKey],
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "secret environment has no field QSTASH_CURRENT_SIGNING_KEY (a non-empty string is required)"
+        );
+    }
+}
