@@ -288,7 +288,8 @@ fn invalid(err: EnqueueError) -> (Option<usize>, InvalidEvent) {
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn invalid_inputs_are_named_errors_and_write_nothing(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
-    let cases: Vec<(NewEvent, fn(&InvalidEvent) -> bool)> = vec![
+    type Check = fn(&InvalidEvent) -> bool;
+    let cases: Vec<(NewEvent, Check)> = vec![
         (
             NewEvent::new(&Topic::unordered(""), "k", &1).unwrap(),
             |p| *p == InvalidEvent::EmptyTopic,
