@@ -1,0 +1,318 @@
+//! The worker pool that makes delivery requests, and the job queue feeding it.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::Semaphore;
+
+use crate::config::NonRetryableMode;
+use crate::core::{Job, Outcome, RETRY_AFTER_MAX, now_ms};
+use crate::duration::parse_retry_after;
+use crate::server::Shared;
+use crate::sign;
+use crate::types::DeliveryAttempt;
+
+pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+pub(crate) fn new_client(cfg: &crate::Config) -> HttpClient {
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    conn.set_connect_timeout(Some(cfg.max_timeout.min(Duration::from_secs(30))));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(conn)
+}
+
+/// Multi-producer, multi-consumer queue of ready deliveries.
+pub(crate) struct JobQueue {
+    q: Mutex<VecDeque<Job>>,
+    ready: Semaphore,
+    in_flight: AtomicUsize,
+}
+
+impl JobQueue {
+    pub fn new() -> JobQueue {
+        JobQueue {
+            q: Mutex::new(VecDeque::new()),
+            ready: Semaphore::new(0),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Job>> {
+        self.q.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn push_all(&self, jobs: Vec<Job>) {
+        if jobs.is_empty() {
+            return;
+        }
+        let n = jobs.len();
+        self.lock().extend(jobs);
+        self.ready.add_permits(n);
+    }
+
+    /// Waits for a job; the job counts as in flight until [`JobQueue::finish`].
+    pub async fn pop(&self) -> Option<Job> {
+        let permit = self.ready.acquire().await.ok()?;
+        permit.forget();
+        let mut q = self.lock();
+        let job = q.pop_front();
+        if job.is_some() {
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
+        }
+        job
+    }
+
+    pub fn finish(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// (queued, in flight).
+    pub fn load(&self) -> (usize, usize) {
+        let q = self.lock();
+        (q.len(), self.in_flight.load(Ordering::SeqCst))
+    }
+
+    pub fn clear(&self) {
+        let mut q = self.lock();
+        let n = q.len();
+        q.clear();
+        // Take back the permits of the dropped jobs (never blocks: they exist).
+        if let Ok(p) = self
+            .ready
+            .try_acquire_many(u32::try_from(n).unwrap_or(u32::MAX))
+        {
+            p.forget();
+        }
+    }
+}
+
+/// One worker: takes jobs forever.
+pub(crate) async fn worker(shared: std::sync::Arc<Shared>) {
+    while let Some(job) = shared.jobs.pop().await {
+        let (outcome, attempt) = attempt(&shared, &job).await;
+        if let Some(a) = attempt {
+            shared.record_attempt(a);
+        }
+        if !job.duplicate {
+            let dup = outcome.success() && shared.draw_fault(|f| f.duplicate_delivery_rate);
+            shared.complete(&job, outcome, dup);
+        }
+        shared.jobs.finish();
+        shared.idle_changed();
+    }
+}
+
+fn header_pairs(h: &HeaderMap) -> Vec<(String, String)> {
+    h.iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        cur = inner.source();
+    }
+    s
+}
+
+/// Makes one attempt. Returns the outcome and the attempt record (none when skipped).
+async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<DeliveryAttempt>) {
+    if job.cancel.load(Ordering::Relaxed) {
+        return (
+            Outcome {
+                skipped: true,
+                error: Some("cancelled".into()),
+                ..Outcome::default()
+            },
+            None,
+        );
+    }
+    let data = &job.data;
+    let started = Instant::now();
+    let at_unix_ms = now_ms();
+    let iat = i64::try_from(at_unix_ms / 1000).unwrap_or(0);
+    let key = shared.current_key();
+    let signature = sign::sign(&key, &data.url, &data.body, iat, shared.cfg.nbf);
+
+    let mut headers = HeaderMap::with_capacity(data.forward.len() + 8);
+    for (k, v) in &data.forward {
+        headers.append(k.clone(), v.clone());
+    }
+    if let Some(ct) = &data.content_type {
+        headers.insert(http::header::CONTENT_TYPE, ct.clone());
+    }
+    headers.insert(
+        http::header::USER_AGENT,
+        HeaderValue::from_static("Upstash-QStash"),
+    );
+    let hv = |s: &str| HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static(""));
+    headers.insert(HeaderName::from_static("upstash-message-id"), hv(&data.id));
+    headers.insert(
+        HeaderName::from_static("upstash-retried"),
+        HeaderValue::from(job.retried),
+    );
+    headers.insert(HeaderName::from_static("upstash-signature"), hv(&signature));
+    headers.insert(
+        HeaderName::from_static("upstash-caller-ip"),
+        hv(&data.caller_ip),
+    );
+    if let Some(region) = &shared.cfg.region {
+        headers.insert(HeaderName::from_static("upstash-region"), hv(region));
+    }
+    let request_headers = header_pairs(&headers);
+
+    let mut record = DeliveryAttempt {
+        seq: 0,
+        at_unix_ms,
+        offset: started.saturating_duration_since(shared.started),
+        message_id: data.id.to_string(),
+        kind: data.kind,
+        url: data.url.clone(),
+        method: data.method.to_string(),
+        retried: job.retried,
+        status: None,
+        error: None,
+        request_headers,
+        duration: Duration::ZERO,
+        planned_delay: job.planned_delay,
+        duplicate: job.duplicate,
+        flow_control_key: data.flow.as_ref().map(|f| f.key.clone()),
+        queue_name: data.queue.clone(),
+        body_len: data.body.len(),
+    };
+
+    let mut outcome = Outcome::default();
+    let (net_fault, lost_fault) = (
+        shared.draw_fault(|f| f.delivery_network_error_rate),
+        shared.draw_fault(|f| f.delivery_lost_response_rate),
+    );
+    if net_fault {
+        outcome.error = Some("injected fault: network error (request not sent)".into());
+    } else {
+        match send(shared, job, headers).await {
+            Ok((status, resp_headers, body)) => {
+                outcome.status = Some(status);
+                outcome.retry_after = retry_after(&resp_headers);
+                let nr = resp_headers
+                    .get("upstash-nonretryable-error")
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+                let failed = !(200..300).contains(&status);
+                outcome.non_retryable = failed
+                    && nr
+                    && match shared.cfg.non_retryable {
+                        NonRetryableMode::Require489 => status == 489,
+                        NonRetryableMode::HeaderAlone => true,
+                    };
+                outcome.headers = header_pairs(&resp_headers);
+                outcome.body = body;
+                if lost_fault {
+                    outcome.error = Some(format!(
+                        "injected fault: response lost (destination answered {status})"
+                    ));
+                    outcome.retry_after = None;
+                    outcome.non_retryable = false;
+                }
+            }
+            Err(e) => outcome.error = Some(e),
+        }
+    }
+    record.status = outcome.status;
+    record.error = outcome.error.clone();
+    record.duration = started.elapsed();
+    (outcome, Some(record))
+}
+
+fn retry_after(h: &HeaderMap) -> Option<Duration> {
+    let now = SystemTime::now();
+    for name in [
+        "retry-after",
+        "x-ratelimit-reset",
+        "x-ratelimit-reset-requests",
+        "x-ratelimit-reset-tokens",
+    ] {
+        if let Some(v) = h.get(name).and_then(|v| v.to_str().ok()) {
+            if let Some(d) = parse_retry_after(v, now) {
+                if d <= RETRY_AFTER_MAX {
+                    return Some(d);
+                }
+            }
+        }
+    }
+    None
+}
+
+async fn send(
+    shared: &Shared,
+    job: &Job,
+    headers: HeaderMap,
+) -> Result<(u16, HeaderMap, Bytes), String> {
+    let data = &job.data;
+    let uri: Uri = data
+        .url
+        .parse()
+        .map_err(|e| format!("invalid destination URL {:?}: {e}", data.url))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(
+                "https destinations are not supported by qstash-dev (plain http only)".into(),
+            );
+        }
+        _ => return Err(format!("unsupported destination URL {:?}", data.url)),
+    }
+    let mut req = Request::builder()
+        .method(data.method.clone())
+        .uri(uri)
+        .body(Full::new(data.body.clone()))
+        .map_err(|e| format!("cannot build request: {e}"))?;
+    *req.headers_mut() = headers;
+    let timeout = data
+        .timeout
+        .map(|t| t.min(shared.cfg.max_timeout))
+        .unwrap_or(shared.cfg.max_timeout);
+    let cap = shared.cfg.max_response_body_bytes;
+    let fut = async {
+        let resp = shared
+            .client
+            .request(req)
+            .await
+            .map_err(|e| error_chain(&e))?;
+        let (parts, mut body) = resp.into_parts();
+        let mut buf = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| format!("reading response body: {}", error_chain(&e)))?;
+            if let Ok(chunk) = frame.into_data() {
+                let room = cap.saturating_sub(buf.len());
+                buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                if buf.len() >= cap {
+                    break;
+                }
+            }
+        }
+        Ok::<_, String>((parts.status.as_u16(), parts.headers, buf.freeze()))
+    };
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("timeout: no complete response within {timeout:?}")),
+    }
+}
