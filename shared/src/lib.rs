@@ -8,12 +8,15 @@
 //! | **No event lost** in transit (lease, fencing, retries, dead letters) | `relay` |
 //! | **No side effect applied twice** (dedupe row + work in one transaction) | `once` |
 //! | **Per-key order** (sequence under a lock, one event per key in flight, delivery evidence) | [`ordering`] |
-//! | **Nothing fails silently** (one queryable dead-letter table) | `dead_letters` |
+//! | **Nothing fails silently** (one queryable dead-letter table) | [`dead_letters`] |
 //!
 //! Everything else is plumbing: [`config`], [`secrets`], [`db`].
 
 pub mod config;
+pub mod contract;
 pub mod db;
+pub mod dead_letters;
+pub mod metrics;
 pub mod ordering;
 pub mod producer;
 pub mod secrets;
