@@ -191,6 +191,8 @@ pub(crate) struct Flow {
     pub paused: bool,
     pub pinned_parallelism: Option<u32>,
     pub pinned_rate: Option<(u32, Duration)>,
+    /// The config of the last message that joined, reported once the key has drained.
+    last: Option<FlowSpec>,
 }
 
 impl Flow {
@@ -209,6 +211,7 @@ impl Flow {
             paused: false,
             pinned_parallelism: None,
             pinned_rate: None,
+            last: None,
         }
     }
 
@@ -224,6 +227,9 @@ impl Flow {
 
     fn join(&mut self, spec: &FlowSpec) {
         self.members += 1;
+        if self.last.as_ref() != Some(spec) {
+            self.last = Some(spec.clone());
+        }
         *self
             .par_counts
             .entry(spec.parallelism.unwrap_or(u32::MAX))
@@ -254,6 +260,9 @@ impl Flow {
         if let Some(p) = self.pinned_parallelism {
             return Some(p);
         }
+        if self.par_counts.is_empty() {
+            return self.last.as_ref().and_then(|l| l.parallelism);
+        }
         self.par_counts
             .keys()
             .next_back()
@@ -265,6 +274,12 @@ impl Flow {
     pub fn effective_rate(&self) -> Option<(u32, Duration)> {
         if let Some(r) = self.pinned_rate {
             return Some(r);
+        }
+        if self.rate_counts.is_empty() {
+            return self
+                .last
+                .as_ref()
+                .and_then(|l| l.rate.map(|r| (r, l.period)));
         }
         let mut best: Option<(u32, u64)> = None;
         for &(rate, period_ms) in self.rate_counts.keys() {
