@@ -311,8 +311,11 @@ pub struct QstashConfig {
     pub base_url: String,
     /// `QSTASH_RETRIES` (default 5): QStash-level delivery retries after the first attempt.
     pub retries: u32,
-    /// `QSTASH_PUBLISH_TIMEOUT_MS` (default 10000): HTTP timeout of one publish call.
+    /// `QSTASH_PUBLISH_TIMEOUT_MS` (default 5000): HTTP timeout of one publish call (keep well below the lease).
     pub publish_timeout: Duration,
+    /// `QSTASH_BATCH_SIZE` (default 100): messages per `/v2/batch` request (requests of one claim run
+    /// concurrently).
+    pub batch_size: u32,
     /// `QSTASH_DELIVERY_TIMEOUT_SECS` (optional): `Upstash-Timeout` per delivery attempt.
     pub delivery_timeout: Option<Duration>,
     /// `QSTASH_FLOW_PARALLELISM` (default 10): `parallelism` of the per-key flow-control key.
@@ -336,7 +339,8 @@ impl QstashConfig {
                 .url("QSTASH_URL")?
                 .unwrap_or_else(|| "https://qstash.upstash.io".into()),
             retries: v.ranged_or("QSTASH_RETRIES", 5, 0, 100)?,
-            publish_timeout: v.duration_or("QSTASH_PUBLISH_TIMEOUT_MS", Duration::from_secs(10))?,
+            publish_timeout: v.duration_or("QSTASH_PUBLISH_TIMEOUT_MS", Duration::from_secs(5))?,
+            batch_size: v.ranged_or("QSTASH_BATCH_SIZE", 100, 1, 1000)?,
             delivery_timeout: match v.raw("QSTASH_DELIVERY_TIMEOUT_SECS") {
                 Some(_) => Some(v.duration_or("QSTASH_DELIVERY_TIMEOUT_SECS", Duration::ZERO)?),
                 None => None,
@@ -373,7 +377,8 @@ pub enum DeadHeadPolicy {
 pub struct RelayConfig {
     /// `RELAY_BATCH_SIZE` (default 500): rows per claim.
     pub batch_size: u32,
-    /// `RELAY_LEASE_SECS` (default 30): how long a claim is exclusive.
+    /// `RELAY_LEASE_SECS` (default 15): how long a claim is exclusive. Must exceed the publish timeout plus
+    /// the settle; the relay never claims with less time left in the invocation than this.
     pub lease: Duration,
     /// `RELAY_MAX_ATTEMPTS` (default 12): publish attempts before the relay dead-letters an event.
     pub max_attempts: u32,
@@ -413,7 +418,7 @@ pub fn qstash_retry_horizon(retries: u32) -> Duration {
 impl RelayConfig {
     /// Reads the `RELAY_*` variables; `qstash_retries` sets the default evidence timeout.
     pub fn from_vars(v: &Vars<'_>, qstash_retries: u32) -> Result<Self, ConfigError> {
-        let lease = v.duration_or("RELAY_LEASE_SECS", Duration::from_secs(30))?;
+        let lease = v.duration_or("RELAY_LEASE_SECS", Duration::from_secs(15))?;
         if lease < Duration::from_secs(1) {
             return Err(ConfigError::InvalidVar {
                 name: "RELAY_LEASE_SECS",

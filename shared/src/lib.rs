@@ -5,7 +5,7 @@
 //! | guarantee | module |
 //! |---|---|
 //! | **No event lost** at write time (event ⇔ committed business transaction) | [`producer`] |
-//! | **No event lost** in transit (lease, fencing, retries, dead letters) | `relay` |
+//! | **No event lost** in transit (lease, fencing, retries, dead letters) | [`relay`] |
 //! | **No side effect applied twice** (dedupe row + work in one transaction) | `once` |
 //! | **Per-key order** (sequence under a lock, one event per key in flight, delivery evidence) | [`ordering`] |
 //! | **Nothing fails silently** (one queryable dead-letter table) | [`dead_letters`] |
@@ -19,6 +19,8 @@ pub mod dead_letters;
 pub mod metrics;
 pub mod ordering;
 pub mod producer;
+pub mod qstash;
+pub mod relay;
 pub mod secrets;
 pub mod telemetry;
 

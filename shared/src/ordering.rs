@@ -21,14 +21,18 @@ use sqlx::{PgConnection, Row};
 
 use crate::config::DeadHeadPolicy;
 
-/// The relay's claim of ordered key heads. `$1` lease token, `$2` lease seconds; the batch size is a literal
-/// spliced in once at start (`{limit}`): a `LIMIT $n` parameter lets Postgres switch to a generic plan that
+/// The relay's claim of ordered key heads, in one short statement: lock up to `{limit}` due, unblocked keys
+/// (`SKIP LOCKED`: two relays never hold the same key), find each key's head (`seq = done_seq + 1`), lease key
+/// and head with one fencing token, count the attempt. `$1` is the lease in seconds. The batch size is a
+/// literal spliced in once at start: with a `LIMIT $n` parameter Postgres may switch to a generic plan that
 /// ignores the limit (the seed article's `claim_outbox` function ran ~3.5× slower for that reason).
 ///
-/// Keys without a visible head (a producer is still open, or the key went idle) are pushed back by a second so
-/// they do not fill every claim; the idle ones are deleted by [`release_idle_key`] / housekeeping.
+/// A head that is delayed pushes its key to the head's time. Keys without a visible head (a producer is still
+/// open, or the key went idle) are pushed back by a second so they cannot fill every claim; idle ones are
+/// deleted by [`release_idle_key`] and housekeeping.
 pub const CLAIM_HEADS_SQL: &str = r#"
-WITH ready AS (
+WITH tok AS (SELECT nextval('outbox_lease_token_seq') AS t),
+ready AS (
     SELECT k.topic, k.partition_key, k.done_seq
     FROM outbox_keys k
     WHERE k.blocked_at IS NULL AND k.available_at <= now()
@@ -47,23 +51,24 @@ touched AS (
     SET available_at = CASE
             WHEN h.id IS NULL THEN now() + interval '1 second'
             WHEN h.head_available_at > now() THEN h.head_available_at
-            ELSE now() + make_interval(secs => $2) END,
-        lease_token  = CASE WHEN h.id IS NOT NULL AND h.head_available_at <= now() THEN $1 ELSE k.lease_token END,
+            ELSE now() + make_interval(secs => $1) END,
+        lease_token  = CASE WHEN h.id IS NOT NULL AND h.head_available_at <= now()
+                            THEN (SELECT t FROM tok) ELSE k.lease_token END,
         locked_until = CASE WHEN h.id IS NOT NULL AND h.head_available_at <= now()
-                            THEN now() + make_interval(secs => $2) ELSE k.locked_until END
+                            THEN now() + make_interval(secs => $1) ELSE k.locked_until END
     FROM ready r
     LEFT JOIN heads h ON h.topic = r.topic AND h.partition_key = r.partition_key
     WHERE k.topic = r.topic AND k.partition_key = r.partition_key
 )
 UPDATE outbox o
 SET attempts = o.attempts + 1,
-    lease_token = $1,
-    locked_until = now() + make_interval(secs => $2),
-    available_at = now() + make_interval(secs => $2)
+    lease_token = (SELECT t FROM tok),
+    locked_until = now() + make_interval(secs => $1),
+    available_at = now() + make_interval(secs => $1)
 FROM heads h
 WHERE o.id = h.id AND h.head_available_at <= now()
 RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
-          o.created_at, o.redrive_count, o.last_error
+          o.created_at, o.redrive_count, o.last_error, o.lease_token
 "#;
 
 /// What [`record_delivery`] found.

@@ -1,0 +1,236 @@
+//! Publish options and their mapping to QStash request headers (`Upstash-*`).
+
+use std::time::Duration;
+
+/// Per-key flow control (`Upstash-Flow-Control-Key` / `-Value`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowControl {
+    /// The key (sanitised with [`flow_control_key`]).
+    pub key: String,
+    /// At most this many deliveries of the key in flight.
+    pub parallelism: Option<u32>,
+    /// At most this many deliveries started per `period`.
+    pub rate: Option<u32>,
+    /// The rate period (default 1 s).
+    pub period: Option<Duration>,
+}
+
+impl FlowControl {
+    /// The header value, e.g. `parallelism=1, rate=10, period=60s`; `None` when neither limit is set (QStash
+    /// rejects that).
+    pub fn value(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if let Some(p) = self.parallelism {
+            parts.push(format!("parallelism={p}"));
+        }
+        if let Some(r) = self.rate {
+            parts.push(format!("rate={r}"));
+            if let Some(period) = self.period {
+                parts.push(format!("period={}s", period.as_secs().max(1)));
+            }
+        }
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+}
+
+/// A flow-control key QStash accepts: `[A-Za-z0-9._-]`, at most 100 characters. Other characters become `_`;
+/// a key that had to be changed or shortened gets a short hash suffix so distinct keys stay distinct.
+pub fn flow_control_key(raw: &str) -> String {
+    const MAX: usize = 100;
+    let clean: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if clean == raw && clean.len() <= MAX {
+        return clean;
+    }
+    // FNV-1a, 64 bit: stable across processes and versions (unlike std's hasher).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in raw.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let suffix = format!("-{h:016x}");
+    let keep = MAX - suffix.len();
+    let prefix: String = clean.chars().take(keep).collect();
+    format!("{prefix}{suffix}")
+}
+
+/// Everything a publish can set. [`PublishOptions::headers`] is the option → header mapping.
+#[derive(Debug, Clone, Default)]
+pub struct PublishOptions {
+    /// `Content-Type` of the body (forwarded to the destination).
+    pub content_type: Option<String>,
+    /// `Upstash-Method` (QStash's default is POST).
+    pub method: Option<String>,
+    /// `Upstash-Deduplication-Id` (must not contain `:`).
+    pub deduplication_id: Option<String>,
+    /// `Upstash-Retries`.
+    pub retries: Option<u32>,
+    /// `Upstash-Retry-Delay` expression (milliseconds, variable `retried`).
+    pub retry_delay: Option<String>,
+    /// `Upstash-Delay` (whole seconds).
+    pub delay: Option<Duration>,
+    /// `Upstash-Timeout` per delivery attempt (whole seconds).
+    pub timeout: Option<Duration>,
+    /// `Upstash-Callback`.
+    pub callback: Option<String>,
+    /// `Upstash-Failure-Callback`.
+    pub failure_callback: Option<String>,
+    /// `Upstash-Callback-Forward-<name>` headers.
+    pub callback_forward: Vec<(String, String)>,
+    /// `Upstash-Failure-Callback-Forward-<name>` headers.
+    pub failure_callback_forward: Vec<(String, String)>,
+    /// `Upstash-Forward-<name>` headers (delivered to the destination as `<name>`).
+    pub forward: Vec<(String, String)>,
+    /// Flow control.
+    pub flow_control: Option<FlowControl>,
+    /// `Upstash-Label`.
+    pub label: Option<String>,
+}
+
+impl PublishOptions {
+    /// The request headers for these options (lower-case names, as the official JS SDK sends in batches).
+    pub fn headers(&self) -> Vec<(String, String)> {
+        let mut h: Vec<(String, String)> = Vec::with_capacity(16 + self.forward.len());
+        let mut put = |name: &str, value: String| h.push((name.to_owned(), value));
+        if let Some(v) = &self.content_type {
+            put("content-type", v.clone());
+        }
+        if let Some(v) = &self.method {
+            put("upstash-method", v.clone());
+        }
+        if let Some(v) = &self.deduplication_id {
+            put("upstash-deduplication-id", v.clone());
+        }
+        if let Some(v) = self.retries {
+            put("upstash-retries", v.to_string());
+        }
+        if let Some(v) = &self.retry_delay {
+            put("upstash-retry-delay", v.clone());
+        }
+        if let Some(v) = self.delay {
+            put("upstash-delay", format!("{}s", v.as_secs()));
+        }
+        if let Some(v) = self.timeout {
+            put("upstash-timeout", format!("{}s", v.as_secs().max(1)));
+        }
+        if let Some(v) = &self.callback {
+            put("upstash-callback", v.clone());
+        }
+        if let Some(v) = &self.failure_callback {
+            put("upstash-failure-callback", v.clone());
+        }
+        for (k, v) in &self.callback_forward {
+            put(
+                &format!("upstash-callback-forward-{}", k.to_ascii_lowercase()),
+                v.clone(),
+            );
+        }
+        for (k, v) in &self.failure_callback_forward {
+            put(
+                &format!(
+                    "upstash-failure-callback-forward-{}",
+                    k.to_ascii_lowercase()
+                ),
+                v.clone(),
+            );
+        }
+        for (k, v) in &self.forward {
+            put(
+                &format!("upstash-forward-{}", k.to_ascii_lowercase()),
+                v.clone(),
+            );
+        }
+        if let Some(fc) = &self.flow_control
+            && let Some(value) = fc.value()
+        {
+            put("upstash-flow-control-key", fc.key.clone());
+            put("upstash-flow-control-value", value);
+        }
+        if let Some(v) = &self.label {
+            put("upstash-label", v.clone());
+        }
+        h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flow_control_keys_are_sanitised_and_stay_distinct() {
+        assert_eq!(flow_control_key("orders.customer-7"), "orders.customer-7");
+        let a = flow_control_key("orders.a:b");
+        let b = flow_control_key("orders.a/b");
+        assert!(
+            a.starts_with("orders.a_b-") && b.starts_with("orders.a_b-") && a != b,
+            "{a} {b}"
+        );
+        let long = flow_control_key(&"k".repeat(300));
+        assert_eq!(long.len(), 100);
+        assert!(
+            long.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
+        );
+        assert_ne!(long, flow_control_key(&"k".repeat(301)));
+    }
+
+    #[test]
+    fn option_to_header_mapping() {
+        let o = PublishOptions {
+            content_type: Some("application/json".into()),
+            deduplication_id: Some("outbox-1".into()),
+            retries: Some(5),
+            delay: Some(Duration::from_secs(90)),
+            callback: Some("https://cb/delivered".into()),
+            failure_callback: Some("https://cb/failure".into()),
+            callback_forward: vec![("X-Outbox-Id".into(), "1".into())],
+            failure_callback_forward: vec![("X-Outbox-Id".into(), "1".into())],
+            forward: vec![("Traceparent".into(), "00-x".into())],
+            flow_control: Some(FlowControl {
+                key: "k".into(),
+                parallelism: Some(1),
+                rate: Some(10),
+                period: Some(Duration::from_secs(60)),
+            }),
+            label: Some("orders".into()),
+            ..Default::default()
+        };
+        let h = o.headers();
+        let get = |n: &str| h.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+        assert_eq!(get("upstash-deduplication-id"), Some("outbox-1"));
+        assert_eq!(get("upstash-retries"), Some("5"));
+        assert_eq!(get("upstash-delay"), Some("90s"));
+        assert_eq!(get("upstash-callback-forward-x-outbox-id"), Some("1"));
+        assert_eq!(
+            get("upstash-failure-callback-forward-x-outbox-id"),
+            Some("1")
+        );
+        assert_eq!(get("upstash-forward-traceparent"), Some("00-x"));
+        assert_eq!(
+            get("upstash-flow-control-value"),
+            Some("parallelism=1, rate=10, period=60s")
+        );
+        assert_eq!(get("upstash-label"), Some("orders"));
+        assert_eq!(get("upstash-method"), None);
+        // No limits → no flow-control headers at all (QStash would reject a key without a value).
+        let none = PublishOptions {
+            flow_control: Some(FlowControl {
+                key: "k".into(),
+                parallelism: None,
+                rate: None,
+                period: None,
+            }),
+            ..Default::default()
+        };
+        assert!(none.headers().is_empty());
+    }
+}

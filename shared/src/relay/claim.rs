@@ -1,0 +1,141 @@
+//! Claiming: one short, committed statement per kind of topic. Never holds a row lock across the network: the
+//! claim commits before anything is published, and its lease (`available_at = locked_until = now() + lease`)
+//! keeps other relays away until it expires. Attempts are counted here, at claim time, so an event that kills
+//! the relay still uses up its budget (pitfall P9).
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+
+use crate::ordering::CLAIM_HEADS_SQL;
+use crate::producer::EventHeaders;
+
+/// The unordered claim. `$1` = lease seconds; `{limit}` is spliced in once (see [`CLAIM_HEADS_SQL`] on why).
+pub const CLAIM_UNORDERED_SQL: &str = r#"
+WITH tok AS (SELECT nextval('outbox_lease_token_seq') AS t),
+c AS (
+    SELECT id FROM outbox
+    WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND seq IS NULL AND available_at <= now()
+    ORDER BY available_at, id
+    LIMIT {limit}
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox o
+SET attempts = o.attempts + 1,
+    lease_token = (SELECT t FROM tok),
+    locked_until = now() + make_interval(secs => $1),
+    available_at = now() + make_interval(secs => $1)
+FROM c
+WHERE o.id = c.id
+RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
+          o.created_at, o.redrive_count, o.last_error, o.lease_token
+"#;
+
+/// An event a relay holds under lease.
+#[derive(Debug, Clone)]
+pub struct ClaimedEvent {
+    /// Outbox id.
+    pub id: i64,
+    /// Topic.
+    pub topic: String,
+    /// Partition key.
+    pub partition_key: String,
+    /// Per-key sequence (ordered topics).
+    pub seq: Option<i64>,
+    /// JSON payload text.
+    pub payload: String,
+    /// Trace context and friends.
+    pub headers: EventHeaders,
+    /// Attempts including this one.
+    pub attempts: i32,
+    /// When the producer wrote it.
+    pub created_at: DateTime<Utc>,
+    /// Redrives so far (part of the QStash dedup id).
+    pub redrive_count: i32,
+    /// The previous attempt's error.
+    pub last_error: Option<String>,
+    /// The fencing token of this lease.
+    pub lease_token: i64,
+}
+
+impl ClaimedEvent {
+    fn from_row(r: &PgRow) -> Result<Self, sqlx::Error> {
+        let headers: serde_json::Value = r.try_get("headers")?;
+        Ok(ClaimedEvent {
+            id: r.try_get("id")?,
+            topic: r.try_get("topic")?,
+            partition_key: r.try_get("partition_key")?,
+            seq: r.try_get("seq")?,
+            payload: r.try_get("payload")?,
+            // Headers were validated by the producer; anything unreadable is dropped rather than blocking the event.
+            headers: serde_json::from_value(headers).unwrap_or_default(),
+            attempts: r.try_get("attempts")?,
+            created_at: r.try_get("created_at")?,
+            redrive_count: r.try_get("redrive_count")?,
+            last_error: r.try_get("last_error")?,
+            lease_token: r.try_get("lease_token")?,
+        })
+    }
+}
+
+/// The two claim statements with the batch size spliced in.
+#[derive(Debug, Clone)]
+pub struct ClaimStatements {
+    unordered: String,
+    ordered: String,
+    persistent: bool,
+}
+
+impl ClaimStatements {
+    /// Builds the statements for a batch size.
+    pub fn new(batch_size: u32, persistent: bool) -> Self {
+        let limit = batch_size.to_string();
+        ClaimStatements {
+            unordered: CLAIM_UNORDERED_SQL.replace("{limit}", &limit),
+            ordered: CLAIM_HEADS_SQL.replace("{limit}", &limit),
+            persistent,
+        }
+    }
+
+    /// The unordered claim's SQL.
+    pub fn unordered_sql(&self) -> &str {
+        &self.unordered
+    }
+
+    /// The ordered claim's SQL.
+    pub fn ordered_sql(&self) -> &str {
+        &self.ordered
+    }
+
+    /// Claims due unordered events.
+    pub async fn claim_unordered(
+        &self,
+        conn: &mut PgConnection,
+        lease_secs: f64,
+    ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
+        self.run(conn, &self.unordered, lease_secs).await
+    }
+
+    /// Claims the heads of due, unblocked ordered keys.
+    pub async fn claim_ordered(
+        &self,
+        conn: &mut PgConnection,
+        lease_secs: f64,
+    ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
+        self.run(conn, &self.ordered, lease_secs).await
+    }
+
+    async fn run(
+        &self,
+        conn: &mut PgConnection,
+        sql: &str,
+        lease_secs: f64,
+    ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .persistent(self.persistent)
+            .bind(lease_secs)
+            .fetch_all(&mut *conn)
+            .await?;
+        rows.iter().map(ClaimedEvent::from_row).collect()
+    }
+}

@@ -1,0 +1,256 @@
+//! The relay Lambda's handler: `functions/relay` only builds a [`RelayState`] at cold start and passes
+//! [`handle`] to `lambda_runtime::run`.
+//!
+//! It accepts whatever the schedule sends: an EventBridge rule's scheduled event
+//! (`{"source":"aws.events","detail-type":"Scheduled Event",…}`), an EventBridge Scheduler (`ScheduleV2`) payload,
+//! which is only the configured `Input` (e.g. `{"trigger":"schedule"}`), or anything else (the payload is only
+//! logged). Each invocation: bounded housekeeping, drain until the Lambda deadline minus
+//! `RELAY_DEADLINE_MARGIN_MS`, then one JSON summary log line and one EMF metrics line.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use lambda_runtime::LambdaEvent;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::housekeeping::{self, Backlog, HousekeepingReport, Retention};
+use super::{DrainSummary, Relay, RelayError};
+use crate::config::{ConfigError, EnvSource, ProcessEnv, QstashConfig, RelayConfig, Vars};
+use crate::db::DbConfig;
+use crate::metrics::{EmfRecord, Unit};
+use crate::qstash::{QstashClient, QstashClientError};
+use crate::secrets::{SecretField, SecretSource};
+
+/// Why the relay could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// Configuration or secrets.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The HTTP client.
+    #[error(transparent)]
+    Client(#[from] QstashClientError),
+}
+
+/// Everything the relay keeps across invocations.
+pub struct RelayState {
+    /// The relay.
+    pub relay: Relay,
+    /// Name used in metrics and logs.
+    pub function_name: String,
+    persistent: bool,
+    margin: Duration,
+}
+
+impl RelayState {
+    /// Builds the state from an environment source: config, secrets (`DATABASE_URL`, `QSTASH_TOKEN`), a lazily
+    /// connecting pool (async commit on: see decision record 0006), the QStash client. No network I/O except
+    /// the Secrets Manager call when `OUTBOX_SECRET_ID` is set.
+    pub async fn from_env(env: Arc<dyn EnvSource>) -> Result<Self, StartupError> {
+        let vars = Vars::new(env.as_ref());
+        let qstash = QstashConfig::from_vars(&vars)?;
+        let relay_cfg = RelayConfig::from_vars(&vars, qstash.retries)?;
+        let mut db = DbConfig::from_vars(&vars, "outbox-relay")?;
+        if vars.raw("DB_ASYNC_COMMIT").is_none() {
+            db.async_commit = true;
+        }
+        db.max_connections = db
+            .max_connections
+            .max(relay_cfg.concurrency + u32::from(relay_cfg.listen_notify));
+        let secrets = SecretSource::from_env(env.clone())
+            .await
+            .load(&[SecretField::DatabaseUrl, SecretField::QstashToken])
+            .await?;
+        let pool = db.pool(secrets.get(SecretField::DatabaseUrl)?)?;
+        let client = QstashClient::new(
+            &qstash.base_url,
+            secrets.get(SecretField::QstashToken)?.clone(),
+            qstash.publish_timeout,
+        )?;
+        let function_name = vars
+            .raw("AWS_LAMBDA_FUNCTION_NAME")
+            .unwrap_or_else(|| "relay".into());
+        Ok(RelayState {
+            margin: relay_cfg.deadline_margin,
+            relay: Relay::new(pool, client, relay_cfg, qstash, db.persistent_statements),
+            function_name,
+            persistent: db.persistent_statements,
+        })
+    }
+
+    /// From the process environment.
+    pub async fn from_process_env() -> Result<Self, StartupError> {
+        Self::from_env(Arc::new(ProcessEnv)).await
+    }
+
+    /// Wraps an already built relay (tests, the local pipeline).
+    pub fn new(relay: Relay, function_name: &str, persistent: bool) -> Self {
+        RelayState {
+            margin: relay.config().deadline_margin,
+            relay,
+            function_name: function_name.to_owned(),
+            persistent,
+        }
+    }
+}
+
+/// The invocation summary (also the handler's response).
+#[derive(Debug, Clone, Serialize)]
+pub struct InvocationSummary {
+    /// Lambda request id.
+    pub request_id: String,
+    /// What triggered it (`source` of the event, or `schedule-input`).
+    pub trigger: String,
+    /// The drain.
+    #[serde(flatten)]
+    pub drain: DrainSummary,
+    /// Housekeeping.
+    pub housekeeping: HousekeepingReport,
+    /// Backlog at the end.
+    pub backlog: Backlog,
+    /// Wall time, ms.
+    pub duration_ms: u64,
+}
+
+fn trigger_of(payload: &Value) -> String {
+    payload
+        .get("source")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .or_else(|| {
+            payload
+                .get("trigger")
+                .and_then(Value::as_str)
+                .map(|t| format!("input:{t}"))
+        })
+        .unwrap_or_else(|| "schedule-input".into())
+}
+
+/// Converts the Lambda context's deadline (epoch ms) into an `Instant`, minus the margin.
+pub fn deadline_from(context_deadline_ms: u64, margin: Duration) -> Instant {
+    let deadline = SystemTime::UNIX_EPOCH + Duration::from_millis(context_deadline_ms);
+    let left = deadline
+        .duration_since(SystemTime::now())
+        .unwrap_or(Duration::ZERO);
+    Instant::now() + left.saturating_sub(margin)
+}
+
+/// The handler: housekeeping, drain until the deadline, summary log + EMF line.
+#[tracing::instrument(name = "relay.invoke", skip_all, fields(request_id = %event.context.request_id))]
+pub async fn handle(
+    state: &RelayState,
+    event: LambdaEvent<Value>,
+) -> Result<InvocationSummary, RelayError> {
+    let started = Instant::now();
+    let (payload, context) = event.into_parts();
+    let deadline = deadline_from(context.deadline, state.margin);
+    let relay = &state.relay;
+    let cfg = relay.config();
+    let retention = Retention {
+        outbox: cfg.retention,
+        processed: cfg.processed_ttl,
+        batch: cfg.housekeeping_batch,
+        time_budget: Duration::from_secs(2),
+    };
+    let hk = housekeeping::run(relay.pool(), retention, state.persistent)
+        .await
+        .map_err(|source| RelayError::Database {
+            step: "housekeeping",
+            source,
+        })?;
+    let drain = relay.drain(deadline).await?;
+    let backlog = housekeeping::backlog(relay.pool(), state.persistent)
+        .await
+        .map_err(|source| RelayError::Database {
+            step: "backlog",
+            source,
+        })?;
+    let summary = InvocationSummary {
+        request_id: context.request_id.clone(),
+        trigger: trigger_of(&payload),
+        drain,
+        housekeeping: hk,
+        backlog,
+        duration_ms: started.elapsed().as_millis() as u64,
+    };
+    tracing::info!(summary = %serde_json::to_string(&summary).unwrap_or_default(), "relay invocation done");
+    emf(&state.function_name, &summary).emit();
+    Ok(summary)
+}
+
+/// The EMF record of an invocation (the alarms read `OldestPendingAge` and `DeadLettered`).
+pub fn emf(function: &str, s: &InvocationSummary) -> EmfRecord {
+    EmfRecord::new(function)
+        .metric("Claimed", Unit::Count, s.drain.claimed as f64)
+        .metric("Dispatched", Unit::Count, s.drain.dispatched as f64)
+        .metric("Retried", Unit::Count, s.drain.retried as f64)
+        .metric("DeadLettered", Unit::Count, s.drain.dead_lettered as f64)
+        .metric("Fenced", Unit::Count, s.drain.fenced as f64)
+        .metric(
+            "ConfigProblems",
+            Unit::Count,
+            s.drain.config_problems as f64,
+        )
+        .metric("Pending", Unit::Count, s.backlog.pending as f64)
+        .metric(
+            "OldestPendingAge",
+            Unit::Seconds,
+            s.backlog.oldest_pending_age_secs,
+        )
+        .metric("BlockedKeys", Unit::Count, s.backlog.blocked_keys as f64)
+        .metric(
+            "AwaitingEvidence",
+            Unit::Count,
+            s.backlog.awaiting_evidence as f64,
+        )
+        .metric(
+            "OldestAwaitingEvidenceAge",
+            Unit::Seconds,
+            s.backlog.oldest_awaiting_evidence_secs,
+        )
+        .metric(
+            "PublishLatencyP50",
+            Unit::Milliseconds,
+            s.drain.publish_p50_ms,
+        )
+        .metric(
+            "PublishLatencyP99",
+            Unit::Milliseconds,
+            s.drain.publish_p99_ms,
+        )
+        .property("requestId", s.request_id.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn triggers() {
+        assert_eq!(
+            trigger_of(&json!({"source":"aws.events","detail-type":"Scheduled Event"})),
+            "aws.events"
+        );
+        assert_eq!(trigger_of(&json!({"trigger":"schedule"})), "input:schedule");
+        assert_eq!(trigger_of(&json!("anything")), "schedule-input");
+    }
+
+    #[test]
+    fn deadline_subtracts_the_margin() {
+        let now_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let d = deadline_from(now_ms + 10_000, Duration::from_secs(3));
+        let left = d.saturating_duration_since(Instant::now());
+        assert!(
+            left > Duration::from_millis(6500) && left <= Duration::from_secs(7),
+            "{left:?}"
+        );
+        // A deadline in the past leaves no time at all.
+        let d = deadline_from(now_ms.saturating_sub(5000), Duration::from_secs(3));
+        assert!(d <= Instant::now());
+    }
+}

@@ -1,0 +1,194 @@
+//! Housekeeping, run by the relay at the start of each invocation and bounded in rows and time: dispatched rows
+//! leave the table after `OUTBOX_RETENTION_HOURS` (delivered ordered rows too; dead-lettered rows stay until
+//! their dead letter is handled), consumer dedupe rows and consumer sequence rows older than
+//! `PROCESSED_TTL_HOURS` are pruned, and idle ordered keys are released. The same functions back
+//! `outbox prune`.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sqlx::PgPool;
+
+/// What one housekeeping pass removed.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct HousekeepingReport {
+    /// Outbox rows deleted.
+    pub outbox_deleted: u64,
+    /// `processed_messages` rows deleted.
+    pub processed_deleted: u64,
+    /// `consumer_sequences` rows deleted.
+    pub consumer_sequences_deleted: u64,
+    /// Idle ordered keys released.
+    pub keys_released: u64,
+}
+
+/// Retention settings for one pass.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    /// Dispatched outbox rows older than this go.
+    pub outbox: Duration,
+    /// Consumer dedupe rows older than this go.
+    pub processed: Duration,
+    /// Rows per statement.
+    pub batch: u32,
+    /// Stop starting new statements after this long.
+    pub time_budget: Duration,
+}
+
+/// Deletes one batch of dispatched outbox rows past retention; returns how many.
+pub async fn prune_outbox_batch(
+    pool: &PgPool,
+    older_than: Duration,
+    batch: u32,
+    persistent: bool,
+) -> Result<u64, sqlx::Error> {
+    let sql = format!(
+        "DELETE FROM outbox WHERE id IN (\
+            SELECT id FROM outbox \
+            WHERE dispatched_at < now() - make_interval(secs => $1) AND dead_lettered_at IS NULL \
+              AND (seq IS NULL OR delivered_at IS NOT NULL) \
+            LIMIT {batch} FOR UPDATE SKIP LOCKED)"
+    );
+    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .persistent(persistent)
+        .bind(older_than.as_secs_f64())
+        .execute(pool)
+        .await?
+        .rows_affected())
+}
+
+/// Deletes one batch of consumer dedupe rows past their TTL; returns how many.
+pub async fn prune_processed_batch(
+    pool: &PgPool,
+    older_than: Duration,
+    batch: u32,
+    persistent: bool,
+) -> Result<u64, sqlx::Error> {
+    let sql = format!(
+        "DELETE FROM processed_messages WHERE ctid = ANY(ARRAY(\
+            SELECT ctid FROM processed_messages WHERE processed_at < now() - make_interval(secs => $1) LIMIT {batch}))"
+    );
+    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .persistent(persistent)
+        .bind(older_than.as_secs_f64())
+        .execute(pool)
+        .await?
+        .rows_affected())
+}
+
+/// Deletes one batch of consumer sequence rows not updated for longer than the TTL; returns how many.
+pub async fn prune_consumer_sequences_batch(
+    pool: &PgPool,
+    older_than: Duration,
+    batch: u32,
+    persistent: bool,
+) -> Result<u64, sqlx::Error> {
+    let sql = format!(
+        "DELETE FROM consumer_sequences WHERE ctid = ANY(ARRAY(\
+            SELECT ctid FROM consumer_sequences WHERE updated_at < now() - make_interval(secs => $1) LIMIT {batch}))"
+    );
+    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .persistent(persistent)
+        .bind(older_than.as_secs_f64())
+        .execute(pool)
+        .await?
+        .rows_affected())
+}
+
+/// Releases up to `batch` idle ordered keys (every event done, nothing leased, in flight or blocked). Holds
+/// each key's `outbox_sequences` lock while deleting, skipping keys a producer holds (see
+/// [`crate::ordering::release_idle_key`]).
+pub async fn release_idle_keys(
+    pool: &PgPool,
+    batch: u32,
+    persistent: bool,
+) -> Result<u64, sqlx::Error> {
+    let sql = format!(
+        "WITH idle AS (\
+            SELECT k.topic, k.partition_key FROM outbox_keys k \
+            JOIN outbox_sequences s ON s.topic = k.topic AND s.partition_key = k.partition_key \
+            WHERE s.last_seq = k.done_seq AND k.blocked_at IS NULL AND k.inflight_id IS NULL \
+              AND (k.locked_until IS NULL OR k.locked_until < now()) \
+            LIMIT {batch} FOR UPDATE OF k, s SKIP LOCKED) \
+         DELETE FROM outbox_keys k USING idle WHERE k.topic = idle.topic AND k.partition_key = idle.partition_key"
+    );
+    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .persistent(persistent)
+        .execute(pool)
+        .await?
+        .rows_affected())
+}
+
+/// One bounded pass of everything.
+pub async fn run(
+    pool: &PgPool,
+    retention: Retention,
+    persistent: bool,
+) -> Result<HousekeepingReport, sqlx::Error> {
+    let started = Instant::now();
+    let mut report = HousekeepingReport::default();
+    let within = |t: Instant| t.elapsed() < retention.time_budget;
+    while within(started) {
+        let n = prune_outbox_batch(pool, retention.outbox, retention.batch, persistent).await?;
+        report.outbox_deleted += n;
+        if n < u64::from(retention.batch) {
+            break;
+        }
+    }
+    while within(started) {
+        let n =
+            prune_processed_batch(pool, retention.processed, retention.batch, persistent).await?;
+        report.processed_deleted += n;
+        if n < u64::from(retention.batch) {
+            break;
+        }
+    }
+    if within(started) {
+        report.consumer_sequences_deleted +=
+            prune_consumer_sequences_batch(pool, retention.processed, retention.batch, persistent)
+                .await?;
+    }
+    if within(started) {
+        report.keys_released += release_idle_keys(pool, retention.batch, persistent).await?;
+    }
+    Ok(report)
+}
+
+/// Backlog figures for the invocation summary and the alarms.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Backlog {
+    /// Events neither dispatched nor dead.
+    pub pending: i64,
+    /// Age of the oldest of them, seconds (0 when none). Alarm on this, not on depth.
+    pub oldest_pending_age_secs: f64,
+    /// Ordered keys blocked by a dead head.
+    pub blocked_keys: i64,
+    /// Ordered heads accepted by QStash, waiting for delivery evidence.
+    pub awaiting_evidence: i64,
+    /// Longest such wait, seconds.
+    pub oldest_awaiting_evidence_secs: f64,
+}
+
+/// Reads the backlog figures (index-only where possible).
+pub async fn backlog(pool: &PgPool, persistent: bool) -> Result<Backlog, sqlx::Error> {
+    let row: (i64, f64, i64, i64, f64) = sqlx::query_as(
+        "SELECT \
+            (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL), \
+            coalesce((SELECT extract(epoch FROM now() - min(created_at))::float8 FROM outbox \
+                      WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL), 0), \
+            (SELECT count(*) FROM outbox_keys WHERE blocked_at IS NOT NULL), \
+            (SELECT count(*) FROM outbox_keys WHERE inflight_id IS NOT NULL), \
+            coalesce((SELECT extract(epoch FROM now() - min(inflight_since))::float8 FROM outbox_keys \
+                      WHERE inflight_id IS NOT NULL), 0)",
+    )
+    .persistent(persistent)
+    .fetch_one(pool)
+    .await?;
+    Ok(Backlog {
+        pending: row.0,
+        oldest_pending_age_secs: row.1.max(0.0),
+        blocked_keys: row.2,
+        awaiting_evidence: row.3,
+        oldest_awaiting_evidence_secs: row.4.max(0.0),
+    })
+}

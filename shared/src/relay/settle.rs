@@ -1,0 +1,189 @@
+//! Settling a claim: one statement for the whole cycle — dispatched rows, retries with per-row jittered
+//! backoff, dead letters into `dead_letters`, and the ordered keys' state — every write fenced on the row's lease
+//! token. A relay whose lease was taken over (it was too slow, another relay re-claimed) changes nothing: its
+//! rows no longer carry its token, so the statement matches zero rows for them (pitfall P5).
+
+use std::time::Duration;
+
+use sqlx::{PgConnection, Row};
+
+/// What to record for one claimed event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settlement {
+    /// QStash accepted it.
+    Dispatched {
+        /// QStash's message id.
+        message_id: String,
+    },
+    /// Try again after `delay`.
+    Retry {
+        /// Backoff.
+        delay: Duration,
+        /// Why.
+        error: String,
+    },
+    /// Give up: a dead letter.
+    Dead {
+        /// Why.
+        error: String,
+        /// HTTP status from QStash, if any.
+        status: Option<u16>,
+        /// Skip the head of an ordered key instead of blocking it.
+        skip_key: bool,
+    },
+}
+
+/// One row to settle.
+#[derive(Debug, Clone)]
+pub struct SettleItem {
+    /// Outbox id.
+    pub id: i64,
+    /// The lease token the relay claimed it with.
+    pub lease_token: i64,
+    /// The outcome.
+    pub settlement: Settlement,
+}
+
+/// Counts of rows actually changed (fenced-out rows are not counted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SettleCounts {
+    /// Marked dispatched.
+    pub dispatched: u64,
+    /// Scheduled for retry.
+    pub retried: u64,
+    /// Dead-lettered.
+    pub dead: u64,
+}
+
+impl SettleCounts {
+    /// Rows settled in total.
+    pub fn total(&self) -> u64 {
+        self.dispatched + self.retried + self.dead
+    }
+}
+
+const SETTLE_SQL: &str = r#"
+WITH s AS (
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::int[], $4::float8[], $5::text[], $6::text[], $7::int[], $8::bool[])
+        AS s(id, token, outcome, delay_secs, error, message_id, status, skip_key)
+),
+upd AS (
+    UPDATE outbox o SET
+        dispatched_at     = CASE WHEN s.outcome = 0 THEN coalesce(o.dispatched_at, now()) ELSE o.dispatched_at END,
+        qstash_message_id = coalesce(s.message_id, o.qstash_message_id),
+        available_at      = CASE WHEN s.outcome = 1 THEN now() + make_interval(secs => s.delay_secs)
+                                 ELSE o.available_at END,
+        dead_lettered_at  = CASE WHEN s.outcome = 2 THEN now() ELSE o.dead_lettered_at END,
+        last_error        = CASE WHEN s.outcome = 0 THEN o.last_error ELSE left(s.error, 2000) END,
+        locked_until      = NULL
+    FROM s
+    WHERE o.id = s.id AND o.lease_token = s.token
+      AND (s.outcome = 0 OR o.delivered_at IS NULL)
+    RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload, o.headers, o.attempts, o.qstash_message_id,
+              s.token, s.outcome, s.delay_secs, s.error, s.status, s.skip_key
+),
+dead AS (
+    INSERT INTO dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, headers, error,
+                              status, response_body, attempts, qstash_message_id)
+    SELECT 'relay', u.id || '/' || u.token, u.id, u.topic, u.partition_key, u.seq, u.payload, u.headers, u.error,
+           u.status, CASE WHEN u.status IS NOT NULL THEN u.error END, u.attempts, u.qstash_message_id
+    FROM upd u WHERE u.outcome = 2
+    ON CONFLICT (source, natural_id) DO NOTHING
+),
+keys AS (
+    UPDATE outbox_keys k SET
+        inflight_id    = CASE WHEN u.outcome = 0 THEN u.id END,
+        inflight_since = CASE WHEN u.outcome = 0 THEN now() END,
+        available_at   = CASE WHEN u.outcome = 0 THEN now() + make_interval(secs => $9)
+                              WHEN u.outcome = 1 THEN now() + make_interval(secs => u.delay_secs)
+                              ELSE now() END,
+        done_seq       = CASE WHEN u.outcome = 2 AND u.skip_key THEN u.seq ELSE k.done_seq END,
+        blocked_at     = CASE WHEN u.outcome = 2 AND NOT u.skip_key THEN now() ELSE k.blocked_at END,
+        blocked_id     = CASE WHEN u.outcome = 2 AND NOT u.skip_key THEN u.id ELSE k.blocked_id END,
+        blocked_reason = CASE WHEN u.outcome = 2 AND NOT u.skip_key THEN left(u.error, 1000) ELSE k.blocked_reason END,
+        lease_token    = NULL,
+        locked_until   = NULL
+    FROM upd u
+    WHERE u.seq IS NOT NULL AND k.topic = u.topic AND k.partition_key = u.partition_key
+      AND k.lease_token = u.token AND k.done_seq = u.seq - 1
+)
+SELECT count(*) FILTER (WHERE outcome = 0) AS dispatched,
+       count(*) FILTER (WHERE outcome = 1) AS retried,
+       count(*) FILTER (WHERE outcome = 2) AS dead
+FROM upd
+"#;
+
+/// Settles a cycle's events in one statement. `evidence_timeout`: how long an accepted ordered head may wait
+/// for its delivery callback before it is published again.
+pub async fn settle(
+    conn: &mut PgConnection,
+    items: &[SettleItem],
+    evidence_timeout: Duration,
+    persistent: bool,
+) -> Result<SettleCounts, sqlx::Error> {
+    if items.is_empty() {
+        return Ok(SettleCounts::default());
+    }
+    let n = items.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut tokens = Vec::with_capacity(n);
+    let mut outcomes = Vec::with_capacity(n);
+    let mut delays = Vec::with_capacity(n);
+    let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
+    let mut message_ids: Vec<Option<&str>> = Vec::with_capacity(n);
+    let mut statuses: Vec<Option<i32>> = Vec::with_capacity(n);
+    let mut skips = Vec::with_capacity(n);
+    for it in items {
+        ids.push(it.id);
+        tokens.push(it.lease_token);
+        match &it.settlement {
+            Settlement::Dispatched { message_id } => {
+                outcomes.push(0i32);
+                delays.push(0f64);
+                errors.push(None);
+                message_ids.push(Some(message_id.as_str()));
+                statuses.push(None);
+                skips.push(false);
+            }
+            Settlement::Retry { delay, error } => {
+                outcomes.push(1);
+                delays.push(delay.as_secs_f64());
+                errors.push(Some(error.as_str()));
+                message_ids.push(None);
+                statuses.push(None);
+                skips.push(false);
+            }
+            Settlement::Dead {
+                error,
+                status,
+                skip_key,
+            } => {
+                outcomes.push(2);
+                delays.push(0.0);
+                errors.push(Some(error.as_str()));
+                message_ids.push(None);
+                statuses.push(status.map(i32::from));
+                skips.push(*skip_key);
+            }
+        }
+    }
+    let row = sqlx::query(SETTLE_SQL)
+        .persistent(persistent)
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(&outcomes)
+        .bind(&delays)
+        .bind(&errors)
+        .bind(&message_ids)
+        .bind(&statuses)
+        .bind(&skips)
+        .bind(evidence_timeout.as_secs_f64())
+        .fetch_one(&mut *conn)
+        .await?;
+    let get = |c: &str| -> Result<u64, sqlx::Error> { Ok(row.try_get::<i64, _>(c)?.max(0) as u64) };
+    Ok(SettleCounts {
+        dispatched: get("dispatched")?,
+        retried: get("retried")?,
+        dead: get("dead")?,
+    })
+}
