@@ -535,3 +535,19 @@ impl Totals {
             .fetch_add(r.config_problems, AtomicOrdering::Relaxed);
     }
 }
+
+impl From<RelayError> for lambda_runtime::Diagnostic {
+    fn from(e: RelayError) -> Self {
+        let mut message = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        lambda_runtime::Diagnostic {
+            error_type: "RelayError".into(),
+            error_message: message,
+        }
+    }
+}
