@@ -162,14 +162,14 @@ async fn publish_epilogue(
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    if pf.drop_response {
-        if let Some(ctx) = ctx {
-            Counters::inc(&s.counters.injected_dropped_responses);
-            tracing::debug!(peer = %ctx.peer, "injected fault: dropping publish response");
-            ctx.kill.notify_one();
-            // The connection task drops this future together with the connection.
-            std::future::pending::<()>().await;
-        }
+    if pf.drop_response
+        && let Some(ctx) = ctx
+    {
+        Counters::inc(&s.counters.injected_dropped_responses);
+        tracing::debug!(peer = %ctx.peer, "injected fault: dropping publish response");
+        ctx.kill.notify_one();
+        // The connection task drops this future together with the connection.
+        std::future::pending::<()>().await;
     }
     resp
 }

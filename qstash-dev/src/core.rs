@@ -774,22 +774,22 @@ impl Core {
                 .or_insert_with(|| Flow::new(&spec.key))
                 .join(spec);
         }
-        if let Some(q) = &data.queue {
-            if !self.queues.contains_key(q) {
-                let now = now_ms();
-                self.queues.insert(
-                    q.clone(),
-                    Queue {
-                        name: q.clone(),
-                        created_at_ms: now,
-                        updated_at_ms: now,
-                        parallelism: 1,
-                        paused: false,
-                        waitlist: VecDeque::new(),
-                        active: 0,
-                    },
-                );
-            }
+        if let Some(q) = &data.queue
+            && !self.queues.contains_key(q)
+        {
+            let now = now_ms();
+            self.queues.insert(
+                q.clone(),
+                Queue {
+                    name: q.clone(),
+                    created_at_ms: now,
+                    updated_at_ms: now,
+                    parallelism: 1,
+                    paused: false,
+                    waitlist: VecDeque::new(),
+                    active: 0,
+                },
+            );
         }
         self.msgs.insert(
             id.clone(),
@@ -890,10 +890,10 @@ impl Core {
             if flow.paused || flow.waitlist.is_empty() {
                 return;
             }
-            if let Some(p) = flow.effective_parallelism() {
-                if flow.active >= p {
-                    return;
-                }
+            if let Some(p) = flow.effective_parallelism()
+                && flow.active >= p
+            {
+                return;
             }
             let rate = flow.effective_rate();
             if let Some((limit, period)) = rate {
@@ -964,10 +964,10 @@ impl Core {
 
     /// Bookkeeping once a message has left `msgs` for good.
     fn finalize(&mut self, data: &MsgData, hold: Option<u64>, fx: &mut Effects) {
-        if let Some(spec) = &data.flow {
-            if let Some(f) = self.flows.get_mut(&spec.key) {
-                f.leave(spec);
-            }
+        if let Some(spec) = &data.flow
+            && let Some(f) = self.flows.get_mut(&spec.key)
+        {
+            f.leave(spec);
         }
         if let Some(h) = hold {
             self.release_hold(h, fx);
@@ -1019,10 +1019,10 @@ impl Core {
 
     /// Applies the result of one attempt.
     pub fn on_done(&mut self, job: &Job, out: Outcome, duplicate: bool, fx: &mut Effects) {
-        if let Some(spec) = &job.data.flow {
-            if let Some(f) = self.flows.get_mut(&spec.key) {
-                f.active = f.active.saturating_sub(1);
-            }
+        if let Some(spec) = &job.data.flow
+            && let Some(f) = self.flows.get_mut(&spec.key)
+        {
+            f.active = f.active.saturating_sub(1);
         }
         self.apply_outcome(job, out, duplicate, fx);
         if let Some(spec) = &job.data.flow {
@@ -1042,20 +1042,21 @@ impl Core {
         let cancelled = msg.cancel.load(Ordering::Relaxed);
         msg.state = MsgState::Scheduled;
 
-        if !out.skipped && data.kind == AttemptKind::Destination {
-            if let Some(cb) = &data.callback {
-                self.spawn_callback(
-                    &data,
-                    cb,
-                    AttemptKind::Callback,
-                    &out,
-                    retried,
-                    budget,
-                    None,
-                    hold,
-                    fx,
-                );
-            }
+        if !out.skipped
+            && data.kind == AttemptKind::Destination
+            && let Some(cb) = &data.callback
+        {
+            self.spawn_callback(
+                &data,
+                cb,
+                AttemptKind::Callback,
+                &out,
+                retried,
+                budget,
+                None,
+                hold,
+                fx,
+            );
         }
         if out.success() {
             Counters::inc(&self.counters.delivered);
@@ -1079,7 +1080,7 @@ impl Core {
             return;
         }
         if out.non_retryable || retried >= budget {
-            self.to_dlq(id, &out, fx);
+            self.move_to_dlq(id, &out, fx);
             return;
         }
         let next = retried + 1;
@@ -1115,27 +1116,27 @@ impl Core {
         key
     }
 
-    fn to_dlq(&mut self, id: &Arc<str>, out: &Outcome, fx: &mut Effects) {
+    fn move_to_dlq(&mut self, id: &Arc<str>, out: &Outcome, fx: &mut Effects) {
         let Some(msg) = self.msgs.remove(id) else {
             return;
         };
         let key = self.next_dlq_key();
         let dlq_id = format!("{}-{}", key.0, key.1);
         let budget = msg.data.max_retries.saturating_add(msg.extra_budget);
-        if msg.data.kind == AttemptKind::Destination {
-            if let Some(fcb) = &msg.data.failure_callback {
-                self.spawn_callback(
-                    &msg.data,
-                    fcb,
-                    AttemptKind::FailureCallback,
-                    out,
-                    msg.retried,
-                    budget,
-                    Some(&dlq_id),
-                    msg.hold,
-                    fx,
-                );
-            }
+        if msg.data.kind == AttemptKind::Destination
+            && let Some(fcb) = &msg.data.failure_callback
+        {
+            self.spawn_callback(
+                &msg.data,
+                fcb,
+                AttemptKind::FailureCallback,
+                out,
+                msg.retried,
+                budget,
+                Some(&dlq_id),
+                msg.hold,
+                fx,
+            );
         }
         self.purge_dlq();
         self.dlq.insert(
@@ -1247,10 +1248,10 @@ impl Core {
             caller_ip: parent.caller_ip.clone(),
             source_message_id: Some(parent.id.clone()),
         });
-        if let Some(h) = hold {
-            if let Some(hold) = self.holds.get_mut(&h) {
-                hold.count += 1;
-            }
+        if let Some(h) = hold
+            && let Some(hold) = self.holds.get_mut(&h)
+        {
+            hold.count += 1;
         }
         Counters::inc(&self.counters.callbacks_created);
         self.insert_and_schedule(data, delay, hold, fx);

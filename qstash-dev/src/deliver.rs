@@ -250,12 +250,11 @@ fn retry_after(h: &HeaderMap) -> Option<Duration> {
         "x-ratelimit-reset-requests",
         "x-ratelimit-reset-tokens",
     ] {
-        if let Some(v) = h.get(name).and_then(|v| v.to_str().ok()) {
-            if let Some(d) = parse_retry_after(v, now) {
-                if d <= RETRY_AFTER_MAX {
-                    return Some(d);
-                }
-            }
+        if let Some(v) = h.get(name).and_then(|v| v.to_str().ok())
+            && let Some(d) = parse_retry_after(v, now)
+            && d <= RETRY_AFTER_MAX
+        {
+            return Some(d);
         }
     }
     None

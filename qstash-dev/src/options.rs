@@ -141,10 +141,10 @@ impl OptionsBuilder {
             return Ok(());
         }
         let Some(rest) = strip_prefix_ci(name, "upstash-") else {
-            if !is_unforwardable(name) {
-                if let Ok(pair) = forward_pair(name, value) {
-                    self.others.push(pair);
-                }
+            if !is_unforwardable(name)
+                && let Ok(pair) = forward_pair(name, value)
+            {
+                self.others.push(pair);
             }
             return Ok(());
         };
@@ -259,10 +259,10 @@ impl OptionsBuilder {
             .transpose()?;
         let callback = build_callback("Upstash-Callback", self.callback)?;
         let failure_callback = build_callback("Upstash-Failure-Callback", self.failure_callback)?;
-        if let Some(id) = &self.dedup_id {
-            if id.contains(':') {
-                return Err(ApiError::bad_request("DeduplicationId cannot contain ':'"));
-            }
+        if let Some(id) = &self.dedup_id
+            && id.contains(':')
+        {
+            return Err(ApiError::bad_request("DeduplicationId cannot contain ':'"));
         }
         let content_based_dedup = match self.content_based_dedup.as_deref() {
             None => false,
