@@ -239,7 +239,12 @@ impl Relay {
         let chunk = self.qstash.batch_size.max(1) as usize;
         let requests = messages.chunks(chunk).map(|c| async move {
             let t = Instant::now();
-            let out = self.client.batch(c).await;
+            let mut out = self.client.batch(c).await;
+            // A permanent refusal of a whole multi-message request (e.g. 413: the batch is too large) says nothing
+            // about each message: ask again one by one so only the culprits are dead-lettered.
+            if c.len() > 1 && out.first().is_some_and(|o| matches!(o, PublishOutcome::Permanent { .. })) && all_equal(&out) {
+                out = futures::future::join_all(c.iter().map(|m| self.client.publish(m))).await;
+            }
             (out, t.elapsed())
         });
         let results = futures::future::join_all(requests).await;
@@ -505,6 +510,10 @@ impl Relay {
             }
         }
     }
+}
+
+fn all_equal(v: &[PublishOutcome]) -> bool {
+    v.windows(2).all(|w| w[0] == w[1])
 }
 
 #[derive(Default)]

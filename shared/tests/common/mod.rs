@@ -65,3 +65,5 @@ pub fn start_moto() -> Moto {
         endpoint: format!("http://127.0.0.1:{port}"),
     }
 }
+
+pub mod sink;
