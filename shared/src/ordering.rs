@@ -32,41 +32,34 @@ use crate::config::DeadHeadPolicy;
 /// deleted by [`release_idle_key`] and housekeeping.
 pub const CLAIM_HEADS_SQL: &str = r#"
 WITH tok AS (SELECT nextval('outbox_lease_token_seq') AS t),
-ready AS (
-    SELECT k.topic, k.partition_key, k.done_seq
-    FROM outbox_keys k
-    WHERE k.blocked_at IS NULL AND k.available_at <= now()
-    ORDER BY k.available_at
-    LIMIT {limit}
-    FOR UPDATE SKIP LOCKED
-),
-heads AS (
-    SELECT o.id, o.topic, o.partition_key, o.available_at AS head_available_at
-    FROM ready r
-    JOIN outbox o ON o.topic = r.topic AND o.partition_key = r.partition_key AND o.seq = r.done_seq + 1
-    WHERE o.dead_lettered_at IS NULL AND o.delivered_at IS NULL
-),
-touched AS (
+keys AS (
     UPDATE outbox_keys k
-    SET available_at = CASE
-            WHEN h.id IS NULL THEN now() + interval '1 second'
-            WHEN h.head_available_at > now() THEN h.head_available_at
-            ELSE now() + make_interval(secs => $1) END,
-        lease_token  = CASE WHEN h.id IS NOT NULL AND h.head_available_at <= now()
-                            THEN (SELECT t FROM tok) ELSE k.lease_token END,
-        locked_until = CASE WHEN h.id IS NOT NULL AND h.head_available_at <= now()
-                            THEN now() + make_interval(secs => $1) ELSE k.locked_until END
-    FROM ready r
-    LEFT JOIN heads h ON h.topic = r.topic AND h.partition_key = r.partition_key
-    WHERE k.topic = r.topic AND k.partition_key = r.partition_key
+    SET (available_at, lease_token, locked_until) = (
+        SELECT CASE WHEN h.id IS NULL THEN now() + interval '1 second'
+                    WHEN h.available_at > now() THEN h.available_at
+                    ELSE now() + make_interval(secs => $1) END,
+               CASE WHEN h.id IS NOT NULL AND h.available_at <= now() THEN (SELECT t FROM tok) ELSE k.lease_token END,
+               CASE WHEN h.id IS NOT NULL AND h.available_at <= now()
+                    THEN now() + make_interval(secs => $1) ELSE k.locked_until END
+        FROM (SELECT 1) one
+        LEFT JOIN outbox h ON h.topic = k.topic AND h.partition_key = k.partition_key AND h.seq = k.done_seq + 1
+                          AND h.dead_lettered_at IS NULL AND h.delivered_at IS NULL)
+    WHERE k.ctid = ANY (ARRAY(
+        SELECT ctid FROM outbox_keys
+        WHERE blocked_at IS NULL AND available_at <= now()
+        ORDER BY available_at
+        LIMIT {limit}
+        FOR UPDATE SKIP LOCKED))
+    RETURNING k.topic, k.partition_key, k.done_seq, k.lease_token
 )
 UPDATE outbox o
 SET attempts = o.attempts + 1,
-    lease_token = (SELECT t FROM tok),
+    lease_token = k.lease_token,
     locked_until = now() + make_interval(secs => $1),
     available_at = now() + make_interval(secs => $1)
-FROM heads h
-WHERE o.id = h.id AND h.head_available_at <= now()
+FROM keys k
+WHERE k.lease_token = (SELECT t FROM tok)
+  AND o.topic = k.topic AND o.partition_key = k.partition_key AND o.seq = k.done_seq + 1
 RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
           o.created_at, o.redrive_count, o.last_error, o.lease_token
 "#;

@@ -12,21 +12,18 @@ use crate::producer::EventHeaders;
 
 /// The unordered claim. `$1` = lease seconds; `{limit}` is spliced in once (see [`CLAIM_HEADS_SQL`] on why).
 pub const CLAIM_UNORDERED_SQL: &str = r#"
-WITH tok AS (SELECT nextval('outbox_lease_token_seq') AS t),
-c AS (
-    SELECT id FROM outbox
-    WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND seq IS NULL AND available_at <= now()
-    ORDER BY available_at, id
-    LIMIT {limit}
-    FOR UPDATE SKIP LOCKED
-)
+WITH tok AS (SELECT nextval('outbox_lease_token_seq') AS t)
 UPDATE outbox o
 SET attempts = o.attempts + 1,
     lease_token = (SELECT t FROM tok),
     locked_until = now() + make_interval(secs => $1),
     available_at = now() + make_interval(secs => $1)
-FROM c
-WHERE o.id = c.id
+WHERE o.ctid = ANY (ARRAY(
+    SELECT ctid FROM outbox
+    WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND seq IS NULL AND available_at <= now()
+    ORDER BY available_at, id
+    LIMIT {limit}
+    FOR UPDATE SKIP LOCKED))
 RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
           o.created_at, o.redrive_count, o.last_error, o.lease_token
 "#;

@@ -1,0 +1,114 @@
+//! "Check the plans your prepared statements get": the claim statements must use their partial indexes even
+//! under a generic plan (what a prepared statement switches to after five executions), on a table with a
+//! large pending backlog and history.
+
+use outbox::relay::claim::ClaimStatements;
+use sqlx::PgPool;
+
+fn plan_nodes(plan: &serde_json::Value, out: &mut Vec<(String, Option<String>)>) {
+    if let Some(obj) = plan.as_object() {
+        if let Some(t) = obj.get("Node Type").and_then(|v| v.as_str()) {
+            out.push((
+                t.to_owned(),
+                obj.get("Index Name")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned),
+            ));
+        }
+        for v in obj.values() {
+            plan_nodes(v, out);
+        }
+    } else if let Some(arr) = plan.as_array() {
+        for v in arr {
+            plan_nodes(v, out);
+        }
+    }
+}
+
+async fn generic_plan(pool: &PgPool, sql: &str) -> Vec<(String, Option<String>)> {
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "PREPARE claim(float8) AS {sql}"
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let plan: serde_json::Value = sqlx::query_scalar("EXPLAIN (FORMAT JSON) EXECUTE claim(15)")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("DEALLOCATE claim")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let mut nodes = Vec::new();
+    plan_nodes(&plan, &mut nodes);
+    nodes
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn claims_use_their_partial_indexes_under_a_generic_plan(pool: PgPool) {
+    // 40k pending unordered rows, 40k rows of history, 2k ordered keys with 5 events each.
+    sqlx::query(
+        "INSERT INTO outbox (topic, partition_key, payload, dispatched_at) \
+         SELECT 'audit', 'k' || (g % 100), '{}'::jsonb, CASE WHEN g % 2 = 0 THEN now() END \
+         FROM generate_series(1, 80000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO outbox (topic, partition_key, seq, payload) \
+         SELECT 'orders', 'c' || k, s, '{}'::jsonb FROM generate_series(1, 2000) k, generate_series(1, 5) s",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO outbox_keys (topic, partition_key, done_seq) SELECT 'orders', 'c' || k, 0 FROM generate_series(1, 2000) k")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("ANALYZE outbox").execute(&pool).await.unwrap();
+    sqlx::query("ANALYZE outbox_keys")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let claims = ClaimStatements::new(500, true);
+    let unordered = generic_plan(&pool, claims.unordered_sql()).await;
+    assert!(
+        unordered
+            .iter()
+            .any(|(_, idx)| idx.as_deref() == Some("outbox_claim_idx")),
+        "unordered claim does not use outbox_claim_idx: {unordered:?}"
+    );
+    assert!(unordered.iter().any(|(t, _)| t == "Limit"), "{unordered:?}");
+    assert!(
+        !unordered
+            .iter()
+            .any(|(t, _)| t == "Seq Scan" || t == "Sort"),
+        "unordered claim scans or sorts: {unordered:?}"
+    );
+
+    let ordered = generic_plan(&pool, claims.ordered_sql()).await;
+    assert!(
+        ordered
+            .iter()
+            .any(|(_, idx)| idx.as_deref() == Some("outbox_keys_ready_idx")),
+        "ordered claim does not use outbox_keys_ready_idx: {ordered:?}"
+    );
+    assert!(
+        ordered
+            .iter()
+            .any(|(_, idx)| idx.as_deref() == Some("outbox_key_seq_idx")),
+        "ordered claim does not find heads by outbox_key_seq_idx: {ordered:?}"
+    );
+    assert!(
+        !ordered.iter().any(|(t, _)| t == "Seq Scan"),
+        "ordered claim scans a table: {ordered:?}"
+    );
+}

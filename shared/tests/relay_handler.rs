@@ -1,0 +1,104 @@
+//! The relay's Lambda handler driven with the `events/` fixtures (EventBridge rule and Scheduler payloads).
+
+mod common;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::sink::Sink;
+use lambda_runtime::{Context, LambdaEvent};
+use outbox::config::{QstashConfig, RelayConfig};
+use outbox::producer::{NewEvent, Topic, enqueue_batch};
+use outbox::qstash::QstashClient;
+use outbox::relay::Relay;
+use outbox::relay::handler::{RelayState, handle};
+use qstash_dev::{Config as DevConfig, DevServer};
+use secrecy::SecretString;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+fn fixture(name: &str) -> Value {
+    let path = common::repo_root().join("events").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn context(deadline_in: Duration) -> Context {
+    let mut ctx = Context::default();
+    ctx.request_id = "test-request".into();
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    ctx.deadline = (now + deadline_in).as_millis() as u64;
+    ctx
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn handler_runs_from_the_scheduled_event_fixtures(pool: PgPool) {
+    let dev = DevServer::start(DevConfig::for_tests(0.001)).await.unwrap();
+    let sink = Sink::start(pool.clone()).await;
+    let relay_cfg = RelayConfig {
+        lease: Duration::from_secs(1),
+        poll_interval: Duration::from_millis(20),
+        deadline_margin: Duration::from_millis(200),
+        ..RelayConfig::from_vars(
+            &outbox::config::Vars::new(&std::collections::HashMap::<String, String>::new()),
+            3,
+        )
+        .unwrap()
+    };
+    let qstash = QstashConfig {
+        base_url: dev.url(),
+        retries: 3,
+        publish_timeout: Duration::from_secs(2),
+        batch_size: 100,
+        delivery_timeout: None,
+        flow_parallelism: 10,
+        flow_rate: None,
+        flow_period: Duration::from_secs(1),
+        consumer_url: sink.url.clone(),
+        callback_url: sink.url.clone(),
+    };
+    let client = QstashClient::new(
+        &dev.url(),
+        SecretString::from(dev.token().to_owned()),
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let state = RelayState::new(
+        Relay::new(pool.clone(), client, relay_cfg, qstash, true),
+        "relay",
+        true,
+    );
+
+    for (name, trigger, n) in [
+        ("scheduled-event.json", "aws.events", 7),
+        ("schedule-v2-input.json", "input:schedule", 4),
+    ] {
+        let topic = Topic::unordered("audit");
+        let events: Vec<NewEvent> = (0..n)
+            .map(|i| NewEvent::new(&topic, "k", &json!({"i": i})).unwrap())
+            .collect();
+        let mut tx = pool.begin().await.unwrap();
+        enqueue_batch(&mut tx, &events).await.unwrap();
+        tx.commit().await.unwrap();
+
+        let event = LambdaEvent::new(fixture(name), context(Duration::from_millis(1800)));
+        let started = std::time::Instant::now();
+        let summary = handle(&state, event).await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_millis(1800),
+            "handler outlived the Lambda deadline"
+        );
+        assert_eq!(summary.trigger, trigger);
+        assert_eq!(summary.request_id, "test-request");
+        assert_eq!(summary.drain.dispatched, n, "{name}: {summary:?}");
+        assert_eq!(summary.backlog.pending, 0);
+        let line = outbox::relay::handler::emf("relay", &summary).to_json();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["Dispatched"], json!(n as f64));
+        assert_eq!(v["OldestPendingAge"], json!(0.0));
+    }
+    dev.handle()
+        .wait_idle(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(sink.accepted().len(), 11);
+}
