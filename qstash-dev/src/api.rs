@@ -604,7 +604,7 @@ fn dlq_json(e: &DlqEntry) -> Value {
     o.insert("responseStatus".into(), json!(e.status.unwrap_or(0)));
     o.insert(
         "responseHeader".into(),
-        header_multimap(e.resp_headers.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+        crate::core::headermap_multimap(&e.resp_headers),
     );
     body_fields(&mut o, "responseBody", "responseBodyBase64", &e.resp_body);
     o.insert("retried".into(), json!(e.retried));

@@ -145,7 +145,7 @@ pub(crate) struct Job {
 #[derive(Debug, Default)]
 pub(crate) struct Outcome {
     pub status: Option<u16>,
-    pub headers: Vec<(String, String)>,
+    pub headers: http::HeaderMap,
     pub body: Bytes,
     pub error: Option<String>,
     pub retry_after: Option<Duration>,
@@ -309,7 +309,7 @@ pub(crate) struct DlqEntry {
     pub retried: u32,
     pub max_retries: u32,
     pub status: Option<u16>,
-    pub resp_headers: Vec<(String, String)>,
+    pub resp_headers: http::HeaderMap,
     pub resp_body: Bytes,
     pub error: Option<String>,
     pub created_ms: u64,
@@ -543,6 +543,20 @@ pub(crate) fn canonical_header(name: &str) -> String {
         upper = c == '-';
     }
     out
+}
+
+/// [`header_multimap`] of a `HeaderMap` (non-UTF-8 values decoded lossily).
+pub(crate) fn headermap_multimap(h: &http::HeaderMap) -> Value {
+    let owned: Vec<(&str, String)> = h
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    header_multimap(owned.iter().map(|(k, v)| (*k, v.as_str())))
 }
 
 /// `{name: [values...]}` with canonical names, values grouped in order.
@@ -1191,10 +1205,7 @@ impl Core {
     ) {
         let mut body = Map::new();
         body.insert("status".into(), json!(out.status.unwrap_or(0)));
-        body.insert(
-            "header".into(),
-            header_multimap(out.headers.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
-        );
+        body.insert("header".into(), headermap_multimap(&out.headers));
         body.insert("body".into(), json!(STANDARD.encode(&out.body)));
         body.insert("retried".into(), json!(retried));
         body.insert("maxRetries".into(), json!(max_retries));

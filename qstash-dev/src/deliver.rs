@@ -100,11 +100,13 @@ impl JobQueue {
 pub(crate) async fn worker(shared: std::sync::Arc<Shared>) {
     while let Some(job) = shared.jobs.pop().await {
         let (outcome, attempt) = attempt(&shared, &job).await;
-        if let Some(a) = attempt {
-            shared.record_attempt(a);
+        if let Some((a, headers)) = attempt {
+            shared.record_attempt(a, headers);
         }
         if !job.duplicate {
-            let dup = outcome.success() && shared.draw_fault(|f| f.duplicate_delivery_rate);
+            let dup = outcome.success()
+                && shared.delivery_faults_active()
+                && shared.draw_fault(|f| f.duplicate_delivery_rate);
             shared.complete(&job, outcome, dup);
         }
         shared.jobs.finish();
@@ -112,7 +114,7 @@ pub(crate) async fn worker(shared: std::sync::Arc<Shared>) {
     }
 }
 
-fn header_pairs(h: &HeaderMap) -> Vec<(String, String)> {
+pub(crate) fn header_pairs(h: &HeaderMap) -> Vec<(String, String)> {
     h.iter()
         .map(|(k, v)| {
             (
@@ -135,7 +137,7 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Makes one attempt. Returns the outcome and the attempt record (none when skipped).
-async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<DeliveryAttempt>) {
+async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<(DeliveryAttempt, HeaderMap)>) {
     if job.cancel.load(Ordering::Relaxed) {
         return (
             Outcome {
@@ -178,7 +180,7 @@ async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<DeliveryAttempt
     if let Some(region) = &shared.cfg.region {
         headers.insert(HeaderName::from_static("upstash-region"), hv(region));
     }
-    let request_headers = header_pairs(&headers);
+    let request_headers = headers.clone();
 
     let mut record = DeliveryAttempt {
         seq: 0,
@@ -191,7 +193,7 @@ async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<DeliveryAttempt
         retried: job.retried,
         status: None,
         error: None,
-        request_headers,
+        request_headers: Vec::new(),
         duration: Duration::ZERO,
         planned_delay: job.planned_delay,
         duplicate: job.duplicate,
@@ -201,9 +203,10 @@ async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<DeliveryAttempt
     };
 
     let mut outcome = Outcome::default();
+    let faulty = shared.delivery_faults_active();
     let (net_fault, lost_fault) = (
-        shared.draw_fault(|f| f.delivery_network_error_rate),
-        shared.draw_fault(|f| f.delivery_lost_response_rate),
+        faulty && shared.draw_fault(|f| f.delivery_network_error_rate),
+        faulty && shared.draw_fault(|f| f.delivery_lost_response_rate),
     );
     if net_fault {
         outcome.error = Some("injected fault: network error (request not sent)".into());
@@ -223,7 +226,7 @@ async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<DeliveryAttempt
                         NonRetryableMode::Require489 => status == 489,
                         NonRetryableMode::HeaderAlone => true,
                     };
-                outcome.headers = header_pairs(&resp_headers);
+                outcome.headers = resp_headers;
                 outcome.body = body;
                 if lost_fault {
                     outcome.error = Some(format!(
@@ -239,7 +242,7 @@ async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<DeliveryAttempt
     record.status = outcome.status;
     record.error = outcome.error.clone();
     record.duration = started.elapsed();
-    (outcome, Some(record))
+    (outcome, Some((record, request_headers)))
 }
 
 fn retry_after(h: &HeaderMap) -> Option<Duration> {

@@ -57,7 +57,7 @@ pub struct SigningKeys {
 }
 
 struct AttemptLog {
-    buf: VecDeque<DeliveryAttempt>,
+    buf: VecDeque<(DeliveryAttempt, http::HeaderMap)>,
     seq: u64,
 }
 
@@ -80,6 +80,7 @@ pub(crate) struct Shared {
     pub jobs: JobQueue,
     attempts: Mutex<AttemptLog>,
     faults: Mutex<FaultState>,
+    delivery_faults: std::sync::atomic::AtomicBool,
     keys: RwLock<SigningKeys>,
     pub client: HttpClient,
     pub started: std::time::Instant,
@@ -107,6 +108,9 @@ impl Shared {
                 faults: cfg.faults.clone(),
                 rng: StdRng::seed_from_u64(cfg.seed ^ 0x5eed_fa17),
             }),
+            delivery_faults: std::sync::atomic::AtomicBool::new(Self::has_delivery_faults(
+                &cfg.faults,
+            )),
             keys: RwLock::new(SigningKeys {
                 current: cfg.current_signing_key.clone(),
                 next: cfg.next_signing_key.clone(),
@@ -152,7 +156,7 @@ impl Shared {
         self.idle.notify_waiters();
     }
 
-    pub fn record_attempt(&self, mut a: DeliveryAttempt) {
+    pub fn record_attempt(&self, mut a: DeliveryAttempt, headers: http::HeaderMap) {
         Counters::inc(&self.counters.attempts);
         tracing::debug!(
             message_id = %a.message_id, url = %a.url, retried = a.retried, status = ?a.status,
@@ -168,7 +172,7 @@ impl Shared {
         if log.buf.len() >= cap {
             log.buf.pop_front();
         }
-        log.buf.push_back(a);
+        log.buf.push_back((a, headers));
     }
 
     /// Draws one fault decision with probability `rate(faults)`.
@@ -185,8 +189,21 @@ impl Shared {
         lock(&self.faults).faults.clone()
     }
 
+    fn has_delivery_faults(f: &Faults) -> bool {
+        f.duplicate_delivery_rate > 0.0
+            || f.delivery_network_error_rate > 0.0
+            || f.delivery_lost_response_rate > 0.0
+    }
+
+    /// Fast check so deliveries skip the fault lock when no delivery fault is configured.
+    pub fn delivery_faults_active(&self) -> bool {
+        self.delivery_faults.load(Ordering::Relaxed)
+    }
+
     pub fn set_faults(&self, f: Faults) -> Result<(), String> {
         f.validate()?;
+        self.delivery_faults
+            .store(Self::has_delivery_faults(&f), Ordering::Relaxed);
         lock(&self.faults).faults = f;
         Ok(())
     }
@@ -211,7 +228,15 @@ impl Shared {
     }
 
     pub fn attempts(&self) -> Vec<DeliveryAttempt> {
-        lock(&self.attempts).buf.iter().cloned().collect()
+        let log = lock(&self.attempts);
+        log.buf
+            .iter()
+            .map(|(a, h)| {
+                let mut a = a.clone();
+                a.request_headers = crate::deliver::header_pairs(h);
+                a
+            })
+            .collect()
     }
 
     pub fn clear_attempts(&self) {
