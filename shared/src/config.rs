@@ -476,8 +476,12 @@ pub struct ConsumerConfig {
     /// `PUBLIC_BASE_URL` (optional): the URL QStash calls, used for the signature's `sub`. When unset the URL
     /// is rebuilt from the request (host header, raw path, raw query).
     pub public_base_url: Option<String>,
-    /// `MAX_BODY_BYTES` (default 1048576): larger bodies are refused before verification.
+    /// `MAX_BODY_BYTES` (default 1048576): larger event bodies are refused (413) before verification.
     pub max_body_bytes: usize,
+    /// `CALLBACK_MAX_BODY_BYTES` (default 6291456, Lambda's request limit): the cap for QStash callbacks, whose
+    /// bodies carry the original message *and* the response base64-encoded (about 1.4× the message plus the
+    /// response), so they must not share the event cap: a refused failure callback would lose a dead letter.
+    pub callback_max_body_bytes: usize,
     /// `SIGNATURE_CLOCK_TOLERANCE_SECS` (default 0).
     pub clock_tolerance: Duration,
     /// `SECRET_REFRESH_INTERVAL_SECS` (default 60): at most one re-read of the secret per interval when both
@@ -488,6 +492,20 @@ pub struct ConsumerConfig {
 }
 
 impl ConsumerConfig {
+    /// The defaults (what an empty environment gives): name `consumer`, no public base URL, 1 MiB event cap,
+    /// 6 MiB callback cap, clock tolerance 0, secret refresh 60 s, no skip topics.
+    pub fn defaults() -> Self {
+        ConsumerConfig {
+            name: "consumer".into(),
+            public_base_url: None,
+            max_body_bytes: 1_048_576,
+            callback_max_body_bytes: 6 * 1_048_576,
+            clock_tolerance: Duration::ZERO,
+            secret_refresh_interval: Duration::from_secs(60),
+            skip_topics: Vec::new(),
+        }
+    }
+
     /// Reads the consumer variables.
     pub fn from_vars(v: &Vars<'_>) -> Result<Self, ConfigError> {
         let name = v.raw("CONSUMER_NAME").unwrap_or_else(|| "consumer".into());
@@ -502,6 +520,12 @@ impl ConsumerConfig {
             name,
             public_base_url: v.url("PUBLIC_BASE_URL")?,
             max_body_bytes: v.ranged_or("MAX_BODY_BYTES", 1_048_576, 1024, 64 * 1_048_576)?,
+            callback_max_body_bytes: v.ranged_or(
+                "CALLBACK_MAX_BODY_BYTES",
+                6 * 1_048_576,
+                1024,
+                64 * 1_048_576,
+            )?,
             clock_tolerance: v.duration_or("SIGNATURE_CLOCK_TOLERANCE_SECS", Duration::ZERO)?,
             secret_refresh_interval: v
                 .duration_or("SECRET_REFRESH_INTERVAL_SECS", Duration::from_secs(60))?,

@@ -6,19 +6,28 @@
 //! |---|---|
 //! | **No event lost** at write time (event ⇔ committed business transaction) | [`producer`] |
 //! | **No event lost** in transit (lease, fencing, retries, dead letters) | [`relay`] |
-//! | **No side effect applied twice** (dedupe row + work in one transaction) | `once` |
+//! | **No side effect applied twice** (dedupe row + work in one transaction) | [`once`] |
 //! | **Per-key order** (sequence under a lock, one event per key in flight, delivery evidence) | [`ordering`] |
 //! | **Nothing fails silently** (one queryable dead-letter table) | [`dead_letters`] |
 //!
+//! The receiving side: [`receiver`] (the `Upstash-Signature` check), [`consumer`] (typed handlers per topic and
+//! the consumer function's HTTP handler), [`callbacks`] (QStash failure and delivery callbacks), [`example`] (the
+//! orders → charges, shipments domain).
+//!
 //! Everything else is plumbing: [`config`], [`secrets`], [`db`].
 
+pub mod callbacks;
 pub mod config;
+pub mod consumer;
 pub mod contract;
 pub mod db;
 pub mod dead_letters;
+pub mod example;
 pub mod metrics;
+pub mod once;
 pub mod ordering;
 pub mod producer;
+pub mod receiver;
 pub mod qstash;
 pub mod relay;
 pub mod secrets;

@@ -1,1 +1,21 @@
-fn main() {}
+//! The callback Lambda (function URL): QStash failure callbacks (`POST /failure` → dead letter) and delivery
+//! callbacks of ordered topics (`POST /delivered` → delivery evidence). All logic lives in `outbox::callbacks`;
+//! this is wiring only.
+
+use lambda_http::{Error, Request, run, service_fn};
+use outbox::callbacks::handle_callback;
+use outbox::consumer::ReceiverState;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    outbox::telemetry::init_from_env();
+    // Built once per Lambda environment: config, secrets (one read), a lazily connecting pool.
+    let state = ReceiverState::from_env("failure-callback")
+        .await
+        .inspect_err(|e| tracing::error!(error = %e, "failure-callback failed to start"))?;
+    let state = &state;
+    run(service_fn(move |req: Request| async move {
+        Ok::<_, Error>(handle_callback(state, req).await)
+    }))
+    .await
+}

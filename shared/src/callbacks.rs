@@ -1,0 +1,684 @@
+//! The callback function (`functions/failure-callback`): QStash calls it
+//!
+//! * at `{CALLBACK_URL}/failure` once it gives up on a message (retries exhausted, or the consumer answered 489):
+//!   the body describes the message; it becomes a row in `dead_letters` ([`crate::dead_letters`]), linked to the
+//!   outbox event through the forwarded `x-outbox-id` — **guarantee 4, nothing fails silently**;
+//! * at `{CALLBACK_URL}/delivered` after every delivery attempt of an ordered event (`Upstash-Callback`): a 2xx
+//!   status is the delivery evidence that lets the relay publish the key's next event
+//!   ([`crate::ordering::record_delivery`]); another status is noted on the event
+//!   ([`crate::ordering::record_failed_attempt`]).
+//!
+//! Both are signed like any delivery (`sub` = the callback URL) and verified first. Any other path is 404.
+//!
+//! The body is parsed leniently ([`parse_callback`]): `body`/`sourceBody` are standard base64 (missing padding
+//! and the URL-safe alphabet tolerated), `header`/`sourceHeader` are maps of string arrays **or** strings,
+//! `notBefore`/`createdAt`/`status`/`retried`/`maxRetries` are numbers **or** numeric strings, and any field may
+//! be missing.
+//!
+//! | case | status |
+//! |---|---|
+//! | failure callback recorded (or already recorded: idempotent on `dlqId`) | 200 |
+//! | failure callback whose body cannot be parsed | 200 — stored raw with the parse error, never dropped |
+//! | delivery evidence / failed attempt recorded (or the event is unknown) | 200 |
+//! | delivery callback whose body cannot be parsed, or without status / outbox id | 489 + `Upstash-NonRetryable-Error` (safe: the relay republishes the head after `RELAY_EVIDENCE_TIMEOUT_SECS`) |
+//! | bad or missing signature | 401 |
+//! | body over `CALLBACK_MAX_BODY_BYTES` | 413 |
+//! | unknown path | 404 |
+//! | database error | 503 (QStash retries the callback) |
+
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+use http::{Method, StatusCode};
+use lambda_http::{Body, Request, Response};
+use serde_json::{Map, Value, json};
+use tracing::Instrument;
+use tracing::field::Empty;
+
+use crate::consumer::{ReceiverState, json_response, request_path};
+use crate::contract;
+use crate::dead_letters::{FailureRecorded, QstashFailure, record_qstash_failure};
+use crate::metrics::{EmfRecord, Unit};
+use crate::ordering::{DeliveryRecorded, record_delivery, record_failed_attempt};
+use crate::receiver::verify_request;
+
+const B64_STD: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+const B64_URL: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::URL_SAFE,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// Longest response body kept in a dead letter or an attempt description.
+pub const MAX_RESPONSE_BODY_CHARS: usize = 65_536;
+/// How much of the response body goes into a failed attempt's description.
+pub const ATTEMPT_BODY_CHARS: usize = 500;
+
+/// A QStash callback body, as far as it could be read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallbackBody {
+    /// The destination's HTTP status.
+    pub status: Option<i32>,
+    /// The destination's response headers (normalised to `{name: [values]}`).
+    pub header: Option<Value>,
+    /// The destination's response body (decoded from base64).
+    pub body: Option<Vec<u8>>,
+    /// How many times the message was retried (0 = first attempt).
+    pub retried: Option<i32>,
+    /// The retry budget.
+    pub max_retries: Option<i32>,
+    /// The DLQ id (failure callbacks only).
+    pub dlq_id: Option<String>,
+    /// QStash's id of the original message.
+    pub source_message_id: Option<String>,
+    /// URL group name, if any.
+    pub topic_name: Option<String>,
+    /// URL group endpoint name, if any.
+    pub endpoint_name: Option<String>,
+    /// The destination URL.
+    pub url: Option<String>,
+    /// The HTTP method used.
+    pub method: Option<String>,
+    /// The original message's headers (normalised to `{name: [values]}`).
+    pub source_header: Option<Value>,
+    /// The original message body (decoded from base64).
+    pub source_body: Option<Vec<u8>>,
+    /// Unix ms.
+    pub not_before: Option<i64>,
+    /// Unix ms.
+    pub created_at: Option<i64>,
+    /// Schedule id, if any.
+    pub schedule_id: Option<String>,
+    /// The publisher's IP.
+    pub caller_ip: Option<String>,
+}
+
+/// A parsed callback and the field-level problems met on the way (wrong type, bad base64); a field with a
+/// problem is left `None`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ParsedCallback {
+    /// What could be read.
+    pub body: CallbackBody,
+    /// What could not.
+    pub problems: Vec<String>,
+}
+
+fn get_int(m: &Map<String, Value>, name: &str, problems: &mut Vec<String>) -> Option<i64> {
+    match m.get(name) {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.is_finite() && f.fract() == 0.0)
+                    .map(|f| f as i64)
+            })
+            .or_else(|| {
+                problems.push(format!("{name}: {n} is not an integer"));
+                None
+            }),
+        Some(Value::String(s)) => s.trim().parse().ok().or_else(|| {
+            problems.push(format!(
+                "{name}: {:?} is not an integer",
+                s.chars().take(40).collect::<String>()
+            ));
+            None
+        }),
+        Some(other) => {
+            problems.push(format!(
+                "{name}: expected a number, got {}",
+                type_name(other)
+            ));
+            None
+        }
+    }
+}
+
+fn get_i32(m: &Map<String, Value>, name: &str, problems: &mut Vec<String>) -> Option<i32> {
+    let v = get_int(m, name, problems)?;
+    i32::try_from(v).ok().or_else(|| {
+        problems.push(format!("{name}: {v} is out of range"));
+        None
+    })
+}
+
+fn get_str(m: &Map<String, Value>, name: &str, problems: &mut Vec<String>) -> Option<String> {
+    match m.get(name) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        Some(other) => {
+            problems.push(format!(
+                "{name}: expected a string, got {}",
+                type_name(other)
+            ));
+            None
+        }
+    }
+}
+
+fn get_base64(m: &Map<String, Value>, name: &str, problems: &mut Vec<String>) -> Option<Vec<u8>> {
+    let s = get_str(m, name, problems)?;
+    let s = s.trim();
+    B64_STD
+        .decode(s)
+        .or_else(|_| B64_URL.decode(s))
+        .map_err(|e| problems.push(format!("{name}: not base64 ({e})")))
+        .ok()
+}
+
+/// `{name: [values]}` from a map of string arrays or strings.
+fn get_headers(m: &Map<String, Value>, name: &str, problems: &mut Vec<String>) -> Option<Value> {
+    match m.get(name) {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(h)) => {
+            let mut out = Map::new();
+            for (k, v) in h {
+                let values: Vec<Value> = match v {
+                    Value::Array(items) => items
+                        .iter()
+                        .map(|i| match i {
+                            Value::String(s) => Value::String(s.clone()),
+                            other => Value::String(other.to_string()),
+                        })
+                        .collect(),
+                    Value::String(s) => vec![Value::String(s.clone())],
+                    Value::Null => Vec::new(),
+                    other => vec![Value::String(other.to_string())],
+                };
+                out.insert(k.clone(), Value::Array(values));
+            }
+            Some(Value::Object(out))
+        }
+        Some(other) => {
+            problems.push(format!(
+                "{name}: expected an object, got {}",
+                type_name(other)
+            ));
+            None
+        }
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Parses a callback body. `Err` when it is not a JSON object at all; field-level problems are listed in
+/// [`ParsedCallback::problems`].
+pub fn parse_callback(raw: &[u8]) -> Result<ParsedCallback, String> {
+    let value: Value =
+        serde_json::from_slice(raw).map_err(|e| format!("callback body is not JSON: {e}"))?;
+    let Value::Object(m) = value else {
+        return Err(format!(
+            "callback body is {}, not a JSON object",
+            type_name(&value)
+        ));
+    };
+    let mut p = Vec::new();
+    let body = CallbackBody {
+        status: get_i32(&m, "status", &mut p),
+        header: get_headers(&m, "header", &mut p),
+        body: get_base64(&m, "body", &mut p),
+        retried: get_i32(&m, "retried", &mut p),
+        max_retries: get_i32(&m, "maxRetries", &mut p),
+        dlq_id: get_str(&m, "dlqId", &mut p).filter(|s| !s.is_empty()),
+        source_message_id: get_str(&m, "sourceMessageId", &mut p),
+        topic_name: get_str(&m, "topicName", &mut p),
+        endpoint_name: get_str(&m, "endpointName", &mut p),
+        url: get_str(&m, "url", &mut p),
+        method: get_str(&m, "method", &mut p),
+        source_header: get_headers(&m, "sourceHeader", &mut p),
+        source_body: get_base64(&m, "sourceBody", &mut p),
+        not_before: get_int(&m, "notBefore", &mut p),
+        created_at: get_int(&m, "createdAt", &mut p),
+        schedule_id: get_str(&m, "scheduleId", &mut p),
+        caller_ip: get_str(&m, "callerIP", &mut p).or_else(|| get_str(&m, "callerIp", &mut p)),
+    };
+    Ok(ParsedCallback { body, problems: p })
+}
+
+/// The outbox id of a callback: the forwarded `x-outbox-id` request header, else the original message's
+/// `sourceHeader` (`x-outbox-id` or `upstash-forward-x-outbox-id`, any case).
+pub fn outbox_id_of(req: &Request, parsed: Option<&CallbackBody>) -> Option<i64> {
+    let parse = |s: &str| s.trim().parse::<i64>().ok().filter(|id| *id > 0);
+    if let Some(id) = req
+        .headers()
+        .get(contract::OUTBOX_ID)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse)
+    {
+        return Some(id);
+    }
+    let headers = parsed?.source_header.as_ref()?.as_object()?;
+    let forwarded = format!("upstash-forward-{}", contract::OUTBOX_ID);
+    headers.iter().find_map(|(k, v)| {
+        if k.eq_ignore_ascii_case(contract::OUTBOX_ID) || k.eq_ignore_ascii_case(&forwarded) {
+            v.as_array()?.iter().find_map(|s| s.as_str().and_then(parse))
+        } else {
+            None
+        }
+    })
+}
+
+fn lossy_truncated(bytes: &[u8], max_chars: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    if text.chars().count() <= max_chars {
+        text.into_owned()
+    } else {
+        let mut s: String = text.chars().take(max_chars).collect();
+        s.push_str("…(truncated)");
+        s
+    }
+}
+
+/// The dead letter for a failure callback. A body that cannot be parsed (or only in part, or without a `dlqId`)
+/// keeps the raw bytes (and the natural id then derives from them, so a retried callback stays idempotent).
+pub fn failure_from_callback(req: &Request, raw: &[u8]) -> QstashFailure {
+    match parse_callback(raw) {
+        Err(e) => QstashFailure {
+            outbox_id: outbox_id_of(req, None),
+            raw_callback: Some(raw.to_vec()),
+            parse_error: Some(e),
+            ..Default::default()
+        },
+        Ok(parsed) => {
+            let b = &parsed.body;
+            let parse_error =
+                (!parsed.problems.is_empty()).then(|| parsed.problems.join("; "));
+            let keep_raw = parse_error.is_some() || b.dlq_id.is_none();
+            QstashFailure {
+                dlq_id: b.dlq_id.clone(),
+                outbox_id: outbox_id_of(req, Some(b)),
+                source_message_id: b.source_message_id.clone(),
+                status: b.status,
+                response_body: b
+                    .body
+                    .as_deref()
+                    .map(|r| lossy_truncated(r, MAX_RESPONSE_BODY_CHARS)),
+                attempts: b.retried.map(|r| r.saturating_add(1)),
+                source_body: b.source_body.clone(),
+                source_headers: b.source_header.clone(),
+                url: b.url.clone(),
+                raw_callback: keep_raw.then(|| raw.to_vec()),
+                parse_error,
+            }
+        }
+    }
+}
+
+/// How a callback request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CbOutcome {
+    DeadLetter {
+        recorded: FailureRecorded,
+    },
+    Delivered {
+        outbox_id: i64,
+        result: DeliveryRecorded,
+    },
+    AttemptFailed {
+        outbox_id: i64,
+        recorded: bool,
+    },
+    Unauthorized(crate::receiver::VerifyError),
+    TooLarge {
+        size: usize,
+        max: usize,
+    },
+    NotFound(String),
+    Unusable(String),
+    Database(String),
+}
+
+impl CbOutcome {
+    fn status(&self) -> StatusCode {
+        match self {
+            CbOutcome::DeadLetter { .. }
+            | CbOutcome::Delivered { .. }
+            | CbOutcome::AttemptFailed { .. } => StatusCode::OK,
+            CbOutcome::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            CbOutcome::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            CbOutcome::NotFound(_) => StatusCode::NOT_FOUND,
+            CbOutcome::Unusable(_) => crate::consumer::nonretryable_status(),
+            CbOutcome::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn into_response(self) -> Response<Body> {
+        let status = self.status();
+        let body = match self {
+            CbOutcome::DeadLetter {
+                recorded:
+                    FailureRecorded::Recorded {
+                        dead_letter_id,
+                        outbox_id,
+                    },
+            } => {
+                json!({"status": "recorded", "dead_letter_id": dead_letter_id, "outbox_id": outbox_id})
+            }
+            CbOutcome::DeadLetter {
+                recorded: FailureRecorded::Duplicate,
+            } => json!({"status": "duplicate"}),
+            CbOutcome::Delivered {
+                outbox_id,
+                result: DeliveryRecorded::Recorded { key_advanced },
+            } => {
+                json!({"status": "delivered", "outbox_id": outbox_id, "key_advanced": key_advanced})
+            }
+            CbOutcome::Delivered {
+                outbox_id,
+                result: DeliveryRecorded::UnknownEvent,
+            } => json!({"status": "unknown_event", "outbox_id": outbox_id}),
+            CbOutcome::AttemptFailed {
+                outbox_id,
+                recorded,
+            } => json!({"status": "attempt_failed", "outbox_id": outbox_id, "recorded": recorded}),
+            CbOutcome::Unauthorized(e) => {
+                json!({"error": format!("signature rejected: {e}"), "check": e.check()})
+            }
+            CbOutcome::TooLarge { size, max } => {
+                json!({"error": format!("body is {size} bytes; the limit is {max} (CALLBACK_MAX_BODY_BYTES)")})
+            }
+            CbOutcome::NotFound(m) | CbOutcome::Unusable(m) | CbOutcome::Database(m) => {
+                json!({"error": m})
+            }
+        };
+        let unusable = status == crate::consumer::nonretryable_status();
+        let mut r = json_response(status, &body);
+        if unusable {
+            r.headers_mut().insert(
+                crate::consumer::NONRETRYABLE_HEADER,
+                http::HeaderValue::from_static("true"),
+            );
+        }
+        r
+    }
+}
+
+/// Which callback a path is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallbackKind {
+    /// `/failure`.
+    Failure,
+    /// `/delivered`.
+    Delivered,
+}
+
+/// The callback kind of a path (a prefix in front is allowed), `None` for any other path.
+pub fn callback_kind(path: &str) -> Option<CallbackKind> {
+    let path = path.trim_end_matches('/');
+    if path.ends_with(contract::FAILURE_PATH) {
+        Some(CallbackKind::Failure)
+    } else if path.ends_with(contract::DELIVERED_PATH) {
+        Some(CallbackKind::Delivered)
+    } else {
+        None
+    }
+}
+
+/// The callback function: `POST /failure` and `POST /delivered` from QStash. Never fails: every error is an
+/// HTTP status (see the module table). Logs one line and prints one EMF record per request.
+pub async fn handle_callback(state: &ReceiverState, req: Request) -> Response<Body> {
+    let started = Instant::now();
+    let span = tracing::info_span!(
+        "callback",
+        kind = Empty,
+        outbox_id = Empty,
+        message_id = Empty,
+        dlq_id = Empty,
+        status = Empty,
+        retried = Empty,
+    );
+    async move {
+        let outcome = process(state, &req).await;
+        let http_status = outcome.status().as_u16();
+        match &outcome {
+            CbOutcome::DeadLetter { recorded } => match recorded {
+                FailureRecorded::Recorded { dead_letter_id, .. } => tracing::error!(
+                    http_status,
+                    dead_letter_id,
+                    "QStash gave up on an event: dead letter recorded"
+                ),
+                FailureRecorded::Duplicate => {
+                    tracing::info!(http_status, "failure callback already recorded")
+                }
+            },
+            CbOutcome::Delivered { result, .. } => {
+                tracing::info!(http_status, result = ?result, "delivery evidence recorded")
+            }
+            CbOutcome::AttemptFailed { recorded, .. } => {
+                tracing::warn!(http_status, recorded, "failed delivery attempt noted")
+            }
+            CbOutcome::Unauthorized(e) => {
+                tracing::warn!(http_status, check = e.check(), error = %e, "signature rejected")
+            }
+            CbOutcome::TooLarge { size, max } => {
+                tracing::error!(http_status, size, max, "callback body over the size cap")
+            }
+            CbOutcome::NotFound(m) => tracing::warn!(http_status, error = %m, "unknown path"),
+            CbOutcome::Unusable(m) => {
+                tracing::error!(http_status, error = %m, "delivery callback unusable: evidence lost (the relay republishes after its evidence timeout)")
+            }
+            CbOutcome::Database(m) => {
+                tracing::warn!(http_status, error = %m, "database error (QStash retries the callback)")
+            }
+        }
+        if state.emit_metrics {
+            emit_metrics(&outcome, started.elapsed());
+        }
+        outcome.into_response()
+    }
+    .instrument(span)
+    .await
+}
+
+fn emit_metrics(outcome: &CbOutcome, elapsed: Duration) {
+    let one = |b: bool| if b { 1.0 } else { 0.0 };
+    let rec = EmfRecord::new("failure-callback")
+        .metric(
+            "DeadLettersRecorded",
+            Unit::Count,
+            one(matches!(
+                outcome,
+                CbOutcome::DeadLetter {
+                    recorded: FailureRecorded::Recorded { .. }
+                }
+            )),
+        )
+        .metric(
+            "DeliveryEvidence",
+            Unit::Count,
+            one(matches!(
+                outcome,
+                CbOutcome::Delivered {
+                    result: DeliveryRecorded::Recorded { .. },
+                    ..
+                }
+            )),
+        )
+        .metric(
+            "RejectedSignatures",
+            Unit::Count,
+            one(matches!(outcome, CbOutcome::Unauthorized(_))),
+        )
+        .metric(
+            "PermanentFailures",
+            Unit::Count,
+            one(matches!(
+                outcome,
+                CbOutcome::Unusable(_) | CbOutcome::TooLarge { .. } | CbOutcome::NotFound(_)
+            )),
+        )
+        .metric(
+            "TransientFailures",
+            Unit::Count,
+            one(matches!(outcome, CbOutcome::Database(_))),
+        )
+        .metric(
+            "HandlerLatency",
+            Unit::Milliseconds,
+            elapsed.as_secs_f64() * 1e3,
+        )
+        .property("status", outcome.status().as_u16());
+    rec.emit();
+}
+
+async fn process(state: &ReceiverState, req: &Request) -> CbOutcome {
+    let span = tracing::Span::current();
+    let raw: &[u8] = req.body().as_ref();
+    if raw.len() > state.config.callback_max_body_bytes {
+        return CbOutcome::TooLarge {
+            size: raw.len(),
+            max: state.config.callback_max_body_bytes,
+        };
+    }
+    if let Err(e) = verify_request(
+        &state.keys,
+        req,
+        state.config.public_base_url.as_deref(),
+        state.verify_options(),
+    )
+    .await
+    {
+        return CbOutcome::Unauthorized(e);
+    }
+    let path = request_path(req);
+    let kind = match (req.method(), callback_kind(path)) {
+        (&Method::POST, Some(kind)) => kind,
+        _ => {
+            return CbOutcome::NotFound(format!(
+                "no route for {} {:?}: callbacks are POST /failure and POST /delivered",
+                req.method(),
+                path.chars().take(200).collect::<String>()
+            ));
+        }
+    };
+    span.record("kind", format!("{kind:?}").to_ascii_lowercase());
+    match kind {
+        CallbackKind::Failure => failure(state, req, raw).await,
+        CallbackKind::Delivered => delivered(state, req, raw).await,
+    }
+}
+
+async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CbOutcome {
+    let span = tracing::Span::current();
+    let f = failure_from_callback(req, raw);
+    if let Some(id) = f.outbox_id {
+        span.record("outbox_id", id);
+    }
+    if let Some(m) = &f.source_message_id {
+        span.record("message_id", m.as_str());
+    }
+    if let Some(d) = &f.dlq_id {
+        span.record("dlq_id", d.as_str());
+    }
+    if let Some(s) = f.status {
+        span.record("status", s);
+    }
+    if let Some(a) = f.attempts {
+        span.record("retried", a - 1);
+    }
+    if let Some(e) = &f.parse_error {
+        tracing::error!(parse_error = %e, "failure callback body not fully parsed: stored raw");
+    }
+    let mut conn = match state.pool.acquire().await {
+        Ok(c) => c,
+        Err(e) => return CbOutcome::Database(format!("database unavailable: {e}")),
+    };
+    match record_qstash_failure(
+        &mut conn,
+        &f,
+        |topic| state.config.dead_head_policy(topic),
+        state.persistent,
+    )
+    .await
+    {
+        Ok(recorded) => CbOutcome::DeadLetter { recorded },
+        Err(e) => CbOutcome::Database(format!("could not record the dead letter: {e}")),
+    }
+}
+
+async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> CbOutcome {
+    let span = tracing::Span::current();
+    let parsed = match parse_callback(raw) {
+        Ok(p) => p,
+        Err(e) => return CbOutcome::Unusable(format!("delivery callback unusable: {e}")),
+    };
+    let b = &parsed.body;
+    if let Some(m) = &b.source_message_id {
+        span.record("message_id", m.as_str());
+    }
+    if let Some(r) = b.retried {
+        span.record("retried", r);
+    }
+    let Some(status) = b.status else {
+        let why = if parsed.problems.is_empty() {
+            "no status".to_owned()
+        } else {
+            parsed.problems.join("; ")
+        };
+        return CbOutcome::Unusable(format!("delivery callback unusable: {why}"));
+    };
+    span.record("status", status);
+    let Some(outbox_id) = outbox_id_of(req, Some(b)) else {
+        return CbOutcome::Unusable(
+            "delivery callback unusable: no x-outbox-id header and none in sourceHeader".into(),
+        );
+    };
+    span.record("outbox_id", outbox_id);
+    let mut conn = match state.pool.acquire().await {
+        Ok(c) => c,
+        Err(e) => return CbOutcome::Database(format!("database unavailable: {e}")),
+    };
+    if (200..300).contains(&status) {
+        match record_delivery(&mut conn, outbox_id, state.persistent).await {
+            Ok(result) => CbOutcome::Delivered { outbox_id, result },
+            Err(e) => CbOutcome::Database(format!("could not record delivery evidence: {e}")),
+        }
+    } else {
+        let description = attempt_description(b, status);
+        match record_failed_attempt(&mut conn, outbox_id, &description, state.persistent).await {
+            Ok(recorded) => CbOutcome::AttemptFailed {
+                outbox_id,
+                recorded,
+            },
+            Err(e) => CbOutcome::Database(format!("could not record the failed attempt: {e}")),
+        }
+    }
+}
+
+/// `delivery attempt 2 of 6 failed with status 503: <body>` (the attempt number is `retried + 1`, the total
+/// `maxRetries + 1`).
+pub fn attempt_description(b: &CallbackBody, status: i32) -> String {
+    let n = |v: Option<i32>| {
+        v.map(|v| v.saturating_add(1).to_string())
+            .unwrap_or_else(|| "?".into())
+    };
+    let last = matches!((b.retried, b.max_retries), (Some(r), Some(m)) if r >= m);
+    let body = b
+        .body
+        .as_deref()
+        .map(|r| lossy_truncated(r, ATTEMPT_BODY_CHARS))
+        .unwrap_or_default();
+    format!(
+        "delivery attempt {} of {} failed with status {status}{}: {body}",
+        n(b.retried),
+        n(b.max_retries),
+        if last {
+            " (last attempt; QStash gives up)"
+        } else {
+            ""
+        },
+    )
+}

@@ -1,0 +1,103 @@
+//! Guarantee 2 — **no side effect is applied twice.**
+//!
+//! QStash delivers at least once (and the relay republishes after an ambiguous publish or a lost delivery
+//! callback), so a consumer sees the same event more than once. [`handle_once`] makes applying it idempotent:
+//!
+//! 1. `BEGIN`;
+//! 2. `INSERT INTO processed_messages (consumer, message_id) … ON CONFLICT DO NOTHING` — **first**, before any
+//!    side effect. A concurrent duplicate blocks on the primary-key index until the first transaction ends: if
+//!    that one commits, the insert finds the conflict (zero rows) and the duplicate does nothing; if it rolls
+//!    back, the duplicate's insert succeeds and it does the work itself;
+//! 3. the work, on the **same** connection inside the same transaction;
+//! 4. `COMMIT` — the dedupe row and the side effects become visible together, or (error, crash, timeout)
+//!    neither does and the next delivery applies the event.
+//!
+//! The dedupe key is the **outbox id** (`x-outbox-id`), never QStash's message id: a republish or a DLQ redrive
+//! gets a new QStash message id but is still the same event. A failed commit is ambiguous (it may have
+//! committed): the caller answers 5xx, and the redelivery finds the row and answers "duplicate".
+//!
+//! Keep `processed_messages` rows longer than any redelivery horizon (QStash retries span a day, redrives can be
+//! later): the relay's housekeeping prunes them after `PROCESSED_TTL_HOURS` (default 7 days).
+
+use sqlx::{PgConnection, PgPool};
+
+/// What [`handle_once`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Once<T> {
+    /// First time: the work ran and committed with the dedupe row.
+    Applied(T),
+    /// The message was already processed (committed earlier, possibly by a concurrent call): nothing ran.
+    Duplicate,
+}
+
+/// A [`handle_once`] failure; nothing was committed in either case.
+#[derive(Debug, thiserror::Error)]
+pub enum OnceError<E> {
+    /// Beginning the transaction, the dedupe insert or the commit failed (transient; a failed commit is
+    /// ambiguous and is resolved by the next delivery).
+    #[error("database error while recording the processed message")]
+    Database(#[source] sqlx::Error),
+    /// The work returned an error; the transaction (dedupe row included) was rolled back.
+    #[error("the work failed and was rolled back")]
+    Work(E),
+}
+
+/// The dedupe insert (step 2 of the module docs).
+pub const DEDUPE_SQL: &str = "INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+
+/// Runs `work` at most once per `(consumer, message_id)`: dedupe row first, then the work in the same
+/// transaction, then commit. `persistent` is the pool's prepared-statement switch (`DbConfig`).
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox::once::{handle_once, Once};
+/// let amount = 42_i64;
+/// let outcome = handle_once(&pool, "billing", "1234", true, async |conn: &mut sqlx::PgConnection| {
+///     sqlx::query("INSERT INTO charges (order_id, amount_cents) VALUES ('o-1', $1)")
+///         .bind(amount)
+///         .execute(&mut *conn)
+///         .await?;
+///     Ok::<_, sqlx::Error>(())
+/// })
+/// .await?;
+/// assert!(matches!(outcome, Once::Applied(()) | Once::Duplicate));
+/// # Ok(()) }
+/// ```
+pub async fn handle_once<T, E, F>(
+    pool: &PgPool,
+    consumer: &str,
+    message_id: &str,
+    persistent: bool,
+    work: F,
+) -> Result<Once<T>, OnceError<E>>
+where
+    F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+{
+    let mut tx = pool.begin().await.map_err(OnceError::Database)?;
+    let inserted = sqlx::query(DEDUPE_SQL)
+        .persistent(persistent)
+        .bind(consumer)
+        .bind(message_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(OnceError::Database)?
+        .rows_affected();
+    if inserted == 0 {
+        // Already processed; end the (empty) transaction.
+        tx.rollback().await.map_err(OnceError::Database)?;
+        return Ok(Once::Duplicate);
+    }
+    match work(&mut tx).await {
+        Ok(value) => {
+            tx.commit().await.map_err(OnceError::Database)?;
+            Ok(Once::Applied(value))
+        }
+        Err(e) => {
+            // A failed rollback leaves the connection to the pool's cleanup; the work's error is what matters.
+            if let Err(rb) = tx.rollback().await {
+                tracing::warn!(error = %rb, "rollback after a failed handler did not complete");
+            }
+            Err(OnceError::Work(e))
+        }
+    }
+}
