@@ -248,27 +248,43 @@ pub fn parse_callback(raw: &[u8]) -> Result<ParsedCallback, String> {
     Ok(ParsedCallback { body, problems: p })
 }
 
-/// The outbox id of a callback: the forwarded `x-outbox-id` request header, else the original message's
-/// `sourceHeader` (`x-outbox-id` or `upstash-forward-x-outbox-id`, any case).
-pub fn outbox_id_of(req: &Request, parsed: Option<&CallbackBody>) -> Option<i64> {
-    let parse = |s: &str| s.trim().parse::<i64>().ok().filter(|id| *id > 0);
-    if let Some(id) = req
-        .headers()
-        .get(contract::OUTBOX_ID)
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse)
-    {
-        return Some(id);
-    }
-    let headers = parsed?.source_header.as_ref()?.as_object()?;
-    let forwarded = format!("upstash-forward-{}", contract::OUTBOX_ID);
+/// A header of the original message (`sourceHeader`), by name or with QStash's `Upstash-Forward-` prefix, any
+/// case; the first value.
+pub fn source_header<'b>(b: &'b CallbackBody, name: &str) -> Option<&'b str> {
+    let headers = b.source_header.as_ref()?.as_object()?;
+    let forwarded = format!("upstash-forward-{name}");
     headers.iter().find_map(|(k, v)| {
-        if k.eq_ignore_ascii_case(contract::OUTBOX_ID) || k.eq_ignore_ascii_case(&forwarded) {
-            v.as_array()?.iter().find_map(|s| s.as_str().and_then(parse))
+        if k.eq_ignore_ascii_case(name) || k.eq_ignore_ascii_case(&forwarded) {
+            v.as_array()?.iter().find_map(Value::as_str)
         } else {
             None
         }
     })
+}
+
+/// The outbox id of a callback: the forwarded `x-outbox-id` request header, else the original message's
+/// `sourceHeader` (`x-outbox-id` or `upstash-forward-x-outbox-id`, any case).
+pub fn outbox_id_of(req: &Request, parsed: Option<&CallbackBody>) -> Option<i64> {
+    let parse = |s: &str| s.trim().parse::<i64>().ok().filter(|id| *id > 0);
+    req.headers()
+        .get(contract::OUTBOX_ID)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse)
+        .or_else(|| parsed.and_then(|b| source_header(b, contract::OUTBOX_ID)).and_then(parse))
+}
+
+/// The topic of the original message: its `x-outbox-topic` header, else the last segment of its
+/// `/events/{topic}` URL.
+fn topic_of(b: &CallbackBody) -> Option<String> {
+    source_header(b, contract::OUTBOX_TOPIC)
+        .map(str::to_owned)
+        .or_else(|| {
+            let url = b.url.as_deref()?;
+            let path = url.split(['?', '#']).next()?;
+            let (_, topic) = path.rsplit_once(contract::EVENTS_PATH)?;
+            crate::producer::validate_topic(topic).ok()?;
+            Some(topic.to_owned())
+        })
 }
 
 fn lossy_truncated(bytes: &[u8], max_chars: usize) -> String {
@@ -300,6 +316,8 @@ pub fn failure_from_callback(req: &Request, raw: &[u8]) -> QstashFailure {
             QstashFailure {
                 dlq_id: b.dlq_id.clone(),
                 outbox_id: outbox_id_of(req, Some(b)),
+                topic: topic_of(b),
+                partition_key: source_header(b, contract::OUTBOX_KEY).and_then(contract::decode_key),
                 source_message_id: b.source_message_id.clone(),
                 status: b.status,
                 response_body: b

@@ -19,8 +19,14 @@ use crate::ordering;
 pub struct QstashFailure {
     /// QStash's DLQ id (`dlqId`): the natural id of the dead letter.
     pub dlq_id: Option<String>,
-    /// Our outbox id, from the forwarded `x-outbox-id` header.
+    /// Our outbox id, from the forwarded `x-outbox-id` header. Kept on the dead letter even when the outbox row
+    /// is gone (pruned after dispatch while QStash was still retrying).
     pub outbox_id: Option<i64>,
+    /// The topic, from the original message's headers (`x-outbox-topic`) or its URL; used when the outbox row
+    /// is gone.
+    pub topic: Option<String>,
+    /// The partition key (decoded `x-outbox-key` of the original message); used when the outbox row is gone.
+    pub partition_key: Option<String>,
     /// QStash's message id (`sourceMessageId`).
     pub source_message_id: Option<String>,
     /// The consumer's last HTTP status (`status`).
@@ -103,7 +109,7 @@ pub async fn record_qstash_failure(
         INSERT INTO dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, body, headers,
                                   error, status, response_body, attempts, qstash_message_id, dlq_id,
                                   raw_callback, parse_error, resolved_at)
-        SELECT 'qstash', $1, o.id, o.topic, o.partition_key, o.seq,
+        SELECT 'qstash', $1, coalesce(o.id, $13), coalesce(o.topic, $14), coalesce(o.partition_key, $15), o.seq,
                coalesce(o.payload, $2::jsonb), CASE WHEN o.id IS NULL AND $2::jsonb IS NULL THEN $3::bytea END,
                $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12,
                CASE WHEN o.delivered_at IS NOT NULL THEN now() END
@@ -127,6 +133,8 @@ pub async fn record_qstash_failure(
     .bind(failure.raw_callback.as_deref())
     .bind(failure.parse_error.as_deref())
     .bind(failure.outbox_id)
+    .bind(failure.topic.as_deref())
+    .bind(failure.partition_key.as_deref())
     .fetch_optional(&mut *tx)
     .await?;
     let Some(row) = row else {

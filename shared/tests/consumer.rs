@@ -1,0 +1,677 @@
+//! Guarantee 2 (no side effect applied twice) and the outcome → HTTP mapping, through the real consumer handler
+//! (`outbox::consumer::handle_event`) on real Postgres.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use outbox::consumer::{
+    ConsumerState, Event, Handler, HandlerError, Registry, TopicRoute, handle_event,
+};
+use outbox::example::{self, LineItem, OrderCancelled, OrderEvent, OrderPlaced};
+use outbox::once::{Once, OnceError, handle_once};
+use serde_json::{Value, json};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgConnection, PgPool};
+use support::*;
+
+fn placed(order_id: &str, amount_cents: i64) -> Vec<u8> {
+    serde_json::to_vec(&OrderEvent::OrderPlaced(OrderPlaced {
+        order_id: order_id.into(),
+        customer_id: "customer-7".into(),
+        amount_cents,
+        currency: "EUR".into(),
+        items: vec![LineItem {
+            sku: "BOOK-1".into(),
+            quantity: 2,
+        }],
+    }))
+    .unwrap()
+}
+
+fn cancelled(order_id: &str) -> Vec<u8> {
+    serde_json::to_vec(&OrderEvent::OrderCancelled(OrderCancelled {
+        order_id: order_id.into(),
+        reason: Some("changed mind".into()),
+    }))
+    .unwrap()
+}
+
+/// Headers of an ordered `orders` event at schema version 2.
+fn ordered(key: &str, seq: i64) -> Vec<(String, String)> {
+    vec![
+        ("x-outbox-key".into(), key.into()),
+        ("x-outbox-seq".into(), seq.to_string()),
+        ("x-schema-version".into(), "2".into()),
+    ]
+}
+
+fn orders_request(id: i64, body: &[u8], headers: &[(String, String)]) -> lambda_http::Request {
+    let h: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    event_request("orders", id, body, &h)
+}
+
+/// A pool with room for real concurrency (the test pool may be smaller).
+async fn wide_pool(pool: &PgPool, n: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(n)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn same_message_eight_times_concurrently_applies_once(pool: PgPool) {
+    let wide = wide_pool(&pool, 8).await;
+    let state = consumer(&wide, example::registry());
+    let body = placed("order-1", 4999);
+    let requests: Vec<_> = (0..8)
+        .map(|_| orders_request(42, &body, &ordered("order-1", 1)))
+        .collect();
+    let responses = futures::future::join_all(
+        requests
+            .into_iter()
+            .map(|req| handle_event(&state, req)),
+    )
+    .await;
+    let mut processed = 0;
+    for r in &responses {
+        let (status, body) = parts(r);
+        assert_eq!(status, 200, "every delivery answers 2xx: {body}");
+        match body["status"].as_str() {
+            Some("processed") => processed += 1,
+            Some("duplicate") => {}
+            other => panic!("unexpected status {other:?}"),
+        }
+        assert_eq!(body["outbox_id"], 42);
+    }
+    assert_eq!(processed, 1, "exactly one delivery applied the event");
+    assert_eq!(count(&pool, "SELECT count(*) FROM charges").await, 1);
+    assert_eq!(count(&pool, "SELECT count(*) FROM shipments").await, 1);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM processed_messages").await,
+        1
+    );
+}
+
+/// Inserts a row, then waits, so concurrent duplicates really overlap inside the transaction.
+struct SlowInsert {
+    calls: Arc<AtomicUsize>,
+}
+
+#[derive(serde::Deserialize)]
+struct Note {
+    note: String,
+}
+
+impl Handler<Note> for SlowInsert {
+    async fn handle(&self, conn: &mut PgConnection, event: &Event<Note>) -> Result<(), HandlerError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        sqlx::query("INSERT INTO effects (outbox_id, note) VALUES ($1, $2)")
+            .persistent(event.persistent)
+            .bind(event.meta.outbox_id)
+            .bind(&event.payload.note)
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query("SELECT pg_sleep(0.2)")
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+}
+
+async fn effects_table(pool: &PgPool) {
+    sqlx::query("CREATE TABLE effects (outbox_id bigint NOT NULL, note text NOT NULL)")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn concurrent_duplicates_wait_for_the_first_and_do_nothing(pool: PgPool) {
+    effects_table(&pool).await;
+    let wide = wide_pool(&pool, 8).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let state = consumer(
+        &wide,
+        Registry::new().on(
+            "notes",
+            SlowInsert {
+                calls: calls.clone(),
+            },
+        ),
+    );
+    let body = br#"{"note":"once"}"#;
+    let responses = futures::future::join_all(
+        (0..8).map(|_| handle_event(&state, event_request("notes", 7, body, &[]))),
+    )
+    .await;
+    let statuses: Vec<u16> = responses.iter().map(|r| parts(r).0).collect();
+    assert_eq!(statuses, vec![200; 8]);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert_eq!(count(&pool, "SELECT count(*) FROM effects").await, 1);
+}
+
+/// Writes its side effect, then fails on its first `fail_times` calls.
+struct FailsAfterWriting {
+    fail_times: usize,
+    calls: Arc<AtomicUsize>,
+    permanent: bool,
+}
+
+impl Handler<Note> for FailsAfterWriting {
+    async fn handle(&self, conn: &mut PgConnection, event: &Event<Note>) -> Result<(), HandlerError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        sqlx::query("INSERT INTO effects (outbox_id, note) VALUES ($1, $2)")
+            .persistent(event.persistent)
+            .bind(event.meta.outbox_id)
+            .bind(&event.payload.note)
+            .execute(&mut *conn)
+            .await?;
+        if n < self.fail_times {
+            return Err(if self.permanent {
+                HandlerError::permanent("refused after writing")
+            } else {
+                HandlerError::retry_after("downstream unavailable", Duration::from_millis(7_200))
+            });
+        }
+        Ok(())
+    }
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn work_failing_mid_transaction_commits_nothing_and_the_retry_applies_once(pool: PgPool) {
+    effects_table(&pool).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let state = consumer(
+        &pool,
+        Registry::new().on(
+            "notes",
+            FailsAfterWriting {
+                fail_times: 1,
+                calls: calls.clone(),
+                permanent: false,
+            },
+        ),
+    );
+    let body = br#"{"note":"n"}"#;
+
+    let r = handle_event(&state, event_request("notes", 9, body, &[])).await;
+    let (status, json) = parts(&r);
+    assert_eq!(status, 503, "{json}");
+    assert_eq!(
+        r.headers().get("retry-after").unwrap(),
+        "8",
+        "rounded up to whole seconds"
+    );
+    assert!(r.headers().get("upstash-nonretryable-error").is_none());
+    assert_eq!(json["error"], "downstream unavailable");
+    assert_eq!(count(&pool, "SELECT count(*) FROM effects").await, 0);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM processed_messages").await,
+        0,
+        "the dedupe row rolled back with the work"
+    );
+
+    // QStash retries: applied once.
+    let r = handle_event(&state, event_request("notes", 9, body, &[])).await;
+    assert_eq!(parts(&r), (200, json!({"status":"processed","outbox_id":9})));
+    // And once more: a duplicate, no new effect.
+    let r = handle_event(&state, event_request("notes", 9, body, &[])).await;
+    assert_eq!(parts(&r), (200, json!({"status":"duplicate","outbox_id":9})));
+    assert_eq!(count(&pool, "SELECT count(*) FROM effects").await, 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn handle_once_directly(pool: PgPool) {
+    effects_table(&pool).await;
+    let insert = async |conn: &mut PgConnection, note: &str| {
+        sqlx::query("INSERT INTO effects (outbox_id, note) VALUES (1, $1)")
+            .bind(note)
+            .execute(&mut *conn)
+            .await
+    };
+    let r = handle_once(&pool, "c1", "m1", true, async |conn: &mut PgConnection| {
+        insert(conn, "a").await?;
+        Ok::<_, sqlx::Error>(5)
+    })
+    .await
+    .unwrap();
+    assert_eq!(r, Once::Applied(5));
+    let r = handle_once(&pool, "c1", "m1", true, async |conn: &mut PgConnection| {
+        insert(conn, "b").await?;
+        Ok::<_, sqlx::Error>(6)
+    })
+    .await
+    .unwrap();
+    assert_eq!(r, Once::Duplicate);
+    // Another consumer has its own namespace.
+    let r = handle_once(&pool, "c2", "m1", false, async |conn: &mut PgConnection| {
+        insert(conn, "c").await?;
+        Ok::<_, sqlx::Error>(7)
+    })
+    .await
+    .unwrap();
+    assert_eq!(r, Once::Applied(7));
+    // A failing work leaves nothing.
+    let r = handle_once(&pool, "c1", "m2", true, async |conn: &mut PgConnection| {
+        insert(conn, "d").await.map_err(|_| "insert failed")?;
+        Err::<(), _>("boom")
+    })
+    .await;
+    assert!(matches!(r, Err(OnceError::Work("boom"))));
+    let notes: Vec<String> = sqlx::query_scalar("SELECT note FROM effects ORDER BY note")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(notes, vec!["a", "c"]);
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn poison_is_489_with_the_nonretryable_header(pool: PgPool) {
+    let state = consumer(&pool, example::registry());
+    let r = handle_event(
+        &state,
+        orders_request(5, &placed("order-5", -100), &ordered("order-5", 1)),
+    )
+    .await;
+    let (status, json) = parts(&r);
+    assert_eq!(status, 489, "{json}");
+    assert_eq!(r.headers().get("upstash-nonretryable-error").unwrap(), "true");
+    assert_eq!(r.headers().get("content-type").unwrap(), "application/json");
+    assert!(
+        json["error"].as_str().unwrap().contains("cannot be negative"),
+        "{json}"
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM charges").await, 0);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM processed_messages").await,
+        0
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM consumer_sequences").await,
+        0,
+        "the sequence check rolled back too"
+    );
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn every_permanent_error_is_489(pool: PgPool) {
+    let state = consumer(&pool, example::registry());
+    let good = placed("o", 1);
+    let h = |extra: &[(&str, &str)]| -> Vec<(String, String)> {
+        let mut v = ordered("o", 1);
+        for (k, val) in extra {
+            v.retain(|(n, _)| n != k);
+            v.push(((*k).into(), (*val).into()));
+        }
+        v
+    };
+    let cases: Vec<(&str, lambda_http::Request, &str)> = vec![
+        (
+            "malformed JSON",
+            orders_request(1, b"{\"type\":\"OrderPlaced\",", &h(&[])),
+            "malformed payload",
+        ),
+        (
+            "wrong shape",
+            orders_request(2, br#"{"type":"OrderShipped","order_id":"o"}"#, &h(&[])),
+            "malformed payload",
+        ),
+        (
+            "unsupported schema version",
+            orders_request(3, &good, &h(&[("x-schema-version", "3")])),
+            "unsupported schema version 3",
+        ),
+        (
+            "unknown topic",
+            event_request("payments", 4, b"{}", &[]),
+            "unknown topic \"payments\"",
+        ),
+        (
+            "path outside /events/",
+            signed_post("/hooks/orders", &good, &[("x-outbox-id", "5")]),
+            "no route for path",
+        ),
+        (
+            "missing x-outbox-id",
+            signed_post("/events/orders", &good, &[]),
+            "missing x-outbox-id",
+        ),
+        (
+            "x-outbox-id not a number",
+            signed_post("/events/orders", &good, &[("x-outbox-id", "msg_123")]),
+            "not a positive integer",
+        ),
+        (
+            "topic header disagrees with the path",
+            signed_post(
+                "/events/orders",
+                &good,
+                &[("x-outbox-id", "6"), ("x-outbox-topic", "audit")],
+            ),
+            "does not match",
+        ),
+        (
+            "sequence without key",
+            signed_post(
+                "/events/orders",
+                &good,
+                &[("x-outbox-id", "7"), ("x-outbox-seq", "1"), ("x-schema-version", "2")],
+            ),
+            "x-outbox-seq without x-outbox-key",
+        ),
+        (
+            "key not percent-decodable",
+            orders_request(8, &good, &h(&[("x-outbox-key", "%zz")])),
+            "x-outbox-key",
+        ),
+        (
+            "cancel of an unknown order",
+            orders_request(9, &cancelled("never-placed"), &h(&[("x-outbox-key", "never-placed")])),
+            "no charge for it",
+        ),
+    ];
+    for (name, req, want) in cases {
+        let r = handle_event(&state, req).await;
+        let (status, json) = parts(&r);
+        assert_eq!(status, 489, "{name}: {json}");
+        assert_eq!(
+            r.headers().get("upstash-nonretryable-error").map(|v| v.to_str().unwrap()),
+            Some("true"),
+            "{name}"
+        );
+        assert!(
+            json["error"].as_str().unwrap_or("").contains(want),
+            "{name}: {json} should mention {want:?}"
+        );
+    }
+    // A GET with a valid signature is not an event either.
+    let body = b"";
+    let sig = token(KEY, &url("/events/orders"), body);
+    let r = handle_event(
+        &state,
+        request_from_event(&function_url_event(
+            "GET",
+            "/events/orders",
+            "",
+            &[("upstash-signature", &sig), ("x-outbox-id", "10")],
+            body,
+        )),
+    )
+    .await;
+    assert_eq!(parts(&r).0, 489);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM processed_messages").await,
+        0
+    );
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn database_outage_is_503_and_nothing_is_written(pool: PgPool) {
+    // A pool that cannot connect: the handler must answer 5xx (QStash retries), never 2xx or 489.
+    let dead = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/none")
+        .unwrap();
+    let state = consumer(&dead, example::registry());
+    let r = handle_event(
+        &state,
+        orders_request(1, &placed("o", 1), &ordered("o", 1)),
+    )
+    .await;
+    let (status, json) = parts(&r);
+    assert_eq!(status, 503, "{json}");
+    assert!(r.headers().get("retry-after").is_none());
+    assert!(json["error"].as_str().unwrap().starts_with("database error"));
+    assert!(r.headers().get("upstash-nonretryable-error").is_none());
+    let _ = pool;
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn handler_database_errors_are_classified(pool: PgPool) {
+    sqlx::query("CREATE TABLE strict (v int NOT NULL CHECK (v > 0))")
+        .execute(&pool)
+        .await
+        .unwrap();
+    struct InsertV;
+    #[derive(serde::Deserialize)]
+    struct V {
+        v: i32,
+    }
+    impl Handler<V> for InsertV {
+        async fn handle(&self, conn: &mut PgConnection, e: &Event<V>) -> Result<(), HandlerError> {
+            sqlx::query("INSERT INTO strict (v) VALUES ($1)")
+                .bind(e.payload.v)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        }
+    }
+    let state = consumer(&pool, Registry::new().on("strict", InsertV));
+    let r = handle_event(&state, event_request("strict", 1, br#"{"v":-1}"#, &[])).await;
+    assert_eq!(parts(&r).0, 489, "a CHECK violation cannot be fixed by retrying");
+    let r = handle_event(&state, event_request("strict", 2, br#"{"v":1}"#, &[])).await;
+    assert_eq!(parts(&r).0, 200);
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn ordered_key_refuses_an_event_older_than_one_applied(pool: PgPool) {
+    let state = consumer(&pool, example::registry());
+    // seq 2 (placing order B under key K) arrives first: applied (the relay's gating makes this impossible
+    // in normal operation; a forced redrive can do it).
+    let r = handle_event(&state, orders_request(11, &placed("b", 1), &ordered("K", 2))).await;
+    assert_eq!(parts(&r).0, 200);
+    // seq 1 now: refused permanently, naming both sequences; nothing written.
+    let r = handle_event(&state, orders_request(10, &placed("a", 1), &ordered("K", 1))).await;
+    let (status, json) = parts(&r);
+    assert_eq!(status, 489, "{json}");
+    let msg = json["error"].as_str().unwrap();
+    assert!(
+        msg.contains("sequence 1") && msg.contains("sequence 2"),
+        "{msg}"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM charges WHERE order_id = 'a'").await,
+        0
+    );
+    // A redelivery of the applied seq 2 is a duplicate (dedupe runs before the sequence check), not "late".
+    let r = handle_event(&state, orders_request(11, &placed("b", 1), &ordered("K", 2))).await;
+    assert_eq!(parts(&r), (200, json!({"status":"duplicate","outbox_id":11})));
+    // seq 3 goes through, and the key's state says 3.
+    let r = handle_event(&state, orders_request(12, &cancelled("b"), &ordered("K", 3))).await;
+    assert_eq!(parts(&r).0, 200);
+    let last: i64 = sqlx::query_scalar(
+        "SELECT last_seq FROM consumer_sequences WHERE consumer = 'consumer' AND topic = 'orders' AND partition_key = 'K'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(last, 3);
+    // Another key is independent.
+    let r = handle_event(&state, orders_request(13, &placed("c", 1), &ordered("L", 1))).await;
+    assert_eq!(parts(&r).0, 200);
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn example_domain_end_to_end(pool: PgPool) {
+    let state = consumer(&pool, example::registry());
+    // Placed at schema v2 with an encoded key.
+    let key = outbox::contract::encode_key("order 1/ü");
+    let r = handle_event(&state, orders_request(1, &placed("order 1/ü", 2500), &ordered(&key, 1))).await;
+    assert_eq!(parts(&r).0, 200);
+    let (customer, amount, currency, status): (String, i64, String, String) = sqlx::query_as(
+        "SELECT customer_id, amount_cents, currency, status FROM charges WHERE order_id = 'order 1/ü'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((customer.as_str(), amount, currency.as_str(), status.as_str()), ("customer-7", 2500, "EUR", "captured"));
+    let items: Value = sqlx::query_scalar("SELECT items FROM shipments WHERE order_id = 'order 1/ü'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(items, json!([{"sku":"BOOK-1","quantity":2}]));
+    // The key recorded for the ordering check is the decoded one.
+    let k: String = sqlx::query_scalar("SELECT partition_key FROM consumer_sequences")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(k, "order 1/ü");
+
+    // Cancelled (seq 2): refund + cancelled shipment.
+    let r = handle_event(&state, orders_request(2, &cancelled("order 1/ü"), &ordered(&key, 2))).await;
+    assert_eq!(parts(&r).0, 200);
+    let (c, s): (String, String) = sqlx::query_as(
+        "SELECT c.status, s.status FROM charges c JOIN shipments s USING (order_id)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((c.as_str(), s.as_str()), ("refunded", "cancelled"));
+
+    // Schema version 1 (no currency) is upcast: EUR.
+    let v1 = br#"{"type":"OrderPlaced","order_id":"old","customer_id":"c","amount_cents":1,"items":[{"sku":"S","quantity":1}]}"#;
+    let mut h = ordered("old", 1);
+    h.retain(|(k, _)| k != "x-schema-version");
+    h.push(("x-schema-version".into(), "1".into()));
+    let r = handle_event(&state, orders_request(3, v1, &h)).await;
+    assert_eq!(parts(&r).0, 200);
+    let cur: String = sqlx::query_scalar("SELECT currency FROM charges WHERE order_id = 'old'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(cur, "EUR");
+    // No version header means version 1 as well; v2 payload shape at v1 still decodes (extra field ignored).
+    let r = handle_event(
+        &state,
+        orders_request(4, &placed("nov", 1), &[("x-outbox-key".into(), "nov".into()), ("x-outbox-seq".into(), "1".into())]),
+    )
+    .await;
+    assert_eq!(parts(&r).0, 200);
+
+    // The unordered audit topic.
+    let r = handle_event(
+        &state,
+        event_request("audit", 5, br#"{"actor":"u1","action":"login"}"#, &[]),
+    )
+    .await;
+    assert_eq!(parts(&r).0, 200);
+    assert_eq!(count(&pool, "SELECT count(*) FROM audit_log").await, 1);
+    assert_eq!(
+        state.registry.supported_versions("orders"),
+        Some(vec![1, 2])
+    );
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn producer_and_consumer_agree_on_the_example(pool: PgPool) {
+    // What the producer writes is what the consumer decodes (payload and version header).
+    let ev = OrderEvent::OrderPlaced(OrderPlaced {
+        order_id: "p-1".into(),
+        customer_id: "c".into(),
+        amount_cents: 10,
+        currency: "USD".into(),
+        items: vec![LineItem {
+            sku: "X".into(),
+            quantity: 1,
+        }],
+    });
+    let mut tx = pool.begin().await.unwrap();
+    let written = outbox::enqueue(&mut tx, example::order_event(&ev).unwrap())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let (payload, headers): (String, Value) =
+        sqlx::query_as("SELECT payload::text, headers FROM outbox WHERE id = $1")
+            .bind(written.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let version = headers["schema_version"].as_u64().unwrap().to_string();
+    let state = consumer(&pool, example::registry());
+    let r = handle_event(
+        &state,
+        orders_request(
+            written.id,
+            payload.as_bytes(),
+            &[
+                ("x-outbox-key".into(), "p-1".into()),
+                ("x-outbox-seq".into(), written.seq.unwrap().to_string()),
+                ("x-schema-version".into(), version),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(parts(&r).0, 200, "{:?}", parts(&r));
+}
+
+#[test]
+fn outcome_mapping_is_one_table() {
+    use outbox::consumer::Outcome;
+    use outbox::receiver::VerifyError;
+    let cases = [
+        (Outcome::Processed { outbox_id: 1 }, 200, None),
+        (Outcome::Duplicate { outbox_id: 1 }, 200, None),
+        (Outcome::Unauthorized(VerifyError::Signature), 401, None),
+        (Outcome::TooLarge { size: 2, max: 1 }, 413, None),
+        (Outcome::Permanent("x".into()), 489, Some("true")),
+        (
+            Outcome::Transient {
+                message: "x".into(),
+                retry_after: None,
+            },
+            503,
+            None,
+        ),
+    ];
+    for (o, status, header) in cases {
+        let r = o.into_response();
+        assert_eq!(r.status().as_u16(), status);
+        assert_eq!(
+            r.headers()
+                .get("upstash-nonretryable-error")
+                .map(|v| v.to_str().unwrap()),
+            header
+        );
+    }
+}
+
+// A route can also be declared with only upcasters and explicit versions.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn versions_and_upcasters(pool: PgPool) {
+    effects_table(&pool).await;
+    #[derive(serde::Deserialize)]
+    struct Old {
+        text: String,
+    }
+    let calls = Arc::new(AtomicUsize::new(0));
+    let registry = Registry::new().route(
+        TopicRoute::new(
+            "notes",
+            SlowInsert {
+                calls: calls.clone(),
+            },
+        )
+        .versions([3])
+        .upcast(2, |o: Old| Note { note: o.text }),
+    );
+    let state: ConsumerState = consumer(&pool, registry);
+    let r = handle_event(&state, event_request("notes", 1, br#"{"text":"v2"}"#, &[("x-schema-version", "2")])).await;
+    assert_eq!(parts(&r).0, 200);
+    let r = handle_event(&state, event_request("notes", 2, br#"{"note":"v3"}"#, &[("x-schema-version", "3")])).await;
+    assert_eq!(parts(&r).0, 200);
+    let r = handle_event(&state, event_request("notes", 3, br#"{"note":"v1"}"#, &[])).await;
+    let (status, json) = parts(&r);
+    assert_eq!(status, 489);
+    assert!(json["error"].as_str().unwrap().contains("supported: [2, 3]"), "{json}");
+    let r = handle_event(&state, event_request("notes", 4, br#"{"note":"v0"}"#, &[("x-schema-version", "zero")])).await;
+    assert_eq!(parts(&r).0, 489);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
