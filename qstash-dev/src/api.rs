@@ -193,8 +193,10 @@ fn accepted_response(a: &Accepted) -> Response {
 
 /// Percent-decodes a destination only when the whole URL was encoded (`https%3A%2F%2F...`).
 fn normalize_destination(raw: &str) -> Cow<'_, str> {
-    let lower: String = raw.chars().take(9).collect::<String>().to_ascii_lowercase();
-    if lower.starts_with("http%3a") || lower.starts_with("https%3a") {
+    let has = |p: &str| {
+        raw.len() >= p.len() && raw.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes())
+    };
+    if has("http%3a") || has("https%3a") {
         Cow::Owned(
             url::form_urlencoded::parse(format!("x={raw}").as_bytes())
                 .next()
@@ -247,7 +249,23 @@ fn finish_message(
     queue: Option<String>,
     caller_ip: Arc<str>,
 ) -> Result<NewMessage, ApiError> {
-    check_url("destination", &url)?;
+    finish_message_cached(url, body, opts, queue, caller_ip, &mut None)
+}
+
+/// Like [`finish_message`]; `last_valid` remembers the last destination that passed URL validation (batches
+/// usually repeat one destination, and parsing a URL is the most expensive per-item step).
+fn finish_message_cached(
+    url: String,
+    body: Bytes,
+    opts: PublishOptions,
+    queue: Option<String>,
+    caller_ip: Arc<str>,
+    last_valid: &mut Option<String>,
+) -> Result<NewMessage, ApiError> {
+    if last_valid.as_deref() != Some(url.as_str()) {
+        check_url("destination", &url)?;
+        *last_valid = Some(url.clone());
+    }
     if let Some(q) = &queue {
         if !valid_queue_name(q) {
             return Err(ApiError::bad_request(
@@ -422,7 +440,11 @@ fn item_error_json(e: &ApiError) -> Value {
     json!({"error": e.message, "status": e.status.as_u16()})
 }
 
-fn build_batch_item(item: BatchItem<'_>, caller_ip: &Arc<str>) -> Result<NewMessage, ApiError> {
+fn build_batch_item(
+    item: BatchItem<'_>,
+    caller_ip: &Arc<str>,
+    last_valid: &mut Option<String>,
+) -> Result<NewMessage, ApiError> {
     let Some(dest) = item.destination.map(|d| d.0).filter(|d| !d.is_empty()) else {
         return Err(ApiError::bad_request("destination is required"));
     };
@@ -440,12 +462,13 @@ fn build_batch_item(item: BatchItem<'_>, caller_ip: &Arc<str>) -> Result<NewMess
         .queue
         .map(|q| q.0.into_owned())
         .filter(|q| !q.is_empty());
-    finish_message(
+    finish_message_cached(
         normalize_destination(&dest).into_owned(),
         body,
         opts,
         queue,
         caller_ip.clone(),
+        last_valid,
     )
 }
 
@@ -474,9 +497,10 @@ fn batch_inner(s: &Shared, body: &[u8], caller_ip: Arc<str>) -> Response {
             .into_response();
         }
     };
+    let mut last_valid = None;
     let built: Vec<Result<NewMessage, ApiError>> = items
         .into_iter()
-        .map(|i| build_batch_item(i, &caller_ip))
+        .map(|i| build_batch_item(i, &caller_ip, &mut last_valid))
         .collect();
     let mut out = Vec::with_capacity(built.len());
     let mut fx = Effects::default();

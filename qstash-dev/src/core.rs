@@ -382,10 +382,12 @@ impl Dedup {
         }
     }
 
-    fn key(&self, bytes: &[u8]) -> u128 {
+    fn key(&self, prefix: &[u8], bytes: &[u8]) -> u128 {
         let mut a = self.hashers.0.build_hasher();
+        a.write(prefix);
         a.write(bytes);
         let mut b = self.hashers.1.build_hasher();
+        b.write(prefix);
         b.write(bytes);
         (u128::from(a.finish()) << 64) | u128::from(b.finish())
     }
@@ -429,13 +431,17 @@ fn splitmix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn base62_11(mut x: u64, out: &mut String) {
+fn base62_11_into(mut x: u64, buf: &mut [u8]) {
     const A: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-    let mut buf = [b'0'; 11];
     for slot in buf.iter_mut().rev() {
         *slot = A[(x % 62) as usize];
         x /= 62;
     }
+}
+
+fn base62_11(x: u64, out: &mut String) {
+    let mut buf = [b'0'; 11];
+    base62_11_into(x, &mut buf);
     out.extend(buf.iter().map(|&b| b as char));
 }
 
@@ -453,12 +459,12 @@ impl IdGen {
 
     fn next(&mut self) -> Arc<str> {
         self.counter += 1;
-        let mut s = String::with_capacity(26);
-        s.push_str("msg_");
-        s.push_str(&self.prefix);
+        let mut buf = [0u8; 26];
+        buf[..4].copy_from_slice(b"msg_");
+        buf[4..15].copy_from_slice(self.prefix.as_bytes());
         // splitmix64 is a bijection, so distinct counters give distinct ids.
-        base62_11(splitmix64(self.counter ^ self.salt), &mut s);
-        Arc::from(s)
+        base62_11_into(splitmix64(self.counter ^ self.salt), &mut buf[15..]);
+        Arc::from(std::str::from_utf8(&buf).unwrap_or("msg_invalid"))
     }
 }
 
@@ -681,24 +687,17 @@ impl Core {
             h.update([b':']);
             h.update(v.as_bytes());
         }
-        let mut out = b"content\0".to_vec();
-        out.extend_from_slice(&h.finalize());
-        out
+        h.finalize().to_vec()
     }
 
     /// Publishes one validated message (dedup, store, schedule).
     pub fn publish(&mut self, item: NewMessage, fx: &mut Effects) -> Accepted {
         let now = Instant::now();
         let dedup_key = if let Some(id) = &item.opts.dedup_id {
-            let mut k = Vec::with_capacity(id.len() + 3);
-            k.extend_from_slice(b"id\0");
-            k.extend_from_slice(id.as_bytes());
-            Some(self.dedup.key(&k))
+            Some(self.dedup.key(b"id\0", id.as_bytes()))
         } else if item.opts.content_based_dedup {
-            Some(
-                self.dedup
-                    .key(&Self::content_dedup_key(&item.url, &item.body, &item.opts)),
-            )
+            let digest = Self::content_dedup_key(&item.url, &item.body, &item.opts);
+            Some(self.dedup.key(b"content\0", &digest))
         } else {
             None
         };

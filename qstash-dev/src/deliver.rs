@@ -31,6 +31,46 @@ pub(crate) fn new_client(cfg: &crate::Config) -> HttpClient {
         .build(conn)
 }
 
+/// One logged attempt, kept cheap: the message data is shared, strings are made only when read.
+pub(crate) struct AttemptRec {
+    pub seq: u64,
+    pub data: std::sync::Arc<crate::core::MsgData>,
+    pub at_unix_ms: u64,
+    pub offset: Duration,
+    pub retried: u32,
+    pub status: Option<u16>,
+    pub error: Option<String>,
+    pub headers: HeaderMap,
+    pub duration: Duration,
+    pub planned_delay: Duration,
+    pub duplicate: bool,
+}
+
+impl AttemptRec {
+    pub fn view(&self) -> DeliveryAttempt {
+        let d = &self.data;
+        DeliveryAttempt {
+            seq: self.seq,
+            at_unix_ms: self.at_unix_ms,
+            offset: self.offset,
+            message_id: d.id.to_string(),
+            kind: d.kind,
+            url: d.url.clone(),
+            method: d.method.to_string(),
+            retried: self.retried,
+            status: self.status,
+            error: self.error.clone(),
+            request_headers: header_pairs(&self.headers),
+            duration: self.duration,
+            planned_delay: self.planned_delay,
+            duplicate: self.duplicate,
+            flow_control_key: d.flow.as_ref().map(|f| f.key.clone()),
+            queue_name: d.queue.clone(),
+            body_len: d.body.len(),
+        }
+    }
+}
+
 /// Multi-producer, multi-consumer queue of ready deliveries.
 pub(crate) struct JobQueue {
     q: Mutex<VecDeque<Job>>,
@@ -100,8 +140,8 @@ impl JobQueue {
 pub(crate) async fn worker(shared: std::sync::Arc<Shared>) {
     while let Some(job) = shared.jobs.pop().await {
         let (outcome, attempt) = attempt(&shared, &job).await;
-        if let Some((a, headers)) = attempt {
-            shared.record_attempt(a, headers);
+        if let Some(a) = attempt {
+            shared.record_attempt(a);
         }
         if !job.duplicate {
             let dup = outcome.success()
@@ -137,7 +177,7 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Makes one attempt. Returns the outcome and the attempt record (none when skipped).
-async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<(DeliveryAttempt, HeaderMap)>) {
+async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<AttemptRec>) {
     if job.cancel.load(Ordering::Relaxed) {
         return (
             Outcome {
@@ -177,29 +217,23 @@ async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<(DeliveryAttemp
         HeaderName::from_static("upstash-caller-ip"),
         hv(&data.caller_ip),
     );
-    if let Some(region) = &shared.cfg.region {
-        headers.insert(HeaderName::from_static("upstash-region"), hv(region));
+    if let Some(region) = &shared.region_header {
+        headers.insert(HeaderName::from_static("upstash-region"), region.clone());
     }
     let request_headers = headers.clone();
 
-    let mut record = DeliveryAttempt {
+    let mut record = AttemptRec {
         seq: 0,
+        data: job.data.clone(),
         at_unix_ms,
         offset: started.saturating_duration_since(shared.started),
-        message_id: data.id.to_string(),
-        kind: data.kind,
-        url: data.url.clone(),
-        method: data.method.to_string(),
         retried: job.retried,
         status: None,
         error: None,
-        request_headers: Vec::new(),
+        headers: request_headers,
         duration: Duration::ZERO,
         planned_delay: job.planned_delay,
         duplicate: job.duplicate,
-        flow_control_key: data.flow.as_ref().map(|f| f.key.clone()),
-        queue_name: data.queue.clone(),
-        body_len: data.body.len(),
     };
 
     let mut outcome = Outcome::default();
@@ -242,7 +276,7 @@ async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<(DeliveryAttemp
     record.status = outcome.status;
     record.error = outcome.error.clone();
     record.duration = started.elapsed();
-    (outcome, Some((record, request_headers)))
+    (outcome, Some(record))
 }
 
 fn retry_after(h: &HeaderMap) -> Option<Duration> {

@@ -97,7 +97,7 @@ fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
 
 fn text(name: &str, value: &[u8]) -> Result<String, ApiError> {
     std::str::from_utf8(value)
-        .map(|s| s.trim().to_string())
+        .map(|s| s.trim().to_owned())
         .map_err(|_| ApiError::bad_request(format!("header {name} is not valid UTF-8")))
 }
 
@@ -158,23 +158,36 @@ impl OptionsBuilder {
         if let Some(cb) = strip_prefix_ci(rest, "callback") {
             return Self::add_callback(&mut self.callback, name, cb, value);
         }
-        let lower = rest.to_ascii_lowercase();
-        let slot = match lower.as_str() {
-            "method" => &mut self.method,
-            "delay" => &mut self.delay,
-            "not-before" => &mut self.not_before,
-            "retries" => &mut self.retries,
-            "retry-delay" => &mut self.retry_delay,
-            "timeout" => &mut self.timeout,
-            "deduplication-id" => &mut self.dedup_id,
-            "content-based-deduplication" => &mut self.content_based_dedup,
-            "flow-control-key" => &mut self.flow_key,
-            "flow-control-value" => &mut self.flow_value,
-            "label" => &mut self.label,
-            "redact-fields" => &mut self.redact,
-            "header-forward" => &mut self.header_forward,
+        let is = |n: &str| rest.eq_ignore_ascii_case(n);
+        let slot = if is("method") {
+            &mut self.method
+        } else if is("delay") {
+            &mut self.delay
+        } else if is("not-before") {
+            &mut self.not_before
+        } else if is("retries") {
+            &mut self.retries
+        } else if is("retry-delay") {
+            &mut self.retry_delay
+        } else if is("timeout") {
+            &mut self.timeout
+        } else if is("deduplication-id") {
+            &mut self.dedup_id
+        } else if is("content-based-deduplication") {
+            &mut self.content_based_dedup
+        } else if is("flow-control-key") {
+            &mut self.flow_key
+        } else if is("flow-control-value") {
+            &mut self.flow_value
+        } else if is("label") {
+            &mut self.label
+        } else if is("redact-fields") {
+            &mut self.redact
+        } else if is("header-forward") {
+            &mut self.header_forward
+        } else {
             // Telemetry and anything unknown: ignored, never forwarded.
-            _ => return Ok(()),
+            return Ok(());
         };
         *slot = Some(text(name, value)?);
         Ok(())
@@ -371,11 +384,9 @@ pub(crate) fn parse_go_bool(s: &str) -> Option<bool> {
 
 /// Validates an absolute http(s) URL.
 pub(crate) fn check_url(what: &str, s: &str) -> Result<(), ApiError> {
-    let lower = s
-        .get(..8)
-        .map(|p| p.to_ascii_lowercase())
-        .unwrap_or_default();
-    if !(lower.starts_with("http://") || lower.starts_with("https://")) {
+    let has =
+        |p: &str| s.len() >= p.len() && s.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes());
+    if !(has("http://") || has("https://")) {
         return Err(ApiError::bad_request(format!(
             "invalid {what} url: endpoint has invalid scheme, add http:// or https://"
         )));

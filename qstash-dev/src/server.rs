@@ -18,7 +18,7 @@ use tower::ServiceExt;
 
 use crate::config::{Config, Faults};
 use crate::core::{Core, Counters, Effects, Job, Outcome};
-use crate::deliver::{HttpClient, JobQueue, new_client, worker};
+use crate::deliver::{AttemptRec, HttpClient, JobQueue, new_client, worker};
 use crate::types::{DeliveryAttempt, DlqEntryInfo, Stats};
 
 /// Why the server could not start.
@@ -57,7 +57,7 @@ pub struct SigningKeys {
 }
 
 struct AttemptLog {
-    buf: VecDeque<(DeliveryAttempt, http::HeaderMap)>,
+    buf: VecDeque<AttemptRec>,
     seq: u64,
 }
 
@@ -81,8 +81,11 @@ pub(crate) struct Shared {
     attempts: Mutex<AttemptLog>,
     faults: Mutex<FaultState>,
     delivery_faults: std::sync::atomic::AtomicBool,
+    /// The current key as a cheaply cloneable string (signing happens on every attempt).
+    key_cache: Mutex<Arc<str>>,
     keys: RwLock<SigningKeys>,
     pub client: HttpClient,
+    pub region_header: Option<http::HeaderValue>,
     pub started: std::time::Instant,
     timer_wake: Notify,
     idle: Notify,
@@ -111,11 +114,16 @@ impl Shared {
             delivery_faults: std::sync::atomic::AtomicBool::new(Self::has_delivery_faults(
                 &cfg.faults,
             )),
+            key_cache: Mutex::new(Arc::from(cfg.current_signing_key.as_str())),
             keys: RwLock::new(SigningKeys {
                 current: cfg.current_signing_key.clone(),
                 next: cfg.next_signing_key.clone(),
             }),
             client: new_client(&cfg),
+            region_header: cfg
+                .region
+                .as_deref()
+                .and_then(|r| http::HeaderValue::from_str(r).ok()),
             started: std::time::Instant::now(),
             timer_wake: Notify::new(),
             idle: Notify::new(),
@@ -156,11 +164,11 @@ impl Shared {
         self.idle.notify_waiters();
     }
 
-    pub fn record_attempt(&self, mut a: DeliveryAttempt, headers: http::HeaderMap) {
+    pub fn record_attempt(&self, mut a: AttemptRec) {
         Counters::inc(&self.counters.attempts);
         tracing::debug!(
-            message_id = %a.message_id, url = %a.url, retried = a.retried, status = ?a.status,
-            error = ?a.error, kind = ?a.kind, "delivery attempt"
+            message_id = %a.data.id, url = %a.data.url, retried = a.retried, status = ?a.status,
+            error = ?a.error, kind = ?a.data.kind, "delivery attempt"
         );
         let cap = self.cfg.attempt_log_capacity;
         if cap == 0 {
@@ -172,7 +180,7 @@ impl Shared {
         if log.buf.len() >= cap {
             log.buf.pop_front();
         }
-        log.buf.push_back((a, headers));
+        log.buf.push_back(a);
     }
 
     /// Draws one fault decision with probability `rate(faults)`.
@@ -208,12 +216,8 @@ impl Shared {
         Ok(())
     }
 
-    pub fn current_key(&self) -> String {
-        self.keys
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .current
-            .clone()
+    pub fn current_key(&self) -> Arc<str> {
+        lock(&self.key_cache).clone()
     }
 
     pub fn signing_keys(&self) -> SigningKeys {
@@ -224,18 +228,21 @@ impl Shared {
         let mut k = self.keys.write().unwrap_or_else(|e| e.into_inner());
         let fresh = format!("sig_{}", &crate::sign::new_jti()[4..]);
         k.current = std::mem::replace(&mut k.next, fresh);
+        *lock(&self.key_cache) = Arc::from(k.current.as_str());
         k.clone()
     }
 
     pub fn attempts(&self) -> Vec<DeliveryAttempt> {
         let log = lock(&self.attempts);
+        log.buf.iter().map(AttemptRec::view).collect()
+    }
+
+    pub fn attempts_for(&self, message_id: &str) -> Vec<DeliveryAttempt> {
+        let log = lock(&self.attempts);
         log.buf
             .iter()
-            .map(|(a, h)| {
-                let mut a = a.clone();
-                a.request_headers = crate::deliver::header_pairs(h);
-                a
-            })
+            .filter(|a| &*a.data.id == message_id)
+            .map(AttemptRec::view)
             .collect()
     }
 
@@ -244,13 +251,11 @@ impl Shared {
     }
 
     pub fn stats(&self) -> Stats {
-        let (live, waiting_core, dlq_size) = {
+        let (waiting_core, dlq_size) = {
             let core = self.core();
-            let (live, waiting) = core.counts();
-            (live, waiting, core.dlq.len())
+            (core.counts().1, core.dlq.len())
         };
         let (queued, in_flight) = self.jobs.load();
-        let _ = live;
         let c = &self.counters;
         let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         Stats {
@@ -267,7 +272,7 @@ impl Shared {
             injected_publish_errors: g(&c.injected_publish_errors),
             injected_dropped_responses: g(&c.injected_dropped_responses),
             in_flight: in_flight as u64,
-            waiting: (waiting_core + queued.saturating_sub(in_flight)) as u64,
+            waiting: (waiting_core + queued) as u64,
             dlq_size: dlq_size as u64,
         }
     }
@@ -504,11 +509,7 @@ impl Handle {
     }
     /// Attempts for one message id.
     pub fn attempts_for(&self, message_id: &str) -> Vec<DeliveryAttempt> {
-        self.shared
-            .attempts()
-            .into_iter()
-            .filter(|a| a.message_id == message_id)
-            .collect()
+        self.shared.attempts_for(message_id)
     }
     /// Empties the attempt log.
     pub fn clear_attempts(&self) {
