@@ -1,1 +1,46 @@
-fn main() {}
+//! `outbox`: the operator CLI. Local pipeline (`dev`), relay runs, status, dead letters, prune, migrate and
+//! benchmarks. Every command calls the same library code the Lambdas run.
+
+mod bench;
+mod relay_cmd;
+mod util;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "outbox",
+    version,
+    about = "Transactional outbox → QStash: operate, inspect and benchmark"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply the embedded migrations (what the Lambdas expect) and show the schema version.
+    Migrate(util::DbArgs),
+    /// Run the relay locally with the Lambda's configuration variables (QSTASH_URL, QSTASH_TOKEN, CONSUMER_URL,
+    /// CALLBACK_URL, DATABASE_URL, RELAY_*): one simulated invocation after another.
+    Relay(relay_cmd::RelayArgs),
+    /// Benchmarks (figures and one JSON line; never assertions).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+#[tokio::main]
+async fn main() {
+    outbox::install_crypto_provider();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Migrate(args) => util::migrate(&args).await,
+        Command::Relay(args) => relay_cmd::run(args).await,
+        Command::Bench(cmd) => bench::run(cmd).await,
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

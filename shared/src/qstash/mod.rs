@@ -178,7 +178,7 @@ impl QstashClient {
                 let status = resp.status().as_u16();
                 let retry_after = retry_after(resp.headers());
                 let text = resp.text().await.unwrap_or_default();
-                classify_response(status, retry_after, &text, |v| parse_accepted(v))
+                classify_response(status, retry_after, &text, parse_accepted)
             }
         }
     }

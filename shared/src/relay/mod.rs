@@ -242,7 +242,12 @@ impl Relay {
             let mut out = self.client.batch(c).await;
             // A permanent refusal of a whole multi-message request (e.g. 413: the batch is too large) says nothing
             // about each message: ask again one by one so only the culprits are dead-lettered.
-            if c.len() > 1 && out.first().is_some_and(|o| matches!(o, PublishOutcome::Permanent { .. })) && all_equal(&out) {
+            if c.len() > 1
+                && out
+                    .first()
+                    .is_some_and(|o| matches!(o, PublishOutcome::Permanent { .. }))
+                && all_equal(&out)
+            {
                 out = futures::future::join_all(c.iter().map(|m| self.client.publish(m))).await;
             }
             (out, t.elapsed())
@@ -383,6 +388,16 @@ impl Relay {
     /// otherwise after the poll interval (or a `NOTIFY`, when enabled). Never claims with less time left than
     /// the lease, so every claim can be settled before the invocation ends.
     pub async fn drain(&self, deadline: Instant) -> Result<DrainSummary, RelayError> {
+        self.drain_with(deadline, false).await
+    }
+
+    /// [`Relay::drain`], optionally stopping early once nothing is pending or awaiting delivery evidence (the
+    /// CLI's `outbox relay --until-empty` and the benchmarks).
+    pub async fn drain_with(
+        &self,
+        deadline: Instant,
+        stop_when_empty: bool,
+    ) -> Result<DrainSummary, RelayError> {
         let wake = Arc::new(Notify::new());
         let stop = Arc::new(Notify::new());
         let totals = Totals::default();
@@ -414,6 +429,12 @@ impl Relay {
                             }
                             if r.full {
                                 continue;
+                            }
+                            if stop_when_empty
+                                && r.claimed == 0
+                                && self.is_empty().await.unwrap_or(false)
+                            {
+                                break;
                             }
                         }
                         Err(e) => {
@@ -479,8 +500,25 @@ impl Relay {
             config_problems: totals.config_problems.load(AtomicOrdering::Relaxed),
             publish_p50_ms: pct(0.5),
             publish_p99_ms: pct(0.99),
-            stopped: "deadline",
+            stopped: if stop_when_empty && Instant::now() < deadline {
+                "empty"
+            } else {
+                "deadline"
+            },
         })
+    }
+
+    /// True when no event is pending and no ordered head awaits delivery evidence.
+    pub async fn is_empty(&self) -> Result<bool, RelayError> {
+        let busy: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL) \
+                 OR EXISTS (SELECT 1 FROM outbox_keys WHERE inflight_id IS NOT NULL)",
+        )
+        .persistent(self.persistent)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db("emptiness check"))?;
+        Ok(!busy)
     }
 
     /// Wakes idle workers on `NOTIFY outbox_new` (optional; see the README on poolers and the commit lock).

@@ -1,0 +1,67 @@
+//! `outbox relay`: the relay Lambda's handler, run locally. Each loop iteration is one simulated invocation
+//! with a deadline, exactly as the schedule would run it; `--until-empty` drains once and exits (benchmarks).
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::Args;
+use lambda_runtime::{Context as LambdaContext, LambdaEvent};
+use outbox::relay::handler::{RelayState, handle};
+use serde_json::json;
+
+#[derive(Args, Debug)]
+pub struct RelayArgs {
+    /// Length of each simulated invocation, seconds (the Lambda timeout).
+    #[arg(long, default_value_t = 60)]
+    invocation_secs: u64,
+    /// Drain until nothing is pending or awaiting delivery evidence, print a JSON summary, exit.
+    #[arg(long)]
+    until_empty: bool,
+    /// Give up after this many seconds (with --until-empty).
+    #[arg(long, default_value_t = 600)]
+    timeout_secs: u64,
+}
+
+pub async fn run(args: RelayArgs) -> anyhow::Result<()> {
+    outbox::telemetry::init_from_env();
+    let state = RelayState::from_process_env()
+        .await
+        .context("relay configuration")?;
+    if args.until_empty {
+        let started = Instant::now();
+        let summary = state
+            .relay
+            .drain_with(started + Duration::from_secs(args.timeout_secs), true)
+            .await
+            .context("relay drain")?;
+        let elapsed = started.elapsed();
+        println!(
+            "{}",
+            json!({
+                "elapsed_secs": elapsed.as_secs_f64(),
+                "summary": summary,
+                "peak_rss_kib": crate::util::peak_rss_kib(),
+            })
+        );
+        return Ok(());
+    }
+    let mut n = 0u64;
+    loop {
+        n += 1;
+        let mut ctx = LambdaContext::default();
+        ctx.request_id = format!("local-{n}");
+        let deadline = SystemTime::now() + Duration::from_secs(args.invocation_secs);
+        ctx.deadline = deadline
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let event = LambdaEvent::new(
+            json!({"source": "outbox.cli", "detail-type": "Scheduled Event"}),
+            ctx,
+        );
+        if let Err(e) = handle(&state, event).await {
+            tracing::error!(error = %e, "relay invocation failed; the next one starts in 5 s");
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+    }
+}
