@@ -71,8 +71,19 @@ async fn env(pool: PgPool, dev_cfg: DevConfig) -> Env {
 
 impl Env {
     fn relay_with(&self, cfg: RelayConfig) -> Relay {
-        let client = QstashClient::new(&self.dev.url(), SecretString::from(self.dev.token().to_owned()), Duration::from_secs(2)).unwrap();
-        Relay::new(self.pool.clone(), client, cfg, qstash_config(&self.dev, &self.sink), true)
+        let client = QstashClient::new(
+            &self.dev.url(),
+            SecretString::from(self.dev.token().to_owned()),
+            Duration::from_secs(2),
+        )
+        .unwrap();
+        Relay::new(
+            self.pool.clone(),
+            client,
+            cfg,
+            qstash_config(&self.dev, &self.sink),
+            true,
+        )
     }
 
     fn relay(&self) -> Relay {
@@ -85,7 +96,10 @@ impl Env {
             .execute(&self.pool)
             .await
             .unwrap();
-        sqlx::query("UPDATE outbox_keys SET available_at = now() - interval '1 ms'").execute(&self.pool).await.unwrap();
+        sqlx::query("UPDATE outbox_keys SET available_at = now() - interval '1 ms'")
+            .execute(&self.pool)
+            .await
+            .unwrap();
     }
 }
 
@@ -101,7 +115,9 @@ async fn enqueue_n(pool: &PgPool, topic: &Topic, keys: usize, per_key: usize) ->
     let mut events = Vec::new();
     for round in 0..per_key {
         for k in 0..keys {
-            events.push(NewEvent::new(topic, format!("key-{k}"), &json!({"k": k, "round": round})).unwrap());
+            events.push(
+                NewEvent::new(topic, format!("key-{k}"), &json!({"k": k, "round": round})).unwrap(),
+            );
         }
     }
     let mut tx = pool.begin().await.unwrap();
@@ -127,8 +143,14 @@ async fn leased_rows_are_skipped_and_expired_leases_reclaimed(pool: PgPool) {
     tokio::time::sleep(Duration::from_millis(400)).await;
     let reclaimed = claims.claim_unordered(&mut a, 10.0).await.unwrap();
     assert_eq!(reclaimed.len(), 10, "an expired lease is claimed again");
-    assert!(reclaimed.iter().all(|e| e.attempts == 2), "attempts are counted at claim");
-    assert!(reclaimed[0].lease_token > first[0].lease_token, "a new lease gets a new token");
+    assert!(
+        reclaimed.iter().all(|e| e.attempts == 2),
+        "attempts are counted at claim"
+    );
+    assert!(
+        reclaimed[0].lease_token > first[0].lease_token,
+        "a new lease gets a new token"
+    );
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
@@ -146,32 +168,97 @@ async fn a_stale_relays_settle_changes_nothing(pool: PgPool) {
     assert_eq!(fresh.len(), 10);
 
     let as_items = |evs: &[outbox::relay::claim::ClaimedEvent], s: Settlement| -> Vec<SettleItem> {
-        evs.iter().map(|e| SettleItem { id: e.id, lease_token: e.lease_token, settlement: s.clone() }).collect()
+        evs.iter()
+            .map(|e| SettleItem {
+                id: e.id,
+                lease_token: e.lease_token,
+                settlement: s.clone(),
+            })
+            .collect()
     };
     // The zombie tries every kind of write: none lands.
     for s in [
-        Settlement::Dispatched { message_id: "msg_zombie".into() },
-        Settlement::Retry { delay: Duration::from_secs(99), error: "zombie".into() },
-        Settlement::Dead { error: "zombie".into(), status: None, skip_key: false },
+        Settlement::Dispatched {
+            message_id: "msg_zombie".into(),
+        },
+        Settlement::Retry {
+            delay: Duration::from_secs(99),
+            error: "zombie".into(),
+        },
+        Settlement::Dead {
+            error: "zombie".into(),
+            status: None,
+            skip_key: false,
+        },
     ] {
-        let c = settle(&mut conn, &as_items(&stale, s), Duration::from_secs(60), true).await.unwrap();
-        assert_eq!(c.total(), 0, "a settle with a taken-over lease must change 0 rows");
-    }
-    assert_eq!(scalar(&pool, "SELECT count(*) FROM dead_letters").await, 0);
-    assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox WHERE dispatched_at IS NOT NULL").await, 0);
-    assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox_keys WHERE blocked_at IS NOT NULL").await, 0);
-    // The current owner's settle works.
-    let c = settle(&mut conn, &as_items(&fresh, Settlement::Dispatched { message_id: "msg_ok".into() }), Duration::from_secs(60), true)
+        let c = settle(
+            &mut conn,
+            &as_items(&stale, s),
+            Duration::from_secs(60),
+            true,
+        )
         .await
         .unwrap();
+        assert_eq!(
+            c.total(),
+            0,
+            "a settle with a taken-over lease must change 0 rows"
+        );
+    }
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM dead_letters").await, 0);
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE dispatched_at IS NOT NULL"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM outbox_keys WHERE blocked_at IS NOT NULL"
+        )
+        .await,
+        0
+    );
+    // The current owner's settle works.
+    let c = settle(
+        &mut conn,
+        &as_items(
+            &fresh,
+            Settlement::Dispatched {
+                message_id: "msg_ok".into(),
+            },
+        ),
+        Duration::from_secs(60),
+        true,
+    )
+    .await
+    .unwrap();
     assert_eq!(c.dispatched, 10);
-    assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox_keys WHERE inflight_id IS NOT NULL").await, 5);
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM outbox_keys WHERE inflight_id IS NOT NULL"
+        )
+        .await,
+        5
+    );
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
-async fn transient_failures_back_off_within_bounds_then_dead_letter_with_the_last_error(pool: PgPool) {
+async fn transient_failures_back_off_within_bounds_then_dead_letter_with_the_last_error(
+    pool: PgPool,
+) {
     let e = env(pool.clone(), fast()).await;
-    e.dev.handle().set_faults(Faults { publish_5xx_rate: 1.0, ..Default::default() }).unwrap();
+    e.dev
+        .handle()
+        .set_faults(Faults {
+            publish_5xx_rate: 1.0,
+            ..Default::default()
+        })
+        .unwrap();
     let ids = enqueue_n(&pool, &AUDIT, 3, 1).await;
     let mut cfg = relay_config();
     cfg.max_attempts = 3;
@@ -189,28 +276,52 @@ async fn transient_failures_back_off_within_bounds_then_dead_letter_with_the_las
     for d in &delays {
         assert!(*d >= 0.9 && *d <= 60.5, "backoff {d} s outside [1, 60]");
     }
-    let err: String = sqlx::query_scalar("SELECT last_error FROM outbox LIMIT 1").fetch_one(&pool).await.unwrap();
+    let err: String = sqlx::query_scalar("SELECT last_error FROM outbox LIMIT 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert!(err.starts_with("attempt 1: QStash answered 500"), "{err}");
 
     e.make_due().await;
     assert_eq!(relay.run_cycle().await.unwrap().settled.retried, 3);
     e.make_due().await;
     let r = relay.run_cycle().await.unwrap();
-    assert_eq!(r.settled.dead, 3, "the third attempt exhausts a budget of 3");
-    let rows = sqlx::query("SELECT outbox_id, source, error, attempts, payload FROM dead_letters ORDER BY outbox_id")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    assert_eq!(
+        r.settled.dead, 3,
+        "the third attempt exhausts a budget of 3"
+    );
+    let rows = sqlx::query(
+        "SELECT outbox_id, source, error, attempts, payload FROM dead_letters ORDER BY outbox_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     assert_eq!(rows.len(), 3);
     for (row, id) in rows.iter().zip(&ids) {
         assert_eq!(row.get::<i64, _>("outbox_id"), *id);
         assert_eq!(row.get::<String, _>("source"), "relay");
         assert_eq!(row.get::<i32, _>("attempts"), 3);
         let error: String = row.get("error");
-        assert!(error.starts_with("retry budget of 3 attempts exhausted; last error: QStash answered 500"), "{error}");
-        assert!(row.get::<serde_json::Value, _>("payload").get("k").is_some());
+        assert!(
+            error.starts_with(
+                "retry budget of 3 attempts exhausted; last error: QStash answered 500"
+            ),
+            "{error}"
+        );
+        assert!(
+            row.get::<serde_json::Value, _>("payload")
+                .get("k")
+                .is_some()
+        );
     }
-    assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL").await, 3);
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL"
+        )
+        .await,
+        3
+    );
     // Nothing left to claim.
     e.make_due().await;
     assert_eq!(relay.run_cycle().await.unwrap().claimed, 0);
@@ -218,24 +329,54 @@ async fn transient_failures_back_off_within_bounds_then_dead_letter_with_the_las
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_permanent_refusal_dead_letters_at_once_and_only_the_culprit(pool: PgPool) {
-    let e = env(pool.clone(), DevConfig { max_request_bytes: 4000, ..fast() }).await;
+    let e = env(
+        pool.clone(),
+        DevConfig {
+            max_request_bytes: 4000,
+            ..fast()
+        },
+    )
+    .await;
     let mut tx = pool.begin().await.unwrap();
-    let small = enqueue_batch(&mut tx, &(0..3).map(|i| NewEvent::new(&AUDIT, "k", &json!({"i": i})).unwrap()).collect::<Vec<_>>())
-        .await
-        .unwrap();
-    let big = enqueue_batch(&mut tx, &[NewEvent::new(&AUDIT, "k", &json!({"blob": "x".repeat(6000)})).unwrap()]).await.unwrap();
+    let small = enqueue_batch(
+        &mut tx,
+        &(0..3)
+            .map(|i| NewEvent::new(&AUDIT, "k", &json!({"i": i})).unwrap())
+            .collect::<Vec<_>>(),
+    )
+    .await
+    .unwrap();
+    let big = enqueue_batch(
+        &mut tx,
+        &[NewEvent::new(&AUDIT, "k", &json!({"blob": "x".repeat(6000)})).unwrap()],
+    )
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
     let relay = e.relay();
     let r = relay.run_cycle().await.unwrap();
     assert_eq!(r.claimed, 4);
-    assert_eq!((r.settled.dispatched, r.settled.dead, r.settled.retried), (3, 1, 0));
+    assert_eq!(
+        (r.settled.dispatched, r.settled.dead, r.settled.retried),
+        (3, 1, 0)
+    );
     let (id, status, error, attempts): (i64, Option<i32>, String, i32) =
-        sqlx::query_as("SELECT outbox_id, status, error, attempts FROM dead_letters").fetch_one(&pool).await.unwrap();
+        sqlx::query_as("SELECT outbox_id, status, error, attempts FROM dead_letters")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(id, big[0].id);
     assert_eq!(status, Some(413));
     assert_eq!(attempts, 1, "a 4xx is not retried");
-    assert!(error.starts_with("QStash refused the message (HTTP 413)"), "{error}");
-    e.dev.handle().wait_idle(Duration::from_secs(20)).await.unwrap();
+    assert!(
+        error.starts_with("QStash refused the message (HTTP 413)"),
+        "{error}"
+    );
+    e.dev
+        .handle()
+        .wait_idle(Duration::from_secs(20))
+        .await
+        .unwrap();
     let got: HashSet<i64> = e.sink.accepted().iter().map(|s| s.outbox_id).collect();
     assert_eq!(got, small.iter().map(|s| s.id).collect());
 }
@@ -246,17 +387,30 @@ async fn an_ambiguous_publish_yields_one_delivery(pool: PgPool) {
     let ids = enqueue_n(&pool, &AUDIT, 5, 1).await;
     let relay = e.relay();
     // QStash stores the messages but the response never arrives.
-    e.dev.handle().set_faults(Faults { publish_drop_response_rate: 1.0, ..Default::default() }).unwrap();
+    e.dev
+        .handle()
+        .set_faults(Faults {
+            publish_drop_response_rate: 1.0,
+            ..Default::default()
+        })
+        .unwrap();
     let r = relay.run_cycle().await.unwrap();
     assert_eq!(r.settled.retried, 5, "a lost response is transient");
     e.dev.handle().set_faults(Faults::default()).unwrap();
     e.make_due().await;
     let r = relay.run_cycle().await.unwrap();
     assert_eq!(r.settled.dispatched, 5);
-    e.dev.handle().wait_idle(Duration::from_secs(20)).await.unwrap();
+    e.dev
+        .handle()
+        .wait_idle(Duration::from_secs(20))
+        .await
+        .unwrap();
     let stats = e.dev.handle().stats();
     assert_eq!(stats.accepted, 5);
-    assert_eq!(stats.deduplicated, 5, "the retry carried the same deduplication id");
+    assert_eq!(
+        stats.deduplicated, 5,
+        "the retry carried the same deduplication id"
+    );
     let mut got: Vec<i64> = e.sink.accepted().iter().map(|s| s.outbox_id).collect();
     got.sort();
     assert_eq!(got, ids, "exactly one delivery per event");
@@ -278,7 +432,11 @@ async fn a_relay_killed_after_claim_or_after_publish_loses_nothing(pool: PgPool)
     let claimed = relay.claim().await.unwrap();
     assert_eq!(claimed.len(), 9, "every expired lease is claimed again");
     let (outcomes, _) = relay.publish(&claimed).await;
-    assert!(outcomes.iter().all(|o| matches!(o, outbox::qstash::PublishOutcome::Accepted { .. })));
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, outbox::qstash::PublishOutcome::Accepted { .. }))
+    );
     drop(claimed);
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
@@ -292,14 +450,22 @@ async fn a_relay_killed_after_claim_or_after_publish_loses_nothing(pool: PgPool)
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    e.dev.handle().wait_idle(Duration::from_secs(20)).await.unwrap();
+    e.dev
+        .handle()
+        .wait_idle(Duration::from_secs(20))
+        .await
+        .unwrap();
     let accepted = e.sink.accepted();
     let mut per_id: HashMap<i64, usize> = HashMap::new();
     for s in &accepted {
         *per_id.entry(s.outbox_id).or_default() += 1;
     }
     for id in ids.iter().chain(&ordered) {
-        assert_eq!(per_id.get(id), Some(&1), "event {id} delivered exactly once: {per_id:?}");
+        assert_eq!(
+            per_id.get(id),
+            Some(&1),
+            "event {id} delivered exactly once: {per_id:?}"
+        );
     }
     assert_eq!(scalar(&pool, "SELECT count(*) FROM dead_letters").await, 0);
 }
@@ -309,16 +475,32 @@ async fn two_relays_never_hold_the_same_key(pool: PgPool) {
     enqueue_n(&pool, &ORDERS, 100, 3).await;
     let claims = ClaimStatements::new(1000, true);
     let (mut c1, mut c2) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
-    let (a, b) = tokio::join!(claims.claim_ordered(&mut c1, 30.0), claims.claim_ordered(&mut c2, 30.0));
+    let (a, b) = tokio::join!(
+        claims.claim_ordered(&mut c1, 30.0),
+        claims.claim_ordered(&mut c2, 30.0)
+    );
     let (a, b) = (a.unwrap(), b.unwrap());
-    assert_eq!(a.len() + b.len(), 100, "one head per key, every key claimed once");
+    assert_eq!(
+        a.len() + b.len(),
+        100,
+        "one head per key, every key claimed once"
+    );
     let ka: HashSet<&str> = a.iter().map(|e| e.partition_key.as_str()).collect();
     let kb: HashSet<&str> = b.iter().map(|e| e.partition_key.as_str()).collect();
     assert_eq!(ka.len(), a.len());
     assert!(ka.is_disjoint(&kb), "two relays held the same key");
-    assert!(a.iter().chain(&b).all(|e| e.seq == Some(1)), "only heads are claimed");
+    assert!(
+        a.iter().chain(&b).all(|e| e.seq == Some(1)),
+        "only heads are claimed"
+    );
     // While the heads are leased, nothing of those keys is claimable.
-    assert!(claims.claim_ordered(&mut c1, 30.0).await.unwrap().is_empty());
+    assert!(
+        claims
+            .claim_ordered(&mut c1, 30.0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 /// Two relays drain ordered keys concurrently while the dev server shuffles its flow-control waitlist and the
@@ -354,10 +536,20 @@ async fn ordered_keys_arrive_in_sequence_under_shuffling_retries_and_two_relays(
         if done == total {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(90), "only {done}/{total} events finished");
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "only {done}/{total} events finished"
+        );
     }
-    e.dev.handle().wait_idle(Duration::from_secs(20)).await.unwrap();
-    assert!(failures.load(AtomicOrdering::Relaxed) > 20, "the scenario must include retried deliveries");
+    e.dev
+        .handle()
+        .wait_idle(Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert!(
+        failures.load(AtomicOrdering::Relaxed) > 20,
+        "the scenario must include retried deliveries"
+    );
 
     let seen = e.sink.seen();
     let mut by_key: HashMap<String, Vec<&common::sink::Seen>> = HashMap::new();
@@ -367,19 +559,35 @@ async fn ordered_keys_arrive_in_sequence_under_shuffling_retries_and_two_relays(
     assert_eq!(by_key.len(), keys);
     for (key, deliveries) in &by_key {
         // Successful deliveries: exactly 1..=per_key, in order.
-        let ok: Vec<i64> = deliveries.iter().filter(|s| s.status == 200).filter_map(|s| s.seq).collect();
-        assert_eq!(ok, (1..=per_key as i64).collect::<Vec<_>>(), "key {key} applied out of order: {ok:?}");
+        let ok: Vec<i64> = deliveries
+            .iter()
+            .filter(|s| s.status == 200)
+            .filter_map(|s| s.seq)
+            .collect();
+        assert_eq!(
+            ok,
+            (1..=per_key as i64).collect::<Vec<_>>(),
+            "key {key} applied out of order: {ok:?}"
+        );
         // No attempt of seq n+1 before seq n was delivered successfully.
         let mut delivered_upto = 0;
         for s in deliveries {
             let seq = s.seq.unwrap_or(0);
-            assert!(seq <= delivered_upto + 1, "key {key}: seq {seq} attempted while {} not yet delivered", delivered_upto + 1);
+            assert!(
+                seq <= delivered_upto + 1,
+                "key {key}: seq {seq} attempted while {} not yet delivered",
+                delivered_upto + 1
+            );
             if s.status == 200 {
                 delivered_upto = seq;
             }
         }
     }
-    assert_eq!(e.sink.max_in_flight_per_key(), 1, "two deliveries of one ordered key were in flight at once");
+    assert_eq!(
+        e.sink.max_in_flight_per_key(),
+        1,
+        "two deliveries of one ordered key were in flight at once"
+    );
     assert_eq!(scalar(&pool, "SELECT count(*) FROM dead_letters").await, 0);
 }
 
@@ -392,10 +600,20 @@ async fn the_drain_loop_stops_before_the_deadline(pool: PgPool) {
     let deadline = started + Duration::from_millis(1800);
     let summary = relay.drain(deadline).await.unwrap();
     let finished = Instant::now();
-    assert!(finished <= deadline, "drain overran its deadline by {:?}", finished - deadline);
+    assert!(
+        finished <= deadline,
+        "drain overran its deadline by {:?}",
+        finished - deadline
+    );
     assert_eq!(summary.dispatched, 20);
     // With less time left than the lease, it does not claim at all.
     enqueue_n(&pool, &AUDIT, 5, 1).await;
-    let summary = relay.drain(Instant::now() + Duration::from_millis(900)).await.unwrap();
-    assert_eq!(summary.claimed, 0, "claimed with less time left than the lease");
+    let summary = relay
+        .drain(Instant::now() + Duration::from_millis(900))
+        .await
+        .unwrap();
+    assert_eq!(
+        summary.claimed, 0,
+        "claimed with less time left than the lease"
+    );
 }

@@ -64,7 +64,9 @@ impl Sink {
             .route("/delivered", post(delivered))
             .route("/failure", post(failure))
             .with_state(inner.clone());
-        let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+        let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -85,7 +87,10 @@ impl Sink {
     }
 
     pub fn accepted(&self) -> Vec<Seen> {
-        self.seen().into_iter().filter(|s| (200..300).contains(&s.status)).collect()
+        self.seen()
+            .into_iter()
+            .filter(|s| (200..300).contains(&s.status))
+            .collect()
     }
 
     pub fn max_in_flight_per_key(&self) -> u32 {
@@ -101,7 +106,12 @@ fn header(h: &HeaderMap, name: &str) -> Option<String> {
     h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
 }
 
-async fn event(State(s): State<Inner>, Path(topic): Path<String>, headers: HeaderMap, body: Bytes) -> StatusCode {
+async fn event(
+    State(s): State<Inner>,
+    Path(topic): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
     let key = header(&headers, "x-outbox-key")
         .and_then(|k| outbox::contract::decode_key(&k))
         .unwrap_or_default();
@@ -116,17 +126,25 @@ async fn event(State(s): State<Inner>, Path(topic): Path<String>, headers: Heade
     // Give concurrent deliveries of the same key a chance to overlap (they must not exist for ordered keys).
     tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     let mut seen = Seen {
-        outbox_id: header(&headers, "x-outbox-id").and_then(|v| v.parse().ok()).unwrap_or(-1),
+        outbox_id: header(&headers, "x-outbox-id")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(-1),
         topic,
         key,
         seq: header(&headers, "x-outbox-seq").and_then(|v| v.parse().ok()),
         status: 0,
-        retried: header(&headers, "upstash-retried").and_then(|v| v.parse().ok()).unwrap_or(0),
+        retried: header(&headers, "upstash-retried")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
         at: Instant::now(),
         body,
         headers: headers
             .iter()
-            .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_owned(), v.to_owned())))
+            .filter_map(|(k, v)| {
+                v.to_str()
+                    .ok()
+                    .map(|v| (k.as_str().to_owned(), v.to_owned()))
+            })
             .collect(),
     };
     let policy = s.policy.lock().unwrap().clone();
@@ -143,37 +161,61 @@ async fn delivered(State(s): State<Inner>, headers: HeaderMap, body: Bytes) -> S
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return StatusCode::BAD_REQUEST;
     };
-    s.callbacks.lock().unwrap().push(("delivered".into(), v.clone()));
+    s.callbacks
+        .lock()
+        .unwrap()
+        .push(("delivered".into(), v.clone()));
     let Some(id) = header(&headers, "x-outbox-id").and_then(|v| v.parse::<i64>().ok()) else {
         return StatusCode::BAD_REQUEST;
     };
     let status = v.get("status").and_then(|s| s.as_u64()).unwrap_or(0);
     let mut conn = s.pool.acquire().await.unwrap();
     if (200..300).contains(&status) {
-        outbox::ordering::record_delivery(&mut conn, id, true).await.unwrap();
-    } else {
-        outbox::ordering::record_failed_attempt(&mut conn, id, &format!("delivery attempt returned {status}"), true)
+        outbox::ordering::record_delivery(&mut conn, id, true)
             .await
             .unwrap();
+    } else {
+        outbox::ordering::record_failed_attempt(
+            &mut conn,
+            id,
+            &format!("delivery attempt returned {status}"),
+            true,
+        )
+        .await
+        .unwrap();
     }
     StatusCode::OK
 }
 
 async fn failure(State(s): State<Inner>, headers: HeaderMap, body: Bytes) -> StatusCode {
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-    s.callbacks.lock().unwrap().push(("failure".into(), v.clone()));
+    s.callbacks
+        .lock()
+        .unwrap()
+        .push(("failure".into(), v.clone()));
     let f = outbox::dead_letters::QstashFailure {
         dlq_id: v.get("dlqId").and_then(|x| x.as_str()).map(str::to_owned),
         outbox_id: header(&headers, "x-outbox-id").and_then(|v| v.parse().ok()),
-        source_message_id: v.get("sourceMessageId").and_then(|x| x.as_str()).map(str::to_owned),
+        source_message_id: v
+            .get("sourceMessageId")
+            .and_then(|x| x.as_str())
+            .map(str::to_owned),
         status: v.get("status").and_then(|x| x.as_i64()).map(|x| x as i32),
-        attempts: v.get("retried").and_then(|x| x.as_i64()).map(|x| x as i32 + 1),
+        attempts: v
+            .get("retried")
+            .and_then(|x| x.as_i64())
+            .map(|x| x as i32 + 1),
         raw_callback: Some(body.to_vec()),
         ..Default::default()
     };
     let mut conn = s.pool.acquire().await.unwrap();
-    outbox::dead_letters::record_qstash_failure(&mut conn, &f, |_| outbox::config::DeadHeadPolicy::Block, true)
-        .await
-        .unwrap();
+    outbox::dead_letters::record_qstash_failure(
+        &mut conn,
+        &f,
+        |_| outbox::config::DeadHeadPolicy::Block,
+        true,
+    )
+    .await
+    .unwrap();
     StatusCode::OK
 }
