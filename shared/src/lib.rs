@@ -23,12 +23,14 @@ pub mod contract;
 pub mod db;
 pub mod dead_letters;
 pub mod example;
+#[cfg(feature = "local")]
+pub mod local;
 pub mod metrics;
 pub mod once;
 pub mod ordering;
 pub mod producer;
-pub mod receiver;
 pub mod qstash;
+pub mod receiver;
 pub mod relay;
 pub mod secrets;
 pub mod telemetry;
