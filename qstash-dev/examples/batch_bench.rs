@@ -20,6 +20,20 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use qstash_dev::{Config, DevServer};
 
+/// CPU seconds (user + system) used by this process so far, from /proc (Linux); 0 elsewhere.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15 (1-based).
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -80,8 +94,13 @@ fn build_batch(dest: &str, start_id: u64, n: usize) -> Bytes {
 
 struct RunResult {
     accepted_per_s: f64,
+    /// Accepted messages per CPU-second of the whole process (server + clients + sink): a figure that
+    /// survives other load on the machine.
+    accepted_per_cpu_s: f64,
     latencies_ms: Vec<f64>,
     delivered_per_s: f64,
+    /// Deliveries per CPU-second (server + sink) while draining after publishing stopped.
+    delivered_per_cpu_s: f64,
     drain_s: Option<f64>,
 }
 
@@ -108,6 +127,7 @@ async fn run_once(deliver: bool, secs: u64, clients: usize, batch: usize) -> Run
     let next_id = Arc::new(AtomicU64::new(1));
     let stop = Arc::new(AtomicBool::new(false));
     let accepted = Arc::new(AtomicU64::new(0));
+    let cpu0 = cpu_seconds();
     let start = Instant::now();
     let mut tasks = vec![];
     for _ in 0..clients {
@@ -146,14 +166,19 @@ async fn run_once(deliver: bool, secs: u64, clients: usize, batch: usize) -> Run
         latencies.extend(t.await.expect("client task"));
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let cpu = (cpu_seconds() - cpu0).max(0.01);
     let h = server.handle();
     let delivered_during = h.stats().delivered;
     let mut drain_s = None;
+    let mut delivered_per_cpu_s = 0.0;
     if deliver {
         let t = Instant::now();
+        let cpu_drain0 = cpu_seconds();
         if h.wait_idle(Duration::from_secs(120)).await.is_ok() {
             drain_s = Some(t.elapsed().as_secs_f64());
         }
+        let drained = h.stats().delivered.saturating_sub(delivered_during);
+        delivered_per_cpu_s = drained as f64 / (cpu_seconds() - cpu_drain0).max(0.01);
     }
     let total_delivered = h.stats().delivered;
     let delivered_per_s = if deliver {
@@ -161,12 +186,13 @@ async fn run_once(deliver: bool, secs: u64, clients: usize, batch: usize) -> Run
     } else {
         0.0
     };
-    let _ = delivered_during;
     server.shutdown().await;
     RunResult {
         accepted_per_s: accepted.load(Ordering::Relaxed) as f64 / elapsed,
+        accepted_per_cpu_s: accepted.load(Ordering::Relaxed) as f64 / cpu,
         latencies_ms: latencies,
         delivered_per_s,
+        delivered_per_cpu_s,
         drain_s,
     }
 }
@@ -195,19 +221,23 @@ async fn main() {
     );
     for (mode, deliver) in [("accept-only", false), ("deliver-to-sink", true)] {
         let mut rates = vec![];
+        let mut per_cpu = vec![];
+        let mut delivered_cpu = vec![];
         let mut delivered = vec![];
         let mut lat = vec![];
         for r in 0..runs {
             let res = run_once(deliver, secs, clients, batch).await;
             println!(
-                "  {mode} run {}: {:.0} accepted/s, batch p50 {:.1} ms{}",
+                "  {mode} run {}: {:.0} accepted/s ({:.0} per CPU-second), batch p50 {:.1} ms{}",
                 r + 1,
                 res.accepted_per_s,
+                res.accepted_per_cpu_s,
                 percentile(&sorted(&res.latencies_ms), 0.5),
                 if deliver {
                     format!(
-                        ", delivered {:.0}/s overall (drain after publishing stopped: {})",
+                        ", delivered {:.0}/s overall, {:.0} per CPU-second while draining (drain took {})",
                         res.delivered_per_s,
+                        res.delivered_per_cpu_s,
                         res.drain_s
                             .map(|d| format!("{d:.1}s"))
                             .unwrap_or_else(|| "did not finish".into())
@@ -217,14 +247,18 @@ async fn main() {
                 }
             );
             rates.push(res.accepted_per_s);
+            per_cpu.push(res.accepted_per_cpu_s);
             delivered.push(res.delivered_per_s);
+            delivered_cpu.push(res.delivered_per_cpu_s);
             lat.extend(res.latencies_ms);
         }
         let lat = sorted(&lat);
         let (p50, p99) = (percentile(&lat, 0.5), percentile(&lat, 0.99));
         let med = median(rates.clone());
         println!(
-            "{mode}: median {med:.0} accepted messages/s; batch latency p50 {p50:.1} ms, p99 {p99:.1} ms{}",
+            "{mode}: median {med:.0} accepted messages/s ({:.0} per CPU-second, load average {:.1}); batch latency p50 {p50:.1} ms, p99 {p99:.1} ms{}",
+            median(per_cpu.clone()),
+            load_avg(),
             if deliver {
                 format!("; median delivered {:.0}/s", median(delivered.clone()))
             } else {
@@ -238,7 +272,10 @@ async fn main() {
                 "mode": mode,
                 "accepted_per_s_median": med.round(),
                 "accepted_per_s_runs": rates.iter().map(|r| r.round()).collect::<Vec<_>>(),
+                "accepted_per_cpu_s_median": median(per_cpu.clone()).round(),
+                "load_avg_1m": load_avg(),
                 "delivered_per_s_median": if deliver { Some(median(delivered).round()) } else { None },
+                "delivered_per_cpu_s_median": if deliver { Some(median(delivered_cpu).round()) } else { None },
                 "batch_latency_p50_ms": (p50 * 10.0).round() / 10.0,
                 "batch_latency_p99_ms": (p99 * 10.0).round() / 10.0,
                 "clients": clients,
@@ -248,6 +285,13 @@ async fn main() {
             })
         );
     }
+}
+
+fn load_avg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0)
 }
 
 fn sorted(v: &[f64]) -> Vec<f64> {
