@@ -1,11 +1,8 @@
 //! `outbox`: the operator CLI. Local pipeline (`dev`), relay runs, status, dead letters, prune, migrate and
 //! benchmarks. Every command calls the same library code the Lambdas run.
 
-mod bench;
-mod relay_cmd;
-mod util;
-
 use clap::{Parser, Subcommand};
+use outbox_cli::{bench, dev, relay_cmd, util};
 
 #[derive(Parser)]
 #[command(
@@ -20,6 +17,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the whole pipeline locally: migrations, the QStash-compatible dev server, the consumer and
+    /// failure-callback handlers on local ports, the relay, and a demo producer, with live progress.
+    Dev(dev::DevArgs),
     /// Apply the embedded migrations (what the Lambdas expect) and show the schema version.
     Migrate(util::DbArgs),
     /// Run the relay locally with the Lambda's configuration variables (QSTASH_URL, QSTASH_TOKEN, CONSUMER_URL,
@@ -35,6 +35,7 @@ async fn main() {
     outbox::install_crypto_provider();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Dev(args) => dev::run(args).await.map(|_| ()),
         Command::Migrate(args) => util::migrate(&args).await,
         Command::Relay(args) => relay_cmd::run(args).await,
         Command::Bench(cmd) => bench::run(cmd).await,

@@ -13,19 +13,24 @@ pub enum LogFormat {
     Pretty,
 }
 
-fn filter() -> EnvFilter {
+fn filter(default_level: &str) -> EnvFilter {
     let level = std::env::var("AWS_LAMBDA_LOG_LEVEL")
         .ok()
         .map(|l| l.to_ascii_lowercase())
-        .unwrap_or_else(|| "info".into());
+        .unwrap_or_else(|| default_level.into());
     EnvFilter::try_from_env("RUST_LOG")
         .unwrap_or_else(|_| EnvFilter::new(format!("{level},sqlx=warn,hyper=warn,aws=warn")))
 }
 
 /// Installs the global subscriber writing to stdout. Safe to call twice (the second call is a no-op).
 pub fn init(format: LogFormat) {
+    init_with_default(format, "info");
+}
+
+/// Like [`init`], with another default level when neither `AWS_LAMBDA_LOG_LEVEL` nor `RUST_LOG` is set.
+pub fn init_with_default(format: LogFormat, default_level: &str) {
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter())
+        .with_env_filter(filter(default_level))
         .with_target(false);
     let _ = match format {
         LogFormat::Json => builder

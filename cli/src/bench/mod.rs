@@ -1,8 +1,8 @@
 //! Benchmarks. Each prints a human-readable table and one JSON line (prefixed `BENCH_JSON `) with medians and
 //! ratios against a baseline measured in the same run: these 2-core machines are noisy.
 
-mod relay;
-mod support;
+pub mod relay;
+pub mod support;
 
 use clap::Subcommand;
 

@@ -41,6 +41,7 @@ pub struct RelayState {
     pub function_name: String,
     persistent: bool,
     margin: Duration,
+    emit_metrics: bool,
 }
 
 impl RelayState {
@@ -72,6 +73,7 @@ impl RelayState {
             .raw("AWS_LAMBDA_FUNCTION_NAME")
             .unwrap_or_else(|| "relay".into());
         Ok(RelayState {
+            emit_metrics: true,
             margin: relay_cfg.deadline_margin,
             relay: Relay::new(pool, client, relay_cfg, qstash, db.persistent_statements),
             function_name,
@@ -91,7 +93,14 @@ impl RelayState {
             relay,
             function_name: function_name.to_owned(),
             persistent,
+            emit_metrics: true,
         }
+    }
+
+    /// Turns the per-invocation EMF line on (default) or off (local terminal runs).
+    pub fn with_metrics(mut self, emit: bool) -> Self {
+        self.emit_metrics = emit;
+        self
     }
 }
 
@@ -175,7 +184,9 @@ pub async fn handle(
         duration_ms: started.elapsed().as_millis() as u64,
     };
     tracing::info!(summary = %serde_json::to_string(&summary).unwrap_or_default(), "relay invocation done");
-    emf(&state.function_name, &summary).emit();
+    if state.emit_metrics {
+        emf(&state.function_name, &summary).emit();
+    }
     Ok(summary)
 }
 

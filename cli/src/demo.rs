@@ -1,0 +1,136 @@
+//! The demo producer of `outbox dev`: an order service writing sample orders in business transactions — the
+//! order row and its `orders` event commit together — plus cancellations of earlier orders (same key: they must
+//! be applied after their placement), `audit` events, and now and then a poison order (negative amount) that the
+//! consumer rejects as permanent, so it visibly ends in the dead letters.
+
+use std::time::Duration;
+
+use outbox::example::{
+    AuditEntry, LineItem, OrderCancelled, OrderEvent, OrderPlaced, audit_event, order_event,
+};
+use outbox::producer::enqueue_batch;
+use rand::Rng;
+use sqlx::PgPool;
+use tokio::sync::watch;
+
+/// Demo settings.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Orders per second.
+    pub orders_per_sec: f64,
+    /// One order in `poison_every` is poison (0 = never).
+    pub poison_every: u64,
+}
+
+/// What the demo wrote.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DemoCounts {
+    /// Orders placed (incl. poison).
+    pub orders: u64,
+    /// Poison orders.
+    pub poison: u64,
+    /// Cancellations.
+    pub cancellations: u64,
+    /// Events enqueued in total.
+    pub events: u64,
+}
+
+/// Places one order (and maybe cancels an earlier one) in one transaction.
+pub async fn place_order(
+    pool: &PgPool,
+    n: u64,
+    poison: bool,
+    cancel: Option<u64>,
+) -> anyhow::Result<u64> {
+    let order_id = format!("order-{n}");
+    let (customer, amount) = {
+        let mut r = rand::rng();
+        (
+            format!("customer-{}", r.random_range(1..50)),
+            r.random_range(500..50_000i64),
+        )
+    };
+    let amount = if poison { -amount } else { amount };
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO orders (id, customer_id, amount_cents, currency) VALUES ($1, $2, $3, 'EUR')",
+    )
+    .bind(&order_id)
+    .bind(&customer)
+    .bind(amount)
+    .execute(&mut *tx)
+    .await?;
+    let mut events = vec![
+        order_event(&OrderEvent::OrderPlaced(OrderPlaced {
+            order_id: order_id.clone(),
+            customer_id: customer.clone(),
+            amount_cents: amount,
+            currency: "EUR".into(),
+            items: vec![LineItem {
+                sku: format!("sku-{}", n % 17),
+                quantity: 1 + (n % 3) as u32,
+            }],
+        }))?
+        .correlation_id(format!("demo-{n}"))
+        .traceparent(format!("00-{:032x}-{:016x}-01", u128::from(n) + 1, n + 1)),
+        audit_event(
+            &customer,
+            &AuditEntry {
+                actor: customer.clone(),
+                action: "order.placed".into(),
+                details: serde_json::json!({"order_id": order_id, "amount_cents": amount}),
+            },
+        )?,
+    ];
+    if let Some(c) = cancel {
+        let cancelled = format!("order-{c}");
+        sqlx::query("UPDATE orders SET status = 'cancelled', updated_at = now() WHERE id = $1")
+            .bind(&cancelled)
+            .execute(&mut *tx)
+            .await?;
+        events.push(order_event(&OrderEvent::OrderCancelled(OrderCancelled {
+            order_id: cancelled,
+            reason: Some("customer changed their mind".into()),
+        }))?);
+    }
+    let written = enqueue_batch(&mut tx, &events).await?.len() as u64;
+    tx.commit().await?;
+    Ok(written)
+}
+
+/// Runs until `stop` turns true; reports counts through `counts`.
+pub async fn run(
+    pool: PgPool,
+    opts: DemoOptions,
+    mut stop: watch::Receiver<bool>,
+    counts: watch::Sender<DemoCounts>,
+) {
+    let period = Duration::from_secs_f64(1.0 / opts.orders_per_sec.max(0.1));
+    let mut tick = tokio::time::interval(period);
+    let mut c = DemoCounts::default();
+    let mut n = 0u64;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        n += 1;
+        let poison = opts.poison_every > 0 && n % opts.poison_every == 0;
+        // Every 10th order cancels the order placed 3 before it (if that one was not poison).
+        let cancel =
+            (n % 10 == 0 && n > 3 && (opts.poison_every == 0 || (n - 3) % opts.poison_every != 0))
+                .then(|| n - 3);
+        match place_order(&pool, n, poison, cancel).await {
+            Ok(events) => {
+                c.orders += 1;
+                c.events += events;
+                c.poison += u64::from(poison);
+                c.cancellations += u64::from(cancel.is_some());
+                let _ = counts.send(c);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "demo producer: transaction failed (nothing was written)")
+            }
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! The operator CLI's library: the local pipeline (a [`stack::LocalStack`] of the dev server, the consumer and
+//! callback handlers on local listeners, and the relay), the commands, and the benchmarks. The binary `outbox`
+//! only parses arguments; the whole-system tests use this library directly.
+
+pub mod bench;
+pub mod demo;
+pub mod dev;
+pub mod relay_cmd;
+pub mod stack;
+pub mod util;

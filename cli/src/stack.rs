@@ -1,0 +1,305 @@
+//! The local pipeline as a library: the QStash-compatible dev server (in process), the consumer and the
+//! failure/delivery-callback handlers served on local ports through [`outbox::local`] (the same handler
+//! functions the Lambdas run, called through the function-URL event), and the relay running simulated
+//! invocations through its Lambda handler. `outbox dev` and the whole-system tests build on it.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use lambda_runtime::{Context as LambdaContext, LambdaEvent};
+use outbox::callbacks::handle_callback;
+use outbox::config::{ConsumerConfig, QstashConfig, RelayConfig, Vars};
+use outbox::consumer::{ConsumerState, ReceiverState, Registry, handle_event};
+use outbox::db::DbConfig;
+use outbox::qstash::QstashClient;
+use outbox::receiver::{KeyRing, SigningKeys};
+use outbox::relay::handler::{InvocationSummary, RelayState, handle};
+use outbox::relay::{Relay, StopHandle};
+use qstash_dev::DevServer;
+use secrecy::SecretString;
+use serde_json::json;
+use sqlx::PgPool;
+use tokio::sync::{Mutex, watch};
+use tokio::task::JoinHandle;
+
+/// How to build the stack.
+pub struct StackOptions {
+    /// The database (must exist; migrations are applied).
+    pub database_url: String,
+    /// Dev server settings (port 0 = any free port).
+    pub dev: qstash_dev::Config,
+    /// Relay settings.
+    pub relay: RelayConfig,
+    /// `Upstash-Retries` the relay asks for.
+    pub qstash_retries: u32,
+    /// Length of one simulated relay invocation.
+    pub invocation: Duration,
+    /// Consumer name (dedupe namespace).
+    pub consumer_name: String,
+    /// The consumer's topic handlers.
+    pub registry: Registry,
+    /// Print the EMF metric lines (one per consumer request, one per relay invocation; noisy on a terminal).
+    pub consumer_metrics: bool,
+}
+
+impl StackOptions {
+    /// Defaults: dev server on a free port at real time, the example domain's handlers, a relay with a short lease
+    /// and poll interval suited to a laptop.
+    pub fn new(database_url: &str) -> anyhow::Result<Self> {
+        let empty: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+        let mut relay = RelayConfig::from_vars(&Vars::new(&empty), 3)?;
+        relay.lease = Duration::from_secs(5);
+        relay.poll_interval = Duration::from_millis(100);
+        relay.deadline_margin = Duration::from_millis(500);
+        relay.concurrency = 2;
+        relay.evidence_timeout = Duration::from_secs(120);
+        // A laptop-scale backoff: a failed publish is retried within seconds, not the production minutes.
+        relay.backoff_base = Duration::from_millis(500);
+        relay.backoff_cap = Duration::from_secs(10);
+        Ok(StackOptions {
+            database_url: database_url.to_owned(),
+            dev: qstash_dev::Config {
+                port: 0,
+                ..qstash_dev::Config::default()
+            },
+            relay,
+            qstash_retries: 3,
+            invocation: Duration::from_secs(30),
+            consumer_name: "consumer".into(),
+            registry: outbox::example::registry(),
+            consumer_metrics: false,
+        })
+    }
+}
+
+/// A running local pipeline.
+pub struct LocalStack {
+    /// A pool for producers, status queries and tests.
+    pub pool: PgPool,
+    /// The dev server.
+    pub dev: DevServer,
+    /// Where QStash delivers events (`{consumer_url}/events/{topic}`).
+    pub consumer_url: String,
+    /// Where QStash sends callbacks (`/failure`, `/delivered`).
+    pub callback_url: String,
+    relay_state: Arc<RelayState>,
+    relay_stop: StopHandle,
+    relay_task: Mutex<Option<JoinHandle<()>>>,
+    last_summary: Arc<std::sync::Mutex<Option<InvocationSummary>>>,
+    shutdown: watch::Sender<bool>,
+    servers: Vec<JoinHandle<std::io::Result<()>>>,
+}
+
+fn pool_for(url: &str, name: &str, max: u32, async_commit: bool) -> anyhow::Result<PgPool> {
+    let mut cfg = DbConfig::defaults(name);
+    cfg.max_connections = max;
+    cfg.async_commit = async_commit;
+    Ok(cfg.pool(&SecretString::from(url.to_owned()))?)
+}
+
+async fn listen() -> anyhow::Result<(tokio::net::TcpListener, String)> {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", l.local_addr()?);
+    Ok((l, url))
+}
+
+impl LocalStack {
+    /// Applies migrations and starts every component.
+    pub async fn start(opts: StackOptions) -> anyhow::Result<LocalStack> {
+        outbox::install_crypto_provider();
+        let pool = pool_for(&opts.database_url, "outbox-local", 8, false)?;
+        outbox::MIGRATOR
+            .run(&pool)
+            .await
+            .context("applying migrations (is Postgres reachable and DATABASE_URL right?)")?;
+        let dev = DevServer::start(opts.dev.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("starting the QStash dev server: {e}"))?;
+        let keys = dev.signing_keys();
+        let (shutdown, _) = watch::channel(false);
+
+        let (consumer_listener, consumer_url) = listen().await?;
+        let (callback_listener, callback_url) = listen().await?;
+        let base_config = ConsumerConfig::from_vars(&Vars::new(&std::collections::HashMap::<
+            String,
+            String,
+        >::new()))?;
+        let receiver_config = |public: &str| ConsumerConfig {
+            name: opts.consumer_name.clone(),
+            public_base_url: Some(public.to_owned()),
+            skip_topics: opts.relay.skip_topics.clone(),
+            ..base_config.clone()
+        };
+        let ring = || {
+            KeyRing::fixed(SigningKeys::new(
+                keys.current.clone(),
+                Some(keys.next.clone()),
+            ))
+        };
+        let consumer = Arc::new(ConsumerState::new(
+            ReceiverState::new(
+                receiver_config(&consumer_url),
+                pool_for(&opts.database_url, "outbox-local-consumer", 16, false)?,
+                ring(),
+            )
+            .with_metrics(opts.consumer_metrics),
+            opts.registry,
+        ));
+        let callbacks = Arc::new(
+            ReceiverState::new(
+                receiver_config(&callback_url),
+                pool_for(&opts.database_url, "outbox-local-callbacks", 8, true)?,
+                ring(),
+            )
+            .with_metrics(opts.consumer_metrics),
+        );
+        let mut servers = Vec::new();
+        {
+            let mut rx = shutdown.subscribe();
+            let c = consumer.clone();
+            servers.push(tokio::spawn(outbox::local::serve(
+                consumer_listener,
+                move |req| {
+                    let c = c.clone();
+                    async move { handle_event(&c, req).await }
+                },
+                async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                },
+            )));
+        }
+        {
+            let mut rx = shutdown.subscribe();
+            let c = callbacks.clone();
+            servers.push(tokio::spawn(outbox::local::serve(
+                callback_listener,
+                move |req| {
+                    let c = c.clone();
+                    async move { handle_callback(&c, req).await }
+                },
+                async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                },
+            )));
+        }
+
+        let qstash = QstashConfig {
+            base_url: dev.url(),
+            retries: opts.qstash_retries,
+            publish_timeout: Duration::from_secs(3),
+            batch_size: 100,
+            delivery_timeout: None,
+            flow_parallelism: 10,
+            flow_rate: None,
+            flow_period: Duration::from_secs(1),
+            consumer_url: consumer_url.clone(),
+            callback_url: callback_url.clone(),
+        };
+        let client = QstashClient::new(
+            &dev.url(),
+            SecretString::from(dev.token().to_owned()),
+            qstash.publish_timeout,
+        )?;
+        let relay_pool = pool_for(
+            &opts.database_url,
+            "outbox-local-relay",
+            opts.relay.concurrency + 1,
+            true,
+        )?;
+        let relay = Relay::new(relay_pool, client, opts.relay, qstash, true);
+        let relay_stop = relay.stop_handle();
+        let relay_state =
+            Arc::new(RelayState::new(relay, "relay", true).with_metrics(opts.consumer_metrics));
+        let last_summary = Arc::new(std::sync::Mutex::new(None));
+        let relay_task = {
+            let state = relay_state.clone();
+            let stop = relay_stop.clone();
+            let last = last_summary.clone();
+            let invocation = opts.invocation;
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.is_stopped() {
+                    n += 1;
+                    let mut ctx = LambdaContext::default();
+                    ctx.request_id = format!("local-{n}");
+                    let deadline = SystemTime::now() + invocation;
+                    ctx.deadline = deadline
+                        .duration_since(UNIX_EPOCH)
+                        .map(|d| d.as_millis() as u64)
+                        .unwrap_or(0);
+                    let event = LambdaEvent::new(
+                        json!({"source": "outbox.local", "detail-type": "Scheduled Event"}),
+                        ctx,
+                    );
+                    match handle(&state, event).await {
+                        Ok(s) => {
+                            if let Ok(mut l) = last.lock() {
+                                *l = Some(s);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "relay invocation failed; retrying in 1 s");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                }
+            })
+        };
+        Ok(LocalStack {
+            pool,
+            dev,
+            consumer_url,
+            callback_url,
+            relay_state,
+            relay_stop,
+            relay_task: Mutex::new(Some(relay_task)),
+            last_summary,
+            shutdown,
+            servers,
+        })
+    }
+
+    /// The relay (for status figures).
+    pub fn relay(&self) -> &Relay {
+        &self.relay_state.relay
+    }
+
+    /// The summary of the last finished simulated invocation.
+    pub fn last_invocation(&self) -> Option<InvocationSummary> {
+        self.last_summary.lock().ok().and_then(|l| l.clone())
+    }
+
+    /// Waits until nothing is pending or awaiting evidence in the outbox and the dev server has nothing
+    /// scheduled or in flight. Returns false on timeout.
+    pub async fn wait_quiet(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let empty = self.relay().is_empty().await.unwrap_or(false);
+            if empty && self.dev.handle().is_idle() {
+                // Idle twice in a row: a callback may be between the dev server and the database.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if self.relay().is_empty().await.unwrap_or(false) && self.dev.handle().is_idle() {
+                    return true;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops the relay after its current cycle (every claim settled), then the listeners and the dev server.
+    pub async fn stop(self) {
+        self.relay_stop.stop();
+        if let Some(t) = self.relay_task.lock().await.take() {
+            let _ = t.await;
+        }
+        self.dev.shutdown().await;
+        let _ = self.shutdown.send(true);
+        for s in self.servers {
+            let _ = s.await;
+        }
+    }
+}
