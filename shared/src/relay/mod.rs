@@ -103,6 +103,7 @@ pub struct DrainSummary {
 
 /// The relay: pool, QStash client and settings, built once per process (cold start) and reused.
 pub struct Relay {
+    stop: Arc<StopSignal>,
     pool: PgPool,
     client: QstashClient,
     cfg: RelayConfig,
@@ -122,6 +123,7 @@ impl Relay {
         persistent: bool,
     ) -> Self {
         Relay {
+            stop: Arc::new(StopSignal::default()),
             claims: ClaimStatements::new(cfg.batch_size, persistent),
             backoff: Backoff {
                 base: cfg.backoff_base,
@@ -133,6 +135,12 @@ impl Relay {
             qstash,
             persistent,
         }
+    }
+
+    /// A handle that asks running drains to stop after their current cycle (every claim is still settled).
+    /// Used by the local pipeline's Ctrl-C; Lambda invocations simply end at their deadline.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle(self.stop.clone())
     }
 
     /// The pool.
@@ -417,7 +425,7 @@ impl Relay {
                 }
                 loop {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    if left < self.cfg.lease {
+                    if left < self.cfg.lease || self.stop.requested() {
                         break;
                     }
                     match self.run_cycle().await {
@@ -459,6 +467,7 @@ impl Relay {
                     tokio::select! {
                         _ = tokio::time::sleep(nap) => {}
                         _ = wake.notified() => {}
+                        _ = self.stop.notify.notified() => {}
                     }
                 }
             }
@@ -547,6 +556,35 @@ impl Relay {
                 _ = stop.notified() => return,
             }
         }
+    }
+}
+
+#[derive(Default)]
+struct StopSignal {
+    flag: std::sync::atomic::AtomicBool,
+    notify: Notify,
+}
+
+impl StopSignal {
+    fn requested(&self) -> bool {
+        self.flag.load(AtomicOrdering::SeqCst)
+    }
+}
+
+/// Asks a [`Relay`]'s drains to stop after their current cycle.
+#[derive(Clone)]
+pub struct StopHandle(Arc<StopSignal>);
+
+impl StopHandle {
+    /// Requests the stop (idempotent).
+    pub fn stop(&self) {
+        self.0.flag.store(true, AtomicOrdering::SeqCst);
+        self.0.notify.notify_waiters();
+    }
+
+    /// Whether a stop was requested.
+    pub fn is_stopped(&self) -> bool {
+        self.0.requested()
     }
 }
 
