@@ -1,1 +1,3 @@
-//! Whole-system test harness.
+//! Whole-system test harness: helpers shared by the tests in `tests/`.
+
+pub mod db;
