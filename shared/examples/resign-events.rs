@@ -23,8 +23,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--ttl-secs" => ttl = args.next().ok_or("--ttl-secs needs a value")?.parse()?,
-            "--public-base-url" => base = Some(args.next().ok_or("--public-base-url needs a value")?),
-            other => return Err(format!("unknown argument {other:?} (use --ttl-secs N, --public-base-url URL)").into()),
+            "--public-base-url" => {
+                base = Some(args.next().ok_or("--public-base-url needs a value")?)
+            }
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?} (use --ttl-secs N, --public-base-url URL)"
+                )
+                .into());
+            }
         }
     }
     let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
@@ -39,7 +46,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         match resign_function_url_event(&text, DEV_SIGNING_KEYS.0, base.as_deref(), now, ttl) {
             Ok(new) => {
                 std::fs::write(&path, new)?;
-                println!("re-signed {} (valid until unix {})", path.display(), now + ttl);
+                println!(
+                    "re-signed {} (valid until unix {})",
+                    path.display(),
+                    now + ttl
+                );
             }
             Err(e) => println!("skipped   {} ({e})", path.display()),
         }

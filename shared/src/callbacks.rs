@@ -270,7 +270,11 @@ pub fn outbox_id_of(req: &Request, parsed: Option<&CallbackBody>) -> Option<i64>
         .get(contract::OUTBOX_ID)
         .and_then(|v| v.to_str().ok())
         .and_then(parse)
-        .or_else(|| parsed.and_then(|b| source_header(b, contract::OUTBOX_ID)).and_then(parse))
+        .or_else(|| {
+            parsed
+                .and_then(|b| source_header(b, contract::OUTBOX_ID))
+                .and_then(parse)
+        })
 }
 
 /// The topic of the original message: its `x-outbox-topic` header, else the last segment of its
@@ -310,14 +314,14 @@ pub fn failure_from_callback(req: &Request, raw: &[u8]) -> QstashFailure {
         },
         Ok(parsed) => {
             let b = &parsed.body;
-            let parse_error =
-                (!parsed.problems.is_empty()).then(|| parsed.problems.join("; "));
+            let parse_error = (!parsed.problems.is_empty()).then(|| parsed.problems.join("; "));
             let keep_raw = parse_error.is_some() || b.dlq_id.is_none();
             QstashFailure {
                 dlq_id: b.dlq_id.clone(),
                 outbox_id: outbox_id_of(req, Some(b)),
                 topic: topic_of(b),
-                partition_key: source_header(b, contract::OUTBOX_KEY).and_then(contract::decode_key),
+                partition_key: source_header(b, contract::OUTBOX_KEY)
+                    .and_then(contract::decode_key),
                 source_message_id: b.source_message_id.clone(),
                 status: b.status,
                 response_body: b

@@ -110,9 +110,7 @@ impl OrderPlaced {
     /// The business rules; a violation is permanent.
     pub fn validate(&self) -> Result<(), HandlerError> {
         if self.order_id.trim().is_empty() || self.order_id.len() > 100 {
-            return Err(HandlerError::permanent(
-                "order_id must be 1–100 characters",
-            ));
+            return Err(HandlerError::permanent("order_id must be 1–100 characters"));
         }
         if self.customer_id.trim().is_empty() {
             return Err(HandlerError::permanent("customer_id is empty"));

@@ -43,7 +43,8 @@ pub enum OnceError<E> {
 }
 
 /// The dedupe insert (step 2 of the module docs).
-pub const DEDUPE_SQL: &str = "INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+pub const DEDUPE_SQL: &str =
+    "INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
 
 /// Runs `work` at most once per `(consumer, message_id)`: dedupe row first, then the work in the same
 /// transaction, then commit. `persistent` is the pool's prepared-statement switch (`DbConfig`).

@@ -453,7 +453,7 @@ pub fn sign(key: &str, url: &str, body: &[u8], iat: i64, ttl_secs: i64) -> Strin
     use rand::Rng;
     use std::fmt::Write;
     let mut padded = body_hash(body);
-    while padded.len() % 4 != 0 {
+    while !padded.len().is_multiple_of(4) {
         padded.push('=');
     }
     let jti: String = {
@@ -500,8 +500,7 @@ pub fn resign_function_url_event(
     iat: i64,
     ttl_secs: i64,
 ) -> Result<String, String> {
-    let value: Value =
-        serde_json::from_str(event_json).map_err(|e| format!("not JSON: {e}"))?;
+    let value: Value = serde_json::from_str(event_json).map_err(|e| format!("not JSON: {e}"))?;
     let old = value
         .get("headers")
         .and_then(Value::as_object)
@@ -518,7 +517,9 @@ pub fn resign_function_url_event(
     let token = sign(key, &url, req.body().as_ref(), iat, ttl_secs);
     let quoted = serde_json::to_string(&old).map_err(|e| e.to_string())?;
     if !event_json.contains(&quoted) {
-        return Err("the signature value is escaped in the file; cannot replace it in place".into());
+        return Err(
+            "the signature value is escaped in the file; cannot replace it in place".into(),
+        );
     }
     Ok(event_json.replacen(&quoted, &format!("\"{token}\""), 1))
 }
@@ -571,7 +572,11 @@ impl KeyRing {
     }
 
     /// Keys from somewhere else, refreshable from `source` (the first refresh may happen at once).
-    pub fn refreshable(keys: SigningKeys, source: SecretSource, refresh_interval: Duration) -> Self {
+    pub fn refreshable(
+        keys: SigningKeys,
+        source: SecretSource,
+        refresh_interval: Duration,
+    ) -> Self {
         KeyRing {
             keys: RwLock::new(Arc::new(keys)),
             source: Some(source),

@@ -73,12 +73,8 @@ async fn same_message_eight_times_concurrently_applies_once(pool: PgPool) {
     let requests: Vec<_> = (0..8)
         .map(|_| orders_request(42, &body, &ordered("order-1", 1)))
         .collect();
-    let responses = futures::future::join_all(
-        requests
-            .into_iter()
-            .map(|req| handle_event(&state, req)),
-    )
-    .await;
+    let responses =
+        futures::future::join_all(requests.into_iter().map(|req| handle_event(&state, req))).await;
     let mut processed = 0;
     for r in &responses {
         let (status, body) = parts(r);
@@ -110,7 +106,11 @@ struct Note {
 }
 
 impl Handler<Note> for SlowInsert {
-    async fn handle(&self, conn: &mut PgConnection, event: &Event<Note>) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        conn: &mut PgConnection,
+        event: &Event<Note>,
+    ) -> Result<(), HandlerError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         sqlx::query("INSERT INTO effects (outbox_id, note) VALUES ($1, $2)")
             .persistent(event.persistent)
@@ -165,7 +165,11 @@ struct FailsAfterWriting {
 }
 
 impl Handler<Note> for FailsAfterWriting {
-    async fn handle(&self, conn: &mut PgConnection, event: &Event<Note>) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        conn: &mut PgConnection,
+        event: &Event<Note>,
+    ) -> Result<(), HandlerError> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         sqlx::query("INSERT INTO effects (outbox_id, note) VALUES ($1, $2)")
             .persistent(event.persistent)
@@ -220,10 +224,16 @@ async fn work_failing_mid_transaction_commits_nothing_and_the_retry_applies_once
 
     // QStash retries: applied once.
     let r = handle_event(&state, event_request("notes", 9, body, &[])).await;
-    assert_eq!(parts(&r), (200, json!({"status":"processed","outbox_id":9})));
+    assert_eq!(
+        parts(&r),
+        (200, json!({"status":"processed","outbox_id":9}))
+    );
     // And once more: a duplicate, no new effect.
     let r = handle_event(&state, event_request("notes", 9, body, &[])).await;
-    assert_eq!(parts(&r), (200, json!({"status":"duplicate","outbox_id":9})));
+    assert_eq!(
+        parts(&r),
+        (200, json!({"status":"duplicate","outbox_id":9}))
+    );
     assert_eq!(count(&pool, "SELECT count(*) FROM effects").await, 1);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
@@ -283,10 +293,16 @@ async fn poison_is_489_with_the_nonretryable_header(pool: PgPool) {
     .await;
     let (status, json) = parts(&r);
     assert_eq!(status, 489, "{json}");
-    assert_eq!(r.headers().get("upstash-nonretryable-error").unwrap(), "true");
+    assert_eq!(
+        r.headers().get("upstash-nonretryable-error").unwrap(),
+        "true"
+    );
     assert_eq!(r.headers().get("content-type").unwrap(), "application/json");
     assert!(
-        json["error"].as_str().unwrap().contains("cannot be negative"),
+        json["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be negative"),
         "{json}"
     );
     assert_eq!(count(&pool, "SELECT count(*) FROM charges").await, 0);
@@ -363,7 +379,11 @@ async fn every_permanent_error_is_489(pool: PgPool) {
             signed_post(
                 "/events/orders",
                 &good,
-                &[("x-outbox-id", "7"), ("x-outbox-seq", "1"), ("x-schema-version", "2")],
+                &[
+                    ("x-outbox-id", "7"),
+                    ("x-outbox-seq", "1"),
+                    ("x-schema-version", "2"),
+                ],
             ),
             "x-outbox-seq without x-outbox-key",
         ),
@@ -374,7 +394,11 @@ async fn every_permanent_error_is_489(pool: PgPool) {
         ),
         (
             "cancel of an unknown order",
-            orders_request(9, &cancelled("never-placed"), &h(&[("x-outbox-key", "never-placed")])),
+            orders_request(
+                9,
+                &cancelled("never-placed"),
+                &h(&[("x-outbox-key", "never-placed")]),
+            ),
             "no charge for it",
         ),
     ];
@@ -383,7 +407,9 @@ async fn every_permanent_error_is_489(pool: PgPool) {
         let (status, json) = parts(&r);
         assert_eq!(status, 489, "{name}: {json}");
         assert_eq!(
-            r.headers().get("upstash-nonretryable-error").map(|v| v.to_str().unwrap()),
+            r.headers()
+                .get("upstash-nonretryable-error")
+                .map(|v| v.to_str().unwrap()),
             Some("true"),
             "{name}"
         );
@@ -421,15 +447,16 @@ async fn database_outage_is_503_and_nothing_is_written(pool: PgPool) {
         .connect_lazy("postgres://postgres@127.0.0.1:1/none")
         .unwrap();
     let state = consumer(&dead, example::registry());
-    let r = handle_event(
-        &state,
-        orders_request(1, &placed("o", 1), &ordered("o", 1)),
-    )
-    .await;
+    let r = handle_event(&state, orders_request(1, &placed("o", 1), &ordered("o", 1))).await;
     let (status, json) = parts(&r);
     assert_eq!(status, 503, "{json}");
     assert!(r.headers().get("retry-after").is_none());
-    assert!(json["error"].as_str().unwrap().starts_with("database error"));
+    assert!(
+        json["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("database error")
+    );
     assert!(r.headers().get("upstash-nonretryable-error").is_none());
     let _ = pool;
 }
@@ -456,7 +483,11 @@ async fn handler_database_errors_are_classified(pool: PgPool) {
     }
     let state = consumer(&pool, Registry::new().on("strict", InsertV));
     let r = handle_event(&state, event_request("strict", 1, br#"{"v":-1}"#, &[])).await;
-    assert_eq!(parts(&r).0, 489, "a CHECK violation cannot be fixed by retrying");
+    assert_eq!(
+        parts(&r).0,
+        489,
+        "a CHECK violation cannot be fixed by retrying"
+    );
     let r = handle_event(&state, event_request("strict", 2, br#"{"v":1}"#, &[])).await;
     assert_eq!(parts(&r).0, 200);
 }
@@ -466,10 +497,18 @@ async fn ordered_key_refuses_an_event_older_than_one_applied(pool: PgPool) {
     let state = consumer(&pool, example::registry());
     // seq 2 (placing order B under key K) arrives first: applied (the relay's gating makes this impossible
     // in normal operation; a forced redrive can do it).
-    let r = handle_event(&state, orders_request(11, &placed("b", 1), &ordered("K", 2))).await;
+    let r = handle_event(
+        &state,
+        orders_request(11, &placed("b", 1), &ordered("K", 2)),
+    )
+    .await;
     assert_eq!(parts(&r).0, 200);
     // seq 1 now: refused permanently, naming both sequences; nothing written.
-    let r = handle_event(&state, orders_request(10, &placed("a", 1), &ordered("K", 1))).await;
+    let r = handle_event(
+        &state,
+        orders_request(10, &placed("a", 1), &ordered("K", 1)),
+    )
+    .await;
     let (status, json) = parts(&r);
     assert_eq!(status, 489, "{json}");
     let msg = json["error"].as_str().unwrap();
@@ -482,10 +521,21 @@ async fn ordered_key_refuses_an_event_older_than_one_applied(pool: PgPool) {
         0
     );
     // A redelivery of the applied seq 2 is a duplicate (dedupe runs before the sequence check), not "late".
-    let r = handle_event(&state, orders_request(11, &placed("b", 1), &ordered("K", 2))).await;
-    assert_eq!(parts(&r), (200, json!({"status":"duplicate","outbox_id":11})));
+    let r = handle_event(
+        &state,
+        orders_request(11, &placed("b", 1), &ordered("K", 2)),
+    )
+    .await;
+    assert_eq!(
+        parts(&r),
+        (200, json!({"status":"duplicate","outbox_id":11}))
+    );
     // seq 3 goes through, and the key's state says 3.
-    let r = handle_event(&state, orders_request(12, &cancelled("b"), &ordered("K", 3))).await;
+    let r = handle_event(
+        &state,
+        orders_request(12, &cancelled("b"), &ordered("K", 3)),
+    )
+    .await;
     assert_eq!(parts(&r).0, 200);
     let last: i64 = sqlx::query_scalar(
         "SELECT last_seq FROM consumer_sequences WHERE consumer = 'consumer' AND topic = 'orders' AND partition_key = 'K'",
@@ -495,7 +545,11 @@ async fn ordered_key_refuses_an_event_older_than_one_applied(pool: PgPool) {
     .unwrap();
     assert_eq!(last, 3);
     // Another key is independent.
-    let r = handle_event(&state, orders_request(13, &placed("c", 1), &ordered("L", 1))).await;
+    let r = handle_event(
+        &state,
+        orders_request(13, &placed("c", 1), &ordered("L", 1)),
+    )
+    .await;
     assert_eq!(parts(&r).0, 200);
 }
 
@@ -504,7 +558,11 @@ async fn example_domain_end_to_end(pool: PgPool) {
     let state = consumer(&pool, example::registry());
     // Placed at schema v2 with an encoded key.
     let key = outbox::contract::encode_key("order 1/ü");
-    let r = handle_event(&state, orders_request(1, &placed("order 1/ü", 2500), &ordered(&key, 1))).await;
+    let r = handle_event(
+        &state,
+        orders_request(1, &placed("order 1/ü", 2500), &ordered(&key, 1)),
+    )
+    .await;
     assert_eq!(parts(&r).0, 200);
     let (customer, amount, currency, status): (String, i64, String, String) = sqlx::query_as(
         "SELECT customer_id, amount_cents, currency, status FROM charges WHERE order_id = 'order 1/ü'",
@@ -512,11 +570,20 @@ async fn example_domain_end_to_end(pool: PgPool) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!((customer.as_str(), amount, currency.as_str(), status.as_str()), ("customer-7", 2500, "EUR", "captured"));
-    let items: Value = sqlx::query_scalar("SELECT items FROM shipments WHERE order_id = 'order 1/ü'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    assert_eq!(
+        (
+            customer.as_str(),
+            amount,
+            currency.as_str(),
+            status.as_str()
+        ),
+        ("customer-7", 2500, "EUR", "captured")
+    );
+    let items: Value =
+        sqlx::query_scalar("SELECT items FROM shipments WHERE order_id = 'order 1/ü'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(items, json!([{"sku":"BOOK-1","quantity":2}]));
     // The key recorded for the ordering check is the decoded one.
     let k: String = sqlx::query_scalar("SELECT partition_key FROM consumer_sequences")
@@ -526,7 +593,11 @@ async fn example_domain_end_to_end(pool: PgPool) {
     assert_eq!(k, "order 1/ü");
 
     // Cancelled (seq 2): refund + cancelled shipment.
-    let r = handle_event(&state, orders_request(2, &cancelled("order 1/ü"), &ordered(&key, 2))).await;
+    let r = handle_event(
+        &state,
+        orders_request(2, &cancelled("order 1/ü"), &ordered(&key, 2)),
+    )
+    .await;
     assert_eq!(parts(&r).0, 200);
     let (c, s): (String, String) = sqlx::query_as(
         "SELECT c.status, s.status FROM charges c JOIN shipments s USING (order_id)",
@@ -551,7 +622,14 @@ async fn example_domain_end_to_end(pool: PgPool) {
     // No version header means version 1 as well; v2 payload shape at v1 still decodes (extra field ignored).
     let r = handle_event(
         &state,
-        orders_request(4, &placed("nov", 1), &[("x-outbox-key".into(), "nov".into()), ("x-outbox-seq".into(), "1".into())]),
+        orders_request(
+            4,
+            &placed("nov", 1),
+            &[
+                ("x-outbox-key".into(), "nov".into()),
+                ("x-outbox-seq".into(), "1".into()),
+            ],
+        ),
     )
     .await;
     assert_eq!(parts(&r).0, 200);
@@ -663,15 +741,48 @@ async fn versions_and_upcasters(pool: PgPool) {
         .upcast(2, |o: Old| Note { note: o.text }),
     );
     let state: ConsumerState = consumer(&pool, registry);
-    let r = handle_event(&state, event_request("notes", 1, br#"{"text":"v2"}"#, &[("x-schema-version", "2")])).await;
+    let r = handle_event(
+        &state,
+        event_request(
+            "notes",
+            1,
+            br#"{"text":"v2"}"#,
+            &[("x-schema-version", "2")],
+        ),
+    )
+    .await;
     assert_eq!(parts(&r).0, 200);
-    let r = handle_event(&state, event_request("notes", 2, br#"{"note":"v3"}"#, &[("x-schema-version", "3")])).await;
+    let r = handle_event(
+        &state,
+        event_request(
+            "notes",
+            2,
+            br#"{"note":"v3"}"#,
+            &[("x-schema-version", "3")],
+        ),
+    )
+    .await;
     assert_eq!(parts(&r).0, 200);
     let r = handle_event(&state, event_request("notes", 3, br#"{"note":"v1"}"#, &[])).await;
     let (status, json) = parts(&r);
     assert_eq!(status, 489);
-    assert!(json["error"].as_str().unwrap().contains("supported: [2, 3]"), "{json}");
-    let r = handle_event(&state, event_request("notes", 4, br#"{"note":"v0"}"#, &[("x-schema-version", "zero")])).await;
+    assert!(
+        json["error"]
+            .as_str()
+            .unwrap()
+            .contains("supported: [2, 3]"),
+        "{json}"
+    );
+    let r = handle_event(
+        &state,
+        event_request(
+            "notes",
+            4,
+            br#"{"note":"v0"}"#,
+            &[("x-schema-version", "zero")],
+        ),
+    )
+    .await;
     assert_eq!(parts(&r).0, 489);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }

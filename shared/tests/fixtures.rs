@@ -61,7 +61,10 @@ fn fixtures_are_function_url_events_signed_with_the_dev_key() {
         )
         .unwrap();
         assert_eq!(claims["iss"], "Upstash", "{name}");
-        assert_eq!(claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap(), 300);
+        assert_eq!(
+            claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap(),
+            300
+        );
         assert_eq!(
             claims["sub"].as_str().unwrap(),
             outbox::receiver::request_url(&req, None),
@@ -75,11 +78,15 @@ async fn order_placed_fixture_is_applied(pool: PgPool) {
     let text = fixture("consumer-order-placed.json");
     let st = consumer_at(&pool, Clock::Fixed(issued_at(&text)));
     let r = handle_event(&st, request_from_event(&text)).await;
-    assert_eq!(parts(&r), (200, json!({"status":"processed","outbox_id":1})));
-    let (order, amount): (String, i64) = sqlx::query_as("SELECT order_id, amount_cents FROM charges")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    assert_eq!(
+        parts(&r),
+        (200, json!({"status":"processed","outbox_id":1}))
+    );
+    let (order, amount): (String, i64) =
+        sqlx::query_as("SELECT order_id, amount_cents FROM charges")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!((order.as_str(), amount), ("order-1001", 4999));
     assert_eq!(count(&pool, "SELECT count(*) FROM shipments").await, 1);
     // The same fixture again: a duplicate.
@@ -98,7 +105,10 @@ async fn poison_fixture_is_489(pool: PgPool) {
     let st = consumer_at(&pool, Clock::Fixed(issued_at(&text)));
     let r = handle_event(&st, request_from_event(&text)).await;
     assert_eq!(parts(&r).0, 489);
-    assert_eq!(r.headers().get("upstash-nonretryable-error").unwrap(), "true");
+    assert_eq!(
+        r.headers().get("upstash-nonretryable-error").unwrap(),
+        "true"
+    );
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
@@ -172,7 +182,10 @@ async fn callback_fixtures_are_handled(pool: PgPool) {
     let r = handle_callback(&st, request_from_event(&delivered)).await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"delivered","outbox_id":1,"key_advanced":true}))
+        (
+            200,
+            json!({"status":"delivered","outbox_id":1,"key_advanced":true})
+        )
     );
 
     let failure = fixture("failure-callback.json");
@@ -189,5 +202,8 @@ async fn callback_fixtures_are_handled(pool: PgPool) {
     .await
     .unwrap();
     assert_eq!((dlq.as_str(), status), ("1795939201000-0", 503));
-    assert!(resolved, "it was delivered after all (evidence came first): stored resolved");
+    assert!(
+        resolved,
+        "it was delivered after all (evidence came first): stored resolved"
+    );
 }

@@ -51,13 +51,7 @@ fn delivery(id: i64, body: &[u8], headers: &[(&str, &str)]) -> Request {
     delivery_to(PATH, "", id, body, headers)
 }
 
-fn delivery_to(
-    path: &str,
-    query: &str,
-    id: i64,
-    body: &[u8],
-    headers: &[(&str, &str)],
-) -> Request {
+fn delivery_to(path: &str, query: &str, id: i64, body: &[u8], headers: &[(&str, &str)]) -> Request {
     let id = id.to_string();
     let mut h: Vec<(&str, &str)> = vec![
         ("x-outbox-id", &id),
@@ -211,22 +205,14 @@ fn corpus() -> Vec<Case> {
     let (b, _) = claims_for(i);
     push(
         "header name in upper case",
-        delivery(
-            i,
-            &b,
-            &[("UPSTASH-SIGNATURE", &token(KEY, &url(PATH), &b))],
-        ),
+        delivery(i, &b, &[("UPSTASH-SIGNATURE", &token(KEY, &url(PATH), &b))]),
         Want::Applied,
     );
     let i = next();
     let (b, _) = claims_for(i);
     push(
         "header name in mixed case",
-        delivery(
-            i,
-            &b,
-            &[("Upstash-Signature", &token(KEY, &url(PATH), &b))],
-        ),
+        delivery(i, &b, &[("Upstash-Signature", &token(KEY, &url(PATH), &b))]),
         Want::Applied,
     );
     let i = next();
@@ -370,7 +356,11 @@ fn corpus() -> Vec<Case> {
             &b,
             &[(
                 "upstash-signature",
-                &jws(KEY.as_bytes(), r#"{"alg":"none","typ":"JWT"}"#, &c.to_string()),
+                &jws(
+                    KEY.as_bytes(),
+                    r#"{"alg":"none","typ":"JWT"}"#,
+                    &c.to_string(),
+                ),
             )],
         ),
         Want::Rejected("algorithm"),
@@ -384,7 +374,11 @@ fn corpus() -> Vec<Case> {
             &b,
             &[(
                 "upstash-signature",
-                &jws(KEY.as_bytes(), r#"{"alg":"HS512","typ":"JWT"}"#, &c.to_string()),
+                &jws(
+                    KEY.as_bytes(),
+                    r#"{"alg":"HS512","typ":"JWT"}"#,
+                    &c.to_string(),
+                ),
             )],
         ),
         Want::Rejected("algorithm"),
@@ -704,8 +698,8 @@ fn corpus() -> Vec<Case> {
     );
     let i = next();
     let (b, c) = claims_for(i);
-    let reserialised = serde_json::to_vec_pretty(&serde_json::from_slice::<Value>(&b).unwrap())
-        .unwrap();
+    let reserialised =
+        serde_json::to_vec_pretty(&serde_json::from_slice::<Value>(&b).unwrap()).unwrap();
     assert_ne!(reserialised, b);
     push(
         "JSON body re-serialised (same value, other bytes)",
@@ -794,7 +788,7 @@ fn corpus() -> Vec<Case> {
         ..ConsumerConfig::defaults()
     };
     let i = next();
-    let mut big = format!(r#"{{"actor":"a","action":"b","details":{{"pad":""#).into_bytes();
+    let mut big = br#"{"actor":"a","action":"b","details":{"pad":""#.to_vec();
     let tail = br#""}}"#;
     let fill = 1024 - big.len() - tail.len();
     big.extend(std::iter::repeat_n(b'x', fill));
@@ -802,7 +796,11 @@ fn corpus() -> Vec<Case> {
     assert_eq!(big.len(), 1024);
     cases.push(Case {
         name: "body exactly at the cap",
-        req: delivery(i, &big, &[("upstash-signature", &token(KEY, &url(PATH), &big))]),
+        req: delivery(
+            i,
+            &big,
+            &[("upstash-signature", &token(KEY, &url(PATH), &big))],
+        ),
         want: Want::Applied,
         config: Some(small_cap.clone()),
     });
@@ -964,16 +962,29 @@ fn at(now: i64) -> VerifyOptions {
 #[test]
 fn real_qstash_tokens_verify() {
     let dart = SigningKeys::new(DART_KEY, Some("sig_unrelatedNextKey".into()));
-    let c = verify(DART_TOKEN, b"Hello World", DART_URL, &dart, at(1_665_614_800)).unwrap();
+    let c = verify(
+        DART_TOKEN,
+        b"Hello World",
+        DART_URL,
+        &dart,
+        at(1_665_614_800),
+    )
+    .unwrap();
     assert_eq!(c.key, KeyUsed::Current);
     assert_eq!(c.sub, DART_URL);
     assert_eq!(c.exp, 1_665_615_038);
     // As the next key too (rotation in progress).
     let as_next = SigningKeys::new("sig_unrelatedCurrent", Some(DART_KEY.into()));
     assert_eq!(
-        verify(DART_TOKEN, b"Hello World", DART_URL, &as_next, at(1_665_614_800))
-            .unwrap()
-            .key,
+        verify(
+            DART_TOKEN,
+            b"Hello World",
+            DART_URL,
+            &as_next,
+            at(1_665_614_800)
+        )
+        .unwrap()
+        .key,
         KeyUsed::Next
     );
 
@@ -994,11 +1005,23 @@ fn real_qstash_tokens_fail_the_right_check() {
     let dart = SigningKeys::new(DART_KEY, None);
     let now = at(1_665_614_800);
     assert!(matches!(
-        verify(DART_TOKEN, b"Hello World", DART_URL, &dart, at(1_665_615_038)),
+        verify(
+            DART_TOKEN,
+            b"Hello World",
+            DART_URL,
+            &dart,
+            at(1_665_615_038)
+        ),
         Err(VerifyError::Expired { .. })
     ));
     assert!(matches!(
-        verify(DART_TOKEN, b"Hello World", DART_URL, &dart, at(1_665_614_737)),
+        verify(
+            DART_TOKEN,
+            b"Hello World",
+            DART_URL,
+            &dart,
+            at(1_665_614_737)
+        ),
         Err(VerifyError::NotYetValid { .. })
     ));
     assert_eq!(
@@ -1006,7 +1029,13 @@ fn real_qstash_tokens_fail_the_right_check() {
         Err(VerifyError::BodyHash)
     );
     assert!(matches!(
-        verify(DART_TOKEN, b"Hello World", &format!("{DART_URL}/"), &dart, now),
+        verify(
+            DART_TOKEN,
+            b"Hello World",
+            &format!("{DART_URL}/"),
+            &dart,
+            now
+        ),
         Err(VerifyError::Subject { .. })
     ));
     assert_eq!(

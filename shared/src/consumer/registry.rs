@@ -202,8 +202,7 @@ where
 
 /// A decoded event ready to be applied (type-erased).
 pub(crate) trait Prepared: Send + Sync {
-    fn apply<'a>(&'a self, conn: &'a mut PgConnection)
-    -> BoxFuture<'a, Result<(), HandlerError>>;
+    fn apply<'a>(&'a self, conn: &'a mut PgConnection) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
 struct PreparedEvent<P, H> {
@@ -216,10 +215,7 @@ where
     P: Send + Sync + 'static,
     H: Handler<P>,
 {
-    fn apply<'a>(
-        &'a self,
-        conn: &'a mut PgConnection,
-    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+    fn apply<'a>(&'a self, conn: &'a mut PgConnection) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(self.handler.handle(conn, &self.event))
     }
 }

@@ -70,11 +70,7 @@ pub fn claims(url: &str, body: &[u8]) -> Value {
 
 /// A QStash-like token signed with `key`.
 pub fn token(key: &str, url: &str, body: &[u8]) -> String {
-    jws(
-        key.as_bytes(),
-        HS256_HEADER,
-        &claims(url, body).to_string(),
-    )
+    jws(key.as_bytes(), HS256_HEADER, &claims(url, body).to_string())
 }
 
 /// A token with custom claims.
