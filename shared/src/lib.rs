@@ -14,6 +14,9 @@
 //! the consumer function's HTTP handler), [`callbacks`] (QStash failure and delivery callbacks), [`example`] (the
 //! orders → charges, shipments domain).
 //!
+//! Operating it: [`ops`] (the figures behind `outbox status`) and the operator half of [`dead_letters`] (list,
+//! show, redrive, purge).
+//!
 //! Everything else is plumbing: [`config`], [`secrets`], [`db`].
 
 pub mod callbacks;
@@ -27,6 +30,7 @@ pub mod example;
 pub mod local;
 pub mod metrics;
 pub mod once;
+pub mod ops;
 pub mod ordering;
 pub mod producer;
 pub mod qstash;

@@ -2,7 +2,8 @@
 //! leave the table after `OUTBOX_RETENTION_HOURS` (delivered ordered rows too; dead-lettered rows stay until
 //! their dead letter is handled), consumer dedupe rows and consumer sequence rows older than
 //! `PROCESSED_TTL_HOURS` are pruned, and idle ordered keys are released. The same functions back
-//! `outbox prune`.
+//! `outbox prune`, which also prunes handled dead letters and the dead outbox rows nothing refers to any more
+//! ([`prune_dead_letters_batch`], [`prune_dead_events_batch`]; decision record 0061).
 
 use std::time::{Duration, Instant};
 
@@ -114,6 +115,59 @@ pub async fn release_idle_keys(
     );
     Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
         .persistent(persistent)
+        .execute(pool)
+        .await?
+        .rows_affected())
+}
+
+/// Deletes one batch of dead letters older than `older_than` that need nobody any more: redriven, or resolved
+/// (delivered after all). Unhandled dead letters are never pruned: they stay until an operator redrives or purges
+/// them (guarantee 4). Used by `outbox prune --dead-letters-days`, not by the relay's housekeeping.
+pub async fn prune_dead_letters_batch(
+    pool: &PgPool,
+    older_than: Duration,
+    batch: u32,
+    persistent: bool,
+) -> Result<u64, sqlx::Error> {
+    let sql = format!(
+        "DELETE FROM dead_letters WHERE id IN (\
+            SELECT id FROM dead_letters \
+            WHERE created_at < now() - make_interval(secs => $1) \
+              AND (redriven_at IS NOT NULL OR resolved_at IS NOT NULL) \
+            ORDER BY created_at LIMIT {batch} FOR UPDATE SKIP LOCKED)"
+    );
+    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .persistent(persistent)
+        .bind(older_than.as_secs_f64())
+        .execute(pool)
+        .await?
+        .rows_affected())
+}
+
+/// Deletes one batch of dead outbox rows (dead-lettered longer ago than `older_than`) that nothing refers to any
+/// more: no unhandled dead letter of theirs is left (it was purged, or it is resolved), and, for an ordered event,
+/// its key has moved past it (a blocking or waiting head is never deleted). Used by `outbox prune
+/// --dead-letters-days`. Scans the dead rows (`outbox` keeps only about `OUTBOX_RETENTION_HOURS` of history, so
+/// this is a short scan; there is no index on `dead_lettered_at`).
+pub async fn prune_dead_events_batch(
+    pool: &PgPool,
+    older_than: Duration,
+    batch: u32,
+    persistent: bool,
+) -> Result<u64, sqlx::Error> {
+    let sql = format!(
+        "DELETE FROM outbox WHERE id IN (\
+            SELECT o.id FROM outbox o \
+            WHERE o.dead_lettered_at < now() - make_interval(secs => $1) \
+              AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.outbox_id = o.id \
+                                AND d.redriven_at IS NULL AND d.resolved_at IS NULL) \
+              AND (o.seq IS NULL OR NOT EXISTS (SELECT 1 FROM outbox_keys k \
+                     WHERE k.topic = o.topic AND k.partition_key = o.partition_key AND k.done_seq < o.seq)) \
+            LIMIT {batch} FOR UPDATE SKIP LOCKED)"
+    );
+    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .persistent(persistent)
+        .bind(older_than.as_secs_f64())
         .execute(pool)
         .await?
         .rows_affected())

@@ -1,0 +1,280 @@
+//! Operator figures: `outbox status`. The seed article's three queries — (1) backlog depth, oldest pending age
+//! and "flapping" rows, (2) dispatched per minute over the last hour, (3) stuck leases — plus blocked ordered
+//! keys, ordered heads awaiting delivery evidence, and dead-letter counts by topic and source.
+//!
+//! Every query runs on an index that covers only live rows (`outbox_pending_created_idx`, the BRIN on
+//! `dispatched_at`, the small `outbox_keys` table), and every list has a `LIMIT`: the command stays cheap on a
+//! table with millions of rows of history. Alarm on the oldest pending age, not on depth: 10,000 pending that
+//! drain in ten seconds is healthy; 3 pending that are twenty minutes old means no relay is running.
+
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+/// How many rows each list shows.
+pub const LIST_LIMIT: i64 = 10;
+
+/// Attempts above which a pending row counts as "flapping" (the seed article's threshold).
+pub const FLAPPING_ATTEMPTS: i32 = 3;
+
+/// Everything `outbox status` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// When the figures were read (database clock).
+    pub at: DateTime<Utc>,
+    /// (1) The backlog.
+    pub backlog: Backlog,
+    /// (2) Throughput.
+    pub throughput: Throughput,
+    /// (3) Stuck leases.
+    pub stuck_leases: StuckLeases,
+    /// Ordered keys blocked by a dead head.
+    pub blocked_keys: BlockedKeys,
+    /// Ordered heads accepted by QStash, waiting for their delivery callback.
+    pub awaiting_evidence: AwaitingEvidence,
+    /// Dead letters by topic and source.
+    pub dead_letters: Vec<DeadLetterCounts>,
+}
+
+/// (1) Rows neither dispatched nor dead.
+#[derive(Debug, Clone, Serialize)]
+pub struct Backlog {
+    /// How many.
+    pub pending: i64,
+    /// `max(now() - created_at)` over them, seconds (0 when none).
+    pub oldest_pending_age_secs: f64,
+    /// Of them, rows with more than [`FLAPPING_ATTEMPTS`] attempts.
+    pub flapping: i64,
+    /// The most-attempted flapping rows.
+    pub flapping_rows: Vec<EventLine>,
+}
+
+/// One outbox row in a list.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct EventLine {
+    /// Outbox id.
+    pub id: i64,
+    /// Topic.
+    pub topic: String,
+    /// Partition key.
+    pub partition_key: String,
+    /// Attempts so far.
+    pub attempts: i32,
+    /// Written at.
+    pub created_at: DateTime<Utc>,
+    /// Lease end (stuck leases).
+    pub locked_until: Option<DateTime<Utc>>,
+    /// Last error.
+    pub last_error: Option<String>,
+}
+
+/// (2) Rows dispatched per minute over the last hour.
+#[derive(Debug, Clone, Serialize)]
+pub struct Throughput {
+    /// In the last 60 minutes.
+    pub last_hour: i64,
+    /// Per minute, oldest first: 60 buckets (the current, partial minute last); minutes without dispatches are 0.
+    pub per_minute: Vec<MinuteCount>,
+}
+
+/// One minute's dispatches.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct MinuteCount {
+    /// The minute's start.
+    pub minute: DateTime<Utc>,
+    /// Dispatched in it.
+    pub dispatched: i64,
+}
+
+/// (3) Undispatched rows whose lease ended without a settle (a relay stopped mid-attempt). They are claimed again
+/// by the next relay cycle; many of them, or old ones, mean no relay is running.
+#[derive(Debug, Clone, Serialize)]
+pub struct StuckLeases {
+    /// How many.
+    pub count: i64,
+    /// Oldest lease end first.
+    pub oldest: Vec<EventLine>,
+}
+
+/// Ordered keys blocked by a dead head.
+#[derive(Debug, Clone, Serialize)]
+pub struct BlockedKeys {
+    /// How many.
+    pub count: i64,
+    /// Longest blocked first.
+    pub keys: Vec<BlockedKey>,
+}
+
+/// One blocked key.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct BlockedKey {
+    /// Topic.
+    pub topic: String,
+    /// Partition key.
+    pub partition_key: String,
+    /// Blocked since.
+    pub since: DateTime<Utc>,
+    /// Why (the dead head's error).
+    pub reason: Option<String>,
+    /// The dead head (outbox id).
+    pub blocking_event: Option<i64>,
+    /// Its newest unhandled dead letter (what to redrive).
+    pub dead_letter_id: Option<i64>,
+    /// Events of the key waiting behind it.
+    pub waiting: Option<i64>,
+}
+
+/// Ordered heads accepted by QStash without delivery evidence yet.
+#[derive(Debug, Clone, Serialize)]
+pub struct AwaitingEvidence {
+    /// How many.
+    pub count: i64,
+    /// Longest wait, seconds (0 when none).
+    pub oldest_secs: f64,
+}
+
+/// Dead letters of one topic and source.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, PartialEq)]
+pub struct DeadLetterCounts {
+    /// Topic (`None` when unknown: an unparseable failure callback).
+    pub topic: Option<String>,
+    /// `relay` or `qstash`.
+    pub source: String,
+    /// Not redriven and not resolved: needs an operator.
+    pub unresolved: i64,
+    /// Redriven.
+    pub redriven: i64,
+    /// Delivered after all.
+    pub resolved: i64,
+    /// The oldest unresolved one.
+    pub oldest_unresolved: Option<DateTime<Utc>>,
+}
+
+impl Status {
+    /// Unresolved dead letters in total.
+    pub fn unresolved_dead_letters(&self) -> i64 {
+        self.dead_letters.iter().map(|d| d.unresolved).sum()
+    }
+}
+
+/// Reads every figure (a handful of short read-only queries).
+pub async fn status(pool: &PgPool) -> Result<Status, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    // (1) The seed article's first query, on the partial index of pending rows.
+    let (at, pending, oldest, flapping): (DateTime<Utc>, i64, f64, i64) = sqlx::query_as(
+        "SELECT now(), count(*), coalesce(extract(epoch FROM max(now() - created_at))::float8, 0), \
+                count(*) FILTER (WHERE attempts > $1) \
+         FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL",
+    )
+    .bind(FLAPPING_ATTEMPTS)
+    .fetch_one(&mut *conn)
+    .await?;
+    let flapping_rows: Vec<EventLine> = sqlx::query_as(
+        "SELECT id, topic, partition_key, attempts, created_at, locked_until, last_error FROM outbox \
+         WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND attempts > $1 \
+         ORDER BY attempts DESC, id LIMIT $2",
+    )
+    .bind(FLAPPING_ATTEMPTS)
+    .bind(LIST_LIMIT)
+    .fetch_all(&mut *conn)
+    .await?;
+
+    // (2) Dispatched per minute, last hour (BRIN on dispatched_at).
+    let start = (at - TimeDelta::minutes(59))
+        .duration_trunc(TimeDelta::minutes(1))
+        .unwrap_or(at);
+    let minutes: Vec<(DateTime<Utc>, i64)> = sqlx::query_as(
+        "SELECT date_trunc('minute', dispatched_at) AS m, count(*) FROM outbox \
+         WHERE dispatched_at >= $1 GROUP BY 1 ORDER BY 1",
+    )
+    .bind(start)
+    .fetch_all(&mut *conn)
+    .await?;
+    let per_minute: Vec<MinuteCount> = (0..60)
+        .map(|i| {
+            let minute = start + TimeDelta::minutes(i);
+            let dispatched = minutes
+                .iter()
+                .find(|(m, _)| *m == minute)
+                .map_or(0, |(_, n)| *n);
+            MinuteCount { minute, dispatched }
+        })
+        .collect();
+    let last_hour = per_minute.iter().map(|m| m.dispatched).sum();
+
+    // (3) Stuck leases, oldest first.
+    let stuck_count: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox \
+         WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND locked_until < now()",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let stuck: Vec<EventLine> = sqlx::query_as(
+        "SELECT id, topic, partition_key, attempts, created_at, locked_until, last_error FROM outbox \
+         WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND locked_until < now() \
+         ORDER BY locked_until, id LIMIT $1",
+    )
+    .bind(LIST_LIMIT)
+    .fetch_all(&mut *conn)
+    .await?;
+
+    // Ordered keys (one small row per active key).
+    let (blocked_count, awaiting, awaiting_oldest): (i64, i64, f64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE blocked_at IS NOT NULL), count(*) FILTER (WHERE inflight_id IS NOT NULL), \
+                coalesce(extract(epoch FROM now() - min(inflight_since))::float8, 0) \
+         FROM outbox_keys",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let blocked: Vec<BlockedKey> = sqlx::query_as(
+        "SELECT k.topic, k.partition_key, k.blocked_at AS since, k.blocked_reason AS reason, \
+                k.blocked_id AS blocking_event, \
+                (SELECT max(d.id) FROM dead_letters d WHERE d.outbox_id = k.blocked_id \
+                   AND d.redriven_at IS NULL AND d.resolved_at IS NULL) AS dead_letter_id, \
+                (SELECT s.last_seq - k.done_seq - 1 FROM outbox_sequences s \
+                  WHERE s.topic = k.topic AND s.partition_key = k.partition_key) AS waiting \
+         FROM outbox_keys k WHERE k.blocked_at IS NOT NULL ORDER BY k.blocked_at, k.topic, k.partition_key LIMIT $1",
+    )
+    .bind(LIST_LIMIT)
+    .fetch_all(&mut *conn)
+    .await?;
+
+    let dead_letters: Vec<DeadLetterCounts> = sqlx::query_as(
+        "SELECT topic, source, \
+                count(*) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NULL) AS unresolved, \
+                count(*) FILTER (WHERE redriven_at IS NOT NULL) AS redriven, \
+                count(*) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NOT NULL) AS resolved, \
+                min(created_at) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NULL) AS oldest_unresolved \
+         FROM dead_letters GROUP BY topic, source \
+         ORDER BY count(*) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NULL) DESC, topic NULLS LAST, source",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+
+    Ok(Status {
+        at,
+        backlog: Backlog {
+            pending,
+            oldest_pending_age_secs: oldest.max(0.0),
+            flapping,
+            flapping_rows,
+        },
+        throughput: Throughput {
+            last_hour,
+            per_minute,
+        },
+        stuck_leases: StuckLeases {
+            count: stuck_count,
+            oldest: stuck,
+        },
+        blocked_keys: BlockedKeys {
+            count: blocked_count,
+            keys: blocked,
+        },
+        awaiting_evidence: AwaitingEvidence {
+            count: awaiting,
+            oldest_secs: awaiting_oldest.max(0.0),
+        },
+        dead_letters,
+    })
+}
