@@ -115,11 +115,12 @@ pub async fn run(
             _ = stop.wait_for(|s| *s) => return,
         }
         n += 1;
-        let poison = opts.poison_every > 0 && n % opts.poison_every == 0;
+        let poison = opts.poison_every > 0 && n.is_multiple_of(opts.poison_every);
         // Every 10th order cancels the order placed 3 before it (if that one was not poison).
-        let cancel =
-            (n % 10 == 0 && n > 3 && (opts.poison_every == 0 || (n - 3) % opts.poison_every != 0))
-                .then(|| n - 3);
+        let cancel = (n.is_multiple_of(10)
+            && n > 3
+            && (opts.poison_every == 0 || !(n - 3).is_multiple_of(opts.poison_every)))
+        .then(|| n - 3);
         match place_order(&pool, n, poison, cancel).await {
             Ok(events) => {
                 c.orders += 1;

@@ -3,8 +3,11 @@
 //! only parses arguments; the whole-system tests use this library directly.
 
 pub mod bench;
+pub mod dead_letters;
 pub mod demo;
 pub mod dev;
+pub mod prune;
 pub mod relay_cmd;
 pub mod stack;
+pub mod status;
 pub mod util;

@@ -2,7 +2,7 @@
 //! benchmarks. Every command calls the same library code the Lambdas run.
 
 use clap::{Parser, Subcommand};
-use outbox_cli::{bench, dev, relay_cmd, util};
+use outbox_cli::{bench, dead_letters, dev, prune, relay_cmd, status, util};
 
 #[derive(Parser)]
 #[command(
@@ -20,6 +20,15 @@ enum Command {
     /// Run the whole pipeline locally: migrations, the QStash-compatible dev server, the consumer and
     /// failure-callback handlers on local ports, the relay, and a demo producer, with live progress.
     Dev(dev::DevArgs),
+    /// Backlog depth, oldest pending age and flapping events; dispatched per minute over the last hour; stuck
+    /// leases; blocked ordered keys; dead letters by topic and source. A table, or --json.
+    Status(status::StatusArgs),
+    /// Dead letters: list, show, redrive (one, or a filtered set), purge.
+    #[command(subcommand, visible_alias = "dlq")]
+    DeadLetters(dead_letters::DeadLettersCommand),
+    /// Retention: dispatched outbox rows, consumer dedupe rows, handled dead letters and unreferenced dead rows,
+    /// in bounded batches with progress.
+    Prune(prune::PruneArgs),
     /// Apply the embedded migrations (what the Lambdas expect) and show the schema version.
     Migrate(util::DbArgs),
     /// Run the relay locally with the Lambda's configuration variables (QSTASH_URL, QSTASH_TOKEN, CONSUMER_URL,
@@ -36,6 +45,11 @@ async fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await.map(|_| ()),
+        Command::Status(args) => status::run(args, &mut std::io::stdout()).await,
+        Command::DeadLetters(cmd) => {
+            dead_letters::run(cmd, &mut std::io::stdout(), dead_letters::Confirm::detect()).await
+        }
+        Command::Prune(args) => prune::run(args, &mut std::io::stdout()).await.map(|_| ()),
         Command::Migrate(args) => util::migrate(&args).await,
         Command::Relay(args) => relay_cmd::run(args).await,
         Command::Bench(cmd) => bench::run(cmd).await,

@@ -1,0 +1,206 @@
+//! `outbox prune`: retention in bounded batches with a progress line per batch — dispatched outbox rows,
+//! consumer dedupe rows (`processed_messages`) and consumer sequence rows, handled dead letters and the dead
+//! outbox rows nothing refers to any more, and idle ordered keys. The relay's housekeeping runs the same batch
+//! functions (`outbox::relay::housekeeping`) a little at a time; this command does the whole backlog at once
+//! (decision record 0061).
+
+use std::future::Future;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use outbox::relay::housekeeping;
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::util::{DbArgs, connect};
+
+/// Arguments of `outbox prune`.
+#[derive(Args, Debug, Clone)]
+pub struct PruneArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Delete dispatched outbox rows older than this many hours (delivered ones, for ordered topics). Dead rows
+    /// are never deleted here (see --dead-letters-days).
+    #[arg(long, env = "OUTBOX_RETENTION_HOURS", default_value_t = 24.0)]
+    pub outbox_hours: f64,
+    /// Delete consumer dedupe rows (`processed_messages`) and consumer sequence rows older than this many hours.
+    /// Keep it longer than any redelivery or redrive can come: a younger duplicate would be applied twice.
+    #[arg(long, env = "PROCESSED_TTL_HOURS", default_value_t = 168.0)]
+    pub processed_hours: f64,
+    /// Delete dead letters older than this many days that are handled (redriven, or resolved = delivered after
+    /// all), and dead outbox rows dead for longer than this that no unhandled dead letter refers to (their dead
+    /// letter was purged or handled) and that block no ordered key. Unhandled dead letters are never pruned.
+    #[arg(long, default_value_t = 30.0)]
+    pub dead_letters_days: f64,
+    /// Rows per statement.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100000))]
+    pub batch: u32,
+    /// Progress and totals as JSON lines.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `outbox prune` removed.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct PruneReport {
+    /// Dispatched outbox rows.
+    pub outbox: u64,
+    /// `processed_messages` rows.
+    pub processed_messages: u64,
+    /// `consumer_sequences` rows.
+    pub consumer_sequences: u64,
+    /// Handled dead letters.
+    pub dead_letters: u64,
+    /// Dead outbox rows nothing refers to.
+    pub dead_events: u64,
+    /// Idle ordered keys released.
+    pub idle_keys: u64,
+}
+
+fn hours(name: &str, h: f64) -> anyhow::Result<Duration> {
+    if !h.is_finite() || h <= 0.0 {
+        bail!("{name} must be a positive number of hours (got {h})");
+    }
+    Ok(Duration::from_secs_f64(h * 3600.0))
+}
+
+/// Runs one step in batches until a batch comes back short, printing a line per batch.
+async fn step<F, Fut>(
+    out: &mut dyn Write,
+    json: bool,
+    name: &str,
+    what: &str,
+    batch: u32,
+    mut one: F,
+) -> anyhow::Result<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<u64, sqlx::Error>>,
+{
+    let started = Instant::now();
+    let mut total = 0u64;
+    let mut batches = 0u64;
+    loop {
+        let n = one().await.with_context(|| {
+            format!("pruning {what} (deleted {total} so far; re-run to continue)")
+        })?;
+        total += n;
+        batches += 1;
+        if n > 0 || batches == 1 {
+            if json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({"step": name, "batch": batches, "deleted": n, "total": total})
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "{what}: batch {batches} deleted {n} (total {total}, {:.1}s)",
+                    started.elapsed().as_secs_f64()
+                )?;
+            }
+        }
+        if n < u64::from(batch) {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// `outbox prune`.
+pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneReport> {
+    let outbox_ttl = hours("--outbox-hours", args.outbox_hours)?;
+    let processed_ttl = hours("--processed-hours", args.processed_hours)?;
+    if !args.dead_letters_days.is_finite() || args.dead_letters_days < 0.0 {
+        bail!(
+            "--dead-letters-days must be 0 or more (got {})",
+            args.dead_letters_days
+        );
+    }
+    let dead_ttl = Duration::from_secs_f64(args.dead_letters_days * 86_400.0);
+    let pool: PgPool = connect(&args.db.database_url).await?;
+    let b = args.batch;
+    let j = args.json;
+    let p = &pool;
+    let mut r = PruneReport {
+        outbox: step(
+            out,
+            j,
+            "outbox",
+            &format!("dispatched outbox rows older than {}h", args.outbox_hours),
+            b,
+            || housekeeping::prune_outbox_batch(p, outbox_ttl, b, true),
+        )
+        .await?,
+        ..Default::default()
+    };
+    r.processed_messages = step(
+        out,
+        j,
+        "processed_messages",
+        &format!("consumer dedupe rows older than {}h", args.processed_hours),
+        b,
+        || housekeeping::prune_processed_batch(p, processed_ttl, b, true),
+    )
+    .await?;
+    r.consumer_sequences = step(
+        out,
+        j,
+        "consumer_sequences",
+        &format!("consumer sequence rows idle for {}h", args.processed_hours),
+        b,
+        || housekeeping::prune_consumer_sequences_batch(p, processed_ttl, b, true),
+    )
+    .await?;
+    r.dead_letters = step(
+        out,
+        j,
+        "dead_letters",
+        &format!(
+            "handled dead letters older than {}d",
+            args.dead_letters_days
+        ),
+        b,
+        || housekeeping::prune_dead_letters_batch(p, dead_ttl, b, true),
+    )
+    .await?;
+    r.dead_events = step(
+        out,
+        j,
+        "dead_events",
+        &format!(
+            "unreferenced dead outbox rows older than {}d",
+            args.dead_letters_days
+        ),
+        b,
+        || housekeeping::prune_dead_events_batch(p, dead_ttl, b, true),
+    )
+    .await?;
+    r.idle_keys = step(out, j, "idle_keys", "idle ordered keys", b, || {
+        housekeeping::release_idle_keys(p, b, true)
+    })
+    .await?;
+    if j {
+        writeln!(out, "{}", serde_json::json!({"totals": r}))?;
+    } else {
+        writeln!(
+            out,
+            "pruned: {} outbox rows, {} dedupe rows, {} consumer sequences, {} dead letters, {} dead outbox rows, \
+             {} idle keys released",
+            r.outbox,
+            r.processed_messages,
+            r.consumer_sequences,
+            r.dead_letters,
+            r.dead_events,
+            r.idle_keys
+        )?;
+        writeln!(
+            out,
+            "unhandled dead letters are never pruned: `outbox status` counts them; redrive or purge them"
+        )?;
+    }
+    Ok(r)
+}

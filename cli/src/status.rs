@@ -1,0 +1,236 @@
+//! `outbox status`: the seed article's three queries (backlog depth, oldest age and flapping rows; throughput per
+//! minute over the last hour; stuck leases), blocked ordered keys, heads awaiting delivery evidence, and
+//! dead-letter counts by topic and source — a table for people, `--json` for scripts. The figures come from
+//! `outbox::ops::status`.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::Args;
+use outbox::ops::{self, Status};
+
+use crate::util::{DbArgs, connect};
+
+/// Arguments of `outbox status`.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// One JSON object (every figure, lists included).
+    #[arg(long)]
+    pub json: bool,
+    /// Oldest pending age (seconds) above which the table warns that the relay may not be running.
+    #[arg(long, default_value_t = 300)]
+    pub warn_age_secs: u64,
+}
+
+/// `outbox status`.
+pub async fn run(args: StatusArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let pool = connect(&args.db.database_url).await?;
+    let status = ops::status(&pool)
+        .await
+        .context("reading the status figures (is the schema migrated? run `outbox migrate`)")?;
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string(&status)?)?;
+    } else {
+        write_table(&status, args.warn_age_secs as f64, out)?;
+    }
+    Ok(())
+}
+
+/// `1h 02m`, `3m 12s`, `4.2s`.
+pub fn age(secs: f64) -> String {
+    if secs < 60.0 {
+        return format!("{secs:.1}s");
+    }
+    let s = secs as u64;
+    if s < 3600 {
+        format!("{}m {:02}s", s / 60, s % 60)
+    } else if s < 86_400 {
+        format!("{}h {:02}m", s / 3600, (s % 3600) / 60)
+    } else {
+        format!("{}d {:02}h", s / 86_400, (s % 86_400) / 3600)
+    }
+}
+
+fn clip(s: &str, max: usize) -> String {
+    let flat: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.chars().count() <= max {
+        flat
+    } else {
+        let mut t: String = flat.chars().take(max.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+/// The table for people.
+pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::Result<()> {
+    let at = s.at;
+    writeln!(
+        out,
+        "outbox status at {} UTC",
+        at.format("%Y-%m-%d %H:%M:%S")
+    )?;
+
+    writeln!(out, "\nBacklog (events neither dispatched nor dead)")?;
+    writeln!(out, "  pending                {}", s.backlog.pending)?;
+    writeln!(
+        out,
+        "  oldest pending age     {}",
+        age(s.backlog.oldest_pending_age_secs)
+    )?;
+    writeln!(
+        out,
+        "  flapping (>{} attempts) {}",
+        ops::FLAPPING_ATTEMPTS,
+        s.backlog.flapping
+    )?;
+    for e in &s.backlog.flapping_rows {
+        writeln!(
+            out,
+            "    event #{} {}/{}  {} attempts, written {} ago  {}",
+            e.id,
+            e.topic,
+            clip(&e.partition_key, 40),
+            e.attempts,
+            age((at - e.created_at).as_seconds_f64()),
+            clip(e.last_error.as_deref().unwrap_or(""), 100)
+        )?;
+    }
+
+    writeln!(
+        out,
+        "\nThroughput (dispatched per minute, last hour; oldest first)"
+    )?;
+    writeln!(
+        out,
+        "  total {}   average {:.1}/min   this minute so far {}",
+        s.throughput.last_hour,
+        s.throughput.last_hour as f64 / 60.0,
+        s.throughput.per_minute.last().map_or(0, |m| m.dispatched)
+    )?;
+    for row in s.throughput.per_minute.chunks(10) {
+        let start = row.first().map(|m| m.minute.format("%H:%M").to_string());
+        let counts: Vec<String> = row.iter().map(|m| format!("{:>6}", m.dispatched)).collect();
+        writeln!(out, "  {}  {}", start.unwrap_or_default(), counts.join(""))?;
+    }
+
+    writeln!(
+        out,
+        "\nStuck leases (lease ended without a settle: a relay stopped mid-attempt)"
+    )?;
+    writeln!(out, "  count                  {}", s.stuck_leases.count)?;
+    for e in &s.stuck_leases.oldest {
+        writeln!(
+            out,
+            "    event #{} {}/{}  lease ended {} ago, {} attempts",
+            e.id,
+            e.topic,
+            clip(&e.partition_key, 40),
+            e.locked_until
+                .map(|t| age((at - t).as_seconds_f64()))
+                .unwrap_or_else(|| "?".into()),
+            e.attempts
+        )?;
+    }
+
+    writeln!(out, "\nOrdered keys")?;
+    writeln!(out, "  blocked by a dead head {}", s.blocked_keys.count)?;
+    for k in &s.blocked_keys.keys {
+        writeln!(
+            out,
+            "    {}/{}  since {} ago, by event #{}{}{}: {}",
+            k.topic,
+            clip(&k.partition_key, 40),
+            age((at - k.since).as_seconds_f64()),
+            k.blocking_event
+                .map(|i| i.to_string())
+                .unwrap_or_else(|| "?".into()),
+            k.dead_letter_id
+                .map(|d| format!(" (dead letter #{d})"))
+                .unwrap_or_default(),
+            k.waiting
+                .filter(|w| *w > 0)
+                .map(|w| format!(", {w} waiting behind it"))
+                .unwrap_or_default(),
+            clip(k.reason.as_deref().unwrap_or(""), 100)
+        )?;
+    }
+    writeln!(
+        out,
+        "  awaiting delivery evidence {} (oldest {})",
+        s.awaiting_evidence.count,
+        age(s.awaiting_evidence.oldest_secs)
+    )?;
+
+    writeln!(out, "\nDead letters")?;
+    if s.dead_letters.is_empty() {
+        writeln!(out, "  none")?;
+    } else {
+        writeln!(
+            out,
+            "  {:<24} {:<7} {:>10} {:>9} {:>9}  OLDEST UNRESOLVED",
+            "TOPIC", "SOURCE", "UNRESOLVED", "REDRIVEN", "RESOLVED"
+        )?;
+        for d in &s.dead_letters {
+            writeln!(
+                out,
+                "  {:<24} {:<7} {:>10} {:>9} {:>9}  {}",
+                clip(d.topic.as_deref().unwrap_or("(unknown)"), 24),
+                d.source,
+                d.unresolved,
+                d.redriven,
+                d.resolved,
+                d.oldest_unresolved
+                    .map(|t| format!("{} ago", age((at - t).as_seconds_f64())))
+                    .unwrap_or_else(|| "-".into())
+            )?;
+        }
+    }
+
+    let mut hints = Vec::new();
+    if s.backlog.oldest_pending_age_secs > warn_age {
+        hints.push(format!(
+            "the oldest pending event is {} old: is a relay running? (check the relay Lambda's schedule and logs, or \
+             run `outbox relay` locally)",
+            age(s.backlog.oldest_pending_age_secs)
+        ));
+    }
+    if s.stuck_leases.count > 0 {
+        hints.push(format!(
+            "{} lease(s) ended without a settle: a relay stopped mid-attempt. The next relay cycle claims them again; \
+             if they stay, no relay is running",
+            s.stuck_leases.count
+        ));
+    }
+    if s.backlog.flapping > 0 {
+        hints.push(
+            "flapping events keep failing to publish: their last error says why (QStash token, URL, quota?)"
+                .to_owned(),
+        );
+    }
+    if s.blocked_keys.count > 0 {
+        hints.push(
+            "a blocked key waits for an operator: fix the cause, then `outbox dead-letters redrive <dead letter id>` \
+             (the key then resumes in order)"
+                .to_owned(),
+        );
+    }
+    let unresolved = s.unresolved_dead_letters();
+    if unresolved > 0 {
+        hints.push(format!(
+            "{unresolved} unresolved dead letter(s): `outbox dead-letters list` to inspect, then redrive or purge"
+        ));
+    }
+    if !hints.is_empty() {
+        writeln!(out, "\nWhat to do next")?;
+        for h in hints {
+            writeln!(out, "  - {h}")?;
+        }
+    }
+    Ok(())
+}
