@@ -457,6 +457,8 @@ pub async fn handle_callback(state: &ReceiverState, req: Request) -> Response<Bo
         "callback",
         kind = Empty,
         outbox_id = Empty,
+        topic = Empty,
+        key = Empty,
         message_id = Empty,
         dlq_id = Empty,
         status = Empty,
@@ -598,6 +600,12 @@ async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CbOutcome 
     let f = failure_from_callback(req, raw);
     if let Some(id) = f.outbox_id {
         span.record("outbox_id", id);
+    }
+    if let Some(t) = &f.topic {
+        span.record("topic", t.as_str());
+    }
+    if let Some(k) = &f.partition_key {
+        span.record("key", k.as_str());
     }
     if let Some(m) = &f.source_message_id {
         span.record("message_id", m.as_str());

@@ -244,6 +244,7 @@ pub async fn handle_event(state: &ConsumerState, req: Request) -> Response<Body>
         seq = Empty,
         retried = Empty,
         correlation_id = Empty,
+        traceparent = Empty,
     );
     async move {
         let (outcome, meta) = process(state, &req).await;
@@ -385,6 +386,9 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
     }
     if let Some(c) = &meta.correlation_id {
         span.record("correlation_id", c.as_str());
+    }
+    if let Some(t) = &meta.traceparent {
+        span.record("traceparent", t.as_str());
     }
 
     // 4. Decode the typed payload (errors are permanent).
