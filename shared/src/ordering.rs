@@ -111,7 +111,10 @@ pub async fn record_delivery(
               AND (k.blocked_at IS NULL OR k.blocked_id = ev.id)
             RETURNING k.topic, k.partition_key, k.done_seq
         )
-        SELECT (SELECT count(*) FROM ev) AS found, a.topic, a.partition_key, a.done_seq
+        SELECT (SELECT count(*) FROM ev) AS found, a.topic, a.partition_key, a.done_seq,
+               EXISTS (SELECT 1 FROM outbox n
+                       WHERE n.topic = a.topic AND n.partition_key = a.partition_key AND n.seq = a.done_seq + 1)
+                   AS has_next
         FROM (SELECT 1) one LEFT JOIN advanced a ON true
         "#,
     )
@@ -125,9 +128,14 @@ pub async fn record_delivery(
     }
     let advanced: Option<String> = row.try_get("topic")?;
     if let Some(topic) = advanced {
-        let key: String = row.try_get("partition_key")?;
-        let done: i64 = row.try_get("done_seq")?;
-        release_idle_key(conn, &topic, &key, done, persistent).await?;
+        // Only a key with no visible next event can be idle: then try to release it (a second statement that a
+        // busy key never pays for).
+        let has_next: Option<bool> = row.try_get("has_next")?;
+        if has_next != Some(true) {
+            let key: String = row.try_get("partition_key")?;
+            let done: i64 = row.try_get("done_seq")?;
+            release_idle_key(conn, &topic, &key, done, persistent).await?;
+        }
         return Ok(DeliveryRecorded::Recorded { key_advanced: true });
     }
     Ok(DeliveryRecorded::Recorded {

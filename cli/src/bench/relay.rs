@@ -38,6 +38,18 @@ pub struct RelayBenchArgs {
     /// Skip the claim-latency-at-scale measurement (it seeds millions of rows).
     #[arg(long)]
     skip_scale: bool,
+    /// Skip the unordered measurement.
+    #[arg(long)]
+    skip_unordered: bool,
+    /// Skip the ordered measurement.
+    #[arg(long)]
+    skip_ordered: bool,
+    /// Ordered events per run.
+    #[arg(long, default_value_t = 50_000)]
+    ordered_events: u64,
+    /// Ordered keys the events are spread over.
+    #[arg(long, default_value_t = 1_000)]
+    ordered_keys: u64,
     /// Pending rows for the scale measurement.
     #[arg(long, default_value_t = 1_000_000)]
     scale_pending: u64,
@@ -173,52 +185,301 @@ async fn claim_latency_ms(pool: &PgPool, batch: u32, samples: usize) -> anyhow::
     Ok((median(&times), percentile(&times, 0.99)))
 }
 
+async fn seed_ordered(pool: &PgPool, keys: u64, per_key: u64) -> anyhow::Result<()> {
+    sqlx::query("TRUNCATE outbox, outbox_keys, outbox_sequences, dead_letters, processed_messages")
+        .execute(pool)
+        .await?;
+    sqlx::query(
+        "INSERT INTO outbox (topic, partition_key, seq, payload) \
+         SELECT 'bench_ordered', 'key-' || k, s, jsonb_build_object('k', k, 's', s, 'pad', repeat('x', 170)) \
+         FROM generate_series(1, $2::bigint) s, generate_series(1, $1::bigint) k ORDER BY s, k",
+    )
+    .bind(keys as i64)
+    .bind(per_key as i64)
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO outbox_sequences (topic, partition_key, last_seq) \
+         SELECT 'bench_ordered', 'key-' || k, $2::bigint FROM generate_series(1, $1::bigint) k",
+    )
+    .bind(keys as i64)
+    .bind(per_key as i64)
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO outbox_keys (topic, partition_key, done_seq) \
+         SELECT 'bench_ordered', 'key-' || k, 0 FROM generate_series(1, $1::bigint) k",
+    )
+    .bind(keys as i64)
+    .execute(pool)
+    .await?;
+    sqlx::query("VACUUM ANALYZE outbox").execute(pool).await?;
+    sqlx::query("VACUUM ANALYZE outbox_keys")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// The ordered SQL-only cycle: claim key heads, settle them dispatched, then record each one's delivery evidence
+/// with the same statement the callback receiver runs (one per event, 8 at a time, like concurrent callbacks).
+async fn sql_only_ordered(
+    url: &str,
+    batch: u32,
+    concurrency: u32,
+) -> anyhow::Result<(u64, Duration)> {
+    let mut cfg = DbConfig::defaults("bench-sql-only");
+    cfg.async_commit = true;
+    cfg.max_connections = concurrency + 8;
+    let pool = cfg
+        .pool(&secrecy::SecretString::from(url.to_owned()))
+        .context("pool")?;
+    let claims = ClaimStatements::new(batch, true);
+    let started = Instant::now();
+    let workers = (0..concurrency).map(|_| {
+        let pool = pool.clone();
+        let claims = claims.clone();
+        async move {
+            let mut done = 0u64;
+            let mut idle_rounds = 0;
+            loop {
+                let evs = {
+                    let mut conn = pool.acquire().await?;
+                    claims.claim_ordered(&mut conn, 30.0).await?
+                };
+                if evs.is_empty() {
+                    let busy: bool = sqlx::query_scalar(
+                        "SELECT EXISTS (SELECT 1 FROM outbox WHERE delivered_at IS NULL)",
+                    )
+                    .fetch_one(&pool)
+                    .await?;
+                    idle_rounds += 1;
+                    if !busy || idle_rounds > 2000 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                }
+                idle_rounds = 0;
+                let items: Vec<SettleItem> = evs
+                    .iter()
+                    .map(|e| SettleItem {
+                        id: e.id,
+                        lease_token: e.lease_token,
+                        settlement: Settlement::Dispatched {
+                            message_id: "sql-only".into(),
+                        },
+                    })
+                    .collect();
+                {
+                    let mut conn = pool.acquire().await?;
+                    settle(&mut conn, &items, Duration::from_secs(60), true).await?;
+                }
+                let ids: Vec<i64> = evs.iter().map(|e| e.id).collect();
+                let evidence = ids.chunks(ids.len().div_ceil(8).max(1)).map(|chunk| {
+                    let pool = pool.clone();
+                    let chunk = chunk.to_vec();
+                    async move {
+                        let mut conn = pool.acquire().await?;
+                        for id in chunk {
+                            outbox::ordering::record_delivery(&mut conn, id, true).await?;
+                        }
+                        Ok::<(), sqlx::Error>(())
+                    }
+                });
+                for r in futures::future::join_all(evidence).await {
+                    r?;
+                }
+                done += evs.len() as u64;
+            }
+            Ok::<u64, sqlx::Error>(done)
+        }
+    });
+    let results = futures::future::join_all(workers).await;
+    let elapsed = started.elapsed();
+    let mut total = 0;
+    for r in results {
+        total += r?;
+    }
+    pool.close().await;
+    Ok((total, elapsed))
+}
+
+/// A consumer stand-in answering 200 at once, and the real callback receiver (signature checked) behind the
+/// function-URL adapter, recording delivery evidence in `pool`'s database.
+async fn ordered_endpoints(
+    db_url: &str,
+) -> anyhow::Result<(String, String, tokio::sync::watch::Sender<bool>)> {
+    use outbox::config::{ConsumerConfig, Vars};
+    use outbox::consumer::ReceiverState;
+    use outbox::receiver::{KeyRing, SigningKeys};
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let sink = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let sink_url = format!("http://{}", sink.local_addr()?);
+    let app = axum::Router::new().fallback(|| async { "{}" });
+    let mut rx1 = rx.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(sink, app)
+            .with_graceful_shutdown(async move {
+                let _ = rx1.wait_for(|s| *s).await;
+            })
+            .await;
+    });
+    let cb = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let cb_url = format!("http://{}", cb.local_addr()?);
+    let mut cfg = ConsumerConfig::from_vars(&Vars::new(&std::collections::HashMap::<
+        String,
+        String,
+    >::new()))?;
+    cfg.public_base_url = Some(cb_url.clone());
+    let mut db = DbConfig::defaults("bench-callbacks");
+    db.async_commit = true;
+    db.max_connections = 16;
+    let pool = db.pool(&secrecy::SecretString::from(db_url.to_owned()))?;
+    let state = std::sync::Arc::new(
+        ReceiverState::new(
+            cfg,
+            pool,
+            KeyRing::fixed(SigningKeys::new(
+                qstash_dev::DEV_CURRENT_SIGNING_KEY,
+                Some(qstash_dev::DEV_NEXT_SIGNING_KEY.to_owned()),
+            )),
+        )
+        .with_metrics(false),
+    );
+    let mut rx2 = rx.clone();
+    tokio::spawn(outbox::local::serve(
+        cb,
+        move |req| {
+            let s = state.clone();
+            async move { outbox::callbacks::handle_callback(&s, req).await }
+        },
+        async move {
+            let _ = rx2.wait_for(|s| *s).await;
+        },
+    ));
+    Ok((sink_url, cb_url, tx))
+}
+
 pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
     println!(
         "relay benchmark: {} events x {} runs, batch {}, concurrency {}",
         args.events, args.runs, args.batch, args.concurrency
     );
-    let db = ScratchDb::create(&args.db.database_url, "outbox_bench_relay").await?;
-    let dev = DevServerProcess::start(&["--deliver", "false"]).await?;
-
     let mut base_sync = Vec::new();
     let mut base_async = Vec::new();
     let mut relay = Vec::new();
     let mut rss = Vec::new();
-    for run in 1..=args.runs {
-        let mut best = 0f64;
-        for c in [2, args.concurrency] {
+    if !args.skip_unordered {
+        let db = ScratchDb::create(&args.db.database_url, "outbox_bench_relay").await?;
+        let dev = DevServerProcess::start(&["--deliver", "false"]).await?;
+
+        for run in 1..=args.runs {
+            let mut best = 0f64;
+            for c in [2, args.concurrency] {
+                seed_unordered(&db.pool, args.events).await?;
+                let (n, t) = sql_only(&db.url, args.batch, c, true).await?;
+                best = best.max(n as f64 / t.as_secs_f64());
+            }
+            base_async.push(best);
             seed_unordered(&db.pool, args.events).await?;
-            let (n, t) = sql_only(&db.url, args.batch, c, true).await?;
-            best = best.max(n as f64 / t.as_secs_f64());
-        }
-        base_async.push(best);
-        seed_unordered(&db.pool, args.events).await?;
-        let (n2, t2) = sql_only(&db.url, args.batch, args.concurrency, false).await?;
-        base_sync.push(n2 as f64 / t2.as_secs_f64());
-        seed_unordered(&db.pool, args.events).await?;
-        let out = relay_child(&db.url, &dev.url, &args, &[]).await?;
-        let dispatched = out["summary"]["dispatched"].as_u64().unwrap_or(0);
-        if dispatched != args.events {
-            bail!(
-                "relay dispatched {dispatched} of {} events: {out}",
-                args.events
+            let (n2, t2) = sql_only(&db.url, args.batch, args.concurrency, false).await?;
+            base_sync.push(n2 as f64 / t2.as_secs_f64());
+            seed_unordered(&db.pool, args.events).await?;
+            let out = relay_child(&db.url, &dev.url, &args, &[]).await?;
+            let dispatched = out["summary"]["dispatched"].as_u64().unwrap_or(0);
+            if dispatched != args.events {
+                bail!(
+                    "relay dispatched {dispatched} of {} events: {out}",
+                    args.events
+                );
+            }
+            let secs = out["elapsed_secs"].as_f64().unwrap_or(f64::NAN);
+            relay.push(args.events as f64 / secs);
+            rss.push(out["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0);
+            println!(
+                "run {run}: sql-only {:>8.0}/s (async commit) {:>8.0}/s (sync commit) | relay {:>8.0}/s, publish p50 {:.1} ms, peak RSS {:.1} MB",
+                base_async[run - 1],
+                base_sync[run - 1],
+                relay[run - 1],
+                out["summary"]["publish_p50_ms"].as_f64().unwrap_or(0.0),
+                rss[run - 1]
             );
         }
-        let secs = out["elapsed_secs"].as_f64().unwrap_or(f64::NAN);
-        relay.push(args.events as f64 / secs);
-        rss.push(out["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0);
-        println!(
-            "run {run}: sql-only {:>8.0}/s (async commit) {:>8.0}/s (sync commit) | relay {:>8.0}/s, publish p50 {:.1} ms, peak RSS {:.1} MB",
-            base_async[run - 1],
-            base_sync[run - 1],
-            relay[run - 1],
-            out["summary"]["publish_p50_ms"].as_f64().unwrap_or(0.0),
-            rss[run - 1]
-        );
+        dev.stop().await;
+        db.drop_now().await?;
     }
-    dev.stop().await;
-    db.drop_now().await?;
+
+    let mut ordered = json!(null);
+    if !args.skip_ordered {
+        let per_key = (args.ordered_events / args.ordered_keys).max(1);
+        let n = per_key * args.ordered_keys;
+        let db = ScratchDb::create(&args.db.database_url, "outbox_bench_ordered").await?;
+        let dev = DevServerProcess::start(&["--deliver", "true"]).await?;
+        let (sink_url, callback_url, stop) = ordered_endpoints(&db.url).await?;
+        let mut base = Vec::new();
+        let mut rates = Vec::new();
+        for run in 1..=args.runs {
+            seed_ordered(&db.pool, args.ordered_keys, per_key).await?;
+            let (m, t) = sql_only_ordered(&db.url, args.batch, args.concurrency).await?;
+            if m != n {
+                bail!("SQL-only ordered cycle finished {m} of {n} events");
+            }
+            base.push(n as f64 / t.as_secs_f64());
+            seed_ordered(&db.pool, args.ordered_keys, per_key).await?;
+            let out = relay_child(
+                &db.url,
+                &dev.url,
+                &args,
+                &[
+                    ("CONSUMER_URL", sink_url.clone()),
+                    ("CALLBACK_URL", callback_url.clone()),
+                    ("QSTASH_RETRIES", "3".into()),
+                ],
+            )
+            .await?;
+            let delivered: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM outbox WHERE delivered_at IS NOT NULL")
+                    .fetch_one(&db.pool)
+                    .await?;
+            if delivered as u64 != n {
+                bail!("only {delivered} of {n} ordered events have delivery evidence: {out}");
+            }
+            let secs = out["elapsed_secs"].as_f64().unwrap_or(f64::NAN);
+            rates.push(n as f64 / secs);
+            // Where a key's time goes: accepted by QStash → delivery evidence, and evidence → the next event of the
+            // key accepted (relay pickup + publish).
+            let (to_evidence, to_next): (f64, f64) = sqlx::query_as(
+                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM o.delivered_at - o.dispatched_at) * 1000)::float8, \
+                        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM n.dispatched_at - o.delivered_at) * 1000)::float8 \
+                 FROM outbox o JOIN outbox n ON n.topic = o.topic AND n.partition_key = o.partition_key AND n.seq = o.seq + 1",
+            )
+            .fetch_one(&db.pool)
+            .await?;
+            println!(
+                "  per key, median: accepted → evidence {to_evidence:.1} ms, evidence → next accepted {to_next:.1} ms"
+            );
+            println!(
+                "ordered run {run}: {n} events over {} keys: sql-only {:>7.0}/s | relay {:>7.0}/s (publish, delivery, signed callback, evidence)",
+                args.ordered_keys,
+                base[run - 1],
+                rates[run - 1]
+            );
+        }
+        let _ = stop.send(true);
+        dev.stop().await;
+        db.drop_now().await?;
+        println!(
+            "ordered: relay {:.0} events/s over {} keys (median), SQL-only ordered cycle {:.0}/s",
+            median(&rates),
+            args.ordered_keys,
+            median(&base)
+        );
+        ordered = json!({
+            "events": n, "keys": args.ordered_keys,
+            "relay_events_per_sec": rates, "relay_median": median(&rates),
+            "sql_only": base, "sql_only_median": median(&base),
+        });
+    }
 
     let mut scale = json!(null);
     if !args.skip_scale {
@@ -293,6 +554,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
                 "sql_only_sync_commit": base_sync, "sql_only_sync_median": bs,
                 "relay_vs_sql_only": r / b,
             },
+            "ordered": ordered,
             "relay_peak_rss_mb": rss,
             "claim_latency_at_scale": scale,
         })

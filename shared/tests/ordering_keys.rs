@@ -1,0 +1,95 @@
+//! The life of an ordered key's relay state: created by the first producer, advanced by delivery evidence,
+//! released when idle (never while a producer holds the key), re-created by a later producer after the last
+//! finished event, and claimed head by head.
+
+use outbox::ordering::{DeliveryRecorded, record_delivery};
+use outbox::producer::{NewEvent, Topic, enqueue};
+use outbox::relay::claim::ClaimStatements;
+use serde_json::json;
+use sqlx::PgPool;
+
+const T: Topic = Topic::ordered("orders");
+
+async fn key_row(pool: &PgPool) -> Option<(i64, Option<i64>)> {
+    sqlx::query_as("SELECT done_seq, inflight_id FROM outbox_keys WHERE topic = 'orders' AND partition_key = 'k'")
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+async fn put(pool: &PgPool, n: i32) -> i64 {
+    let mut conn = pool.acquire().await.unwrap();
+    enqueue(&mut conn, NewEvent::new(&T, "k", &json!({"n": n})).unwrap())
+        .await
+        .unwrap()
+        .id
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn keys_advance_release_and_come_back(pool: PgPool) {
+    let claims = ClaimStatements::new(10, true);
+    let a = put(&pool, 1).await;
+    let b = put(&pool, 2).await;
+    assert_eq!(key_row(&pool).await, Some((0, None)));
+
+    let mut conn = pool.acquire().await.unwrap();
+    let heads = claims.claim_ordered(&mut conn, 30.0).await.unwrap();
+    assert_eq!(
+        heads.iter().map(|e| e.id).collect::<Vec<_>>(),
+        vec![a],
+        "only the head is claimed"
+    );
+    // Evidence for the head advances the key; a successor exists, so the key stays.
+    assert_eq!(
+        record_delivery(&mut conn, a, true).await.unwrap(),
+        DeliveryRecorded::Recorded { key_advanced: true }
+    );
+    assert_eq!(key_row(&pool).await, Some((1, None)));
+    // Repeated evidence changes nothing.
+    assert_eq!(
+        record_delivery(&mut conn, a, true).await.unwrap(),
+        DeliveryRecorded::Recorded {
+            key_advanced: false
+        }
+    );
+    assert_eq!(key_row(&pool).await, Some((1, None)));
+    assert_eq!(
+        record_delivery(&mut conn, 999_999, true).await.unwrap(),
+        DeliveryRecorded::UnknownEvent
+    );
+
+    let heads = claims.claim_ordered(&mut conn, 30.0).await.unwrap();
+    assert_eq!(heads.iter().map(|e| e.id).collect::<Vec<_>>(), vec![b]);
+
+    // A producer is about to add event 3 (holds the key's sequence lock): the last evidence must not release the
+    // key, or event 3 would have no relay state.
+    let mut producer = pool.begin().await.unwrap();
+    let c = enqueue(
+        &mut producer,
+        NewEvent::new(&T, "k", &json!({"n": 3})).unwrap(),
+    )
+    .await
+    .unwrap();
+    record_delivery(&mut conn, b, true).await.unwrap();
+    assert_eq!(
+        key_row(&pool).await,
+        Some((2, None)),
+        "released while a producer held the key"
+    );
+    producer.commit().await.unwrap();
+    let heads = claims.claim_ordered(&mut conn, 30.0).await.unwrap();
+    assert_eq!(heads.iter().map(|e| e.id).collect::<Vec<_>>(), vec![c.id]);
+
+    // The last event delivered with no producer around: the key is released.
+    record_delivery(&mut conn, c.id, true).await.unwrap();
+    assert_eq!(key_row(&pool).await, None, "an idle key is released");
+
+    // A later producer brings it back, starting after the last finished event.
+    let d = put(&pool, 4).await;
+    assert_eq!(key_row(&pool).await, Some((3, None)));
+    let heads = claims.claim_ordered(&mut conn, 30.0).await.unwrap();
+    assert_eq!(
+        heads.iter().map(|e| (e.id, e.seq)).collect::<Vec<_>>(),
+        vec![(d, Some(4))]
+    );
+}
