@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p outbox --example consumer_bench
 //! cargo run --release -p outbox --example consumer_bench -- --secs 5 --runs 5 --concurrency 16 --pool 8
+//! cargo run --release -p outbox --example consumer_bench -- --no-ping   # no liveness ping on pool acquire
 //! ```
 //!
 //! Each message is a distinct event (its own outbox id), signed beforehand like QStash would (signing is not
@@ -58,6 +59,7 @@ struct Args {
     runs: usize,
     concurrency: usize,
     pool: u32,
+    ping: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -66,9 +68,14 @@ fn args() -> Result<Args, String> {
         runs: 5,
         concurrency: 16,
         pool: 8,
+        ping: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--no-ping" {
+            a.ping = false;
+            continue;
+        }
         let v = it.next().ok_or(format!("{flag} needs a value"))?;
         let bad = |e: &dyn std::fmt::Display| format!("{flag} {v}: {e}");
         match flag.as_str() {
@@ -153,8 +160,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn run(a: &Args, opts: PgConnectOptions) -> Result<(), Box<dyn std::error::Error>> {
+    // Like the Lambda pool (`DbConfig::pool`): a liveness ping on every acquire (one extra round trip per
+    // message) unless --no-ping.
     let pool = PgPoolOptions::new()
         .max_connections(a.pool)
+        .test_before_acquire(a.ping)
         .connect_with(opts)
         .await?;
     outbox::MIGRATOR.run(&pool).await?;
@@ -179,11 +189,12 @@ async fn run(a: &Args, opts: PgConnectOptions) -> Result<(), Box<dyn std::error:
     // Enough pre-signed messages for 10 000 msgs/s per run.
     let per_run = (a.secs * 10_000.0).ceil() as usize;
     println!(
-        "consumer bench: {} run(s) of {} s, {} concurrent callers, pool {} connections, {} CPU(s)",
+        "consumer bench: {} run(s) of {} s, {} concurrent callers, pool {} connections (ping on acquire: {}), {} CPU(s)",
         a.runs,
         a.secs,
         a.concurrency,
         a.pool,
+        a.ping,
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)
@@ -257,6 +268,7 @@ async fn run(a: &Args, opts: PgConnectOptions) -> Result<(), Box<dyn std::error:
             "secs_per_run": a.secs,
             "concurrency": a.concurrency,
             "pool": a.pool,
+            "ping_on_acquire": a.ping,
             "msgs_per_sec_median": median.round(),
             "msgs_per_sec_min": rates[0].round(),
             "msgs_per_sec_max": rates[rates.len() - 1].round(),
