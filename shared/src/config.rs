@@ -398,7 +398,8 @@ pub struct RelayConfig {
     /// `RELAY_EVIDENCE_TIMEOUT_SECS`: an ordered head accepted by QStash without delivery evidence for this
     /// long is published again. Default: QStash's whole retry horizon for `QSTASH_RETRIES`, plus an hour.
     pub evidence_timeout: Duration,
-    /// `OUTBOX_RETENTION_HOURS` (default 24): dispatched rows are deleted after this.
+    /// `OUTBOX_RETENTION_HOURS`: dispatched rows are deleted after this. Default: QStash's retry horizon for
+    /// `QSTASH_RETRIES` plus a day (≈ 55 h for 5 retries), so a late failure callback still finds its event.
     pub retention: Duration,
     /// `PROCESSED_TTL_HOURS` (default 168 = 7 days): consumer dedupe rows are pruned after this.
     pub processed_ttl: Duration,
@@ -452,7 +453,10 @@ impl RelayConfig {
                 "RELAY_EVIDENCE_TIMEOUT_SECS",
                 qstash_retry_horizon(qstash_retries) + Duration::from_secs(3600),
             )?,
-            retention: hours("OUTBOX_RETENTION_HOURS", 24.0)?,
+            retention: hours(
+                "OUTBOX_RETENTION_HOURS",
+                (qstash_retry_horizon(qstash_retries).as_secs_f64() / 3600.0 + 24.0).ceil(),
+            )?,
             processed_ttl: hours("PROCESSED_TTL_HOURS", 168.0)?,
             housekeeping_batch: v.ranged_or("RELAY_HOUSEKEEPING_BATCH", 1000, 1, 100_000)?,
             listen_notify: v.bool_or("RELAY_LISTEN_NOTIFY", false)?,

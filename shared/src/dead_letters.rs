@@ -104,6 +104,12 @@ pub async fn record_qstash_failure(
     persistent: bool,
 ) -> Result<FailureRecorded, sqlx::Error> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    // The callback function's pool commits asynchronously (delivery evidence may be lost safely); a dead letter
+    // may not: QStash will not call again once it got a 2xx.
+    sqlx::query("SET LOCAL synchronous_commit = on")
+        .persistent(persistent)
+        .execute(&mut *tx)
+        .await?;
     let body_json: Option<Value> = failure
         .source_body
         .as_deref()

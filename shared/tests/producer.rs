@@ -16,7 +16,7 @@ const ORDERS: Topic = Topic::ordered("orders");
 const AUDIT: Topic = Topic::unordered("audit");
 
 async fn business_table(pool: &PgPool) {
-    sqlx::query("CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL)")
+    sqlx::query("CREATE TABLE business_orders (id bigserial PRIMARY KEY, customer text NOT NULL)")
         .execute(pool)
         .await
         .unwrap();
@@ -31,7 +31,7 @@ async fn business_row_and_event_commit_or_roll_back_together(pool: PgPool) {
     business_table(&pool).await;
 
     let mut tx = pool.begin().await.unwrap();
-    sqlx::query("INSERT INTO orders (customer) VALUES ('c-1')")
+    sqlx::query("INSERT INTO business_orders (customer) VALUES ('c-1')")
         .execute(&mut *tx)
         .await
         .unwrap();
@@ -42,7 +42,10 @@ async fn business_row_and_event_commit_or_roll_back_together(pool: PgPool) {
     .await
     .unwrap();
     tx.rollback().await.unwrap();
-    assert_eq!(count(&pool, "SELECT count(*) FROM orders").await, 0);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM business_orders").await,
+        0
+    );
     assert_eq!(
         count(&pool, "SELECT count(*) FROM outbox").await,
         0,
@@ -55,7 +58,7 @@ async fn business_row_and_event_commit_or_roll_back_together(pool: PgPool) {
     );
 
     let mut tx = pool.begin().await.unwrap();
-    sqlx::query("INSERT INTO orders (customer) VALUES ('c-1')")
+    sqlx::query("INSERT INTO business_orders (customer) VALUES ('c-1')")
         .execute(&mut *tx)
         .await
         .unwrap();
@@ -70,7 +73,10 @@ async fn business_row_and_event_commit_or_roll_back_together(pool: PgPool) {
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    assert_eq!(count(&pool, "SELECT count(*) FROM orders").await, 1);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM business_orders").await,
+        1
+    );
     assert_eq!(
         ev.seq,
         Some(1),
@@ -111,11 +117,11 @@ async fn per_key_sequence_follows_commit_order(pool: PgPool) {
     // Reverse order: T1 inserts its business row first, T2 second; T2 enqueues and commits first.
     let mut t1 = pool.begin().await.unwrap();
     let mut t2 = pool.begin().await.unwrap();
-    sqlx::query("INSERT INTO orders (customer) VALUES ('first-insert')")
+    sqlx::query("INSERT INTO business_orders (customer) VALUES ('first-insert')")
         .execute(&mut *t1)
         .await
         .unwrap();
-    sqlx::query("INSERT INTO orders (customer) VALUES ('second-insert')")
+    sqlx::query("INSERT INTO business_orders (customer) VALUES ('second-insert')")
         .execute(&mut *t2)
         .await
         .unwrap();
@@ -186,7 +192,7 @@ async fn per_key_sequence_follows_commit_order(pool: PgPool) {
                 (r.random_range(0..40u64), r.random_range(15..50u64))
             };
             let mut tx = pool.begin().await.unwrap();
-            sqlx::query("INSERT INTO orders (customer) VALUES ($1)")
+            sqlx::query("INSERT INTO business_orders (customer) VALUES ($1)")
                 .bind(format!("p{i}"))
                 .execute(&mut *tx)
                 .await

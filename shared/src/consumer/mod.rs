@@ -72,7 +72,13 @@ impl ReceiverState {
         let env: Arc<dyn EnvSource> = Arc::new(ProcessEnv);
         let vars = Vars::new(env.as_ref());
         let config = ConsumerConfig::from_vars(&vars)?;
-        let db = DbConfig::from_vars(&vars, application_name)?;
+        let mut db = DbConfig::from_vars(&vars, application_name)?;
+        if application_name == "failure-callback" && vars.raw("DB_ASYNC_COMMIT").is_none() {
+            // Delivery evidence is safe to lose (the relay republishes after its evidence timeout and the
+            // consumer deduplicates), so the callback function commits asynchronously by default; its dead-letter
+            // writes switch synchronous commit back on (see `dead_letters::record_qstash_failure`).
+            db.async_commit = true;
+        }
         let source = SecretSource::from_env(Arc::clone(&env)).await;
         let secrets = source.load(&RECEIVER_SECRETS).await?;
         let pool = db.pool(secrets.get(SecretField::DatabaseUrl)?)?;
