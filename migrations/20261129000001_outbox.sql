@@ -22,7 +22,7 @@ CREATE TABLE outbox (
     CONSTRAINT outbox_topic_not_empty CHECK (topic <> ''),
     CONSTRAINT outbox_key_not_empty   CHECK (partition_key <> ''),
     CONSTRAINT outbox_seq_positive    CHECK (seq IS NULL OR seq > 0)
-);
+) WITH (fillfactor = 85);  -- room on each page for updates that touch no indexed column (HOT)
 
 -- The unordered claim path. A lease is taken by pushing available_at past the lease end, so one index serves
 -- "due", "not leased" and "backoff" at once and rows in flight sort to the end. Covers only rows the relay can

@@ -27,7 +27,9 @@ use crate::config::DeadHeadPolicy;
 /// literal spliced in once at start: with a `LIMIT $n` parameter Postgres may switch to a generic plan that
 /// ignores the limit (the seed article's `claim_outbox` function ran ~3.5× slower for that reason).
 ///
-/// A head that is delayed pushes its key to the head's time. Keys without a visible head (a producer is still
+/// The head row itself only gets its attempt, token and `locked_until` (no indexed column), so with the table's
+/// fill factor the update can stay on its page without touching any index (a HOT update); the key row carries
+/// the lease that matters. A head that is delayed pushes its key to the head's time. Keys without a visible head (a producer is still
 /// open, or the key went idle) are pushed back by a second so they cannot fill every claim; idle ones are
 /// deleted by [`release_idle_key`] and housekeeping.
 pub const CLAIM_HEADS_SQL: &str = r#"
@@ -55,8 +57,7 @@ keys AS (
 UPDATE outbox o
 SET attempts = o.attempts + 1,
     lease_token = k.lease_token,
-    locked_until = now() + make_interval(secs => $1),
-    available_at = now() + make_interval(secs => $1)
+    locked_until = now() + make_interval(secs => $1)
 FROM keys k
 WHERE k.lease_token = (SELECT t FROM tok)
   AND o.topic = k.topic AND o.partition_key = k.partition_key AND o.seq = k.done_seq + 1
