@@ -67,6 +67,14 @@ fn clip(s: &str, max: usize) -> String {
     }
 }
 
+fn shown(total: i64, listed: usize) -> String {
+    if total > listed as i64 {
+        format!("  (the first {listed} listed)")
+    } else {
+        String::new()
+    }
+}
+
 /// The table for people.
 pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::Result<()> {
     let at = s.at;
@@ -85,9 +93,10 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
     )?;
     writeln!(
         out,
-        "  flapping (>{} attempts) {}",
+        "  flapping (>{} attempts) {}{}",
         ops::FLAPPING_ATTEMPTS,
-        s.backlog.flapping
+        s.backlog.flapping,
+        shown(s.backlog.flapping, s.backlog.flapping_rows.len())
     )?;
     for e in &s.backlog.flapping_rows {
         writeln!(
@@ -123,7 +132,12 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
         out,
         "\nStuck leases (lease ended without a settle: a relay stopped mid-attempt)"
     )?;
-    writeln!(out, "  count                  {}", s.stuck_leases.count)?;
+    writeln!(
+        out,
+        "  count                  {}{}",
+        s.stuck_leases.count,
+        shown(s.stuck_leases.count, s.stuck_leases.oldest.len())
+    )?;
     for e in &s.stuck_leases.oldest {
         writeln!(
             out,
@@ -139,7 +153,12 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
     }
 
     writeln!(out, "\nOrdered keys")?;
-    writeln!(out, "  blocked by a dead head {}", s.blocked_keys.count)?;
+    writeln!(
+        out,
+        "  blocked by a dead head {}{}",
+        s.blocked_keys.count,
+        shown(s.blocked_keys.count, s.blocked_keys.keys.len())
+    )?;
     for k in &s.blocked_keys.keys {
         writeln!(
             out,
