@@ -1,0 +1,45 @@
+//! The CLI's help never shows a secret from the environment (clap prints `[env: NAME=value]` unless told not to),
+//! and documents what a redrive of a middle event does.
+
+use std::process::Command;
+
+#[test]
+fn help_hides_the_database_url_from_the_environment() {
+    let secret = "hunter2-help-3f9a";
+    let bin = env!("CARGO_BIN_EXE_outbox");
+    for args in [
+        &["--help"][..],
+        &["dev", "--help"],
+        &["migrate", "--help"],
+        &["status", "--help"],
+        &["prune", "--help"],
+        &["dead-letters", "list", "--help"],
+        &["dead-letters", "show", "--help"],
+        &["dead-letters", "redrive", "--help"],
+        &["dlq", "purge", "--help"],
+    ] {
+        let o = Command::new(bin)
+            .args(args)
+            .env(
+                "DATABASE_URL",
+                format!("postgres://u:{secret}@db.example/x"),
+            )
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}");
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            !text.contains(secret),
+            "{args:?} shows the password:\n{text}"
+        );
+    }
+    let o = Command::new(bin)
+        .args(["dlq", "redrive", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("--out-of-order") && text.contains("AFTER later events"),
+        "{text}"
+    );
+}
