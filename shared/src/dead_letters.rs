@@ -5,6 +5,11 @@
 //! Two sources write here: the relay (retry budget exhausted, or a permanent publish error; written inside the
 //! relay's settle statement) and QStash (it gave up delivering and called the failure callback; written by
 //! [`record_qstash_failure`]). Both are idempotent on `(source, natural_id)`.
+//!
+//! The operator side (`outbox dead-letters …`): [`list`] (filters, paging by id cursor), [`get`] and
+//! [`event_state`] (show), [`redrive`] / [`redrive_matching`] (back through the outbox with the same id and a fresh
+//! QStash dedup id; ordered heads unblock their key, middle events only with [`RedriveOptions::out_of_order`] —
+//! decision record 0060) and [`purge`] (never touches the outbox; keeps dead letters of blocking heads — 0061).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

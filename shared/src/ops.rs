@@ -4,7 +4,8 @@
 //!
 //! Every query runs on an index that covers only live rows (`outbox_pending_created_idx`, the BRIN on
 //! `dispatched_at`, the small `outbox_keys` table), and every list has a `LIMIT`: the command stays cheap on a
-//! table with millions of rows of history. Alarm on the oldest pending age, not on depth: 10,000 pending that
+//! table with millions of rows of history. The dead-letter counts group the whole `dead_letters` table, which
+//! `outbox prune --dead-letters-days` keeps small (handled dead letters go; unhandled ones need an operator). Alarm on the oldest pending age, not on depth: 10,000 pending that
 //! drain in ten seconds is healthy; 3 pending that are twenty minutes old means no relay is running.
 
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
