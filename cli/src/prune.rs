@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use outbox::config::{ProcessEnv, RelayConfig, Vars};
 use outbox::relay::housekeeping;
 use serde::Serialize;
 use sqlx::PgPool;
@@ -22,13 +23,15 @@ pub struct PruneArgs {
     #[command(flatten)]
     pub db: DbArgs,
     /// Delete dispatched outbox rows older than this many hours (delivered ones, for ordered topics). Dead rows
-    /// are never deleted here (see --dead-letters-days).
-    #[arg(long, env = "OUTBOX_RETENTION_HOURS", default_value_t = 24.0)]
-    pub outbox_hours: f64,
+    /// are never deleted here (see --dead-letters-days). Default: what the relay uses — OUTBOX_RETENTION_HOURS,
+    /// else QStash's retry horizon for QSTASH_RETRIES (default 5) plus a day, about 55 h.
+    #[arg(long)]
+    pub outbox_hours: Option<f64>,
     /// Delete consumer dedupe rows (`processed_messages`) and consumer sequence rows older than this many hours.
     /// Keep it longer than any redelivery or redrive can come: a younger duplicate would be applied twice.
-    #[arg(long, env = "PROCESSED_TTL_HOURS", default_value_t = 168.0)]
-    pub processed_hours: f64,
+    /// Default: PROCESSED_TTL_HOURS, else 168 (what the relay uses).
+    #[arg(long)]
+    pub processed_hours: Option<f64>,
     /// Delete dead letters older than this many days that are handled (redriven, or resolved = delivered after
     /// all), and dead outbox rows dead for longer than this that no unhandled dead letter refers to (their dead
     /// letter was purged or handled) and that block no ordered key. Unhandled dead letters are never pruned.
@@ -112,8 +115,21 @@ where
 
 /// `outbox prune`.
 pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneReport> {
-    let outbox_ttl = hours("--outbox-hours", args.outbox_hours)?;
-    let processed_ttl = hours("--processed-hours", args.processed_hours)?;
+    // The relay's own settings (same variables, same defaults) unless the flags say otherwise.
+    let env = ProcessEnv;
+    let vars = Vars::new(&env);
+    let relay = RelayConfig::from_vars(&vars, vars.ranged_or("QSTASH_RETRIES", 5, 0, 100)?)
+        .context(
+            "reading the relay's retention settings (OUTBOX_RETENTION_HOURS, PROCESSED_TTL_HOURS)",
+        )?;
+    let outbox_hours = args
+        .outbox_hours
+        .unwrap_or(relay.retention.as_secs_f64() / 3600.0);
+    let processed_hours = args
+        .processed_hours
+        .unwrap_or(relay.processed_ttl.as_secs_f64() / 3600.0);
+    let outbox_ttl = hours("--outbox-hours", outbox_hours)?;
+    let processed_ttl = hours("--processed-hours", processed_hours)?;
     if !args.dead_letters_days.is_finite() || args.dead_letters_days < 0.0 {
         bail!(
             "--dead-letters-days must be 0 or more (got {})",
@@ -130,7 +146,7 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
             out,
             j,
             "outbox",
-            &format!("dispatched outbox rows older than {}h", args.outbox_hours),
+            &format!("dispatched outbox rows older than {outbox_hours}h"),
             b,
             || housekeeping::prune_outbox_batch(p, outbox_ttl, b, true),
         )
@@ -141,7 +157,7 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
         out,
         j,
         "processed_messages",
-        &format!("consumer dedupe rows older than {}h", args.processed_hours),
+        &format!("consumer dedupe rows older than {processed_hours}h"),
         b,
         || housekeeping::prune_processed_batch(p, processed_ttl, b, true),
     )
@@ -150,7 +166,7 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
         out,
         j,
         "consumer_sequences",
-        &format!("consumer sequence rows idle for {}h", args.processed_hours),
+        &format!("consumer sequence rows idle for {processed_hours}h"),
         b,
         || housekeeping::prune_consumer_sequences_batch(p, processed_ttl, b, true),
     )

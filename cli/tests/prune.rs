@@ -196,8 +196,8 @@ async fn prune_removes_only_what_is_past_retention(pool: PgPool) {
             db: DbArgs {
                 database_url: url_of(&pool),
             },
-            outbox_hours: 24.0,
-            processed_hours: 168.0,
+            outbox_hours: Some(24.0),
+            processed_hours: Some(168.0),
             dead_letters_days: 30.0,
             batch: 2,
             json: false,
@@ -273,8 +273,8 @@ async fn prune_removes_only_what_is_past_retention(pool: PgPool) {
             db: DbArgs {
                 database_url: url_of(&pool),
             },
-            outbox_hours: 24.0,
-            processed_hours: 168.0,
+            outbox_hours: Some(24.0),
+            processed_hours: Some(168.0),
             dead_letters_days: 30.0,
             batch: 1000,
             json: true,
@@ -296,8 +296,8 @@ async fn prune_refuses_nonsense_retention(pool: PgPool) {
             db: DbArgs {
                 database_url: url_of(&pool),
             },
-            outbox_hours: 0.0,
-            processed_hours: 168.0,
+            outbox_hours: Some(0.0),
+            processed_hours: Some(168.0),
             dead_letters_days: 30.0,
             batch: 10,
             json: false,
