@@ -41,6 +41,7 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<()> {
                 "elapsed_secs": elapsed.as_secs_f64(),
                 "summary": summary,
                 "peak_rss_kib": crate::util::peak_rss_kib(),
+                "cpu_secs": crate::util::cpu_secs(std::process::id()),
             })
         );
         return Ok(());

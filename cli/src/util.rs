@@ -75,3 +75,14 @@ pub fn percentile(v: &[f64], p: f64) -> f64 {
     let i = ((s.len() - 1) as f64 * p).round() as usize;
     s[i]
 }
+
+/// CPU seconds (user + system) a process has used so far, from `/proc/<pid>/stat`.
+pub fn cpu_secs(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which is in parentheses and may contain spaces).
+    let rest = s.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0) // USER_HZ is 100 on Linux
+}

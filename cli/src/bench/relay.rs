@@ -426,6 +426,8 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             }
             base.push(n as f64 / t.as_secs_f64());
             seed_ordered(&db.pool, args.ordered_keys, per_key).await?;
+            let dev_cpu0 = dev.cpu_secs().unwrap_or(0.0);
+            let own_cpu0 = crate::util::cpu_secs(std::process::id()).unwrap_or(0.0);
             let out = relay_child(
                 &db.url,
                 &dev.url,
@@ -457,6 +459,13 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             .await?;
             println!(
                 "  per key, median: accepted → evidence {to_evidence:.1} ms, evidence → next accepted {to_next:.1} ms"
+            );
+            let per_event_us = |cpu: f64| cpu * 1e6 / n as f64;
+            println!(
+                "  CPU per event: relay {:.0} µs, dev server {:.0} µs, callback receiver + consumer stand-in {:.0} µs (Postgres not counted)",
+                per_event_us(out["cpu_secs"].as_f64().unwrap_or(0.0)),
+                per_event_us(dev.cpu_secs().unwrap_or(0.0) - dev_cpu0),
+                per_event_us(crate::util::cpu_secs(std::process::id()).unwrap_or(0.0) - own_cpu0),
             );
             println!(
                 "ordered run {run}: {n} events over {} keys: sql-only {:>7.0}/s | relay {:>7.0}/s (publish, delivery, signed callback, evidence)",

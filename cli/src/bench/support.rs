@@ -123,6 +123,11 @@ impl DevServerProcess {
         })
     }
 
+    /// CPU seconds the dev server has used so far.
+    pub fn cpu_secs(&self) -> Option<f64> {
+        self.child.id().and_then(crate::util::cpu_secs)
+    }
+
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
