@@ -1,3 +1,4 @@
 //! Whole-system test harness: helpers shared by the tests in `tests/`.
 
 pub mod db;
+pub mod sam;

@@ -42,6 +42,7 @@ pub struct RelayState {
     persistent: bool,
     margin: Duration,
     emit_metrics: bool,
+    emulator_budget: Duration,
 }
 
 impl RelayState {
@@ -72,8 +73,11 @@ impl RelayState {
         let function_name = vars
             .raw("AWS_LAMBDA_FUNCTION_NAME")
             .unwrap_or_else(|| "relay".into());
+        let emulator_budget =
+            vars.duration_or("RELAY_EMULATOR_TIMEOUT_SECS", DEFAULT_EMULATOR_BUDGET)?;
         Ok(RelayState {
             emit_metrics: true,
+            emulator_budget,
             margin: relay_cfg.deadline_margin,
             relay: Relay::new(pool, client, relay_cfg, qstash, db.persistent_statements),
             function_name,
@@ -94,6 +98,7 @@ impl RelayState {
             function_name: function_name.to_owned(),
             persistent,
             emit_metrics: true,
+            emulator_budget: DEFAULT_EMULATOR_BUDGET,
         }
     }
 
@@ -136,6 +141,24 @@ fn trigger_of(payload: &Value) -> String {
         .unwrap_or_else(|| "schedule-input".into())
 }
 
+/// The invocation budget assumed when the runtime sends no usable deadline (`RELAY_EMULATOR_TIMEOUT_SECS`).
+pub const DEFAULT_EMULATOR_BUDGET: Duration = Duration::from_secs(30);
+
+/// The deadline (epoch ms) to drain to: the context's, unless it lies more than a day in the past, which no real
+/// Lambda invocation can see but `cargo lambda watch` always sends (a fixed `Lambda-Runtime-Deadline-Ms: 600000`,
+/// i.e. 1970); then `now + emulator_budget`, so local runs drain instead of stopping at once.
+pub fn effective_deadline_ms(
+    context_deadline_ms: u64,
+    now_ms: u64,
+    emulator_budget: Duration,
+) -> u64 {
+    if context_deadline_ms.saturating_add(86_400_000) < now_ms {
+        now_ms.saturating_add(emulator_budget.as_millis() as u64)
+    } else {
+        context_deadline_ms
+    }
+}
+
 /// Converts the Lambda context's deadline (epoch ms) into an `Instant`, minus the margin.
 pub fn deadline_from(context_deadline_ms: u64, margin: Duration) -> Instant {
     let deadline = SystemTime::UNIX_EPOCH + Duration::from_millis(context_deadline_ms);
@@ -153,7 +176,19 @@ pub async fn handle(
 ) -> Result<InvocationSummary, RelayError> {
     let started = Instant::now();
     let (payload, context) = event.into_parts();
-    let deadline = deadline_from(context.deadline, state.margin);
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let deadline_ms = effective_deadline_ms(context.deadline, now_ms, state.emulator_budget);
+    if deadline_ms != context.deadline {
+        tracing::warn!(
+            context_deadline_ms = context.deadline,
+            budget_secs = state.emulator_budget.as_secs_f64(),
+            "the runtime sent no usable deadline (a local emulator): draining for RELAY_EMULATOR_TIMEOUT_SECS"
+        );
+    }
+    let deadline = deadline_from(deadline_ms, state.margin);
     let relay = &state.relay;
     let cfg = relay.config();
     let retention = Retention {
@@ -260,8 +295,28 @@ mod tests {
             left > Duration::from_millis(6500) && left <= Duration::from_secs(7),
             "{left:?}"
         );
-        // A deadline in the past leaves no time at all.
+        // A deadline in the past leaves no time at all...
         let d = deadline_from(now_ms.saturating_sub(5000), Duration::from_secs(3));
         assert!(d <= Instant::now());
+    }
+
+    #[test]
+    fn emulator_deadlines_get_the_budget() {
+        let now_ms = 1_795_945_596_306;
+        let budget = Duration::from_secs(30);
+        // cargo lambda watch sends a fixed 600000 (1970): replaced by now + budget.
+        assert_eq!(
+            effective_deadline_ms(600_000, now_ms, budget),
+            now_ms + 30_000
+        );
+        // Real deadlines, even slightly past ones, are kept.
+        assert_eq!(
+            effective_deadline_ms(now_ms + 75_000, now_ms, budget),
+            now_ms + 75_000
+        );
+        assert_eq!(
+            effective_deadline_ms(now_ms - 5_000, now_ms, budget),
+            now_ms - 5_000
+        );
     }
 }

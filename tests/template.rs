@@ -1,0 +1,596 @@
+//! `template.yaml`: cfn-lint accepts it (and the CloudFormation the SAM transform generates from it), and the
+//! generated stack is what the design promises: three arm64 `provided.al2023` functions built with cargo-lambda,
+//! least-privilege roles, a once-a-minute schedule with a fixed input and no retries, public function URLs for
+//! the two receivers only, log groups with retention, alarms on the metrics the code emits, and parameter defaults
+//! that equal the code's defaults. Needs `./.venv` (`scripts/test-deps`); no network, no AWS account.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use outbox::config::{ConsumerConfig, QstashConfig, RelayConfig, Vars};
+use outbox::db::DbConfig;
+use outbox::relay::handler::{InvocationSummary, emf};
+use outbox::secrets::{SECRET_ID_VAR, SecretField};
+use outbox_system::sam::{
+    FunctionDimension, outbox_alarm_metrics, repo_root, translate, translated_template, venv_tool,
+};
+use serde_json::{Value, json};
+
+/// The three functions: logical id, binary (= cargo-lambda function name), source directory.
+const FUNCTIONS: [(&str, &str, &str); 3] = [
+    ("RelayFunction", "relay", "functions/relay"),
+    ("ConsumerFunction", "consumer", "functions/consumer"),
+    (
+        "FailureCallbackFunction",
+        "failure-callback",
+        "functions/failure-callback",
+    ),
+];
+
+fn resources(cfn: &Value) -> &serde_json::Map<String, Value> {
+    cfn["Resources"].as_object().expect("Resources")
+}
+
+fn of_type<'a>(cfn: &'a Value, ty: &str) -> Vec<(&'a String, &'a Value)> {
+    resources(cfn)
+        .iter()
+        .filter(|(_, r)| r["Type"] == ty)
+        .collect()
+}
+
+fn param_default(cfn: &Value, name: &str) -> Value {
+    cfn["Parameters"][name]["Default"].clone()
+}
+
+/// A scratch directory outside the workspace.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("outbox-template-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn cfn_lint(path: &Path) -> (bool, String) {
+    let out = Command::new(venv_tool("cfn-lint"))
+        .arg(path)
+        .current_dir(repo_root())
+        .output()
+        .expect("cannot run cfn-lint");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn cfn_lint_accepts_the_template_and_the_generated_cloudformation() {
+    let (ok, text) = cfn_lint(Path::new("template.yaml"));
+    assert!(ok, "cfn-lint template.yaml reported problems:\n{text}");
+
+    // cfn-lint 1.5x checks SAM resources against SAM's schema without running the transform; the generated
+    // CloudFormation is linted as well (it catches what only exists after the transform).
+    let generated = scratch("lint").join("template.cfn.json");
+    std::fs::write(&generated, translated_template().to_string()).unwrap();
+    let (ok, text) = cfn_lint(&generated);
+    assert!(
+        ok,
+        "cfn-lint on the transformed template reported problems:\n{text}"
+    );
+}
+
+#[test]
+fn the_checks_catch_a_broken_template() {
+    let original = std::fs::read_to_string(repo_root().join("template.yaml")).unwrap();
+    let dir = scratch("broken");
+
+    // The transform refuses an invalid function URL auth type (cfn-lint alone does not).
+    let bad_auth = original.replace("AuthType: NONE", "AuthType: PUBLIC");
+    assert_ne!(bad_auth, original);
+    let path = dir.join("bad-auth.yaml");
+    std::fs::write(&path, bad_auth).unwrap();
+    let err = translate(&path).expect_err("the transform accepted AuthType: PUBLIC");
+    assert!(err.contains("AuthType"), "{err}");
+
+    // cfn-lint refuses a mistyped property.
+    let bad_prop = original.replace(
+        "Timeout: !Ref RelayTimeoutSeconds",
+        "Timeoutt: !Ref RelayTimeoutSeconds",
+    );
+    assert_ne!(bad_prop, original);
+    let path = dir.join("bad-prop.yaml");
+    std::fs::write(&path, bad_prop).unwrap();
+    let (ok, text) = cfn_lint(&path);
+    assert!(!ok && text.contains("Timeoutt"), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn three_arm64_functions_built_by_cargo_lambda() {
+    let cfn = translated_template();
+    let functions = of_type(&cfn, "AWS::Lambda::Function");
+    assert_eq!(functions.len(), 3, "{functions:?}");
+    for (id, bin, dir) in FUNCTIONS {
+        let f = &cfn["Resources"][id];
+        assert_eq!(f["Type"], "AWS::Lambda::Function", "{id}");
+        let p = &f["Properties"];
+        assert_eq!(p["Runtime"], "provided.al2023", "{id}");
+        assert_eq!(p["Architectures"], json!(["arm64"]), "{id}");
+        assert_eq!(p["Handler"], "bootstrap", "{id}");
+        assert_eq!(f["Metadata"]["BuildMethod"], "rust-cargolambda", "{id}");
+        assert_eq!(f["Metadata"]["BuildProperties"]["Binary"], bin, "{id}");
+        // The binary exists under that name in that package.
+        let manifest = std::fs::read_to_string(repo_root().join(dir).join("Cargo.toml")).unwrap();
+        assert!(
+            manifest.contains(&format!("name = \"{bin}\"")),
+            "{dir}/Cargo.toml has no bin {bin}"
+        );
+        // Its own log group, JSON logs, never filtered above INFO (EMF lines carry no level: Lambda files them
+        // as INFO, so a WARN filter would silence the alarms).
+        let log = &p["LoggingConfig"];
+        assert_eq!(log["LogFormat"], "JSON", "{id}");
+        assert_eq!(
+            log["ApplicationLogLevel"],
+            json!({"Ref": "LogLevel"}),
+            "{id}"
+        );
+        let group = log["LogGroup"]["Ref"].as_str().expect("LogGroup ref");
+        assert_eq!(
+            cfn["Resources"][group]["Properties"]["RetentionInDays"],
+            json!({"Ref": "LogRetentionDays"}),
+            "{id}"
+        );
+    }
+    let levels = &cfn["Parameters"]["LogLevel"]["AllowedValues"];
+    for level in ["WARN", "ERROR", "FATAL"] {
+        assert!(
+            !levels.as_array().unwrap().contains(&json!(level)),
+            "{levels}"
+        );
+    }
+    let original = std::fs::read_to_string(repo_root().join("template.yaml")).unwrap();
+    for (_, _, dir) in FUNCTIONS {
+        assert!(
+            original.contains(&format!("CodeUri: ./{dir}\n")),
+            "CodeUri of {dir}"
+        );
+    }
+}
+
+/// Every permission a role grants, as (role, action, resource, condition-free).
+fn statements(cfn: &Value) -> Vec<(String, String, Value)> {
+    let mut out = Vec::new();
+    for (id, role) in of_type(cfn, "AWS::IAM::Role") {
+        for policy in role["Properties"]["Policies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let mut stmts: Vec<&Value> = Vec::new();
+            for s in policy["PolicyDocument"]["Statement"].as_array().unwrap() {
+                // `!If [HasKmsKey, {statement}, !Ref AWS::NoValue]`
+                match s.get("Fn::If") {
+                    Some(branches) => stmts.push(&branches[1]),
+                    None => stmts.push(s),
+                }
+            }
+            for s in stmts {
+                assert_eq!(s["Effect"], "Allow", "{id}: {s}");
+                let actions: Vec<String> = match &s["Action"] {
+                    Value::String(a) => vec![a.clone()],
+                    Value::Array(a) => a.iter().map(|a| a.as_str().unwrap().to_owned()).collect(),
+                    other => panic!("{id}: action {other}"),
+                };
+                for a in actions {
+                    out.push((id.clone(), a, s["Resource"].clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn roles_are_least_privilege() {
+    let cfn = translated_template();
+    let secret =
+        json!({"Fn::If": ["CreateSecret", {"Ref": "OutboxSecret"}, {"Ref": "ExistingSecretArn"}]});
+    let all = statements(&cfn);
+    assert!(!all.is_empty());
+    for (role, action, resource) in &all {
+        assert!(
+            !action.contains('*'),
+            "{role} grants a wildcard action {action}"
+        );
+        assert_ne!(
+            resource,
+            &json!("*"),
+            "{role} grants {action} on every resource"
+        );
+        match action.as_str() {
+            "secretsmanager:GetSecretValue" => assert_eq!(resource, &secret, "{role}"),
+            "kms:Decrypt" => assert_eq!(resource, &json!({"Ref": "SecretKmsKeyArn"}), "{role}"),
+            "logs:CreateLogStream" | "logs:PutLogEvents" => {
+                assert!(
+                    resource["Fn::GetAtt"][0]
+                        .as_str()
+                        .unwrap()
+                        .ends_with("LogGroup"),
+                    "{role}"
+                )
+            }
+            // The scheduler's role may start the relay, nothing else.
+            "lambda:InvokeFunction" => {
+                assert_eq!(
+                    resource,
+                    &json!({"Fn::GetAtt": ["RelayFunction", "Arn"]}),
+                    "{role}"
+                )
+            }
+            other => panic!("{role} grants {other}, which no function needs"),
+        }
+    }
+    // Each function has its own role, which reads the one secret and writes its own log group only.
+    let mut roles = BTreeSet::new();
+    for (id, _, _) in FUNCTIONS {
+        let p = &cfn["Resources"][id]["Properties"];
+        let role = p["Role"]["Fn::GetAtt"][0]
+            .as_str()
+            .expect("explicit role")
+            .to_owned();
+        let own_group = p["LoggingConfig"]["LogGroup"]["Ref"].as_str().unwrap();
+        let mine: Vec<_> = all.iter().filter(|(r, _, _)| *r == role).collect();
+        assert_eq!(
+            mine.iter()
+                .filter(|(_, a, _)| a == "secretsmanager:GetSecretValue")
+                .count(),
+            1,
+            "{role}"
+        );
+        for (_, a, res) in &mine {
+            if a.starts_with("logs:") {
+                assert_eq!(res, &json!({"Fn::GetAtt": [own_group, "Arn"]}), "{role}");
+            }
+        }
+        // Managed policies: only VPC networking, and only when subnets are given.
+        let managed = &cfn["Resources"][&role]["Properties"]["ManagedPolicyArns"];
+        for m in managed.as_array().into_iter().flatten() {
+            assert_eq!(m["Fn::If"][0], "HasVpc", "{role}: {m}");
+            assert!(
+                m["Fn::If"][1]["Fn::Sub"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with("AWSLambdaVPCAccessExecutionRole"),
+                "{role}: {m}"
+            );
+        }
+        assert!(roles.insert(role), "{id} shares its role");
+    }
+}
+
+#[test]
+fn the_secret_holds_exactly_the_fields_the_functions_read() {
+    let cfn = translated_template();
+    let secret = &cfn["Resources"]["OutboxSecret"];
+    assert_eq!(secret["Type"], "AWS::SecretsManager::Secret");
+    assert_eq!(secret["Condition"], "CreateSecret");
+    let fields: Value =
+        serde_json::from_str(secret["Properties"]["SecretString"].as_str().unwrap()).unwrap();
+    let names: BTreeSet<&str> = fields
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let expected: BTreeSet<&str> = SecretField::ALL.iter().map(|f| f.name()).collect();
+    assert_eq!(names, expected);
+    for (id, _, _) in FUNCTIONS {
+        assert_eq!(
+            cfn["Resources"][id]["Properties"]["Environment"]["Variables"][SECRET_ID_VAR],
+            json!({"Fn::If": ["CreateSecret", {"Ref": "OutboxSecret"}, {"Ref": "ExistingSecretArn"}]}),
+            "{id}"
+        );
+    }
+}
+
+#[test]
+fn the_relay_runs_every_minute_with_a_fixed_input_and_no_retries() {
+    let cfn = translated_template();
+    let schedules = of_type(&cfn, "AWS::Scheduler::Schedule");
+    assert_eq!(schedules.len(), 1);
+    let p = &schedules[0].1["Properties"];
+    assert_eq!(p["ScheduleExpression"], json!({"Ref": "RelaySchedule"}));
+    assert_eq!(param_default(&cfn, "RelaySchedule"), "rate(1 minute)");
+    assert_eq!(p["FlexibleTimeWindow"]["Mode"], "OFF");
+    assert_eq!(
+        p["Target"]["Arn"],
+        json!({"Fn::GetAtt": ["RelayFunction", "Arn"]})
+    );
+    assert_eq!(p["Target"]["RetryPolicy"]["MaximumRetryAttempts"], 0);
+    let input: Value = serde_json::from_str(p["Target"]["Input"].as_str().unwrap()).unwrap();
+    assert_eq!(input, json!({"trigger": "schedule"}));
+    // The fixture of that payload is the file the tests and `cargo lambda invoke` use.
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("events/schedule-v2-input.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(input, fixture);
+
+    let invoke = of_type(&cfn, "AWS::Lambda::EventInvokeConfig");
+    assert_eq!(invoke.len(), 1);
+    assert_eq!(invoke[0].1["Properties"]["MaximumRetryAttempts"], 0);
+
+    // The relay claims while more than a lease is left before its deadline minus the margin: the defaults keep
+    // it draining for most of each minute.
+    let n = |name: &str| param_default(&cfn, name).as_f64().unwrap();
+    let draining =
+        n("RelayTimeoutSeconds") - n("RelayDeadlineMarginMs") / 1000.0 - n("RelayLeaseSecs");
+    assert!((45.0..=60.0).contains(&draining), "{draining}");
+    assert_eq!(
+        cfn["Resources"]["RelayFunction"]["Properties"]["Timeout"],
+        json!({"Ref": "RelayTimeoutSeconds"})
+    );
+}
+
+#[test]
+fn only_the_receivers_have_public_urls_and_the_relay_knows_them() {
+    let cfn = translated_template();
+    let urls = of_type(&cfn, "AWS::Lambda::Url");
+    let targets: BTreeSet<String> = urls
+        .iter()
+        .map(|(_, u)| {
+            assert_eq!(u["Properties"]["AuthType"], "NONE");
+            u["Properties"]["TargetFunctionArn"]["Ref"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        targets,
+        BTreeSet::from([
+            "ConsumerFunction".to_owned(),
+            "FailureCallbackFunction".to_owned()
+        ])
+    );
+    // Public function URLs need both permissions.
+    for f in ["ConsumerFunction", "FailureCallbackFunction"] {
+        for suffix in ["UrlPublicPermissions", "URLInvokeAllowPublicAccess"] {
+            assert_eq!(
+                cfn["Resources"][format!("{f}{suffix}")]["Type"],
+                "AWS::Lambda::Permission",
+                "{f}{suffix}"
+            );
+        }
+    }
+    let env = |id: &str| cfn["Resources"][id]["Properties"]["Environment"]["Variables"].clone();
+    let relay = env("RelayFunction");
+    assert_eq!(
+        relay["CONSUMER_URL"]["Fn::If"][2],
+        json!({"Fn::GetAtt": ["ConsumerFunctionUrl", "FunctionUrl"]})
+    );
+    assert_eq!(
+        relay["CALLBACK_URL"]["Fn::If"][2],
+        json!({"Fn::GetAtt": ["FailureCallbackFunctionUrl", "FunctionUrl"]})
+    );
+    // A receiver never references its own URL (that would be a circular dependency): it verifies against the
+    // request's host, or PUBLIC_BASE_URL.
+    for id in ["ConsumerFunction", "FailureCallbackFunction"] {
+        let text = env(id).to_string();
+        assert!(!text.contains("FunctionUrl"), "{id}: {text}");
+    }
+}
+
+#[test]
+fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
+    let cfn = translated_template();
+    // A complete, valid base environment: the configs parse the same as in a deployment.
+    let base: HashMap<String, String> = [
+        ("CONSUMER_URL", "https://consumer.example"),
+        ("CALLBACK_URL", "https://callback.example"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let snapshot = |env: &HashMap<String, String>| -> String {
+        let v = Vars::new(env);
+        let q = QstashConfig::from_vars(&v).expect("qstash config");
+        let r = RelayConfig::from_vars(&v, q.retries).expect("relay config");
+        let c = ConsumerConfig::from_vars(&v).expect("consumer config");
+        let d = DbConfig::from_vars(&v, "t").expect("db config");
+        format!("{q:?}\n{r:?}\n{c:?}\n{d:?}")
+    };
+    let reference = snapshot(&base);
+    let mut checked = BTreeMap::new();
+    for (id, _, _) in FUNCTIONS {
+        let vars = cfn["Resources"][id]["Properties"]["Environment"]["Variables"]
+            .as_object()
+            .unwrap();
+        for (name, value) in vars {
+            if name == SECRET_ID_VAR {
+                continue; // read by outbox::secrets (checked above)
+            }
+            // The template's default gives the code's default...
+            let default = match value.get("Ref").and_then(Value::as_str) {
+                Some(param) => match param_default(&cfn, param) {
+                    Value::String(s) => Some(s),
+                    Value::Number(n) => Some(n.to_string()),
+                    other => panic!("{param} default {other}"),
+                },
+                None => None, // an !If of URLs
+            };
+            if let Some(d) = &default {
+                let mut env = base.clone();
+                env.insert(name.clone(), d.clone());
+                assert_eq!(
+                    snapshot(&env),
+                    reference,
+                    "{id}: {name}={d:?} (the template's default) differs from the code's default"
+                );
+            }
+            // ... and another value changes something, so the code reads the variable (no typo).
+            let other = match default.as_deref() {
+                Some("true") => "false".to_owned(),
+                Some("false") => "true".to_owned(),
+                Some(d) if d.parse::<u64>().is_ok() => (d.parse::<u64>().unwrap() + 1).to_string(),
+                _ if name.ends_with("_URL") => "https://changed.example".to_owned(),
+                Some("")
+                    if cfn["Parameters"][value["Ref"].as_str().unwrap()]["AllowedPattern"]
+                        .as_str()
+                        .is_some_and(|p| p.contains("[0-9]")) =>
+                {
+                    "7".to_owned()
+                }
+                _ => "changed".to_owned(),
+            };
+            let mut env = base.clone();
+            env.insert(name.clone(), other.clone());
+            assert_ne!(
+                snapshot(&env),
+                reference,
+                "{id}: {name}={other:?} changes no configuration: is the variable name right?"
+            );
+            checked.insert(name.clone(), id);
+        }
+    }
+    // Every tunable reaches at least one function.
+    for must in [
+        "QSTASH_URL",
+        "CONSUMER_URL",
+        "CALLBACK_URL",
+        "RELAY_BATCH_SIZE",
+        "RELAY_LEASE_SECS",
+        "RELAY_MAX_ATTEMPTS",
+        "QSTASH_RETRIES",
+        "PUBLIC_BASE_URL",
+        "DB_MAX_CONNECTIONS",
+        "SECRET_REFRESH_INTERVAL_SECS",
+    ] {
+        assert!(
+            checked.contains_key(must),
+            "{must} is not set on any function"
+        );
+    }
+}
+
+#[test]
+fn alarms_read_metrics_the_code_emits_and_notify_one_topic() {
+    let cfn = translated_template();
+    let alarms = of_type(&cfn, "AWS::CloudWatch::Alarm");
+    for (id, a) in &alarms {
+        assert_eq!(
+            a["Properties"]["AlarmActions"],
+            json!([{"Ref": "AlarmTopic"}]),
+            "{id}"
+        );
+    }
+    let metrics = outbox_alarm_metrics(&cfn);
+    let find = |metric: &str| {
+        metrics
+            .iter()
+            .find(|m| m.metric == metric)
+            .unwrap_or_else(|| panic!("no alarm on {metric}"))
+    };
+    let relay = FunctionDimension::FunctionRef("RelayFunction".into());
+    for m in ["OldestPendingAge", "DeadLettered", "BlockedKeys"] {
+        assert_eq!(find(m).function, relay, "{m}");
+    }
+    assert_eq!(
+        find("DeadLettersRecorded").function,
+        FunctionDimension::Literal("failure-callback".into())
+    );
+
+    // The relay's metrics are the ones its EMF line carries (the receivers' are checked from their real output
+    // in tests/lambda_runtime.rs).
+    let summary = InvocationSummary {
+        request_id: "r".into(),
+        trigger: "t".into(),
+        drain: Default::default(),
+        housekeeping: Default::default(),
+        backlog: Default::default(),
+        duration_ms: 0,
+    };
+    let line: Value = serde_json::from_str(&emf("relay", &summary).to_json()).unwrap();
+    let emitted: BTreeSet<&str> = line["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["Name"].as_str().unwrap())
+        .collect();
+    assert_eq!(line["_aws"]["CloudWatchMetrics"][0]["Namespace"], "Outbox");
+    for m in metrics.iter().filter(|m| m.function == relay) {
+        assert!(
+            emitted.contains(m.metric.as_str()),
+            "{} reads {}, which the relay does not emit",
+            m.alarm,
+            m.metric
+        );
+    }
+
+    // Oldest pending age: a relay that stops reporting is the failure this alarm exists for.
+    let age = &cfn["Resources"][&find("OldestPendingAge").alarm]["Properties"];
+    assert_eq!(age["Statistic"], "Maximum");
+    assert_eq!(age["TreatMissingData"], "breaching");
+    // Dead letters: any arrival, no data = none arrived.
+    for m in ["DeadLettered", "DeadLettersRecorded"] {
+        let p = &cfn["Resources"][&find(m).alarm]["Properties"];
+        assert_eq!(p["Statistic"], "Sum", "{m}");
+        assert_eq!(
+            p["ComparisonOperator"], "GreaterThanOrEqualToThreshold",
+            "{m}"
+        );
+        assert_eq!(p["Threshold"], json!({"Ref": "DeadLetterThreshold"}), "{m}");
+        assert_eq!(p["TreatMissingData"], "notBreaching", "{m}");
+    }
+    assert_eq!(param_default(&cfn, "DeadLetterThreshold"), 1);
+    // Lambda errors of each function.
+    for (id, _, _) in FUNCTIONS {
+        assert!(
+            alarms.iter().any(|(_, a)| {
+                let p = &a["Properties"];
+                p["Namespace"] == "AWS/Lambda"
+                    && p["MetricName"] == "Errors"
+                    && p["Dimensions"][0]["Value"] == json!({"Ref": id})
+            }),
+            "no Errors alarm for {id}"
+        );
+    }
+    // Optional e-mail subscription.
+    assert_eq!(
+        cfn["Resources"]["AlarmEmailSubscription"]["Condition"],
+        "HasAlarmEmail"
+    );
+}
+
+#[test]
+fn outputs_give_the_urls_for_qstash() {
+    let cfn = translated_template();
+    let outputs = cfn["Outputs"].as_object().unwrap();
+    for o in [
+        "ConsumerUrl",
+        "FailureCallbackUrl",
+        "EventsDestination",
+        "FailureCallbackEndpoint",
+        "DeliveryCallbackEndpoint",
+        "SecretArn",
+        "AlarmTopicArn",
+    ] {
+        assert!(outputs.contains_key(o), "missing output {o}");
+    }
+    let text = cfn["Outputs"]["FailureCallbackEndpoint"].to_string();
+    assert!(
+        text.contains(outbox::contract::FAILURE_PATH.trim_start_matches('/')),
+        "{text}"
+    );
+    let text = cfn["Outputs"]["DeliveryCallbackEndpoint"].to_string();
+    assert!(
+        text.contains(outbox::contract::DELIVERED_PATH.trim_start_matches('/')),
+        "{text}"
+    );
+    let text = cfn["Outputs"]["EventsDestination"].to_string();
+    assert!(
+        text.contains(outbox::contract::EVENTS_PATH.trim_matches('/')),
+        "{text}"
+    );
+}
