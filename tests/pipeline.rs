@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use outbox::config::EvidenceMode;
 use outbox_cli::demo::place_order;
 use outbox_cli::stack::{LocalStack, StackOptions};
 use outbox_system::db::url_of;
@@ -14,7 +15,19 @@ use sqlx::PgPool;
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn every_guarantee_holds_end_to_end_under_faults(pool: PgPool) {
+    run_scenario(pool, EvidenceMode::Callback).await;
+}
+
+/// The same with ordered delivery evidence recorded by the consumer in its own transaction
+/// (`RELAY_ORDERED_EVIDENCE=consumer`): no delivery callbacks at all, same guarantees.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn every_guarantee_holds_with_evidence_recorded_by_the_consumer(pool: PgPool) {
+    run_scenario(pool, EvidenceMode::Consumer).await;
+}
+
+async fn run_scenario(pool: PgPool, mode: EvidenceMode) {
     let mut opts = StackOptions::new(&url_of(&pool)).unwrap();
+    opts.relay.ordered_evidence = mode;
     opts.dev.time_scale = 0.005;
     opts.dev.seed = 42;
     opts.dev.waitlist_order = WaitlistOrder::Shuffled;
@@ -169,6 +182,20 @@ async fn every_guarantee_holds_end_to_end_under_faults(pool: PgPool) {
         if a.status.is_some_and(|s| (200..300).contains(&s)) && seq == *upto + 1 {
             *upto = seq;
         }
+    }
+    let callbacks = stack
+        .dev
+        .handle()
+        .attempts()
+        .iter()
+        .filter(|a| a.kind == AttemptKind::Callback)
+        .count();
+    match mode {
+        EvidenceMode::Callback => assert!(callbacks > 0, "ordered events carry delivery callbacks"),
+        EvidenceMode::Consumer => assert_eq!(
+            callbacks, 0,
+            "the consumer records the evidence: no callbacks"
+        ),
     }
     stack.stop().await;
 }

@@ -372,6 +372,16 @@ pub enum DeadHeadPolicy {
     Skip,
 }
 
+/// Where the delivery evidence of an ordered event comes from (decision record 0007).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvidenceMode {
+    /// QStash's delivery callback (`Upstash-Callback`) to the callback function: works with any consumer.
+    Callback,
+    /// The consumer records it in the transaction that applies the event: needs the consumer to share the
+    /// outbox's database; saves one QStash message and one callback invocation per event.
+    Consumer,
+}
+
 /// Relay settings.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
@@ -407,6 +417,8 @@ pub struct RelayConfig {
     pub housekeeping_batch: u32,
     /// `RELAY_LISTEN_NOTIFY` (default false): wake on `NOTIFY outbox_new` instead of waiting a full poll.
     pub listen_notify: bool,
+    /// `RELAY_ORDERED_EVIDENCE` (`callback`, the default, or `consumer`).
+    pub ordered_evidence: EvidenceMode,
 }
 
 /// QStash's default retry delays (seconds before the n-th retry): `min(86400, e^(2.5·n))`.
@@ -460,6 +472,21 @@ impl RelayConfig {
             processed_ttl: hours("PROCESSED_TTL_HOURS", 168.0)?,
             housekeeping_batch: v.ranged_or("RELAY_HOUSEKEEPING_BATCH", 1000, 1, 100_000)?,
             listen_notify: v.bool_or("RELAY_LISTEN_NOTIFY", false)?,
+            ordered_evidence: match v
+                .raw("RELAY_ORDERED_EVIDENCE")
+                .map(|m| m.trim().to_ascii_lowercase())
+            {
+                None => EvidenceMode::Callback,
+                Some(m) if m == "callback" => EvidenceMode::Callback,
+                Some(m) if m == "consumer" => EvidenceMode::Consumer,
+                Some(m) => {
+                    return Err(ConfigError::InvalidVar {
+                        name: "RELAY_ORDERED_EVIDENCE",
+                        value: m,
+                        reason: "expected callback or consumer".into(),
+                    });
+                }
+            },
         })
     }
 

@@ -18,6 +18,12 @@ pub const CORRELATION_ID: &str = "x-correlation-id";
 /// Payload schema version.
 pub const SCHEMA_VERSION: &str = "x-schema-version";
 
+/// Set to `consumer` when the relay asks the consumer to record the delivery evidence of an ordered event in
+/// its own transaction (`RELAY_ORDERED_EVIDENCE=consumer`, decision record 0007) instead of QStash's callback.
+pub const OUTBOX_EVIDENCE: &str = "x-outbox-evidence";
+/// The value of [`OUTBOX_EVIDENCE`].
+pub const EVIDENCE_BY_CONSUMER: &str = "consumer";
+
 /// Path (under `CALLBACK_URL`) of QStash failure callbacks.
 pub const FAILURE_PATH: &str = "/failure";
 /// Path (under `CALLBACK_URL`) of QStash delivery callbacks (ordered topics).

@@ -39,6 +39,7 @@ fn relay_config() -> RelayConfig {
         processed_ttl: Duration::from_secs(7 * 86_400),
         housekeeping_batch: 1000,
         listen_notify: false,
+        ordered_evidence: outbox::config::EvidenceMode::Callback,
     }
 }
 

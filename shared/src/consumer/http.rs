@@ -401,6 +401,11 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
     let consumer = rs.config.name.as_str();
     let persistent = rs.persistent;
     let m = &meta;
+    // The relay may ask for the ordered event's delivery evidence to be recorded here, in the transaction that
+    // applies it (decision record 0007): last statement before commit, so the key's row is locked only briefly.
+    let evidence_here = m.seq.is_some()
+        && header(req, contract::OUTBOX_EVIDENCE).ok().flatten()
+            == Some(contract::EVIDENCE_BY_CONSUMER);
     let result = handle_once(
         &rs.pool,
         consumer,
@@ -421,7 +426,11 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
                     }
                 }
             }
-            prepared.apply(conn).await
+            prepared.apply(conn).await?;
+            if evidence_here {
+                crate::ordering::record_delivery(conn, m.outbox_id, persistent).await?;
+            }
+            Ok(())
         },
     )
     .await;

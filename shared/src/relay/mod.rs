@@ -30,7 +30,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
-use crate::config::{DeadHeadPolicy, QstashConfig, RelayConfig};
+use crate::config::{DeadHeadPolicy, EvidenceMode, QstashConfig, RelayConfig};
 use crate::contract;
 use crate::qstash::{
     FlowControl, Message, PublishOptions, PublishOutcome, QstashClient, flow_control_key,
@@ -206,6 +206,14 @@ impl Relay {
         }
         let cb = &self.qstash.callback_url;
         let ordered = ev.seq.is_some();
+        let by_consumer = ordered && self.cfg.ordered_evidence == EvidenceMode::Consumer;
+        if by_consumer {
+            forward.push((
+                contract::OUTBOX_EVIDENCE.to_owned(),
+                contract::EVIDENCE_BY_CONSUMER.to_owned(),
+            ));
+        }
+        let callback = ordered && !by_consumer;
         Message {
             destination: format!(
                 "{}{}{}",
@@ -221,8 +229,8 @@ impl Relay {
                 timeout: self.qstash.delivery_timeout,
                 failure_callback: Some(format!("{cb}{}", contract::FAILURE_PATH)),
                 failure_callback_forward: vec![(contract::OUTBOX_ID.to_owned(), id.clone())],
-                callback: ordered.then(|| format!("{cb}{}", contract::DELIVERED_PATH)),
-                callback_forward: if ordered {
+                callback: callback.then(|| format!("{cb}{}", contract::DELIVERED_PATH)),
+                callback_forward: if callback {
                     vec![(contract::OUTBOX_ID.to_owned(), id)]
                 } else {
                     Vec::new()
