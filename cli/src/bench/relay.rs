@@ -186,7 +186,7 @@ async fn claim_latency_ms(pool: &PgPool, batch: u32, samples: usize) -> anyhow::
 }
 
 async fn seed_ordered(pool: &PgPool, keys: u64, per_key: u64) -> anyhow::Result<()> {
-    sqlx::query("TRUNCATE outbox, outbox_keys, outbox_sequences, dead_letters, processed_messages")
+    sqlx::query("TRUNCATE outbox, outbox_keys, outbox_sequences, dead_letters, processed_messages, consumer_sequences")
         .execute(pool)
         .await?;
     sqlx::query(
@@ -304,8 +304,8 @@ async fn sql_only_ordered(
     Ok((total, elapsed))
 }
 
-/// A consumer stand-in answering 200 at once, and the real callback receiver (signature checked) behind the
-/// function-URL adapter, recording delivery evidence in `pool`'s database.
+/// The real callback receiver and the real consumer (signatures checked, a no-op topic handler) behind the
+/// function-URL adapter, on the benchmark database.
 /// A no-op topic handler: the consumer's own work (verify, dedupe row, sequence check, evidence) is what is
 /// measured.
 struct Noop;
@@ -322,22 +322,11 @@ impl outbox::consumer::Handler<serde_json::Value> for Noop {
 
 async fn ordered_endpoints(
     db_url: &str,
-) -> anyhow::Result<(String, String, String, tokio::sync::watch::Sender<bool>)> {
+) -> anyhow::Result<(String, String, tokio::sync::watch::Sender<bool>)> {
     use outbox::config::{ConsumerConfig, Vars};
     use outbox::consumer::ReceiverState;
     use outbox::receiver::{KeyRing, SigningKeys};
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let sink = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let sink_url = format!("http://{}", sink.local_addr()?);
-    let app = axum::Router::new().fallback(|| async { "{}" });
-    let mut rx1 = rx.clone();
-    tokio::spawn(async move {
-        let _ = axum::serve(sink, app)
-            .with_graceful_shutdown(async move {
-                let _ = rx1.wait_for(|s| *s).await;
-            })
-            .await;
-    });
     let cb = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let cb_url = format!("http://{}", cb.local_addr()?);
     let mut cfg = ConsumerConfig::from_vars(&Vars::new(&std::collections::HashMap::<
@@ -405,7 +394,7 @@ async fn ordered_endpoints(
             let _ = rx3.wait_for(|s| *s).await;
         },
     ));
-    Ok((sink_url, consumer_url, cb_url, tx))
+    Ok((consumer_url, cb_url, tx))
 }
 
 pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
@@ -463,7 +452,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
         let n = per_key * args.ordered_keys;
         let db = ScratchDb::create(&args.db.database_url, "outbox_bench_ordered").await?;
         let dev = DevServerProcess::start(&["--deliver", "true"]).await?;
-        let (sink_url, consumer_url, callback_url, stop) = ordered_endpoints(&db.url).await?;
+        let (consumer_url, callback_url, stop) = ordered_endpoints(&db.url).await?;
         let mut base = Vec::new();
         let mut rates = Vec::new();
         let mut rates_consumer = Vec::new();
@@ -475,7 +464,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             }
             base.push(n as f64 / t.as_secs_f64());
             for (mode, consumer, rates) in [
-                ("callback", &sink_url, &mut rates),
+                ("callback", &consumer_url, &mut rates),
                 ("consumer", &consumer_url, &mut rates_consumer),
             ] {
                 seed_ordered(&db.pool, args.ordered_keys, per_key).await?;
