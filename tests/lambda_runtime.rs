@@ -308,6 +308,9 @@ async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
     .env("CALLBACK_URL", &base)
     .env("PUBLIC_BASE_URL", &base)
     .env("QSTASH_RETRIES", "1")
+    // Delivery evidence through QStash's callback, so the /delivered route is exercised too (the consumer
+    // mode the template deploys is covered by tests/pipeline.rs).
+    .env("RELAY_ORDERED_EVIDENCE", "callback")
     .env("RELAY_LEASE_SECS", "1")
     .env("RELAY_DEADLINE_MARGIN_MS", "200")
     .env("RELAY_POLL_INTERVAL_MS", "50")
@@ -442,6 +445,39 @@ async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
     for (name, text) in &originals {
         assert_eq!(&fixture(name), text, "events/{name} was modified");
     }
+
+    // --- watch's function URL: /lambda-url/<fn>/<path>, prefix stripped before the function sees it. ---
+    // The function rebuilds the URL as PUBLIC_BASE_URL + the path it saw, so a token for the URL actually called
+    // (with the prefix) is refused, and one for PUBLIC_BASE_URL + /events/orders is accepted.
+    outbox::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let event: Value = serde_json::from_str(&fixture("consumer-order-placed.json")).unwrap();
+    let body = event["body"].as_str().unwrap().to_owned();
+    let post = |signed_for: String| {
+        let mut req = http.post(format!("{base}/lambda-url/consumer/events/orders"));
+        for (k, v) in event["headers"].as_object().unwrap() {
+            if !["host", "upstash-signature", "content-length"].contains(&k.as_str()) {
+                req = req.header(k.as_str(), v.as_str().unwrap());
+            }
+        }
+        let token = outbox::receiver::sign(&keys.current, &signed_for, body.as_bytes(), now, 300);
+        req.header("upstash-signature", token)
+            .body(body.clone())
+            .send()
+    };
+    let called = post(format!("{base}/lambda-url/consumer/events/orders"))
+        .await
+        .unwrap();
+    assert_eq!(called.status().as_u16(), 401, "{:?}", called.text().await);
+    let seen = post(format!("{base}/events/orders")).await.unwrap();
+    let status = seen.status().as_u16();
+    let reply: Value = seen.json().await.unwrap();
+    // Outbox id 1 was applied above: the function-URL path reaches the same function and dedupes.
+    assert_eq!(
+        (status, &reply["status"]),
+        (200, &json!("duplicate")),
+        "{reply}"
+    );
 
     // --- The relay, from the schedule fixtures, feeding the whole pipeline through watch. ---
     // Outbox ids above the fixtures' (the consumer dedupes on the outbox id).

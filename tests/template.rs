@@ -28,6 +28,11 @@ const FUNCTIONS: [(&str, &str, &str); 3] = [
     ),
 ];
 
+/// Variables whose template default deliberately differs from the code's default.
+/// `RELAY_ORDERED_EVIDENCE`: `consumer` in this stack, whose consumer shares the outbox's database
+/// (docs/decisions/0007); the code defaults to `callback`, which works with any consumer.
+const DELIBERATE: &[&str] = &["RELAY_ORDERED_EVIDENCE"];
+
 fn resources(cfn: &Value) -> &serde_json::Map<String, Value> {
     cfn["Resources"].as_object().expect("Resources")
 }
@@ -423,6 +428,15 @@ fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
             if let Some(d) = &default {
                 let mut env = base.clone();
                 env.insert(name.clone(), d.clone());
+                if DELIBERATE.contains(&name.as_str()) {
+                    assert_ne!(
+                        snapshot(&env),
+                        reference,
+                        "{id}: {name}={d:?} is meant to differ from the code's default but changes nothing"
+                    );
+                    checked.insert(name.clone(), id);
+                    continue;
+                }
                 assert_eq!(
                     snapshot(&env),
                     reference,
@@ -430,7 +444,16 @@ fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
                 );
             }
             // ... and another value changes something, so the code reads the variable (no typo).
+            let allowed = value["Ref"]
+                .as_str()
+                .and_then(|p| cfn["Parameters"][p]["AllowedValues"].as_array())
+                .and_then(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .find(|v| Some(*v) != default.as_deref())
+                });
             let other = match default.as_deref() {
+                _ if allowed.is_some() => allowed.unwrap().to_owned(),
                 Some("true") => "false".to_owned(),
                 Some("false") => "true".to_owned(),
                 Some(d) if d.parse::<u64>().is_ok() => (d.parse::<u64>().unwrap() + 1).to_string(),
