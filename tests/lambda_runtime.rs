@@ -486,14 +486,14 @@ async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
         .await
         .unwrap();
     let mut tx = pool.begin().await.unwrap();
-    let good = outbox::enqueue(&mut *tx, order_event(&placed("order-2001", 1250)).unwrap())
+    let good = outbox::enqueue(&mut tx, order_event(&placed("order-2001", 1250)).unwrap())
         .await
         .unwrap();
-    let poison = outbox::enqueue(&mut *tx, order_event(&placed("order-2002", -1)).unwrap())
+    let poison = outbox::enqueue(&mut tx, order_event(&placed("order-2002", -1)).unwrap())
         .await
         .unwrap();
     let audit = outbox::enqueue(
-        &mut *tx,
+        &mut tx,
         audit_event(
             "deploy",
             &AuditEntry {
