@@ -516,7 +516,12 @@ fn alarms_read_metrics_the_code_emits_and_notify_one_topic() {
             .unwrap_or_else(|| panic!("no alarm on {metric}"))
     };
     let relay = FunctionDimension::FunctionRef("RelayFunction".into());
-    for m in ["OldestPendingAge", "DeadLettered", "BlockedKeys", "ConfigProblems"] {
+    for m in [
+        "OldestPendingAge",
+        "DeadLettered",
+        "BlockedKeys",
+        "ConfigProblems",
+    ] {
         assert_eq!(find(m).function, relay, "{m}");
     }
     assert_eq!(
