@@ -1,6 +1,14 @@
 //! Publish options and their mapping to QStash request headers (`Upstash-*`).
 
+use std::borrow::Cow;
+use std::fmt;
 use std::time::Duration;
+
+use serde::Serialize;
+use serde::ser::SerializeMap;
+
+/// A header name: usually a `&'static str` constant (no allocation per message).
+pub type HeaderName = Cow<'static, str>;
 
 /// Per-key flow control (`Upstash-Flow-Control-Key` / `-Value`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,80 +92,116 @@ pub struct PublishOptions {
     /// `Upstash-Failure-Callback`.
     pub failure_callback: Option<String>,
     /// `Upstash-Callback-Forward-<name>` headers.
-    pub callback_forward: Vec<(String, String)>,
+    pub callback_forward: Vec<(HeaderName, String)>,
     /// `Upstash-Failure-Callback-Forward-<name>` headers.
-    pub failure_callback_forward: Vec<(String, String)>,
+    pub failure_callback_forward: Vec<(HeaderName, String)>,
     /// `Upstash-Forward-<name>` headers (delivered to the destination as `<name>`).
-    pub forward: Vec<(String, String)>,
+    pub forward: Vec<(HeaderName, String)>,
     /// Flow control.
     pub flow_control: Option<FlowControl>,
     /// `Upstash-Label`.
     pub label: Option<String>,
 }
 
+/// A header name written as `prefix` + lower-cased `name`, straight into the serializer (no allocation).
+struct Prefixed<'a>(&'static str, &'a str);
+
+impl fmt::Display for Prefixed<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)?;
+        for c in self.1.chars() {
+            fmt::Write::write_char(f, c.to_ascii_lowercase())?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for Prefixed<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl PublishOptions {
-    /// The request headers for these options (lower-case names, as the official JS SDK sends in batches).
-    pub fn headers(&self) -> Vec<(String, String)> {
-        let mut h: Vec<(String, String)> = Vec::with_capacity(16 + self.forward.len());
-        let mut put = |name: &str, value: String| h.push((name.to_owned(), value));
+    /// Calls `put(prefix, name, value)` for every header these options produce (names lower-case: `prefix` +
+    /// lower-cased `name`). The one place that defines the option → header mapping.
+    fn each_header<E>(
+        &self,
+        mut put: impl FnMut(&'static str, &str, &str) -> Result<(), E>,
+    ) -> Result<(), E> {
         if let Some(v) = &self.content_type {
-            put("content-type", v.clone());
+            put("content-type", "", v)?;
         }
         if let Some(v) = &self.method {
-            put("upstash-method", v.clone());
+            put("upstash-method", "", v)?;
         }
         if let Some(v) = &self.deduplication_id {
-            put("upstash-deduplication-id", v.clone());
+            put("upstash-deduplication-id", "", v)?;
         }
         if let Some(v) = self.retries {
-            put("upstash-retries", v.to_string());
+            put("upstash-retries", "", &v.to_string())?;
         }
         if let Some(v) = &self.retry_delay {
-            put("upstash-retry-delay", v.clone());
+            put("upstash-retry-delay", "", v)?;
         }
         if let Some(v) = self.delay {
-            put("upstash-delay", format!("{}s", v.as_secs()));
+            put("upstash-delay", "", &format!("{}s", v.as_secs()))?;
         }
         if let Some(v) = self.timeout {
-            put("upstash-timeout", format!("{}s", v.as_secs().max(1)));
+            put("upstash-timeout", "", &format!("{}s", v.as_secs().max(1)))?;
         }
         if let Some(v) = &self.callback {
-            put("upstash-callback", v.clone());
+            put("upstash-callback", "", v)?;
         }
         if let Some(v) = &self.failure_callback {
-            put("upstash-failure-callback", v.clone());
+            put("upstash-failure-callback", "", v)?;
         }
         for (k, v) in &self.callback_forward {
-            put(
-                &format!("upstash-callback-forward-{}", k.to_ascii_lowercase()),
-                v.clone(),
-            );
+            put("upstash-callback-forward-", k, v)?;
         }
         for (k, v) in &self.failure_callback_forward {
-            put(
-                &format!(
-                    "upstash-failure-callback-forward-{}",
-                    k.to_ascii_lowercase()
-                ),
-                v.clone(),
-            );
+            put("upstash-failure-callback-forward-", k, v)?;
         }
         for (k, v) in &self.forward {
-            put(
-                &format!("upstash-forward-{}", k.to_ascii_lowercase()),
-                v.clone(),
-            );
+            put("upstash-forward-", k, v)?;
         }
         if let Some(fc) = &self.flow_control
             && let Some(value) = fc.value()
         {
-            put("upstash-flow-control-key", fc.key.clone());
-            put("upstash-flow-control-value", value);
+            put("upstash-flow-control-key", "", &fc.key)?;
+            put("upstash-flow-control-value", "", &value)?;
         }
         if let Some(v) = &self.label {
-            put("upstash-label", v.clone());
+            put("upstash-label", "", v)?;
         }
+        Ok(())
+    }
+
+    /// The request headers for these options (lower-case names, as the official JS SDK sends in batches).
+    pub fn headers(&self) -> Vec<(String, String)> {
+        let mut h: Vec<(String, String)> = Vec::with_capacity(16 + self.forward.len());
+        let _ = self.each_header::<std::convert::Infallible>(|prefix, name, value| {
+            h.push((Prefixed(prefix, name).to_string(), value.to_owned()));
+            Ok(())
+        });
         h
+    }
+
+    /// The headers as a JSON object, serialized in place (the `/v2/batch` item's `headers`).
+    pub fn headers_json(&self) -> HeadersJson<'_> {
+        HeadersJson(self)
+    }
+}
+
+/// [`PublishOptions`] as a JSON object of headers, written without intermediate strings.
+pub struct HeadersJson<'a>(&'a PublishOptions);
+
+impl Serialize for HeadersJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        self.0
+            .each_header(|prefix, name, value| m.serialize_entry(&Prefixed(prefix, name), value))?;
+        m.end()
     }
 }
 
@@ -221,6 +265,16 @@ mod tests {
         );
         assert_eq!(get("upstash-label"), Some("orders"));
         assert_eq!(get("upstash-method"), None);
+        // The in-place JSON form is the same mapping.
+        let json: serde_json::Value = serde_json::to_value(o.headers_json()).unwrap();
+        assert_eq!(json.as_object().unwrap().len(), h.len());
+        for (k, v) in &h {
+            assert_eq!(
+                json[k.as_str()],
+                serde_json::Value::String(v.clone()),
+                "{k}"
+            );
+        }
         // No limits → no flow-control headers at all (QStash would reject a key without a value).
         let none = PublishOptions {
             flow_control: Some(FlowControl {

@@ -57,15 +57,17 @@ pub struct ClaimedEvent {
 
 impl ClaimedEvent {
     fn from_row(r: &PgRow) -> Result<Self, sqlx::Error> {
-        let headers: serde_json::Value = r.try_get("headers")?;
+        // Headers were validated by the producer; anything unreadable is dropped rather than blocking the event.
+        let headers: sqlx::types::Json<EventHeaders> = r
+            .try_get("headers")
+            .unwrap_or(sqlx::types::Json(EventHeaders::default()));
         Ok(ClaimedEvent {
             id: r.try_get("id")?,
             topic: r.try_get("topic")?,
             partition_key: r.try_get("partition_key")?,
             seq: r.try_get("seq")?,
             payload: r.try_get("payload")?,
-            // Headers were validated by the producer; anything unreadable is dropped rather than blocking the event.
-            headers: serde_json::from_value(headers).unwrap_or_default(),
+            headers: headers.0,
             attempts: r.try_get("attempts")?,
             created_at: r.try_get("created_at")?,
             redrive_count: r.try_get("redrive_count")?,

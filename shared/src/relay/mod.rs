@@ -179,37 +179,36 @@ impl Relay {
     /// The QStash message for a claimed event (the option → header mapping of the outbox contract).
     pub fn message_for(&self, ev: &ClaimedEvent) -> Message {
         let id = ev.id.to_string();
-        let mut forward = vec![
-            (contract::OUTBOX_ID.to_owned(), id.clone()),
-            (contract::OUTBOX_TOPIC.to_owned(), ev.topic.clone()),
-            (
-                contract::OUTBOX_KEY.to_owned(),
-                contract::encode_key(&ev.partition_key),
-            ),
-            (
-                contract::OUTBOX_CREATED_AT.to_owned(),
-                ev.created_at
-                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-            ),
-        ];
+        let mut forward: Vec<(crate::qstash::HeaderName, String)> = Vec::with_capacity(9);
+        forward.push((contract::OUTBOX_ID.into(), id.clone()));
+        forward.push((contract::OUTBOX_TOPIC.into(), ev.topic.clone()));
+        forward.push((
+            contract::OUTBOX_KEY.into(),
+            contract::encode_key(&ev.partition_key),
+        ));
+        forward.push((
+            contract::OUTBOX_CREATED_AT.into(),
+            ev.created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        ));
         if let Some(seq) = ev.seq {
-            forward.push((contract::OUTBOX_SEQ.to_owned(), seq.to_string()));
+            forward.push((contract::OUTBOX_SEQ.into(), seq.to_string()));
         }
         if let Some(tp) = &ev.headers.traceparent {
-            forward.push((contract::TRACEPARENT.to_owned(), tp.clone()));
+            forward.push((contract::TRACEPARENT.into(), tp.clone()));
         }
         if let Some(c) = &ev.headers.correlation_id {
-            forward.push((contract::CORRELATION_ID.to_owned(), c.clone()));
+            forward.push((contract::CORRELATION_ID.into(), c.clone()));
         }
         if let Some(v) = ev.headers.schema_version {
-            forward.push((contract::SCHEMA_VERSION.to_owned(), v.to_string()));
+            forward.push((contract::SCHEMA_VERSION.into(), v.to_string()));
         }
         let cb = &self.qstash.callback_url;
         let ordered = ev.seq.is_some();
         let by_consumer = ordered && self.cfg.ordered_evidence == EvidenceMode::Consumer;
         if by_consumer {
             forward.push((
-                contract::OUTBOX_EVIDENCE.to_owned(),
+                contract::OUTBOX_EVIDENCE.into(),
                 contract::EVIDENCE_BY_CONSUMER.to_owned(),
             ));
         }
@@ -228,10 +227,10 @@ impl Relay {
                 retries: Some(self.qstash.retries),
                 timeout: self.qstash.delivery_timeout,
                 failure_callback: Some(format!("{cb}{}", contract::FAILURE_PATH)),
-                failure_callback_forward: vec![(contract::OUTBOX_ID.to_owned(), id.clone())],
+                failure_callback_forward: vec![(contract::OUTBOX_ID.into(), id.clone())],
                 callback: callback.then(|| format!("{cb}{}", contract::DELIVERED_PATH)),
                 callback_forward: if callback {
-                    vec![(contract::OUTBOX_ID.to_owned(), id)]
+                    vec![(contract::OUTBOX_ID.into(), id)]
                 } else {
                     Vec::new()
                 },
