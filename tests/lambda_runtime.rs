@@ -78,6 +78,32 @@ fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
+/// A command for a nested cargo (or cargo-lambda) run: without the variables `cargo test` sets for this test
+/// process (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`, …). Build scripts track some of them (ring's tracks
+/// `CARGO_MANIFEST_DIR`), so inheriting them would make these builds differ from a developer's shell builds and
+/// rebuild the dependency tree each time one follows the other.
+fn nested(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy().into_owned();
+        if key.starts_with("CARGO_PKG_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "OUT_DIR",
+            ]
+            .contains(&key.as_str())
+        {
+            cmd.env_remove(&key);
+        }
+    }
+    cmd
+}
+
 /// Runs a command to completion within `limit`; panics with its output when it fails or hangs.
 async fn run(what: &str, cmd: &mut Command, limit: Duration) -> String {
     cmd.stdin(Stdio::null())
@@ -134,7 +160,7 @@ impl Watch {
 
     /// `cargo lambda invoke <function> --data-file <file>`: the function's response payload.
     async fn invoke(&self, function: &str, data_file: &Path) -> Value {
-        let mut cmd = Command::new(venv_tool("cargo-lambda"));
+        let mut cmd = nested(venv_tool("cargo-lambda"));
         cmd.args(["lambda", "invoke", "-A", "127.0.0.1", "-P"])
             .arg(self.port.to_string())
             .arg(function)
@@ -213,7 +239,7 @@ async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
     // the root), so its lazy compile on the first invoke finds them built; then the deployment target.
     let metadata = run(
         "cargo metadata",
-        Command::new(cargo())
+        nested(cargo())
             .args(["metadata", "--format-version", "1", "--no-deps"])
             .current_dir(&root),
         Duration::from_secs(120),
@@ -223,7 +249,7 @@ async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
     let limit = Duration::from_secs(45 * 60);
     run(
         "cargo build --bin relay --bin consumer --bin failure-callback",
-        Command::new(cargo())
+        nested(cargo())
             .args([
                 "build",
                 "--bin",
@@ -239,7 +265,7 @@ async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
     .await;
     run(
         "cargo lambda build --arm64 -p relay -p consumer -p failure-callback",
-        Command::new(venv_tool("cargo-lambda"))
+        nested(venv_tool("cargo-lambda"))
             .args(["lambda", "build", "--arm64"])
             .args(["-p", "relay", "-p", "consumer", "-p", "failure-callback"])
             .env("PATH", &path)
@@ -284,7 +310,7 @@ async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
     .unwrap();
     let log = scratch.0.join("watch.log");
     let log_file = std::fs::File::create(&log).unwrap();
-    let mut cmd = Command::new(venv_tool("cargo-lambda"));
+    let mut cmd = nested(venv_tool("cargo-lambda"));
     cmd.args([
         "lambda",
         "watch",
