@@ -36,6 +36,21 @@ pub struct Retention {
     pub time_budget: Duration,
 }
 
+/// Runs one bounded `DELETE` whose only parameter (`$1`) is an age in seconds; returns the rows deleted.
+async fn delete_older_than(
+    pool: &PgPool,
+    sql: String,
+    older_than: Duration,
+    persistent: bool,
+) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .persistent(persistent)
+        .bind(older_than.as_secs_f64())
+        .execute(pool)
+        .await?
+        .rows_affected())
+}
+
 /// Deletes one batch of dispatched outbox rows past retention; returns how many.
 pub async fn prune_outbox_batch(
     pool: &PgPool,
@@ -50,12 +65,7 @@ pub async fn prune_outbox_batch(
               AND (seq IS NULL OR delivered_at IS NOT NULL) \
             LIMIT {batch} FOR UPDATE SKIP LOCKED)"
     );
-    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
-        .persistent(persistent)
-        .bind(older_than.as_secs_f64())
-        .execute(pool)
-        .await?
-        .rows_affected())
+    delete_older_than(pool, sql, older_than, persistent).await
 }
 
 /// Deletes one batch of consumer dedupe rows past their TTL; returns how many.
@@ -69,12 +79,7 @@ pub async fn prune_processed_batch(
         "DELETE FROM processed_messages WHERE ctid = ANY(ARRAY(\
             SELECT ctid FROM processed_messages WHERE processed_at < now() - make_interval(secs => $1) LIMIT {batch}))"
     );
-    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
-        .persistent(persistent)
-        .bind(older_than.as_secs_f64())
-        .execute(pool)
-        .await?
-        .rows_affected())
+    delete_older_than(pool, sql, older_than, persistent).await
 }
 
 /// Deletes one batch of consumer sequence rows not updated for longer than the TTL; returns how many.
@@ -88,12 +93,7 @@ pub async fn prune_consumer_sequences_batch(
         "DELETE FROM consumer_sequences WHERE ctid = ANY(ARRAY(\
             SELECT ctid FROM consumer_sequences WHERE updated_at < now() - make_interval(secs => $1) LIMIT {batch}))"
     );
-    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
-        .persistent(persistent)
-        .bind(older_than.as_secs_f64())
-        .execute(pool)
-        .await?
-        .rows_affected())
+    delete_older_than(pool, sql, older_than, persistent).await
 }
 
 /// Releases up to `batch` idle ordered keys (every event done, nothing leased, in flight or blocked). Holds
@@ -136,12 +136,7 @@ pub async fn prune_dead_letters_batch(
               AND (redriven_at IS NOT NULL OR resolved_at IS NOT NULL) \
             ORDER BY created_at LIMIT {batch} FOR UPDATE SKIP LOCKED)"
     );
-    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
-        .persistent(persistent)
-        .bind(older_than.as_secs_f64())
-        .execute(pool)
-        .await?
-        .rows_affected())
+    delete_older_than(pool, sql, older_than, persistent).await
 }
 
 /// Deletes one batch of dead outbox rows (dead-lettered longer ago than `older_than`) that nothing refers to any
@@ -165,12 +160,7 @@ pub async fn prune_dead_events_batch(
                      WHERE k.topic = o.topic AND k.partition_key = o.partition_key AND k.done_seq < o.seq)) \
             LIMIT {batch} FOR UPDATE SKIP LOCKED)"
     );
-    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
-        .persistent(persistent)
-        .bind(older_than.as_secs_f64())
-        .execute(pool)
-        .await?
-        .rows_affected())
+    delete_older_than(pool, sql, older_than, persistent).await
 }
 
 /// One bounded pass of everything.
