@@ -10,7 +10,7 @@ use outbox::dead_letters::{
     self, BulkOutcome, Filter, ListQuery, RedriveOptions, RedriveOrder, Redriven, Source,
 };
 
-use crate::util::{DbArgs, connect};
+use crate::util::{self, DbArgs, connect};
 
 const REDRIVE_ABOUT: &str = "Redrive one dead letter (by id) or every unhandled one matching the filters.
 
@@ -285,20 +285,6 @@ fn shell_quote(s: &str) -> String {
     }
 }
 
-fn one_line(s: &str, max: usize) -> String {
-    let flat: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if flat.chars().count() <= max {
-        flat
-    } else {
-        let mut t: String = flat.chars().take(max.saturating_sub(1)).collect();
-        t.push('…');
-        t
-    }
-}
-
 fn time(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S").to_string()
 }
@@ -369,14 +355,14 @@ async fn list(a: ListArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             d.id,
             time(d.created_at),
             d.source,
-            one_line(d.topic.as_deref().unwrap_or("?"), 16),
-            one_line(d.partition_key.as_deref().unwrap_or("?"), 18),
+            util::one_line(d.topic.as_deref().unwrap_or("?"), 16),
+            util::one_line(d.partition_key.as_deref().unwrap_or("?"), 18),
             opt(d.seq),
             opt(d.outbox_id),
             opt(d.attempts),
             opt(d.status),
             d.state(),
-            one_line(&d.error, 80)
+            util::one_line(&d.error, 80)
         )?;
     }
     match page.next_after {
@@ -458,7 +444,7 @@ async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         writeln!(out, "  resolved at   {} UTC (delivered after all)", time(t))?;
     }
     if let Some(r) = &d.response_body {
-        writeln!(out, "  response      {}", one_line(r, 2000))?;
+        writeln!(out, "  response      {}", util::one_line(r, 2000))?;
     }
     match (&d.payload, &d.body) {
         (Some(p), _) => writeln!(
@@ -470,7 +456,7 @@ async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             out,
             "  body (not JSON, {} bytes)\n    {}",
             b.len(),
-            one_line(&String::from_utf8_lossy(b), 2000)
+            util::one_line(&String::from_utf8_lossy(b), 2000)
         )?,
         (None, None) => writeln!(out, "  payload       (none stored)")?,
     }
@@ -485,7 +471,7 @@ async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             out,
             "  raw callback  ({} bytes) {}",
             raw.len(),
-            one_line(&String::from_utf8_lossy(raw), 2000)
+            util::one_line(&String::from_utf8_lossy(raw), 2000)
         )?;
     }
     match (d.outbox_id, &event) {

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Args;
 use outbox::ops::{self, Status};
 
-use crate::util::{DbArgs, connect};
+use crate::util::{self, DbArgs, connect};
 
 /// Arguments of `outbox status`.
 #[derive(Args, Debug)]
@@ -53,20 +53,6 @@ pub fn age(secs: f64) -> String {
     }
 }
 
-fn clip(s: &str, max: usize) -> String {
-    let flat: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if flat.chars().count() <= max {
-        flat
-    } else {
-        let mut t: String = flat.chars().take(max.saturating_sub(1)).collect();
-        t.push('…');
-        t
-    }
-}
-
 fn shown(total: i64, listed: usize) -> String {
     if total > listed as i64 {
         format!("  (the first {listed} listed)")
@@ -104,10 +90,10 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
             "    event #{} {}/{}  {} attempts, written {} ago  {}",
             e.id,
             e.topic,
-            clip(&e.partition_key, 40),
+            util::one_line(&e.partition_key, 40),
             e.attempts,
             age((at - e.created_at).as_seconds_f64()),
-            clip(e.last_error.as_deref().unwrap_or(""), 100)
+            util::one_line(e.last_error.as_deref().unwrap_or(""), 100)
         )?;
     }
 
@@ -144,7 +130,7 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
             "    event #{} {}/{}  lease ended {} ago, {} attempts",
             e.id,
             e.topic,
-            clip(&e.partition_key, 40),
+            util::one_line(&e.partition_key, 40),
             e.locked_until
                 .map(|t| age((at - t).as_seconds_f64()))
                 .unwrap_or_else(|| "?".into()),
@@ -164,7 +150,7 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
             out,
             "    {}/{}  since {} ago, by event #{}{}{}: {}",
             k.topic,
-            clip(&k.partition_key, 40),
+            util::one_line(&k.partition_key, 40),
             age((at - k.since).as_seconds_f64()),
             k.blocking_event
                 .map(|i| i.to_string())
@@ -176,7 +162,7 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
                 .filter(|w| *w > 0)
                 .map(|w| format!(", {w} waiting behind it"))
                 .unwrap_or_default(),
-            clip(k.reason.as_deref().unwrap_or(""), 100)
+            util::one_line(k.reason.as_deref().unwrap_or(""), 100)
         )?;
     }
     writeln!(
@@ -199,7 +185,7 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
             writeln!(
                 out,
                 "  {:<24} {:<7} {:>10} {:>9} {:>9}  {}",
-                clip(d.topic.as_deref().unwrap_or("(unknown)"), 24),
+                util::one_line(d.topic.as_deref().unwrap_or("(unknown)"), 24),
                 d.source,
                 d.unresolved,
                 d.redriven,

@@ -86,3 +86,18 @@ pub fn cpu_secs(pid: u32) -> Option<f64> {
     let stime: f64 = f.get(12)?.parse().ok()?;
     Some((utime + stime) / 100.0) // USER_HZ is 100 on Linux
 }
+
+/// `s` on one line (control characters become spaces), cut to `max` characters with an ellipsis.
+pub fn one_line(s: &str, max: usize) -> String {
+    let flat: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.chars().count() <= max {
+        flat
+    } else {
+        let mut t: String = flat.chars().take(max.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
