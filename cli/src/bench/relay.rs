@@ -590,25 +590,30 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
     let r = median(&relay);
     let b = median(&base_async);
     let bs = median(&base_sync);
-    println!(
-        "\nunordered: relay {r:.0} events/s (median of {}), SQL-only cycle {b:.0}/s with the relay's async commit \
-         ({bs:.0}/s synchronous) -> relay at {:.0}% of the same-run SQL-only cycle; relay peak RSS {:.1} MB",
-        relay.len(),
-        100.0 * r / b,
-        rss.iter().cloned().fold(0.0, f64::max)
-    );
+    let unordered = if args.skip_unordered {
+        json!(null)
+    } else {
+        println!(
+            "\nunordered: relay {r:.0} events/s (median of {}), SQL-only cycle {b:.0}/s with the relay's async commit \
+             ({bs:.0}/s synchronous) -> relay at {:.0}% of the same-run SQL-only cycle; relay peak RSS {:.1} MB",
+            relay.len(),
+            100.0 * r / b,
+            rss.iter().cloned().fold(0.0, f64::max)
+        );
+        json!({
+            "relay_events_per_sec": relay, "relay_median": r,
+            "sql_only_async_commit": base_async, "sql_only_async_median": b,
+            "sql_only_sync_commit": base_sync, "sql_only_sync_median": bs,
+            "relay_vs_sql_only": r / b,
+        })
+    };
     println!(
         "BENCH_JSON {}",
         json!({
             "bench": "relay",
             "events": args.events, "runs": args.runs, "batch": args.batch, "concurrency": args.concurrency,
             "qstash_batch": args.qstash_batch,
-            "unordered": {
-                "relay_events_per_sec": relay, "relay_median": r,
-                "sql_only_async_commit": base_async, "sql_only_async_median": b,
-                "sql_only_sync_commit": base_sync, "sql_only_sync_median": bs,
-                "relay_vs_sql_only": r / b,
-            },
+            "unordered": unordered,
             "ordered": ordered,
             "relay_peak_rss_mb": rss,
             "claim_latency_at_scale": scale,
