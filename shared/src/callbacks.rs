@@ -1,6 +1,6 @@
 //! The callback function (`functions/failure-callback`): QStash calls it
 //!
-//! * at `{CALLBACK_URL}/failure` once it gives up on a message (retries exhausted, or the consumer answered 489):
+//! * at `{CALLBACK_URL}/failure` once it gives up on a message (retries exhausted, or the consumer response_status 489):
 //!   the body describes the message; it becomes a row in `dead_letters` ([`crate::dead_letters`]), linked to the
 //!   outbox event through the forwarded `x-outbox-id` — **guarantee 4, nothing fails silently**;
 //! * at `{CALLBACK_URL}/delivered` after every delivery attempt of an ordered event (`Upstash-Callback`): a 2xx
@@ -466,36 +466,36 @@ pub async fn handle_callback(state: &ReceiverState, req: Request) -> Response<Bo
     );
     async move {
         let outcome = process(state, &req).await;
-        let http_status = outcome.status().as_u16();
+        let response_status = outcome.status().as_u16();
         match &outcome {
             CbOutcome::DeadLetter { recorded } => match recorded {
                 FailureRecorded::Recorded { dead_letter_id, .. } => tracing::error!(
-                    http_status,
+                    response_status,
                     dead_letter_id,
                     "QStash gave up on an event: dead letter recorded"
                 ),
                 FailureRecorded::Duplicate => {
-                    tracing::info!(http_status, "failure callback already recorded")
+                    tracing::info!(response_status, "failure callback already recorded")
                 }
             },
             CbOutcome::Delivered { result, .. } => {
-                tracing::info!(http_status, result = ?result, "delivery evidence recorded")
+                tracing::info!(response_status, result = ?result, "delivery evidence recorded")
             }
             CbOutcome::AttemptFailed { recorded, .. } => {
-                tracing::warn!(http_status, recorded, "failed delivery attempt noted")
+                tracing::warn!(response_status, recorded, "failed delivery attempt noted")
             }
             CbOutcome::Unauthorized(e) => {
-                tracing::warn!(http_status, check = e.check(), error = %e, "signature rejected")
+                tracing::warn!(response_status, check = e.check(), error = %e, "signature rejected")
             }
             CbOutcome::TooLarge { size, max } => {
-                tracing::error!(http_status, size, max, "callback body over the size cap")
+                tracing::error!(response_status, size, max, "callback body over the size cap")
             }
-            CbOutcome::NotFound(m) => tracing::warn!(http_status, error = %m, "unknown path"),
+            CbOutcome::NotFound(m) => tracing::warn!(response_status, error = %m, "unknown path"),
             CbOutcome::Unusable(m) => {
-                tracing::error!(http_status, error = %m, "delivery callback unusable: evidence lost (the relay republishes after its evidence timeout)")
+                tracing::error!(response_status, error = %m, "delivery callback unusable: evidence lost (the relay republishes after its evidence timeout)")
             }
             CbOutcome::Database(m) => {
-                tracing::warn!(http_status, error = %m, "database error (QStash retries the callback)")
+                tracing::warn!(response_status, error = %m, "database error (QStash retries the callback)")
             }
         }
         if state.emit_metrics {
