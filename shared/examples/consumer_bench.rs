@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p outbox --example consumer_bench
 //! cargo run --release -p outbox --example consumer_bench -- --secs 5 --runs 5 --concurrency 16 --pool 8
-//! cargo run --release -p outbox --example consumer_bench -- --no-ping   # no liveness ping on pool acquire
+//! cargo run --release -p outbox --example consumer_bench -- --ping-always   # ping on every acquire (the old pool)
 //! ```
 //!
 //! Each message is a distinct event (its own outbox id), signed beforehand like QStash would (signing is not
@@ -68,12 +68,12 @@ fn args() -> Result<Args, String> {
         runs: 5,
         concurrency: 16,
         pool: 8,
-        ping: true,
+        ping: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--no-ping" {
-            a.ping = false;
+        if flag == "--ping-always" {
+            a.ping = true;
             continue;
         }
         let v = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -160,13 +160,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn run(a: &Args, opts: PgConnectOptions) -> Result<(), Box<dyn std::error::Error>> {
-    // Like the Lambda pool (`DbConfig::pool`): a liveness ping on every acquire (one extra round trip per
-    // message) unless --no-ping.
-    let pool = PgPoolOptions::new()
-        .max_connections(a.pool)
-        .test_before_acquire(a.ping)
-        .connect_with(opts)
-        .await?;
+    // Like the Lambda pool (`DbConfig::pool`): a liveness ping only on connections idle for over a second;
+    // --ping-always pings on every acquire (one extra round trip per message).
+    let options = PgPoolOptions::new().max_connections(a.pool);
+    let options = if a.ping {
+        options.test_before_acquire(true)
+    } else {
+        outbox::db::ping_when_idle(options)
+    };
+    let pool = options.connect_with(opts).await?;
     outbox::MIGRATOR.run(&pool).await?;
     sqlx::query("CREATE TABLE bench_effects (outbox_id bigint NOT NULL, n bigint NOT NULL)")
         .execute(&pool)
@@ -189,7 +191,7 @@ async fn run(a: &Args, opts: PgConnectOptions) -> Result<(), Box<dyn std::error:
     // Enough pre-signed messages for 10 000 msgs/s per run.
     let per_run = (a.secs * 10_000.0).ceil() as usize;
     println!(
-        "consumer bench: {} run(s) of {} s, {} concurrent callers, pool {} connections (ping on acquire: {}), {} CPU(s)",
+        "consumer bench: {} run(s) of {} s, {} concurrent callers, pool {} connections (ping on every acquire: {}), {} CPU(s)",
         a.runs,
         a.secs,
         a.concurrency,
@@ -268,7 +270,7 @@ async fn run(a: &Args, opts: PgConnectOptions) -> Result<(), Box<dyn std::error:
             "secs_per_run": a.secs,
             "concurrency": a.concurrency,
             "pool": a.pool,
-            "ping_on_acquire": a.ping,
+            "ping_on_every_acquire": a.ping,
             "msgs_per_sec_median": median.round(),
             "msgs_per_sec_min": rates[0].round(),
             "msgs_per_sec_max": rates[rates.len() - 1].round(),
