@@ -39,6 +39,9 @@ async fn run_scenario(pool: PgPool, mode: EvidenceMode) {
         delivery_lost_response_rate: 0.05,
         ..Default::default()
     };
+    // Small batches: enough publish requests (~90) that the seeded publish faults are sure to hit some of them
+    // (with 100 per batch, a run could see a dozen requests and, by chance, no dropped response).
+    opts.qstash_batch_size = 2;
     opts.relay.lease = Duration::from_secs(2);
     opts.relay.poll_interval = Duration::from_millis(20);
     opts.invocation = Duration::from_secs(5);

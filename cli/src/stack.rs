@@ -33,6 +33,8 @@ pub struct StackOptions {
     pub relay: RelayConfig,
     /// `Upstash-Retries` the relay asks for.
     pub qstash_retries: u32,
+    /// Messages per `/v2/batch` request (`QSTASH_BATCH_SIZE`).
+    pub qstash_batch_size: u32,
     /// Length of one simulated relay invocation.
     pub invocation: Duration,
     /// Consumer name (dedupe namespace).
@@ -65,6 +67,7 @@ impl StackOptions {
             },
             relay,
             qstash_retries: 3,
+            qstash_batch_size: 100,
             invocation: Duration::from_secs(30),
             consumer_name: "consumer".into(),
             registry: outbox::example::registry(),
@@ -188,7 +191,7 @@ impl LocalStack {
             base_url: dev.url(),
             retries: opts.qstash_retries,
             publish_timeout: Duration::from_secs(3),
-            batch_size: 100,
+            batch_size: opts.qstash_batch_size,
             delivery_timeout: None,
             flow_parallelism: 10,
             flow_rate: None,
