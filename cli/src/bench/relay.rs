@@ -73,6 +73,23 @@ async fn seed_unordered(pool: &PgPool, n: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits for the SQL-only workers, then returns the events they finished and the time since `started` (taken
+/// before the pool is closed).
+async fn join_workers(
+    workers: impl IntoIterator<Item = impl std::future::Future<Output = Result<u64, sqlx::Error>>>,
+    pool: &PgPool,
+    started: Instant,
+) -> anyhow::Result<(u64, Duration)> {
+    let results = futures::future::join_all(workers).await;
+    let elapsed = started.elapsed();
+    let mut total = 0;
+    for r in results {
+        total += r?;
+    }
+    pool.close().await;
+    Ok((total, elapsed))
+}
+
 /// The SQL-only cycle: the relay's own claim and settle statements, no network.
 async fn sql_only(
     url: &str,
@@ -116,14 +133,7 @@ async fn sql_only(
             Ok::<u64, sqlx::Error>(done)
         }
     });
-    let results = futures::future::join_all(workers).await;
-    let elapsed = started.elapsed();
-    let mut total = 0;
-    for r in results {
-        total += r?;
-    }
-    pool.close().await;
-    Ok((total, elapsed))
+    join_workers(workers, &pool, started).await
 }
 
 /// Runs `outbox relay --until-empty` as a child process with the Lambda's configuration variables.
@@ -294,14 +304,7 @@ async fn sql_only_ordered(
             Ok::<u64, sqlx::Error>(done)
         }
     });
-    let results = futures::future::join_all(workers).await;
-    let elapsed = started.elapsed();
-    let mut total = 0;
-    for r in results {
-        total += r?;
-    }
-    pool.close().await;
-    Ok((total, elapsed))
+    join_workers(workers, &pool, started).await
 }
 
 /// The real callback receiver and the real consumer (signatures checked, a no-op topic handler) behind the
