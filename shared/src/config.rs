@@ -400,7 +400,7 @@ pub struct RelayConfig {
     pub poll_interval: Duration,
     /// `RELAY_DEADLINE_MARGIN_MS` (default 3000): stop this long before the invocation's deadline.
     pub deadline_margin: Duration,
-    /// `RELAY_CONCURRENCY` (default 4): claim/publish/settle cycles in flight at once (each holds a pooled
+    /// `RELAY_CONCURRENCY` (default 8, decision 0009): claim/publish/settle cycles in flight at once (each holds a pooled
     /// connection only while it talks to Postgres; a cycle's publish overlaps the others' claims and settles).
     pub concurrency: u32,
     /// `RELAY_SKIP_DEAD_HEAD_TOPICS` (comma list): ordered topics whose dead heads are skipped, not blocking.
@@ -459,7 +459,7 @@ impl RelayConfig {
             backoff_cap: v.duration_or("RELAY_BACKOFF_CAP_SECS", Duration::from_secs(3600))?,
             poll_interval: v.duration_or("RELAY_POLL_INTERVAL_MS", Duration::from_millis(500))?,
             deadline_margin: v.duration_or("RELAY_DEADLINE_MARGIN_MS", Duration::from_secs(3))?,
-            concurrency: v.ranged_or("RELAY_CONCURRENCY", 4, 1, 16)?,
+            concurrency: v.ranged_or("RELAY_CONCURRENCY", 8, 1, 16)?,
             skip_topics: v.list("RELAY_SKIP_DEAD_HEAD_TOPICS"),
             evidence_timeout: v.duration_or(
                 "RELAY_EVIDENCE_TIMEOUT_SECS",

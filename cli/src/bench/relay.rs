@@ -30,7 +30,7 @@ pub struct RelayBenchArgs {
     batch: u32,
     /// Cycles in flight at once in the relay. The SQL-only baseline runs at 2 and at this concurrency and the
     /// better of the two is the baseline (the database's limit).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     concurrency: u32,
     /// Messages per /v2/batch request.
     #[arg(long, default_value_t = 250)]
