@@ -409,6 +409,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
     let mut base_async = Vec::new();
     let mut relay = Vec::new();
     let mut rss = Vec::new();
+    let (mut cpu_relay, mut cpu_dev) = (Vec::new(), Vec::new());
     if !args.skip_unordered {
         let db = ScratchDb::create(&args.db.database_url, "outbox_bench_relay").await?;
         let dev = DevServerProcess::start(&["--deliver", "false"]).await?;
@@ -425,7 +426,11 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             let (n2, t2) = sql_only(&db.url, args.batch, args.concurrency, false).await?;
             base_sync.push(n2 as f64 / t2.as_secs_f64());
             seed_unordered(&db.pool, args.events).await?;
+            let dev_cpu0 = dev.cpu_secs().unwrap_or(0.0);
             let out = relay_child(&db.url, &dev.url, &args, &[]).await?;
+            let per_event_us = |cpu: f64| cpu * 1e6 / args.events as f64;
+            let relay_us = per_event_us(out["cpu_secs"].as_f64().unwrap_or(0.0));
+            let dev_us = per_event_us(dev.cpu_secs().unwrap_or(0.0) - dev_cpu0);
             let dispatched = out["summary"]["dispatched"].as_u64().unwrap_or(0);
             if dispatched != args.events {
                 bail!(
@@ -437,13 +442,16 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             relay.push(args.events as f64 / secs);
             rss.push(out["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0);
             println!(
-                "run {run}: sql-only {:>8.0}/s (async commit) {:>8.0}/s (sync commit) | relay {:>8.0}/s, publish p50 {:.1} ms, peak RSS {:.1} MB",
+                "run {run}: sql-only {:>8.0}/s (async commit) {:>8.0}/s (sync commit) | relay {:>8.0}/s, publish p50 {:.1} ms, peak RSS {:.1} MB\n  \
+                 CPU per event on the database's cores: relay {relay_us:.1} µs, dev server {dev_us:.1} µs",
                 base_async[run - 1],
                 base_sync[run - 1],
                 relay[run - 1],
                 out["summary"]["publish_p50_ms"].as_f64().unwrap_or(0.0),
                 rss[run - 1]
             );
+            cpu_relay.push(relay_us);
+            cpu_dev.push(dev_us);
         }
         dev.stop().await;
         db.drop_now().await?;
@@ -598,16 +606,20 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
     } else {
         println!(
             "\nunordered: relay {r:.0} events/s (median of {}), SQL-only cycle {b:.0}/s with the relay's async commit \
-             ({bs:.0}/s synchronous) -> relay at {:.0}% of the same-run SQL-only cycle; relay peak RSS {:.1} MB",
+             ({bs:.0}/s synchronous) -> relay at {:.0}% of the same-run SQL-only cycle; relay peak RSS {:.1} MB; \
+             CPU per event: relay {:.1} µs, dev server {:.1} µs (both take it from Postgres on this machine)",
             relay.len(),
             100.0 * r / b,
-            rss.iter().cloned().fold(0.0, f64::max)
+            rss.iter().cloned().fold(0.0, f64::max),
+            median(&cpu_relay),
+            median(&cpu_dev)
         );
         json!({
             "relay_events_per_sec": relay, "relay_median": r,
             "sql_only_async_commit": base_async, "sql_only_async_median": b,
             "sql_only_sync_commit": base_sync, "sql_only_sync_median": bs,
             "relay_vs_sql_only": r / b,
+            "relay_cpu_us_per_event": cpu_relay, "dev_server_cpu_us_per_event": cpu_dev,
         })
     };
     println!(
