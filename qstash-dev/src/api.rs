@@ -263,7 +263,7 @@ fn finish_message_cached(
     last_valid: &mut Option<String>,
 ) -> Result<NewMessage, ApiError> {
     if last_valid.as_deref() != Some(url.as_str()) {
-        check_url("destination", &url)?;
+        check_url(&|| "destination".into(), &url)?;
         *last_valid = Some(url.clone());
     }
     if let Some(q) = &queue {

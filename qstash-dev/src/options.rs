@@ -382,18 +382,39 @@ pub(crate) fn parse_go_bool(s: &str) -> Option<bool> {
     }
 }
 
-/// Validates an absolute http(s) URL.
-pub(crate) fn check_url(what: &str, s: &str) -> Result<(), ApiError> {
+thread_local! {
+    /// The last few URLs that passed [`check_url`] on this thread: publishers repeat the same destination and
+    /// callback URLs, and parsing a URL was the most expensive step of accepting a message. Validity depends
+    /// only on the string, so a hit answers exactly what parsing would.
+    static RECENT_VALID_URLS: std::cell::RefCell<(usize, [Option<String>; 4])> =
+        const { std::cell::RefCell::new((0, [None, None, None, None])) };
+}
+
+/// Validates an absolute http(s) URL; `what` names it in the error (built only when there is one).
+pub(crate) fn check_url(what: &dyn Fn() -> String, s: &str) -> Result<(), ApiError> {
+    if RECENT_VALID_URLS.with_borrow(|(_, urls)| urls.iter().flatten().any(|u| u == s)) {
+        return Ok(());
+    }
     let has =
         |p: &str| s.len() >= p.len() && s.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes());
     if !(has("http://") || has("https://")) {
         return Err(ApiError::bad_request(format!(
-            "invalid {what} url: endpoint has invalid scheme, add http:// or https://"
+            "invalid {} url: endpoint has invalid scheme, add http:// or https://",
+            what()
         )));
     }
     match url::Url::parse(s) {
-        Ok(u) if u.host().is_some() => Ok(()),
-        _ => Err(ApiError::bad_request(format!("invalid {what} url: {s:?}"))),
+        Ok(u) if u.host().is_some() => {
+            RECENT_VALID_URLS.with_borrow_mut(|(next, urls)| {
+                urls[*next] = Some(s.to_owned());
+                *next = (*next + 1) % urls.len();
+            });
+            Ok(())
+        }
+        _ => Err(ApiError::bad_request(format!(
+            "invalid {} url: {s:?}",
+            what()
+        ))),
     }
 }
 
@@ -401,7 +422,7 @@ fn build_callback(name: &str, raw: CallbackRaw) -> Result<Option<CallbackSpec>, 
     let Some(url) = raw.url.filter(|u| !u.is_empty()) else {
         return Ok(None);
     };
-    check_url(&name.to_ascii_lowercase().replace("upstash-", ""), &url)?;
+    check_url(&|| name.to_ascii_lowercase().replace("upstash-", ""), &url)?;
     let method = raw
         .method
         .as_deref()
@@ -614,6 +635,31 @@ mod tests {
                 .content_based_dedup
         );
         assert!(build(&[("Upstash-Callback", "ftp://x")]).is_err());
+    }
+
+    #[test]
+    fn url_checks_remembered_only_when_valid() {
+        let dest = || "destination".to_owned();
+        for _ in 0..2 {
+            // the second round answers from the per-thread memory of valid URLs
+            check_url(&dest, "https://example.com/a").unwrap();
+            check_url(&dest, "http://127.0.0.1:9/b?x=1").unwrap();
+        }
+        // a near miss of a remembered URL is still parsed and refused
+        let e = check_url(&dest, "https://").unwrap_err();
+        assert_eq!(e.message, "invalid destination url: \"https://\"");
+        assert!(check_url(&dest, "").is_err());
+        for i in 0..10 {
+            check_url(&dest, &format!("https://h{i}.example/")).unwrap();
+        }
+        assert!(check_url(&dest, "ftp://example.com/a").is_err());
+        // the failing header is named in the message
+        let e = build(&[("Upstash-Failure-Callback", "https:// bad")]).unwrap_err();
+        assert!(
+            e.message.starts_with("invalid failure-callback url"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
