@@ -37,6 +37,10 @@ async fn run_scenario(pool: PgPool, mode: EvidenceMode) {
         duplicate_delivery_rate: 0.25,
         delivery_network_error_rate: 0.05,
         delivery_lost_response_rate: 0.05,
+        // Faults QStash rides out: with 10 % of attempts failing, one of ~170 messages lost all four attempts about
+        // once in a hundred runs (a CI run saw it: QStash dead-lettered an event whose lost response hid that it
+        // was applied, so applied + dead exceeded the events by one). Exhausted retries have their own tests.
+        spare_final_attempt: true,
         ..Default::default()
     };
     // Small batches: enough publish requests (~90) that the seeded publish faults are sure to hit some of them

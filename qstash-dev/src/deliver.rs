@@ -237,7 +237,8 @@ async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<AttemptRec>) {
     };
 
     let mut outcome = Outcome::default();
-    let faulty = shared.delivery_faults_active();
+    let faulty = shared.delivery_faults_active()
+        && !(job.retried >= job.data.max_retries && shared.spares_final_attempt());
     let (net_fault, lost_fault) = (
         faulty && shared.draw_fault(|f| f.delivery_network_error_rate),
         faulty && shared.draw_fault(|f| f.delivery_lost_response_rate),

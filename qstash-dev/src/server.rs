@@ -193,6 +193,11 @@ impl Shared {
         st.rng.random::<f64>() < p
     }
 
+    /// [`Faults::spare_final_attempt`].
+    pub fn spares_final_attempt(&self) -> bool {
+        lock(&self.faults).faults.spare_final_attempt
+    }
+
     pub fn faults(&self) -> Faults {
         lock(&self.faults).faults.clone()
     }
