@@ -76,13 +76,15 @@ fn cfn_lint_accepts_the_template_and_the_generated_cloudformation() {
 
     // cfn-lint 1.5x checks SAM resources against SAM's schema without running the transform; the generated
     // CloudFormation is linted as well (it catches what only exists after the transform).
-    let generated = scratch("lint").join("template.cfn.json");
+    let dir = scratch("lint");
+    let generated = dir.join("template.cfn.json");
     std::fs::write(&generated, translated_template().to_string()).unwrap();
     let (ok, text) = cfn_lint(&generated);
     assert!(
         ok,
         "cfn-lint on the transformed template reported problems:\n{text}"
     );
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
