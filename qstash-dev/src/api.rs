@@ -242,6 +242,8 @@ fn build_from_request(
     finish_message(url, body, opts, queue, caller_ip)
 }
 
+/// Validates the destination (`check_url` remembers recent valid URLs, so a batch repeating one destination
+/// parses it once) and the queue, and assembles the message.
 fn finish_message(
     url: String,
     body: Bytes,
@@ -249,23 +251,7 @@ fn finish_message(
     queue: Option<String>,
     caller_ip: Arc<str>,
 ) -> Result<NewMessage, ApiError> {
-    finish_message_cached(url, body, opts, queue, caller_ip, &mut None)
-}
-
-/// Like [`finish_message`]; `last_valid` remembers the last destination that passed URL validation (batches
-/// usually repeat one destination, and parsing a URL is the most expensive per-item step).
-fn finish_message_cached(
-    url: String,
-    body: Bytes,
-    opts: PublishOptions,
-    queue: Option<String>,
-    caller_ip: Arc<str>,
-    last_valid: &mut Option<String>,
-) -> Result<NewMessage, ApiError> {
-    if last_valid.as_deref() != Some(url.as_str()) {
-        check_url(&|| "destination".into(), &url)?;
-        *last_valid = Some(url.clone());
-    }
+    check_url(&|| "destination".into(), &url)?;
     if let Some(q) = &queue {
         if !valid_queue_name(q) {
             return Err(ApiError::bad_request(
@@ -440,11 +426,7 @@ fn item_error_json(e: &ApiError) -> Value {
     json!({"error": e.message, "status": e.status.as_u16()})
 }
 
-fn build_batch_item(
-    item: BatchItem<'_>,
-    caller_ip: &Arc<str>,
-    last_valid: &mut Option<String>,
-) -> Result<NewMessage, ApiError> {
+fn build_batch_item(item: BatchItem<'_>, caller_ip: &Arc<str>) -> Result<NewMessage, ApiError> {
     let Some(dest) = item.destination.map(|d| d.0).filter(|d| !d.is_empty()) else {
         return Err(ApiError::bad_request("destination is required"));
     };
@@ -462,13 +444,12 @@ fn build_batch_item(
         .queue
         .map(|q| q.0.into_owned())
         .filter(|q| !q.is_empty());
-    finish_message_cached(
+    finish_message(
         normalize_destination(&dest).into_owned(),
         body,
         opts,
         queue,
         caller_ip.clone(),
-        last_valid,
     )
 }
 
@@ -497,10 +478,9 @@ fn batch_inner(s: &Shared, body: &[u8], caller_ip: Arc<str>) -> Response {
             .into_response();
         }
     };
-    let mut last_valid = None;
     let built: Vec<Result<NewMessage, ApiError>> = items
         .into_iter()
-        .map(|i| build_batch_item(i, &caller_ip, &mut last_valid))
+        .map(|i| build_batch_item(i, &caller_ip))
         .collect();
     let mut out = Vec::with_capacity(built.len());
     let mut fx = Effects::default();

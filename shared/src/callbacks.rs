@@ -1,6 +1,6 @@
 //! The callback function (`functions/failure-callback`): QStash calls it
 //!
-//! * at `{CALLBACK_URL}/failure` once it gives up on a message (retries exhausted, or the consumer response_status 489):
+//! * at `{CALLBACK_URL}/failure` once it gives up on a message (retries exhausted, or the consumer answered 489):
 //!   the body describes the message; it becomes a row in `dead_letters` ([`crate::dead_letters`]), linked to the
 //!   outbox event through the forwarded `x-outbox-id` — **guarantee 4, nothing fails silently**;
 //! * at `{CALLBACK_URL}/delivered` after every delivery attempt of an ordered event (`Upstash-Callback`): a 2xx
