@@ -90,6 +90,11 @@ async fn join_workers(
     Ok((total, elapsed))
 }
 
+/// CPU seconds spread over `events`, in microseconds per event.
+fn us_per_event(cpu_secs: f64, events: u64) -> f64 {
+    cpu_secs * 1e6 / events as f64
+}
+
 /// The SQL-only cycle: the relay's own claim and settle statements, no network.
 async fn sql_only(
     url: &str,
@@ -428,9 +433,8 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             seed_unordered(&db.pool, args.events).await?;
             let dev_cpu0 = dev.cpu_secs().unwrap_or(0.0);
             let out = relay_child(&db.url, &dev.url, &args, &[]).await?;
-            let per_event_us = |cpu: f64| cpu * 1e6 / args.events as f64;
-            let relay_us = per_event_us(out["cpu_secs"].as_f64().unwrap_or(0.0));
-            let dev_us = per_event_us(dev.cpu_secs().unwrap_or(0.0) - dev_cpu0);
+            let relay_us = us_per_event(out["cpu_secs"].as_f64().unwrap_or(0.0), args.events);
+            let dev_us = us_per_event(dev.cpu_secs().unwrap_or(0.0) - dev_cpu0, args.events);
             let dispatched = out["summary"]["dispatched"].as_u64().unwrap_or(0);
             if dispatched != args.events {
                 bail!(
@@ -512,7 +516,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
                 )
                 .fetch_one(&db.pool)
                 .await?;
-                let per_event_us = |cpu: f64| cpu * 1e6 / n as f64;
+                let per_event_us = |cpu: f64| us_per_event(cpu, n);
                 println!(
                     "ordered run {run}, evidence from the {mode}: {n} events over {} keys: relay {:>7.0}/s (SQL-only ordered cycle {:>7.0}/s)\n  \
                      per key, median: accepted → evidence {to_evidence:.1} ms, evidence → next accepted {to_next:.1} ms\n  \
