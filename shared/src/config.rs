@@ -521,6 +521,25 @@ pub struct ConsumerConfig {
     pub secret_refresh_interval: Duration,
     /// `RELAY_SKIP_DEAD_HEAD_TOPICS`: the failure callback applies the same dead-head policy as the relay.
     pub skip_topics: Vec<String>,
+    /// `TRUST_FORWARDED_HEADERS` (default false): build the URL compared with the token's `sub` from
+    /// `X-Forwarded-Proto`/`X-Forwarded-Host` (only behind a proxy that sets them). Otherwise, without
+    /// `PUBLIC_BASE_URL`, the URL comes from what AWS sets (`requestContext.domainName`).
+    pub trust_forwarded_headers: bool,
+    /// `LEGACY_DELIVERIES` (default `verify`): what the consumer does with deliveries in the previous wire
+    /// format (identity in unsigned headers).
+    pub legacy_deliveries: LegacyDeliveries,
+}
+
+/// What the consumer does with a delivery in the previous wire format (no `contract` in its URL: the event's
+/// identity is in unsigned `x-outbox-*` headers). See [`crate::contract`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LegacyDeliveries {
+    /// Apply it only if the outbox row named by `x-outbox-id` has the delivery's topic and payload; key,
+    /// sequence and headers then come from the row.
+    #[default]
+    Verify,
+    /// Refuse it permanently (QStash dead-letters it; the failure callback records why).
+    Refuse,
 }
 
 impl ConsumerConfig {
@@ -535,6 +554,8 @@ impl ConsumerConfig {
             clock_tolerance: Duration::ZERO,
             secret_refresh_interval: Duration::from_secs(60),
             skip_topics: Vec::new(),
+            trust_forwarded_headers: false,
+            legacy_deliveries: LegacyDeliveries::Verify,
         }
     }
 
@@ -562,6 +583,18 @@ impl ConsumerConfig {
             secret_refresh_interval: v
                 .duration_or("SECRET_REFRESH_INTERVAL_SECS", Duration::from_secs(60))?,
             skip_topics: v.list("RELAY_SKIP_DEAD_HEAD_TOPICS"),
+            trust_forwarded_headers: v.bool_or("TRUST_FORWARDED_HEADERS", false)?,
+            legacy_deliveries: match v.raw("LEGACY_DELIVERIES").as_deref() {
+                None | Some("verify") => LegacyDeliveries::Verify,
+                Some("refuse") => LegacyDeliveries::Refuse,
+                Some(other) => {
+                    return Err(ConfigError::InvalidVar {
+                        name: "LEGACY_DELIVERIES",
+                        value: other.to_owned(),
+                        reason: "expected verify or refuse".into(),
+                    });
+                }
+            },
         })
     }
 

@@ -67,7 +67,7 @@ fn fixtures_are_function_url_events_signed_with_the_dev_key() {
         );
         assert_eq!(
             claims["sub"].as_str().unwrap(),
-            outbox::receiver::request_url(&req, None),
+            outbox::receiver::request_url(&req, outbox::receiver::UrlSource::FunctionUrl),
             "{name}: sub is the URL rebuilt from the event"
         );
     }

@@ -15,7 +15,8 @@ use lambda_http::Request;
 use outbox::config::{ConsumerConfig, EnvSource};
 use outbox::consumer::{ConsumerState, handle_event};
 use outbox::receiver::{
-    Clock, KeyRing, KeyUsed, SigningKeys, VerifyError, VerifyOptions, request_url, verify,
+    Clock, KeyRing, KeyUsed, SigningKeys, UrlSource, VerifyError, VerifyOptions, request_url,
+    verify,
 };
 use outbox::secrets::SecretSource;
 use serde_json::{Value, json};
@@ -1182,11 +1183,11 @@ fn url_is_rebuilt_from_the_function_url_event() {
         b"",
     ));
     assert_eq!(
-        request_url(&req, None),
+        request_url(&req, UrlSource::FunctionUrl),
         format!("https://{HOST}/events/a%2Fb?x=1&y=a%20b")
     );
     assert_eq!(
-        request_url(&req, Some("https://public.example.com")),
+        request_url(&req, UrlSource::Public("https://public.example.com")),
         "https://public.example.com/events/a%2Fb?x=1&y=a%20b"
     );
     // Without a host header the function URL's domain name is used.
@@ -1194,20 +1195,32 @@ fn url_is_rebuilt_from_the_function_url_event() {
         serde_json::from_str(&function_url_event("POST", "/failure", "", &[], b"")).unwrap();
     ev["headers"].as_object_mut().unwrap().remove("host");
     let req = request_from_event(&ev.to_string());
-    assert_eq!(request_url(&req, None), format!("https://{HOST}/failure"));
-    // Forwarded headers (first value of a list) win over host.
+    assert_eq!(
+        request_url(&req, UrlSource::FunctionUrl),
+        format!("https://{HOST}/failure")
+    );
+    // Client-sent Host and X-Forwarded-* headers choose nothing unless a setting trusts a proxy in front.
     let req = request_from_event(&function_url_event(
         "POST",
         "/failure",
         "",
         &[
+            ("host", "attacker.example"),
             ("x-forwarded-host", "a.example.com, b.example.com"),
             // (lambda_http itself panics on a list in x-forwarded-proto while building the URI, so one value.)
             ("x-forwarded-proto", "http"),
         ],
         b"",
     ));
-    assert_eq!(request_url(&req, None), "http://a.example.com/failure");
+    assert_eq!(
+        request_url(&req, UrlSource::FunctionUrl),
+        format!("https://{HOST}/failure")
+    );
+    // TRUST_FORWARDED_HEADERS: forwarded headers (first value of a list) win over host.
+    assert_eq!(
+        request_url(&req, UrlSource::Forwarded),
+        "http://a.example.com/failure"
+    );
 }
 
 #[tokio::test]
