@@ -22,7 +22,9 @@
 //!
 //! `evidence`, `seq`, `schema_version` and `headers` are omitted when they do not apply. `events` holds one event
 //! today. Two request headers stay as **informational copies** (`x-outbox-id` for QStash's console and logs,
-//! `traceparent` for tracing proxies); a receiver refuses a request whose copy disagrees with the signed value.
+//! `traceparent` for tracing proxies). A receiver refuses a request whose `x-outbox-*` or `x-schema-version` copy
+//! disagrees with the signed value; `traceparent` is not compared (tracing proxies rewrite it; the envelope's value
+//! is the one used).
 //!
 //! A delivery whose URL has no `contract` parameter was published by a relay of the previous version (identity in
 //! `x-outbox-*` headers): the consumer accepts it only after checking it against the outbox row

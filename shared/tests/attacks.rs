@@ -148,6 +148,17 @@ fn consumer_with(pool: &PgPool, config: ConsumerConfig) -> ConsumerState {
     ConsumerState::new(receiver(pool, config), example::registry())
 }
 
+/// Marks events dispatched, as the previous relay left them once QStash accepted their old-format message.
+async fn mark_dispatched(pool: &PgPool, rows: &[&Row]) {
+    for r in rows {
+        sqlx::query("UPDATE outbox SET dispatched_at = now() WHERE id = $1")
+            .bind(r.id)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
 async fn processed(pool: &PgPool, id: i64) -> bool {
     sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM processed_messages WHERE message_id = $1)")
         .bind(id.to_string())
@@ -345,6 +356,7 @@ async fn legacy_delivery_matching_its_outbox_row_is_applied_once_with_evidence(p
     let next = enqueue_cancel(&pool, "order-old").await;
     assert_eq!(next.seq, Some(2));
     let unordered = enqueue_audit(&pool, "carol").await;
+    mark_dispatched(&pool, &[&ordered, &unordered]).await;
     let st = consumer(&pool, example::registry());
     let r = handle_event(&st, legacy_delivery_of(&ordered, &[])).await;
     assert_eq!(
@@ -429,6 +441,7 @@ async fn legacy_delivery_whose_id_header_names_another_event_is_refused(pool: Pg
     let a = enqueue_order(&pool, "order-a").await;
     let b = enqueue_order(&pool, "order-b").await;
     let audit = enqueue_audit(&pool, "dave").await;
+    mark_dispatched(&pool, &[&a, &b, &audit]).await;
     let st = consumer(&pool, example::registry());
     // A's old-format delivery (signed body: A's payload) with x-outbox-id: B (payload differs).
     let b_id = b.id.to_string();
@@ -469,6 +482,52 @@ async fn legacy_delivery_whose_id_header_names_another_event_is_refused(pool: Pg
             (200, json!({"status":"processed","outbox_id":ev.id}))
         );
     }
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn legacy_delivery_naming_an_undispatched_twin_is_retried_not_applied(pool: PgPool) {
+    // Two events of one key with the same payload: topic and payload cannot tell them apart. The second is not
+    // dispatched (the previous relay published a key's next event only after its predecessor was delivered), so
+    // no genuine old-format delivery of it can exist: a replay of the first with x-outbox-id of the second must
+    // not apply it out of turn.
+    let first = enqueue_order(&pool, "twin").await;
+    let second = enqueue_order(&pool, "twin").await;
+    assert_eq!(first.payload, second.payload);
+    assert_eq!((first.seq, second.seq), (Some(1), Some(2)));
+    mark_dispatched(&pool, &[&first]).await;
+    let st = consumer(&pool, example::registry());
+    let second_id = second.id.to_string();
+    let r = handle_event(
+        &st,
+        legacy_delivery_of(
+            &first,
+            &[("x-outbox-id", &second_id), ("x-outbox-seq", "2")],
+        ),
+    )
+    .await;
+    let (status, json) = parts(&r);
+    assert_eq!(status, 503, "{json}");
+    assert!(
+        json["error"]
+            .as_str()
+            .unwrap()
+            .contains("not show as dispatched"),
+        "{json}"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM processed_messages").await,
+        0
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM consumer_sequences").await,
+        0
+    );
+    // The first one's genuine delivery is applied in order.
+    let r = handle_event(&st, legacy_delivery_of(&first, &[])).await;
+    assert_eq!(
+        parts(&r),
+        (200, json!({"status":"processed","outbox_id":first.id}))
+    );
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]

@@ -275,8 +275,8 @@ fn current_delivery<'b>(req: &'b Request, topic: &str) -> Result<Delivery<'b>, O
 
 /// A delivery in the previous format (no `contract` in its URL; published before the upgrade, QStash may still
 /// hold it for days). Its identity is in unsigned headers, so it is applied only when the outbox row named by
-/// `x-outbox-id` has the delivery's (signed) topic and payload; key, sequence and metadata then come from the
-/// row, never from the headers. Ordered events record their evidence here (the row is in this database).
+/// `x-outbox-id` has the delivery's (signed) topic and payload and is marked dispatched; key, sequence and
+/// metadata then come from the row, never from the headers. Ordered events record their evidence here (the row is in this database).
 async fn legacy_delivery<'b>(
     rs: &ReceiverState,
     req: &'b Request,
@@ -310,7 +310,8 @@ async fn legacy_delivery<'b>(
         ));
     }
     let row = sqlx::query(
-        "SELECT topic, partition_key, seq, headers, created_at, payload = $2::jsonb AS same_payload \
+        "SELECT topic, partition_key, seq, headers, created_at, payload = $2::jsonb AS same_payload, \
+                dispatched_at IS NOT NULL AS dispatched \
          FROM outbox WHERE id = $1",
     )
     .persistent(rs.persistent)
@@ -319,6 +320,10 @@ async fn legacy_delivery<'b>(
     .fetch_optional(&rs.pool)
     .await
     .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
+        Some(code) if code.starts_with("22") => Outcome::Permanent(format!(
+            "delivery in the previous wire format whose body Postgres refuses as jsonb ({e}): it cannot be an \
+             outbox payload"
+        )),
         Some(code) if code == "42P01" => Outcome::Permanent(
             "a delivery in the previous wire format can only be verified against the outbox table, which is not \
              in this consumer's database"
@@ -346,6 +351,20 @@ async fn legacy_delivery<'b>(
             "x-outbox-id {outbox_id} names an event whose topic or payload differs from this signed delivery: \
              the header was altered after QStash signed it"
         )));
+    }
+    // The previous relay marked an event dispatched once QStash accepted it, and published an ordered key's next
+    // event only after its predecessor was delivered. An event not yet dispatched therefore has no genuine
+    // old-format delivery in flight (or its relay died between publish and settle): a forged id naming another
+    // event with the same topic and payload would apply it out of turn. Retry later instead of deciding now.
+    let dispatched: bool = row.try_get("dispatched").map_err(db)?;
+    if !dispatched {
+        return Err(Outcome::Transient {
+            message: format!(
+                "delivery in the previous wire format for outbox id {outbox_id}, which the outbox does not show as \
+                 dispatched yet: retry later"
+            ),
+            retry_after: Some(Duration::from_secs(60)),
+        });
     }
     let key: String = row.try_get("partition_key").map_err(db)?;
     let seq: Option<i64> = row.try_get("seq").map_err(db)?;
