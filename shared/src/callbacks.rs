@@ -364,10 +364,9 @@ fn check_id_copy(req: &Request, signed: Option<i64>) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "header x-outbox-id is {:?} but the signed callback body names {}: the request was altered after \
-             QStash signed it",
+            "header x-outbox-id is {:?} but the signed callback body names event {signed}: the request was \
+             altered after QStash signed it",
             copy.chars().take(40).collect::<String>(),
-            format!("event {signed}")
         ))
     }
 }
