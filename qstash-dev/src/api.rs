@@ -49,9 +49,10 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v2/flowControl/{key}/{action}", post(flow_action))
         .route("/v2/globalParallelism", get(global_parallelism))
         .route("/v2/keys", get(get_keys))
-        .route("/v2/keys/rotate", post(rotate_keys))
-        .route_layer(from_fn_with_state(shared.clone(), auth));
+        .route("/v2/keys/rotate", post(rotate_keys));
+    // The inspection API needs the same token: it can reset the server, inject faults and read the token.
     v2.merge(crate::inspect::router())
+        .route_layer(from_fn_with_state(shared.clone(), auth))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(shared)
