@@ -55,6 +55,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route_layer(from_fn_with_state(shared.clone(), auth))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Outermost, so it also covers unknown paths and runs before the token check.
+        .layer(from_fn_with_state(shared.clone(), check_host))
         .with_state(shared)
 }
 
@@ -112,6 +114,35 @@ async fn auth(State(s): S, req: Request, next: Next) -> Response {
         next.run(req).await
     } else {
         ApiError::unauthorized().into_response()
+    }
+}
+
+/// Refuses requests whose `Host` (or absolute request target) does not name this server: a DNS-rebinding page
+/// (0113). No `Host` at all (HTTP/1.0) passes.
+async fn check_host(State(s): S, req: Request, next: Next) -> Response {
+    let local = req
+        .extensions()
+        .get::<ConnCtx>()
+        .map_or(s.bound, |c| c.local);
+    let ok = |h: &str| crate::host::allowed(h, s.bound, local);
+    let bad = req
+        .headers()
+        .get_all(header::HOST)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .chain(req.uri().authority().map(|a| a.as_str().to_owned()))
+        .find(|h| !ok(h));
+    match bad {
+        None => next.run(req).await,
+        Some(h) => ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "Host {h:?} does not name this server: qstash-dev answers only to localhost, 127.0.0.1, [::1] \
+                 and the address it listens on ({}), to refuse DNS-rebinding requests from web pages",
+                s.bound
+            ),
+        )
+        .into_response(),
     }
 }
 

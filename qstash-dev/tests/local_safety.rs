@@ -1,10 +1,49 @@
-//! The dev server is safe on a developer's machine: `/__dev/*` needs the API token.
+//! The dev server is safe on a developer's machine (decision record 0113): `/__dev/*` needs the API token, and
+//! requests whose `Host` does not name the server (DNS rebinding) are refused.
 
 mod common;
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
 use common::*;
-use qstash_dev::Faults;
+use qstash_dev::{DevServer, Faults};
 use reqwest::Method;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Sends `head` (request line and headers, without the blank line) on a fresh connection to `addr` and returns
+/// the status and the body as JSON (or as a string). Raw, so the `Host` header is exactly what the test says.
+async fn raw(addr: SocketAddr, head: &str) -> (u16, serde_json::Value) {
+    raw_with_body(addr, head, "").await
+}
+
+/// [`raw`] with a request body (give its `Content-Length` in `head`).
+async fn raw_with_body(addr: SocketAddr, head: &str, body: &str) -> (u16, serde_json::Value) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("{head}\r\nConnection: close\r\n\r\n{body}").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut buf))
+        .await
+        .expect("response in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (
+        status,
+        serde_json::from_str(body).unwrap_or_else(|_| serde_json::Value::String(body.into())),
+    )
+}
+
+/// A loopback address with the server's port (what a client on this machine connects to).
+fn loopback(s: &DevServer) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), s.addr().port())
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_api_needs_the_api_token() {
@@ -65,5 +104,80 @@ async fn dev_api_needs_the_api_token() {
         assert_eq!(r.status(), 401, "{m} {p}");
     }
     assert_eq!(server.handle().attempts().len(), 1, "attempt log kept");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_rebinding_host_is_refused_on_api_and_dev_routes() {
+    let server = server(0.001, |_| {}).await;
+    let addr = loopback(&server);
+    let port = addr.port();
+    let auth = format!("Authorization: Bearer {}", server.token());
+
+    for path in ["/v2/keys", "/__dev/config", "/v2/nothing-here"] {
+        let (st, v) = raw(
+            addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: evil.example:{port}\r\n{auth}"),
+        )
+        .await;
+        assert_eq!(st, 421, "{path}: {v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("evil.example")),
+            "{path}: JSON error naming the host: {v}"
+        );
+    }
+    // Without a token too (the Host check comes first), and a publish is not even counted.
+    let (st, _) = raw(
+        addr,
+        &format!("GET /__dev/config HTTP/1.1\r\nHost: evil.example:{port}"),
+    )
+    .await;
+    assert_eq!(st, 421);
+    let (st, _) = raw_with_body(
+        addr,
+        &format!(
+            "POST /v2/publish/http://127.0.0.1:9/x HTTP/1.1\r\nHost: evil.example:{port}\r\n{auth}\r\n\
+             Content-Length: 1"
+        ),
+        "x",
+    )
+    .await;
+    assert_eq!(st, 421);
+    assert_eq!(server.handle().stats().publish_requests, 0);
+    // A rebinding name that merely starts like a loopback name, and an absolute target naming another host.
+    for head in [
+        format!("GET /v2/keys HTTP/1.1\r\nHost: localhost.evil.example:{port}\r\n{auth}"),
+        format!("GET /v2/keys HTTP/1.1\r\nHost: 127.0.0.1.nip.io:{port}\r\n{auth}"),
+        format!(
+            "GET http://evil.example:{port}/v2/keys HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{auth}"
+        ),
+    ] {
+        assert_eq!(raw(addr, &head).await.0, 421, "{head}");
+    }
+
+    // What clients on this machine send: the SDKs and reqwest use the URL's host (http://127.0.0.1:PORT).
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("LOCALHOST:{port}"),
+        format!("[::1]:{port}"),
+        "localhost".to_owned(),
+    ] {
+        for path in ["/v2/keys", "/__dev/config"] {
+            let (st, v) = raw(
+                addr,
+                &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}"),
+            )
+            .await;
+            assert_eq!(st, 200, "Host: {host} {path}: {v}");
+        }
+    }
+    // HTTP/1.0 without a Host header.
+    let (st, v) = raw(addr, &format!("GET /v2/keys HTTP/1.0\r\n{auth}")).await;
+    assert_eq!(st, 200, "{v}");
+    let (st, _) = Api::new(&server).call(Method::GET, "/v2/keys").await;
+    assert_eq!(st, 200, "reqwest with server.url()");
     server.shutdown().await;
 }
