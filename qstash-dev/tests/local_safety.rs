@@ -1,14 +1,16 @@
-//! The dev server is safe on a developer's machine (decision record 0113): `/__dev/*` needs the API token, and
-//! requests whose `Host` does not name the server (DNS rebinding) are refused.
+//! The dev server is safe on a developer's machine (decision record 0113): `/__dev/*` needs the API token,
+//! requests whose `Host` does not name the server (DNS rebinding) are refused, and a non-loopback bind needs a
+//! token of one's own.
 
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::Stdio;
 
 use common::*;
-use qstash_dev::{DevServer, Faults};
+use qstash_dev::{Config, DEV_TOKEN, DevServer, Faults, StartError};
 use reqwest::Method;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 /// Sends `head` (request line and headers, without the blank line) on a fresh connection to `addr` and returns
 /// the status and the body as JSON (or as a string). Raw, so the `Host` header is exactly what the test says.
@@ -180,4 +182,127 @@ async fn dns_rebinding_host_is_refused_on_api_and_dev_routes() {
     let (st, _) = Api::new(&server).call(Method::GET, "/v2/keys").await;
     assert_eq!(st, 200, "reqwest with server.url()");
     server.shutdown().await;
+}
+
+fn refusal(r: Result<DevServer, StartError>) -> String {
+    match r {
+        Err(StartError::Config(m)) => m,
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(s) => panic!("started on {}", s.addr()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_loopback_bind_needs_a_token_of_ones_own() {
+    for bind in ["0.0.0.0", "::", "192.0.2.1"] {
+        let cfg = Config {
+            bind: bind.parse().unwrap(),
+            ..Config::for_tests(0.001)
+        };
+        assert_eq!(cfg.token, DEV_TOKEN);
+        let m = refusal(DevServer::start(cfg).await);
+        for needle in [bind, "default dev token", "--token", "QSTASH_DEV_TOKEN"] {
+            assert!(m.contains(needle), "{bind}: {needle:?} missing from {m:?}");
+        }
+    }
+
+    // Loopback (all of 127.0.0.0/8) keeps the default token.
+    for bind in ["127.0.0.1", "127.0.0.2"] {
+        let s = server(0.001, |c| c.bind = bind.parse().unwrap()).await;
+        s.shutdown().await;
+    }
+    // ::1 passes the check (the host may have no IPv6, so binding itself may fail).
+    let r = DevServer::start(Config {
+        bind: "::1".parse().unwrap(),
+        ..Config::for_tests(0.001)
+    })
+    .await;
+    match r {
+        Ok(s) => s.shutdown().await,
+        Err(StartError::Bind { .. }) => {}
+        Err(e) => panic!("::1 refused: {e}"),
+    }
+
+    // An explicit token: it starts, answers to its own address and to loopback names, not to other hosts.
+    let s = server(0.001, |c| {
+        c.bind = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+        c.token = "a-secret-of-my-own".into();
+    })
+    .await;
+    let port = s.addr().port();
+    let auth = "Authorization: Bearer a-secret-of-my-own";
+    for host in [format!("0.0.0.0:{port}"), format!("127.0.0.1:{port}")] {
+        let (st, v) = raw(
+            loopback(&s),
+            &format!("GET /__dev/stats HTTP/1.1\r\nHost: {host}\r\n{auth}"),
+        )
+        .await;
+        assert_eq!(st, 200, "Host: {host}: {v}");
+    }
+    let (st, _) = raw(
+        loopback(&s),
+        &format!("GET /__dev/stats HTTP/1.1\r\nHost: evil.example:{port}\r\n{auth}"),
+    )
+    .await;
+    assert_eq!(st, 421);
+    // Reached on a non-loopback address of this machine (if it has one): that address is the Host.
+    if let Some(ip) = outward_ip() {
+        let (st, v) = raw(
+            SocketAddr::new(ip, port),
+            &format!("GET /__dev/stats HTTP/1.1\r\nHost: {ip}:{port}\r\n{auth}"),
+        )
+        .await;
+        assert_eq!(st, 200, "Host: {ip}:{port}: {v}");
+    }
+    s.shutdown().await;
+}
+
+/// This machine's address on its default route, if any (no packet is sent).
+fn outward_ip() -> Option<IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.1:9").ok()?;
+    Some(s.local_addr().ok()?.ip()).filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_refuses_a_non_loopback_bind_without_a_token() {
+    let bin = env!("CARGO_BIN_EXE_qstash-dev");
+    let cmd = |args: &[&str]| {
+        let mut c = tokio::process::Command::new(bin);
+        c.args(args)
+            .env_remove("QSTASH_DEV_TOKEN")
+            .env_remove("QSTASH_DEV_BIND")
+            .env_remove("QSTASH_DEV_PORT")
+            .env("RUST_LOG", "warn") // logs go to stdout too
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        c
+    };
+    let out = tokio::time::timeout(WAIT, cmd(&["--bind", "0.0.0.0", "--port", "0"]).output())
+        .await
+        .expect("exits instead of listening")
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in ["0.0.0.0", "--token", "QSTASH_DEV_TOKEN", "--bind 127.0.0.1"] {
+        assert!(err.contains(needle), "{needle:?} missing from {err}");
+    }
+
+    // With a token it listens (and says where).
+    let mut child = cmd(&["--bind", "0.0.0.0", "--port", "0", "--token", "mine"])
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(WAIT, lines.next_line())
+        .await
+        .expect("starts")
+        .unwrap()
+        .unwrap_or_default();
+    assert!(
+        first.starts_with("qstash-dev listening on http://0.0.0.0:"),
+        "{first}"
+    );
+    child.kill().await.unwrap();
 }
