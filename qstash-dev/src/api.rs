@@ -132,6 +132,28 @@ async fn check_host(State(s): S, req: Request, next: Next) -> Response {
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         .chain(req.uri().authority().map(|a| a.as_str().to_owned()))
         .find(|h| !ok(h));
+    // A browser page may also *send* to the right Host (a fire-and-forget cross-site POST to
+    // http://127.0.0.1:8080/__dev/reset?qstash_token=<the public dev token>): browsers name the page in `Origin`,
+    // SDKs and curl send none. Any Origin that is not this server is refused.
+    let bad_origin = req
+        .headers()
+        .get_all(header::ORIGIN)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .find(|o| {
+            !o.split_once("://")
+                .is_some_and(|(_, authority)| ok(authority.trim_end_matches('/')))
+        });
+    if let Some(o) = bad_origin {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "Origin {o:?} is a web page that is not this server: qstash-dev refuses cross-site requests from \
+                 browsers"
+            ),
+        )
+        .into_response();
+    }
     match bad {
         None => next.run(req).await,
         Some(h) => ApiError::new(

@@ -176,6 +176,40 @@ async fn dns_rebinding_host_is_refused_on_api_and_dev_routes() {
             assert_eq!(st, 200, "Host: {host} {path}: {v}");
         }
     }
+    // A browser page posting to the right Host still names itself in Origin: refused before anything runs.
+    let publishes = || server.handle().stats().publish_requests;
+    let before = publishes();
+    for origin in ["http://evil.example", "null", "https://127.0.0.1.nip.io"] {
+        let (st, v) = raw_with_body(
+            addr,
+            &format!(
+                "POST /v2/publish/http://127.0.0.1:9/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+                 Origin: {origin}\r\n{auth}\r\nContent-Length: 1"
+            ),
+            "x",
+        )
+        .await;
+        assert_eq!(st, 403, "Origin: {origin}: {v}");
+    }
+    assert_eq!(
+        publishes(),
+        before,
+        "a refused cross-site publish is not counted"
+    );
+    // Pages served by this very server (none today) and loopback pages are same-site.
+    for origin in [
+        format!("http://127.0.0.1:{port}"),
+        "http://localhost:3000".to_owned(),
+    ] {
+        let (st, v) = raw(
+            addr,
+            &format!(
+                "GET /v2/keys HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: {origin}\r\n{auth}"
+            ),
+        )
+        .await;
+        assert_eq!(st, 200, "Origin: {origin}: {v}");
+    }
     // HTTP/1.0 without a Host header.
     let (st, v) = raw(addr, &format!("GET /v2/keys HTTP/1.0\r\n{auth}")).await;
     assert_eq!(st, 200, "{v}");
