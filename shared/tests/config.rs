@@ -1,5 +1,6 @@
 //! Configuration and secrets: environment only, Secrets Manager through a local moto server, a missing field,
-//! malformed JSON. Each load error must name what is wrong without echoing secret values.
+//! malformed JSON, the receivers' bounded and new settings. Each load error must name what is wrong without
+//! echoing secret values.
 
 mod common;
 
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox::config::{
-    ConfigError, ConsumerConfig, DeadHeadPolicy, QstashConfig, RelayConfig, Vars,
+    ConfigError, ConsumerConfig, DeadHeadPolicy, LegacyDeliveries, QstashConfig, RelayConfig, Vars,
 };
 use outbox::db::DbConfig;
 use outbox::secrets::{SecretField, SecretSource, SecretsManagerOptions};
@@ -210,5 +211,126 @@ async fn outbox_secret_id_selects_secrets_manager() {
     let source = SecretSource::from_env(e).await;
     assert!(
         matches!(source, SecretSource::SecretsManager { ref secret_id, .. } if secret_id.ends_with(":x"))
+    );
+}
+
+fn consumer(pairs: &[(&str, &str)]) -> Result<ConsumerConfig, ConfigError> {
+    let e = env(pairs);
+    ConsumerConfig::from_vars(&Vars::new(e.as_ref()))
+}
+
+fn refused(pairs: &[(&str, &str)]) -> String {
+    consumer(pairs)
+        .expect_err("the value was accepted")
+        .to_string()
+}
+
+#[test]
+fn the_clock_tolerance_is_at_most_a_minute() {
+    assert_eq!(consumer(&[]).unwrap().clock_tolerance, Duration::ZERO);
+    assert_eq!(
+        consumer(&[("SIGNATURE_CLOCK_TOLERANCE_SECS", "60")])
+            .unwrap()
+            .clock_tolerance,
+        Duration::from_secs(60)
+    );
+    assert_eq!(
+        refused(&[("SIGNATURE_CLOCK_TOLERANCE_SECS", "61")]),
+        "environment variable SIGNATURE_CLOCK_TOLERANCE_SECS=\"61\" is invalid: must be at most 60 seconds \
+         (a larger tolerance widens the replay window of a leaked token)"
+    );
+    // Fractions count: a hair over the bound is over it.
+    let err = refused(&[("SIGNATURE_CLOCK_TOLERANCE_SECS", "60.5")]);
+    assert!(
+        err.contains("SIGNATURE_CLOCK_TOLERANCE_SECS=\"60.5\"") && err.contains("at most 60"),
+        "{err}"
+    );
+    let err = refused(&[("SIGNATURE_CLOCK_TOLERANCE_SECS", "-1")]);
+    assert!(err.contains("SIGNATURE_CLOCK_TOLERANCE_SECS"), "{err}");
+}
+
+#[test]
+fn the_secret_refresh_interval_is_at_least_thirty_seconds() {
+    assert_eq!(
+        consumer(&[]).unwrap().secret_refresh_interval,
+        Duration::from_secs(60)
+    );
+    assert_eq!(
+        consumer(&[("SECRET_REFRESH_INTERVAL_SECS", "30")])
+            .unwrap()
+            .secret_refresh_interval,
+        Duration::from_secs(30)
+    );
+    assert_eq!(
+        refused(&[("SECRET_REFRESH_INTERVAL_SECS", "29")]),
+        "environment variable SECRET_REFRESH_INTERVAL_SECS=\"29\" is invalid: must be at least 30 seconds \
+         (each refresh is a Secrets Manager call that a bad signature can trigger)"
+    );
+    for v in ["29.9", "0"] {
+        let err = refused(&[("SECRET_REFRESH_INTERVAL_SECS", v)]);
+        assert!(
+            err.contains(&format!("SECRET_REFRESH_INTERVAL_SECS=\"{v}\""))
+                && err.contains("at least 30"),
+            "{err}"
+        );
+    }
+    // No upper bound: an hour is fine.
+    assert!(consumer(&[("SECRET_REFRESH_INTERVAL_SECS", "3600")]).is_ok());
+}
+
+#[test]
+fn forwarded_headers_are_trusted_only_when_asked() {
+    assert!(!consumer(&[]).unwrap().trust_forwarded_headers);
+    assert!(!ConsumerConfig::defaults().trust_forwarded_headers);
+    for (v, want) in [
+        ("true", true),
+        ("TRUE", true),
+        ("1", true),
+        ("false", false),
+        ("off", false),
+    ] {
+        assert_eq!(
+            consumer(&[("TRUST_FORWARDED_HEADERS", v)])
+                .unwrap()
+                .trust_forwarded_headers,
+            want,
+            "{v}"
+        );
+    }
+    let err = refused(&[("TRUST_FORWARDED_HEADERS", "proxy")]);
+    assert_eq!(
+        err,
+        "environment variable TRUST_FORWARDED_HEADERS=\"proxy\" is invalid: expected true or false"
+    );
+}
+
+#[test]
+fn legacy_deliveries_are_verified_unless_refused() {
+    assert_eq!(
+        consumer(&[]).unwrap().legacy_deliveries,
+        LegacyDeliveries::Verify
+    );
+    assert_eq!(
+        ConsumerConfig::defaults().legacy_deliveries,
+        LegacyDeliveries::Verify
+    );
+    for (v, want) in [
+        ("verify", LegacyDeliveries::Verify),
+        (" Verify ", LegacyDeliveries::Verify),
+        ("refuse", LegacyDeliveries::Refuse),
+        ("REFUSE", LegacyDeliveries::Refuse),
+    ] {
+        assert_eq!(
+            consumer(&[("LEGACY_DELIVERIES", v)])
+                .unwrap()
+                .legacy_deliveries,
+            want,
+            "{v:?}"
+        );
+    }
+    let err = refused(&[("LEGACY_DELIVERIES", "accept")]);
+    assert_eq!(
+        err,
+        "environment variable LEGACY_DELIVERIES=\"accept\" is invalid: expected verify or refuse"
     );
 }
