@@ -2,8 +2,9 @@
 //! generated stack is what the design promises: three arm64 `provided.al2023` functions built with cargo-lambda,
 //! least-privilege roles, two secrets (the relay's with the QStash token, the receivers' without it) each read by
 //! its own functions only, a once-a-minute schedule with a fixed input and no retries, public function URLs for
-//! the two receivers only, log groups with retention, alarms on the metrics the code emits, and parameter
-//! defaults that equal the code's defaults. Needs `./.venv` (`scripts/test-deps`); no network, no AWS account.
+//! the two receivers only, capped by a reserved concurrency, log groups with retention, alarms on the metrics the
+//! code emits, and parameter defaults that equal the code's defaults. Needs `./.venv` (`scripts/test-deps`); no
+//! network, no AWS account.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -29,6 +30,9 @@ const FUNCTIONS: [(&str, &str, &str); 3] = [
         "functions/failure-callback",
     ),
 ];
+
+/// The two receivers: public function URLs, the receiver secret.
+const RECEIVERS: [&str; 2] = ["ConsumerFunction", "FailureCallbackFunction"];
 
 /// The fields the relay loads (`shared/src/relay/handler.rs`): the database and the publishing token.
 const RELAY_SECRETS: [SecretField; 2] = [SecretField::DatabaseUrl, SecretField::QstashToken];
@@ -387,6 +391,63 @@ fn two_secrets_each_with_exactly_the_fields_its_functions_read() {
     );
     // KMS: one optional key, decrypt through Secrets Manager only (checked per role above).
     assert_eq!(param_default(&cfn, "SecretKmsKeyArn"), "");
+}
+
+#[test]
+fn the_public_receivers_have_a_reserved_concurrency_by_default() {
+    let cfn = translated_template();
+    for (id, param, condition, default) in [
+        (
+            "ConsumerFunction",
+            "ConsumerReservedConcurrency",
+            "ReserveConsumer",
+            20,
+        ),
+        (
+            "FailureCallbackFunction",
+            "CallbackReservedConcurrency",
+            "ReserveCallback",
+            10,
+        ),
+        (
+            "RelayFunction",
+            "RelayReservedConcurrency",
+            "ReserveRelay",
+            2,
+        ),
+    ] {
+        assert_eq!(param_default(&cfn, param), default, "{param}");
+        let p = &cfn["Parameters"][param];
+        // 0 = do not reserve (accounts whose quota cannot leave 100 unreserved executions).
+        assert_eq!(p["MinValue"], 0, "{param}");
+        assert!(p["MaxValue"].as_u64().unwrap() >= default, "{param}");
+        assert_eq!(
+            cfn["Resources"][id]["Properties"]["ReservedConcurrentExecutions"],
+            json!({"Fn::If": [condition, {"Ref": param}, {"Ref": "AWS::NoValue"}]}),
+            "{id}"
+        );
+        assert_eq!(
+            cfn["Conditions"][condition],
+            json!({"Fn::Not": [{"Fn::Equals": [{"Ref": param}, 0]}]}),
+            "{condition}"
+        );
+        let description = p["Description"].as_str().unwrap();
+        if RECEIVERS.contains(&id) {
+            // The description says what the cap is for and what throttling does.
+            for what in ["flood", "DbMaxConnections", "429", "0 = do not reserve"] {
+                assert!(description.contains(what), "{param}: {description}");
+            }
+        }
+    }
+    // The receivers' caps bound their Postgres connections by default to a few dozen.
+    let connections = |param: &str| {
+        param_default(&cfn, param).as_u64().unwrap()
+            * param_default(&cfn, "DbMaxConnections").as_u64().unwrap()
+    };
+    assert_eq!(
+        connections("ConsumerReservedConcurrency") + connections("CallbackReservedConcurrency"),
+        60
+    );
 }
 
 #[test]
