@@ -3,14 +3,17 @@
 //! least-privilege roles, two secrets (the relay's with the QStash token, the receivers' without it) each read by
 //! its own functions only, a once-a-minute schedule with a fixed input and no retries, public function URLs for
 //! the two receivers only, capped by a reserved concurrency, log groups with retention, alarms on the metrics the
-//! code emits, and parameter defaults that equal the code's defaults. Needs `./.venv` (`scripts/test-deps`); no
-//! network, no AWS account.
+//! code emits, and parameters whose defaults equal the code's defaults and whose bounds are the code's. Needs
+//! `./.venv` (`scripts/test-deps`); no network, no AWS account.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use outbox::config::{ConsumerConfig, QstashConfig, RelayConfig, Vars};
+use outbox::config::{
+    ConfigError, ConsumerConfig, MAX_CLOCK_TOLERANCE, MIN_SECRET_REFRESH_INTERVAL, QstashConfig,
+    RelayConfig, Vars,
+};
 use outbox::db::DbConfig;
 use outbox::receiver::RECEIVER_SECRETS;
 use outbox::relay::handler::{InvocationSummary, emf};
@@ -451,6 +454,71 @@ fn the_public_receivers_have_a_reserved_concurrency_by_default() {
 }
 
 #[test]
+fn the_receivers_get_the_new_settings_and_the_codes_bounds() {
+    let cfn = translated_template();
+    let env = |id: &str| cfn["Resources"][id]["Properties"]["Environment"]["Variables"].clone();
+    // TRUST_FORWARDED_HEADERS: both receivers, off by default.
+    let p = &cfn["Parameters"]["TrustForwardedHeaders"];
+    assert_eq!(p["Default"], "false");
+    assert_eq!(p["AllowedValues"], json!(["true", "false"]));
+    for id in RECEIVERS {
+        assert_eq!(
+            env(id)["TRUST_FORWARDED_HEADERS"],
+            json!({"Ref": "TrustForwardedHeaders"}),
+            "{id}"
+        );
+    }
+    // LEGACY_DELIVERIES: the consumer (the only one that applies events), verify by default.
+    let p = &cfn["Parameters"]["LegacyDeliveries"];
+    assert_eq!(p["Default"], "verify");
+    assert_eq!(p["AllowedValues"], json!(["verify", "refuse"]));
+    assert_eq!(
+        env("ConsumerFunction")["LEGACY_DELIVERIES"],
+        json!({"Ref": "LegacyDeliveries"})
+    );
+    // Neither reaches the relay.
+    for var in ["TRUST_FORWARDED_HEADERS", "LEGACY_DELIVERIES"] {
+        assert!(env("RelayFunction").get(var).is_none(), "{var}");
+    }
+
+    // The template's bounds are the code's: the bound itself is accepted, one beyond is refused by both.
+    let bounded = [
+        (
+            "SIGNATURE_CLOCK_TOLERANCE_SECS",
+            "SignatureClockToleranceSecs",
+            "MaxValue",
+            MAX_CLOCK_TOLERANCE.as_secs(),
+        ),
+        (
+            "SECRET_REFRESH_INTERVAL_SECS",
+            "SecretRefreshIntervalSecs",
+            "MinValue",
+            MIN_SECRET_REFRESH_INTERVAL.as_secs(),
+        ),
+    ];
+    for (var, param, which, bound) in bounded {
+        assert_eq!(cfn["Parameters"][param][which], bound, "{param}.{which}");
+        for id in RECEIVERS {
+            assert_eq!(env(id)[var], json!({"Ref": param}), "{id}");
+        }
+        let consumer = |value: u64| {
+            let e: HashMap<String, String> = HashMap::from([(var.to_owned(), value.to_string())]);
+            ConsumerConfig::from_vars(&Vars::new(&e))
+        };
+        consumer(bound).unwrap_or_else(|e| panic!("{var}={bound}: {e}"));
+        let beyond = if which == "MaxValue" {
+            bound + 1
+        } else {
+            bound - 1
+        };
+        match consumer(beyond) {
+            Err(ConfigError::InvalidVar { name, .. }) => assert_eq!(name, var),
+            other => panic!("{var}={beyond} was not refused: {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn the_relay_runs_every_minute_with_a_fixed_input_and_no_retries() {
     let cfn = translated_template();
     let schedules = of_type(&cfn, "AWS::Scheduler::Schedule");
@@ -549,13 +617,16 @@ fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
-    let snapshot = |env: &HashMap<String, String>| -> String {
+    let configs = |env: &HashMap<String, String>| -> Result<String, ConfigError> {
         let v = Vars::new(env);
-        let q = QstashConfig::from_vars(&v).expect("qstash config");
-        let r = RelayConfig::from_vars(&v, q.retries).expect("relay config");
-        let c = ConsumerConfig::from_vars(&v).expect("consumer config");
-        let d = DbConfig::from_vars(&v, "t").expect("db config");
-        format!("{q:?}\n{r:?}\n{c:?}\n{d:?}")
+        let q = QstashConfig::from_vars(&v)?;
+        let r = RelayConfig::from_vars(&v, q.retries)?;
+        let c = ConsumerConfig::from_vars(&v)?;
+        let d = DbConfig::from_vars(&v, "t")?;
+        Ok(format!("{q:?}\n{r:?}\n{c:?}\n{d:?}"))
+    };
+    let snapshot = |env: &HashMap<String, String>| -> String {
+        configs(env).unwrap_or_else(|e| panic!("{e}"))
     };
     let reference = snapshot(&base);
     let mut checked = BTreeMap::new();
@@ -625,6 +696,31 @@ fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
                 reference,
                 "{id}: {name}={other:?} changes no configuration: is the variable name right?"
             );
+            // Every value the template lets through, the code accepts: its MinValue and MaxValue (and every
+            // AllowedValue) parse.
+            if let Some(param) = value["Ref"].as_str() {
+                let p = &cfn["Parameters"][param];
+                let mut edges: Vec<String> = ["MinValue", "MaxValue"]
+                    .iter()
+                    .filter_map(|k| p[*k].as_u64().map(|n| n.to_string()))
+                    .collect();
+                edges.extend(
+                    p["AllowedValues"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|v| v.as_str().map(str::to_owned)),
+                );
+                for edge in edges {
+                    let mut env = base.clone();
+                    env.insert(name.clone(), edge.clone());
+                    if let Err(e) = configs(&env) {
+                        panic!(
+                            "{id}: {name}={edge} passes {param}'s constraints but the code refuses it: {e}"
+                        );
+                    }
+                }
+            }
             checked.insert(name.clone(), id);
         }
     }
@@ -640,6 +736,9 @@ fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
         "PUBLIC_BASE_URL",
         "DB_MAX_CONNECTIONS",
         "SECRET_REFRESH_INTERVAL_SECS",
+        "SIGNATURE_CLOCK_TOLERANCE_SECS",
+        "TRUST_FORWARDED_HEADERS",
+        "LEGACY_DELIVERIES",
     ] {
         assert!(
             checked.contains_key(must),
