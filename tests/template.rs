@@ -1,15 +1,21 @@
 //! `template.yaml`: cfn-lint accepts it (and the CloudFormation the SAM transform generates from it), and the
 //! generated stack is what the design promises: three arm64 `provided.al2023` functions built with cargo-lambda,
-//! least-privilege roles, a once-a-minute schedule with a fixed input and no retries, public function URLs for
-//! the two receivers only, log groups with retention, alarms on the metrics the code emits, and parameter defaults
-//! that equal the code's defaults. Needs `./.venv` (`scripts/test-deps`); no network, no AWS account.
+//! least-privilege roles, two secrets (the relay's with the QStash token, the receivers' without it) each read by
+//! its own functions only, a once-a-minute schedule with a fixed input and no retries, public function URLs for
+//! the two receivers only, capped by a reserved concurrency, log groups with retention, alarms on the metrics the
+//! code emits, and parameters whose defaults equal the code's defaults and whose bounds are the code's. Needs
+//! `./.venv` (`scripts/test-deps`); no network, no AWS account.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use outbox::config::{ConsumerConfig, QstashConfig, RelayConfig, Vars};
+use outbox::config::{
+    ConfigError, ConsumerConfig, MAX_CLOCK_TOLERANCE, MIN_SECRET_REFRESH_INTERVAL, QstashConfig,
+    RelayConfig, Vars,
+};
 use outbox::db::DbConfig;
+use outbox::receiver::RECEIVER_SECRETS;
 use outbox::relay::handler::{InvocationSummary, emf};
 use outbox::secrets::{SECRET_ID_VAR, SecretField};
 use outbox_system::sam::{
@@ -27,6 +33,30 @@ const FUNCTIONS: [(&str, &str, &str); 3] = [
         "functions/failure-callback",
     ),
 ];
+
+/// The two receivers: public function URLs, the receiver secret.
+const RECEIVERS: [&str; 2] = ["ConsumerFunction", "FailureCallbackFunction"];
+
+/// The fields the relay loads (`shared/src/relay/handler.rs`): the database and the publishing token.
+const RELAY_SECRETS: [SecretField; 2] = [SecretField::DatabaseUrl, SecretField::QstashToken];
+
+/// `!If [Create<X>Secret, !Ref <X>Secret, !Ref Existing<X>SecretArn]`: the secret a function or role uses.
+fn secret_ref(which: &str) -> Value {
+    json!({"Fn::If": [
+        format!("Create{which}Secret"),
+        {"Ref": format!("{which}Secret")},
+        {"Ref": format!("Existing{which}SecretArn")}
+    ]})
+}
+
+/// The secret (`Relay` or `Receiver`) of a function.
+fn secret_of(function: &str) -> &'static str {
+    if function == "RelayFunction" {
+        "Relay"
+    } else {
+        "Receiver"
+    }
+}
 
 /// Variables whose template default deliberately differs from the code's default.
 /// `RELAY_ORDERED_EVIDENCE`: `consumer` in this stack, whose consumer shares the outbox's database
@@ -201,8 +231,7 @@ fn statements(cfn: &Value) -> Vec<(String, String, Value)> {
 #[test]
 fn roles_are_least_privilege() {
     let cfn = translated_template();
-    let secret =
-        json!({"Fn::If": ["CreateSecret", {"Ref": "OutboxSecret"}, {"Ref": "ExistingSecretArn"}]});
+    let secrets = [secret_ref("Relay"), secret_ref("Receiver")];
     let all = statements(&cfn);
     assert!(!all.is_empty());
     for (role, action, resource) in &all {
@@ -216,7 +245,7 @@ fn roles_are_least_privilege() {
             "{role} grants {action} on every resource"
         );
         match action.as_str() {
-            "secretsmanager:GetSecretValue" => assert_eq!(resource, &secret, "{role}"),
+            "secretsmanager:GetSecretValue" => assert!(secrets.contains(resource), "{role}"),
             "kms:Decrypt" => assert_eq!(resource, &json!({"Ref": "SecretKmsKeyArn"}), "{role}"),
             "logs:CreateLogStream" | "logs:PutLogEvents" => {
                 assert!(
@@ -238,7 +267,8 @@ fn roles_are_least_privilege() {
             other => panic!("{role} grants {other}, which no function needs"),
         }
     }
-    // Each function has its own role, which reads the one secret and writes its own log group only.
+    // Each function has its own role, which reads its own secret (the relay's or the receivers', never both) and
+    // writes its own log group only.
     let mut roles = BTreeSet::new();
     for (id, _, _) in FUNCTIONS {
         let p = &cfn["Resources"][id]["Properties"];
@@ -248,12 +278,16 @@ fn roles_are_least_privilege() {
             .to_owned();
         let own_group = p["LoggingConfig"]["LogGroup"]["Ref"].as_str().unwrap();
         let mine: Vec<_> = all.iter().filter(|(r, _, _)| *r == role).collect();
+        let readable: Vec<&Value> = mine
+            .iter()
+            .filter(|(_, a, _)| a.starts_with("secretsmanager:"))
+            .map(|(_, _, res)| res)
+            .collect();
+        assert_eq!(readable, [&secret_ref(secret_of(id))], "{role}");
         assert_eq!(
-            mine.iter()
-                .filter(|(_, a, _)| a == "secretsmanager:GetSecretValue")
-                .count(),
-            1,
-            "{role}"
+            p["Environment"]["Variables"][SECRET_ID_VAR],
+            secret_ref(secret_of(id)),
+            "{id} reads another secret than its role may"
         );
         for (_, a, res) in &mine {
             if a.starts_with("logs:") {
@@ -277,27 +311,210 @@ fn roles_are_least_privilege() {
 }
 
 #[test]
-fn the_secret_holds_exactly_the_fields_the_functions_read() {
+fn two_secrets_each_with_exactly_the_fields_its_functions_read() {
     let cfn = translated_template();
-    let secret = &cfn["Resources"]["OutboxSecret"];
-    assert_eq!(secret["Type"], "AWS::SecretsManager::Secret");
-    assert_eq!(secret["Condition"], "CreateSecret");
-    let fields: Value =
-        serde_json::from_str(secret["Properties"]["SecretString"].as_str().unwrap()).unwrap();
-    let names: BTreeSet<&str> = fields
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    let expected: BTreeSet<&str> = SecretField::ALL.iter().map(|f| f.name()).collect();
-    assert_eq!(names, expected);
+    let names = |fields: &[SecretField]| -> BTreeSet<String> {
+        fields.iter().map(|f| f.name().to_owned()).collect()
+    };
+    let mut all = BTreeSet::new();
+    for (which, wanted) in [
+        ("Relay", &RELAY_SECRETS[..]),
+        ("Receiver", &RECEIVER_SECRETS[..]),
+    ] {
+        let id = format!("{which}Secret");
+        let secret = &cfn["Resources"][&id];
+        assert_eq!(secret["Type"], "AWS::SecretsManager::Secret", "{id}");
+        // Created only when no existing secret is given; kept when the stack goes (it holds credentials).
+        assert_eq!(secret["Condition"], format!("Create{which}Secret"), "{id}");
+        assert_eq!(
+            cfn["Conditions"][format!("Create{which}Secret")],
+            json!({"Fn::Equals": [{"Ref": format!("Existing{which}SecretArn")}, ""]}),
+            "{id}"
+        );
+        assert_eq!(
+            param_default(&cfn, &format!("Existing{which}SecretArn")),
+            "",
+            "{id}"
+        );
+        assert_eq!(secret["DeletionPolicy"], "Retain", "{id}");
+        // Created with exactly its functions' fields, empty.
+        let fields: Value =
+            serde_json::from_str(secret["Properties"]["SecretString"].as_str().unwrap()).unwrap();
+        let fields = fields.as_object().unwrap();
+        assert!(fields.values().all(|v| v == ""), "{id}: {fields:?}");
+        let got: BTreeSet<String> = fields.keys().cloned().collect();
+        assert_eq!(got, names(wanted), "{id}");
+        all.extend(got);
+        // Its description names the same fields.
+        let description = secret["Properties"]["Description"]["Fn::Sub"]
+            .as_str()
+            .unwrap();
+        for f in SecretField::ALL {
+            assert_eq!(
+                description.contains(f.name()),
+                wanted.contains(&f),
+                "{id}: {description}"
+            );
+        }
+    }
+    // Between them, every field; the token only in the relay's (the receivers must not be able to publish).
+    assert_eq!(all, names(&SecretField::ALL));
+    assert!(!RECEIVER_SECRETS.contains(&SecretField::QstashToken));
+    // The functions: each its own secret, none from Globals.
     for (id, _, _) in FUNCTIONS {
         assert_eq!(
             cfn["Resources"][id]["Properties"]["Environment"]["Variables"][SECRET_ID_VAR],
-            json!({"Fn::If": ["CreateSecret", {"Ref": "OutboxSecret"}, {"Ref": "ExistingSecretArn"}]}),
+            secret_ref(secret_of(id)),
             "{id}"
         );
+    }
+    let original = std::fs::read_to_string(repo_root().join("template.yaml")).unwrap();
+    let globals =
+        &original[original.find("\nGlobals:").unwrap()..original.find("\nResources:").unwrap()];
+    assert!(!globals.contains(&format!("{SECRET_ID_VAR}:")), "{globals}");
+    // The old single secret is gone, parameter and all.
+    for old in ["OutboxSecret", "ExistingSecretArn", "CreateSecret"] {
+        assert!(
+            !cfn.to_string().contains(&format!("\"{old}\"")),
+            "{old} is still referenced"
+        );
+    }
+    // A deploy that gives the receivers the relay's secret is refused.
+    let rule = &cfn["Rules"]["SeparateSecrets"];
+    assert_eq!(
+        rule["RuleCondition"],
+        json!({"Fn::Not": [{"Fn::Equals": [{"Ref": "ExistingReceiverSecretArn"}, ""]}]})
+    );
+    assert_eq!(
+        rule["Assertions"][0]["Assert"],
+        json!({"Fn::Not": [{"Fn::Equals": [
+            {"Ref": "ExistingReceiverSecretArn"},
+            {"Ref": "ExistingRelaySecretArn"}
+        ]}]})
+    );
+    // KMS: one optional key, decrypt through Secrets Manager only (checked per role above).
+    assert_eq!(param_default(&cfn, "SecretKmsKeyArn"), "");
+}
+
+#[test]
+fn the_public_receivers_have_a_reserved_concurrency_by_default() {
+    let cfn = translated_template();
+    for (id, param, condition, default) in [
+        (
+            "ConsumerFunction",
+            "ConsumerReservedConcurrency",
+            "ReserveConsumer",
+            20,
+        ),
+        (
+            "FailureCallbackFunction",
+            "CallbackReservedConcurrency",
+            "ReserveCallback",
+            10,
+        ),
+        (
+            "RelayFunction",
+            "RelayReservedConcurrency",
+            "ReserveRelay",
+            2,
+        ),
+    ] {
+        assert_eq!(param_default(&cfn, param), default, "{param}");
+        let p = &cfn["Parameters"][param];
+        // 0 = do not reserve (accounts whose quota cannot leave 100 unreserved executions).
+        assert_eq!(p["MinValue"], 0, "{param}");
+        assert!(p["MaxValue"].as_u64().unwrap() >= default, "{param}");
+        assert_eq!(
+            cfn["Resources"][id]["Properties"]["ReservedConcurrentExecutions"],
+            json!({"Fn::If": [condition, {"Ref": param}, {"Ref": "AWS::NoValue"}]}),
+            "{id}"
+        );
+        assert_eq!(
+            cfn["Conditions"][condition],
+            json!({"Fn::Not": [{"Fn::Equals": [{"Ref": param}, 0]}]}),
+            "{condition}"
+        );
+        let description = p["Description"].as_str().unwrap();
+        if RECEIVERS.contains(&id) {
+            // The description says what the cap is for and what throttling does.
+            for what in ["flood", "DbMaxConnections", "429", "0 = do not reserve"] {
+                assert!(description.contains(what), "{param}: {description}");
+            }
+        }
+    }
+    // The receivers' caps bound their Postgres connections by default to a few dozen.
+    let connections = |param: &str| {
+        param_default(&cfn, param).as_u64().unwrap()
+            * param_default(&cfn, "DbMaxConnections").as_u64().unwrap()
+    };
+    assert_eq!(
+        connections("ConsumerReservedConcurrency") + connections("CallbackReservedConcurrency"),
+        60
+    );
+}
+
+#[test]
+fn the_receivers_get_the_new_settings_and_the_codes_bounds() {
+    let cfn = translated_template();
+    let env = |id: &str| cfn["Resources"][id]["Properties"]["Environment"]["Variables"].clone();
+    // TRUST_FORWARDED_HEADERS: both receivers, off by default.
+    let p = &cfn["Parameters"]["TrustForwardedHeaders"];
+    assert_eq!(p["Default"], "false");
+    assert_eq!(p["AllowedValues"], json!(["true", "false"]));
+    for id in RECEIVERS {
+        assert_eq!(
+            env(id)["TRUST_FORWARDED_HEADERS"],
+            json!({"Ref": "TrustForwardedHeaders"}),
+            "{id}"
+        );
+    }
+    // LEGACY_DELIVERIES: the consumer (the only one that applies events), verify by default.
+    let p = &cfn["Parameters"]["LegacyDeliveries"];
+    assert_eq!(p["Default"], "verify");
+    assert_eq!(p["AllowedValues"], json!(["verify", "refuse"]));
+    assert_eq!(
+        env("ConsumerFunction")["LEGACY_DELIVERIES"],
+        json!({"Ref": "LegacyDeliveries"})
+    );
+    // Neither reaches the relay.
+    for var in ["TRUST_FORWARDED_HEADERS", "LEGACY_DELIVERIES"] {
+        assert!(env("RelayFunction").get(var).is_none(), "{var}");
+    }
+
+    // The template's bounds are the code's: the bound itself is accepted, one beyond is refused by both.
+    let bounded = [
+        (
+            "SIGNATURE_CLOCK_TOLERANCE_SECS",
+            "SignatureClockToleranceSecs",
+            "MaxValue",
+            MAX_CLOCK_TOLERANCE.as_secs(),
+        ),
+        (
+            "SECRET_REFRESH_INTERVAL_SECS",
+            "SecretRefreshIntervalSecs",
+            "MinValue",
+            MIN_SECRET_REFRESH_INTERVAL.as_secs(),
+        ),
+    ];
+    for (var, param, which, bound) in bounded {
+        assert_eq!(cfn["Parameters"][param][which], bound, "{param}.{which}");
+        for id in RECEIVERS {
+            assert_eq!(env(id)[var], json!({"Ref": param}), "{id}");
+        }
+        let consumer = |value: u64| {
+            let e: HashMap<String, String> = HashMap::from([(var.to_owned(), value.to_string())]);
+            ConsumerConfig::from_vars(&Vars::new(&e))
+        };
+        consumer(bound).unwrap_or_else(|e| panic!("{var}={bound}: {e}"));
+        let beyond = if which == "MaxValue" {
+            bound + 1
+        } else {
+            bound - 1
+        };
+        match consumer(beyond) {
+            Err(ConfigError::InvalidVar { name, .. }) => assert_eq!(name, var),
+            other => panic!("{var}={beyond} was not refused: {other:?}"),
+        }
     }
 }
 
@@ -400,13 +617,16 @@ fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
-    let snapshot = |env: &HashMap<String, String>| -> String {
+    let configs = |env: &HashMap<String, String>| -> Result<String, ConfigError> {
         let v = Vars::new(env);
-        let q = QstashConfig::from_vars(&v).expect("qstash config");
-        let r = RelayConfig::from_vars(&v, q.retries).expect("relay config");
-        let c = ConsumerConfig::from_vars(&v).expect("consumer config");
-        let d = DbConfig::from_vars(&v, "t").expect("db config");
-        format!("{q:?}\n{r:?}\n{c:?}\n{d:?}")
+        let q = QstashConfig::from_vars(&v)?;
+        let r = RelayConfig::from_vars(&v, q.retries)?;
+        let c = ConsumerConfig::from_vars(&v)?;
+        let d = DbConfig::from_vars(&v, "t")?;
+        Ok(format!("{q:?}\n{r:?}\n{c:?}\n{d:?}"))
+    };
+    let snapshot = |env: &HashMap<String, String>| -> String {
+        configs(env).unwrap_or_else(|e| panic!("{e}"))
     };
     let reference = snapshot(&base);
     let mut checked = BTreeMap::new();
@@ -476,6 +696,31 @@ fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
                 reference,
                 "{id}: {name}={other:?} changes no configuration: is the variable name right?"
             );
+            // Every value the template lets through, the code accepts: its MinValue and MaxValue (and every
+            // AllowedValue) parse.
+            if let Some(param) = value["Ref"].as_str() {
+                let p = &cfn["Parameters"][param];
+                let mut edges: Vec<String> = ["MinValue", "MaxValue"]
+                    .iter()
+                    .filter_map(|k| p[*k].as_u64().map(|n| n.to_string()))
+                    .collect();
+                edges.extend(
+                    p["AllowedValues"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|v| v.as_str().map(str::to_owned)),
+                );
+                for edge in edges {
+                    let mut env = base.clone();
+                    env.insert(name.clone(), edge.clone());
+                    if let Err(e) = configs(&env) {
+                        panic!(
+                            "{id}: {name}={edge} passes {param}'s constraints but the code refuses it: {e}"
+                        );
+                    }
+                }
+            }
             checked.insert(name.clone(), id);
         }
     }
@@ -491,6 +736,9 @@ fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
         "PUBLIC_BASE_URL",
         "DB_MAX_CONNECTIONS",
         "SECRET_REFRESH_INTERVAL_SECS",
+        "SIGNATURE_CLOCK_TOLERANCE_SECS",
+        "TRUST_FORWARDED_HEADERS",
+        "LEGACY_DELIVERIES",
     ] {
         assert!(
             checked.contains_key(must),
@@ -603,10 +851,22 @@ fn outputs_give_the_urls_for_qstash() {
         "EventsDestination",
         "FailureCallbackEndpoint",
         "DeliveryCallbackEndpoint",
-        "SecretArn",
+        "RelaySecretArn",
+        "ReceiverSecretArn",
         "AlarmTopicArn",
     ] {
         assert!(outputs.contains_key(o), "missing output {o}");
+    }
+    assert!(
+        !outputs.contains_key("SecretArn"),
+        "the single secret's output"
+    );
+    for which in ["Relay", "Receiver"] {
+        assert_eq!(
+            cfn["Outputs"][format!("{which}SecretArn")]["Value"],
+            secret_ref(which),
+            "{which}"
+        );
     }
     let text = cfn["Outputs"]["FailureCallbackEndpoint"].to_string();
     assert!(

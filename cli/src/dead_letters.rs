@@ -79,13 +79,13 @@ impl FilterArgs {
     fn describe(&self) -> String {
         let mut parts = Vec::new();
         if let Some(t) = &self.topic {
-            parts.push(format!("topic={t}"));
+            parts.push(format!("topic={}", util::printable(t)));
         }
         if let Some(s) = self.source {
             parts.push(format!("source={}", s.as_str()));
         }
         if let Some(k) = &self.key {
-            parts.push(format!("key={k}"));
+            parts.push(format!("key={}", util::printable(k)));
         }
         if let Some(s) = self.since {
             parts.push(format!("since={}", s.to_rfc3339()));
@@ -99,13 +99,13 @@ impl FilterArgs {
     fn as_flags(&self) -> String {
         let mut s = String::new();
         if let Some(t) = &self.topic {
-            s.push_str(&format!(" --topic {}", shell_quote(t)));
+            s.push_str(&format!(" --topic {}", util::printable(&shell_quote(t))));
         }
         if let Some(x) = self.source {
             s.push_str(&format!(" --source {}", x.as_str()));
         }
         if let Some(k) = &self.key {
-            s.push_str(&format!(" --key {}", shell_quote(k)));
+            s.push_str(&format!(" --key {}", util::printable(&shell_quote(k))));
         }
         if let Some(x) = self.since {
             s.push_str(&format!(" --since {}", x.to_rfc3339()));
@@ -354,7 +354,7 @@ async fn list(a: ListArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "{:>7}  {:<19}  {:<6}  {:<16}  {:<18}  {:>5}  {:>8}  {:>4}  {:>6}  {:<9}  {}",
             d.id,
             time(d.created_at),
-            d.source,
+            util::one_line(&d.source, 6),
             util::one_line(d.topic.as_deref().unwrap_or("?"), 16),
             util::one_line(d.partition_key.as_deref().unwrap_or("?"), 18),
             opt(d.seq),
@@ -412,30 +412,30 @@ async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     writeln!(
         out,
         "  source        {} ({})",
-        d.source,
+        util::printable(&d.source),
         if d.source == "relay" {
             "the relay gave up publishing"
         } else {
             "QStash gave up delivering"
         }
     )?;
-    writeln!(out, "  natural id    {}", d.natural_id)?;
+    writeln!(out, "  natural id    {}", util::printable(&d.natural_id))?;
     writeln!(out, "  event         {}", opt(d.outbox_id))?;
     writeln!(
         out,
         "  topic / key   {} / {}{}",
-        d.topic.as_deref().unwrap_or("?"),
-        d.partition_key.as_deref().unwrap_or("?"),
+        util::printable(d.topic.as_deref().unwrap_or("?")),
+        util::printable(d.partition_key.as_deref().unwrap_or("?")),
         d.seq.map(|s| format!("  (seq {s})")).unwrap_or_default()
     )?;
     writeln!(out, "  attempts      {}", opt(d.attempts))?;
     writeln!(out, "  status        {}", opt(d.status))?;
-    writeln!(out, "  error         {}", d.error)?;
+    writeln!(out, "  error         {}", util::printable(&d.error))?;
     if let Some(m) = &d.qstash_message_id {
-        writeln!(out, "  qstash msg    {m}")?;
+        writeln!(out, "  qstash msg    {}", util::printable(m))?;
     }
     if let Some(m) = &d.dlq_id {
-        writeln!(out, "  qstash dlq id {m}")?;
+        writeln!(out, "  qstash dlq id {}", util::printable(m))?;
     }
     if let Some(t) = d.redriven_at {
         writeln!(out, "  redriven at   {} UTC", time(t))?;
@@ -450,7 +450,7 @@ async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         (Some(p), _) => writeln!(
             out,
             "  payload\n{}",
-            indent(&serde_json::to_string_pretty(p)?)
+            indent(&util::printable_lines(&serde_json::to_string_pretty(p)?))
         )?,
         (None, Some(b)) => writeln!(
             out,
@@ -461,10 +461,10 @@ async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         (None, None) => writeln!(out, "  payload       (none stored)")?,
     }
     if let Some(h) = &d.headers {
-        writeln!(out, "  headers       {h}")?;
+        writeln!(out, "  headers       {}", util::printable(&h.to_string()))?;
     }
     if let Some(p) = &d.parse_error {
-        writeln!(out, "  parse error   {p}")?;
+        writeln!(out, "  parse error   {}", util::printable(p))?;
     }
     if let Some(raw) = &d.raw_callback {
         writeln!(
@@ -528,14 +528,14 @@ fn describe_redriven(r: &Redriven) -> String {
          id {}",
         r.dead_letter_id,
         r.outbox_id,
-        r.topic,
-        r.partition_key,
+        util::printable(&r.topic),
+        util::printable(&r.partition_key),
         if r.reinserted {
             " (its pruned outbox row was re-inserted with the same id)"
         } else {
             ""
         },
-        r.dedup_id
+        util::printable(&r.dedup_id)
     );
     match r.order {
         RedriveOrder::Unordered => {}
@@ -633,9 +633,9 @@ async fn redrive(a: RedriveArgs, out: &mut dyn Write, confirm: Confirm) -> anyho
                     "[{done}/{n}] #{} redriven: event #{} ({}/{}) dedup id {}{}",
                     r.dead_letter_id,
                     r.outbox_id,
-                    r.topic,
-                    r.partition_key,
-                    r.dedup_id,
+                    util::printable(&r.topic),
+                    util::printable(&r.partition_key),
+                    util::printable(&r.dedup_id),
                     match r.order {
                         RedriveOrder::OutOfOrder { former_seq } =>
                             format!(" — OUT OF ORDER (was seq {former_seq}), now unordered"),
@@ -650,11 +650,17 @@ async fn redrive(a: RedriveArgs, out: &mut dyn Write, confirm: Confirm) -> anyho
                     dead_letter_id,
                     reason,
                     ..
-                } => format!("[{done}/{n}] #{dead_letter_id} skipped: {reason}"),
+                } => format!(
+                    "[{done}/{n}] #{dead_letter_id} skipped: {}",
+                    util::printable(reason)
+                ),
                 BulkOutcome::Failed {
                     dead_letter_id,
                     error,
-                } => format!("[{done}/{n}] #{dead_letter_id} FAILED: {error}"),
+                } => format!(
+                    "[{done}/{n}] #{dead_letter_id} FAILED: {}",
+                    util::printable(error)
+                ),
             }
         };
         if let Err(e) = writeln!(out, "{line}")

@@ -324,10 +324,11 @@ async fn report(
     for (id, source, topic, key, error) in new_dead_letters(&stack.pool, *last_dead).await? {
         *last_dead = id;
         println!(
-            "  dead letter #{id} [{source}] {}/{}: {}",
-            topic.unwrap_or_default(),
-            key.unwrap_or_default(),
-            error.chars().take(160).collect::<String>()
+            "  dead letter #{id} [{}] {}/{}: {}",
+            crate::util::printable(&source),
+            crate::util::printable(&topic.unwrap_or_default()),
+            crate::util::printable(&key.unwrap_or_default()),
+            crate::util::one_line(&error, 160)
         );
     }
     Ok(p)

@@ -55,7 +55,8 @@ async fn main() {
         Command::Bench(cmd) => bench::run(cmd).await,
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        // Errors can quote stored data (a topic, a database message): escaped like every other line.
+        eprintln!("error: {}", util::printable(&format!("{e:#}")));
         std::process::exit(1);
     }
 }

@@ -89,7 +89,7 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
             out,
             "    event #{} {}/{}  {} attempts, written {} ago  {}",
             e.id,
-            e.topic,
+            util::printable(&e.topic),
             util::one_line(&e.partition_key, 40),
             e.attempts,
             age((at - e.created_at).as_seconds_f64()),
@@ -129,7 +129,7 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
             out,
             "    event #{} {}/{}  lease ended {} ago, {} attempts",
             e.id,
-            e.topic,
+            util::printable(&e.topic),
             util::one_line(&e.partition_key, 40),
             e.locked_until
                 .map(|t| age((at - t).as_seconds_f64()))
@@ -149,7 +149,7 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
         writeln!(
             out,
             "    {}/{}  since {} ago, by event #{}{}{}: {}",
-            k.topic,
+            util::printable(&k.topic),
             util::one_line(&k.partition_key, 40),
             age((at - k.since).as_seconds_f64()),
             k.blocking_event
@@ -186,7 +186,7 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
                 out,
                 "  {:<24} {:<7} {:>10} {:>9} {:>9}  {}",
                 util::one_line(d.topic.as_deref().unwrap_or("(unknown)"), 24),
-                d.source,
+                util::one_line(&d.source, 7),
                 d.unresolved,
                 d.redriven,
                 d.resolved,

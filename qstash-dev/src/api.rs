@@ -49,11 +49,14 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v2/flowControl/{key}/{action}", post(flow_action))
         .route("/v2/globalParallelism", get(global_parallelism))
         .route("/v2/keys", get(get_keys))
-        .route("/v2/keys/rotate", post(rotate_keys))
-        .route_layer(from_fn_with_state(shared.clone(), auth));
+        .route("/v2/keys/rotate", post(rotate_keys));
+    // The inspection API needs the same token: it can reset the server, inject faults and read the token.
     v2.merge(crate::inspect::router())
+        .route_layer(from_fn_with_state(shared.clone(), auth))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Outermost, so it also covers unknown paths and runs before the token check.
+        .layer(from_fn_with_state(shared.clone(), check_host))
         .with_state(shared)
 }
 
@@ -111,6 +114,57 @@ async fn auth(State(s): S, req: Request, next: Next) -> Response {
         next.run(req).await
     } else {
         ApiError::unauthorized().into_response()
+    }
+}
+
+/// Refuses requests whose `Host` (or absolute request target) does not name this server: a DNS-rebinding page
+/// (0113). No `Host` at all (HTTP/1.0) passes.
+async fn check_host(State(s): S, req: Request, next: Next) -> Response {
+    let local = req
+        .extensions()
+        .get::<ConnCtx>()
+        .map_or(s.bound, |c| c.local);
+    let ok = |h: &str| crate::host::allowed(h, s.bound, local);
+    let bad = req
+        .headers()
+        .get_all(header::HOST)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .chain(req.uri().authority().map(|a| a.as_str().to_owned()))
+        .find(|h| !ok(h));
+    // A browser page may also *send* to the right Host (a fire-and-forget cross-site POST to
+    // http://127.0.0.1:8080/__dev/reset?qstash_token=<the public dev token>): browsers name the page in `Origin`,
+    // SDKs and curl send none. Any Origin that is not this server is refused.
+    let bad_origin = req
+        .headers()
+        .get_all(header::ORIGIN)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .find(|o| {
+            !o.split_once("://")
+                .is_some_and(|(_, authority)| ok(authority.trim_end_matches('/')))
+        });
+    if let Some(o) = bad_origin {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "Origin {o:?} is a web page that is not this server: qstash-dev refuses cross-site requests from \
+                 browsers"
+            ),
+        )
+        .into_response();
+    }
+    match bad {
+        None => next.run(req).await,
+        Some(h) => ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "Host {h:?} does not name this server: qstash-dev answers only to localhost, 127.0.0.1, [::1] \
+                 and the address it listens on ({}), to refuse DNS-rebinding requests from web pages",
+                s.bound
+            ),
+        )
+        .into_response(),
     }
 }
 

@@ -104,7 +104,7 @@ impl Faults {
 /// Everything the dev server can be told. `Config::default()` is what the binary runs with out of the box.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Address to bind (loopback by default).
+    /// Address to bind (loopback by default). Any other address needs a `token` other than [`DEV_TOKEN`].
     pub bind: IpAddr,
     /// Port; 0 picks a free one (what tests want).
     pub port: u16,
@@ -210,8 +210,22 @@ impl Config {
         if self.token.is_empty() {
             return Err("token must not be empty".into());
         }
+        if !is_loopback(self.bind) && self.token == DEV_TOKEN {
+            return Err(format!(
+                "refusing to listen on {} (not a loopback address) with the documented default dev token, \
+                 which anyone who can reach the port could use: set a token of your own with --token or \
+                 QSTASH_DEV_TOKEN (library: Config::token), or bind a loopback address (--bind 127.0.0.1, the \
+                 default)",
+                self.bind
+            ));
+        }
         self.faults.validate()
     }
+}
+
+/// 127.0.0.0/8, ::1, or an IPv4-mapped loopback address: reachable from this machine only.
+pub(crate) fn is_loopback(ip: IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
 }
 
 /// Serde helper: a `Duration` as integer milliseconds.

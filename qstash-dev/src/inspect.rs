@@ -1,4 +1,4 @@
-//! The inspection / control API under `/__dev/` (no auth: loopback development tool).
+//! The inspection / control API under `/__dev/`, behind the same bearer token as the QStash API (`api::router`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -31,6 +31,7 @@ mod deliver;
 mod duration;
 mod error;
 pub mod expr;
+mod host;
 mod inspect;
 mod options;
 mod server;

@@ -51,10 +51,10 @@ struct Args {
     /// Port to listen on (0 = any free port).
     #[arg(long, env = "QSTASH_DEV_PORT", default_value_t = 8080)]
     port: u16,
-    /// Address to bind.
+    /// Address to bind. Anything but loopback (127.0.0.0/8, ::1) needs --token.
     #[arg(long, env = "QSTASH_DEV_BIND", default_value = "127.0.0.1")]
     bind: IpAddr,
-    /// Accepted bearer token (default: the documented dev token).
+    /// Accepted bearer token, for the QStash API and /__dev/ (default: the documented dev token, loopback only).
     #[arg(long, env = "QSTASH_DEV_TOKEN", default_value = qstash_dev::DEV_TOKEN)]
     token: String,
     /// Signing key used for deliveries.
@@ -201,7 +201,7 @@ async fn main() -> anyhow::Result<()> {
     println!("QSTASH_NEXT_SIGNING_KEY={}", keys.next);
     println!();
     println!(
-        "inspection API: {}/__dev/stats, /__dev/attempts, /__dev/faults (PUT), /__dev/reset (POST)",
+        "inspection API (same token): {}/__dev/stats, /__dev/attempts, /__dev/faults (PUT), /__dev/reset (POST)",
         server.url()
     );
 

@@ -66,10 +66,12 @@ struct FaultState {
     rng: StdRng,
 }
 
-/// Per-connection context handed to handlers (peer address; a switch that drops the connection).
+/// Per-connection context handed to handlers (peer and local address; a switch that drops the connection).
 #[derive(Clone)]
 pub(crate) struct ConnCtx {
     pub peer: SocketAddr,
+    /// The address this connection arrived on (the concrete one when bound to 0.0.0.0 or ::).
+    pub local: SocketAddr,
     pub kill: Arc<Notify>,
 }
 
@@ -89,6 +91,8 @@ pub(crate) struct Shared {
     pub started: std::time::Instant,
     timer_wake: Notify,
     idle: Notify,
+    /// The address the listener is bound to (port resolved).
+    pub bound: SocketAddr,
     pub base_url: String,
 }
 
@@ -97,7 +101,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn new(cfg: Config, base_url: String) -> Shared {
+    fn new(cfg: Config, bound: SocketAddr) -> Shared {
         let counters = Arc::new(Counters::default());
         Shared {
             core: Mutex::new(Core::new(&cfg, counters.clone())),
@@ -127,7 +131,8 @@ impl Shared {
             started: std::time::Instant::now(),
             timer_wake: Notify::new(),
             idle: Notify::new(),
-            base_url,
+            bound,
+            base_url: format!("http://{bound}"),
             cfg,
         }
     }
@@ -370,6 +375,9 @@ async fn accept_loop(
                 continue;
             }
         };
+        let Ok(local) = stream.local_addr() else {
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         let mut shutdown = shutdown.clone();
@@ -377,6 +385,7 @@ async fn accept_loop(
             let kill = Arc::new(Notify::new());
             let ctx = ConnCtx {
                 peer,
+                local,
                 kill: kill.clone(),
             };
             let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
@@ -416,9 +425,8 @@ impl DevServer {
         let addr = listener
             .local_addr()
             .map_err(|source| StartError::Bind { addr: want, source })?;
-        let base_url = format!("http://{addr}");
         let workers = if cfg.deliver { cfg.max_concurrency } else { 1 };
-        let shared = Arc::new(Shared::new(cfg, base_url));
+        let shared = Arc::new(Shared::new(cfg, addr));
         let router = crate::api::router(shared.clone());
         let (tx, rx) = watch::channel(false);
         let mut tasks = Vec::with_capacity(workers + 2);

@@ -840,17 +840,15 @@ async fn inspection_http_api() {
     let sink = Sink::start().await;
     let server = server(0.001, |_| {}).await;
     let api = Api::new(&server);
-    let c = http();
-    let base = server.url();
     let id = api.publish_ok(&sink.url("/i"), &[], "x").await;
-    let r = c
-        .post(format!("{base}/__dev/wait-idle?timeout_ms=20000"))
+    let r = api
+        .req(Method::POST, "/__dev/wait-idle?timeout_ms=20000")
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let attempts: serde_json::Value = c
-        .get(format!("{base}/__dev/attempts?message_id={id}"))
+    let attempts: serde_json::Value = api
+        .req(Method::GET, &format!("/__dev/attempts?message_id={id}"))
         .send()
         .await
         .unwrap()
@@ -862,8 +860,8 @@ async fn inspection_http_api() {
     assert_eq!(a["kind"], "Destination");
     assert_eq!(a["status"], 200);
     assert_eq!(a["retried"], 0);
-    let stats: serde_json::Value = c
-        .get(format!("{base}/__dev/stats"))
+    let stats: serde_json::Value = api
+        .req(Method::GET, "/__dev/stats")
         .send()
         .await
         .unwrap()
@@ -874,8 +872,8 @@ async fn inspection_http_api() {
         (stats["accepted"].as_u64(), stats["delivered"].as_u64()),
         (Some(1), Some(1))
     );
-    let r = c
-        .put(format!("{base}/__dev/faults"))
+    let r = api
+        .req(Method::PUT, "/__dev/faults")
         .body(r#"{"publish_5xx_rate": 1.0, "publish_response_delay_ms": 5}"#)
         .send()
         .await
@@ -886,21 +884,21 @@ async fn inspection_http_api() {
         server.handle().faults().publish_response_delay,
         Duration::from_millis(5)
     );
-    let r = c
-        .put(format!("{base}/__dev/faults"))
+    let r = api
+        .req(Method::PUT, "/__dev/faults")
         .body(r#"{"publish_5xx_rate": 3}"#)
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
-    let r = c
-        .put(format!("{base}/__dev/faults"))
+    let r = api
+        .req(Method::PUT, "/__dev/faults")
         .body(r#"{"nope": 1}"#)
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
-    let r = c.post(format!("{base}/__dev/reset")).send().await.unwrap();
+    let r = api.req(Method::POST, "/__dev/reset").send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(server.handle().stats().accepted, 0);
     assert!(server.handle().attempts().is_empty());
@@ -916,14 +914,14 @@ async fn inspection_http_api() {
         .send()
         .await
         .unwrap();
-    let r = c
-        .post(format!("{base}/__dev/wait-idle?timeout_ms=100"))
+    let r = api
+        .req(Method::POST, "/__dev/wait-idle?timeout_ms=100")
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 408);
-    let msgs: serde_json::Value = c
-        .get(format!("{base}/__dev/messages"))
+    let msgs: serde_json::Value = api
+        .req(Method::GET, "/__dev/messages")
         .send()
         .await
         .unwrap()

@@ -175,13 +175,52 @@ impl<'a> Vars<'a> {
                         reason: "expected a non-negative number".into(),
                     });
                 }
-                Ok(if millis {
-                    Duration::from_secs_f64(n / 1000.0)
-                } else {
-                    Duration::from_secs_f64(n)
+                // `try_`: a number too large for a Duration is an error, not a panic at start.
+                Duration::try_from_secs_f64(if millis { n / 1000.0 } else { n }).map_err(|_| {
+                    ConfigError::InvalidVar {
+                        name,
+                        value: v,
+                        reason: "too large".into(),
+                    }
                 })
             }
         }
+    }
+
+    /// [`Vars::duration_or`] within `[min, max]` (inclusive). A value outside is an error that names the variable,
+    /// the value and the bound it crosses, followed by `why` (what the bound protects).
+    pub fn duration_within(
+        &self,
+        name: &'static str,
+        default: Duration,
+        min: Duration,
+        max: Duration,
+        why: &str,
+    ) -> Result<Duration, ConfigError> {
+        let d = self.duration_or(name, default)?;
+        let unit = |d: Duration| {
+            if name.ends_with("_MS") {
+                format!("{} ms", d.as_millis())
+            } else {
+                format!("{} seconds", d.as_secs_f64())
+            }
+        };
+        let bound = if d < min {
+            format!("must be at least {}", unit(min))
+        } else if d > max {
+            format!("must be at most {}", unit(max))
+        } else {
+            return Ok(d);
+        };
+        Err(ConfigError::InvalidVar {
+            name,
+            value: self.raw(name).unwrap_or_default().trim().to_owned(),
+            reason: if why.is_empty() {
+                bound
+            } else {
+                format!("{bound} ({why})")
+            },
+        })
     }
 
     /// An `http(s)` URL (trailing `/` removed), if set.
@@ -296,6 +335,44 @@ mod tests {
     }
 
     #[test]
+    fn bounded_durations_name_the_variable_the_value_and_the_bound() {
+        let e = env(&[
+            ("LOW_SECS", "29.5"),
+            ("HIGH_MS", "1001"),
+            ("HUGE_SECS", "1e30"),
+        ]);
+        let v = Vars::new(&e);
+        let (one, two) = (Duration::from_secs(1), Duration::from_secs(2));
+        let err = v
+            .duration_within("LOW_SECS", two, Duration::from_secs(30), two * 60, "why")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "environment variable LOW_SECS=\"29.5\" is invalid: must be at least 30 seconds (why)"
+        );
+        let err = v
+            .duration_within("HIGH_MS", one, Duration::ZERO, one, "")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "environment variable HIGH_MS=\"1001\" is invalid: must be at most 1000 ms"
+        );
+        // Unset: the default.
+        assert_eq!(
+            v.duration_within("UNSET_SECS", two, one, two, "").unwrap(),
+            two
+        );
+        // Too large for a Duration: an error, not a panic.
+        let err = v.duration_or("HUGE_SECS", one).unwrap_err().to_string();
+        assert!(
+            err.contains("HUGE_SECS") && err.contains("too large"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn empty_values_count_as_unset() {
         let e = env(&[("E", "  ")]);
         let v = Vars::new(&e);
@@ -380,6 +457,16 @@ pub enum EvidenceMode {
     /// The consumer records it in the transaction that applies the event: needs the consumer to share the
     /// outbox's database; saves one QStash message and one callback invocation per event.
     Consumer,
+}
+
+/// What the consumer does with a delivery in the pre-upgrade wire format, whose event identity (outbox id, topic)
+/// travels only in unsigned headers (`LEGACY_DELIVERIES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LegacyDeliveries {
+    /// `verify` (default): apply it only if the outbox row with that id has the same topic and payload.
+    Verify,
+    /// `refuse`: dead-letter it without applying.
+    Refuse,
 }
 
 /// Relay settings.
@@ -506,7 +593,8 @@ pub struct ConsumerConfig {
     /// `CONSUMER_NAME` (default `consumer`): the dedupe namespace in `processed_messages`.
     pub name: String,
     /// `PUBLIC_BASE_URL` (optional): the URL QStash calls, used for the signature's `sub`. When unset the URL
-    /// is rebuilt from the request (host header, raw path, raw query).
+    /// is rebuilt from the request (its host as [`ConsumerConfig::trust_forwarded_headers`] says, raw path, raw
+    /// query).
     pub public_base_url: Option<String>,
     /// `MAX_BODY_BYTES` (default 1048576): larger event bodies are refused (413) before verification.
     pub max_body_bytes: usize,
@@ -514,37 +602,35 @@ pub struct ConsumerConfig {
     /// bodies carry the original message *and* the response base64-encoded (about 1.4× the message plus the
     /// response), so they must not share the event cap: a refused failure callback would lose a dead letter.
     pub callback_max_body_bytes: usize,
-    /// `SIGNATURE_CLOCK_TOLERANCE_SECS` (default 0).
+    /// `SIGNATURE_CLOCK_TOLERANCE_SECS` (default 0, at most [`MAX_CLOCK_TOLERANCE`] = 60): leeway for the
+    /// token's `exp`/`nbf`. A QStash token lives five minutes; every second of tolerance lengthens the window in
+    /// which a leaked token can be replayed.
     pub clock_tolerance: Duration,
-    /// `SECRET_REFRESH_INTERVAL_SECS` (default 60): at most one re-read of the secret per interval when both
-    /// signing keys fail (key rotation without redeploy).
+    /// `SECRET_REFRESH_INTERVAL_SECS` (default 60, at least [`MIN_SECRET_REFRESH_INTERVAL`] = 30): at most one
+    /// re-read of the secret per interval when both signing keys fail (key rotation without redeploy). Each
+    /// re-read is a Secrets Manager call that anyone sending a bad signature can trigger once per interval and
+    /// Lambda environment.
     pub secret_refresh_interval: Duration,
     /// `RELAY_SKIP_DEAD_HEAD_TOPICS`: the failure callback applies the same dead-head policy as the relay.
     pub skip_topics: Vec<String>,
-    /// `TRUST_FORWARDED_HEADERS` (default false): build the URL compared with the token's `sub` from
-    /// `X-Forwarded-Proto`/`X-Forwarded-Host` (only behind a proxy that sets them). Otherwise, without
-    /// `PUBLIC_BASE_URL`, the URL comes from what AWS sets (`requestContext.domainName`).
+    /// `TRUST_FORWARDED_HEADERS` (default false): without `PUBLIC_BASE_URL`, build the URL compared with the
+    /// token's `sub` from `X-Forwarded-Proto`/`X-Forwarded-Host` only when this is true (a proxy in front sets
+    /// them); otherwise from what the platform reports (the function URL's `requestContext.domainName`), never
+    /// from headers a client can send.
     pub trust_forwarded_headers: bool,
-    /// `LEGACY_DELIVERIES` (default `verify`): what the consumer does with deliveries in the previous wire
-    /// format (identity in unsigned headers).
+    /// `LEGACY_DELIVERIES` (`verify`, the default, or `refuse`): deliveries in the pre-upgrade wire format.
     pub legacy_deliveries: LegacyDeliveries,
 }
 
-/// What the consumer does with a delivery in the previous wire format (no `contract` in its URL: the event's
-/// identity is in unsigned `x-outbox-*` headers). See [`crate::contract`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LegacyDeliveries {
-    /// Apply it only if the outbox row named by `x-outbox-id` has the delivery's topic and payload; key,
-    /// sequence and headers then come from the row.
-    #[default]
-    Verify,
-    /// Refuse it permanently (QStash dead-letters it; the failure callback records why).
-    Refuse,
-}
+/// The largest `SIGNATURE_CLOCK_TOLERANCE_SECS` accepted.
+pub const MAX_CLOCK_TOLERANCE: Duration = Duration::from_secs(60);
+/// The smallest `SECRET_REFRESH_INTERVAL_SECS` accepted.
+pub const MIN_SECRET_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
 
 impl ConsumerConfig {
     /// The defaults (what an empty environment gives): name `consumer`, no public base URL, 1 MiB event cap,
-    /// 6 MiB callback cap, clock tolerance 0, secret refresh 60 s, no skip topics.
+    /// 6 MiB callback cap, clock tolerance 0, secret refresh 60 s, no skip topics, forwarded headers not
+    /// trusted, legacy deliveries verified.
     pub fn defaults() -> Self {
         ConsumerConfig {
             name: "consumer".into(),
@@ -579,18 +665,33 @@ impl ConsumerConfig {
                 1024,
                 64 * 1_048_576,
             )?,
-            clock_tolerance: v.duration_or("SIGNATURE_CLOCK_TOLERANCE_SECS", Duration::ZERO)?,
-            secret_refresh_interval: v
-                .duration_or("SECRET_REFRESH_INTERVAL_SECS", Duration::from_secs(60))?,
+            clock_tolerance: v.duration_within(
+                "SIGNATURE_CLOCK_TOLERANCE_SECS",
+                Duration::ZERO,
+                Duration::ZERO,
+                MAX_CLOCK_TOLERANCE,
+                "a larger tolerance widens the replay window of a leaked token",
+            )?,
+            secret_refresh_interval: v.duration_within(
+                "SECRET_REFRESH_INTERVAL_SECS",
+                Duration::from_secs(60),
+                MIN_SECRET_REFRESH_INTERVAL,
+                Duration::MAX,
+                "each refresh is a Secrets Manager call that a bad signature can trigger",
+            )?,
             skip_topics: v.list("RELAY_SKIP_DEAD_HEAD_TOPICS"),
             trust_forwarded_headers: v.bool_or("TRUST_FORWARDED_HEADERS", false)?,
-            legacy_deliveries: match v.raw("LEGACY_DELIVERIES").as_deref() {
-                None | Some("verify") => LegacyDeliveries::Verify,
-                Some("refuse") => LegacyDeliveries::Refuse,
-                Some(other) => {
+            legacy_deliveries: match v
+                .raw("LEGACY_DELIVERIES")
+                .map(|m| m.trim().to_ascii_lowercase())
+            {
+                None => LegacyDeliveries::Verify,
+                Some(m) if m == "verify" => LegacyDeliveries::Verify,
+                Some(m) if m == "refuse" => LegacyDeliveries::Refuse,
+                Some(m) => {
                     return Err(ConfigError::InvalidVar {
                         name: "LEGACY_DELIVERIES",
-                        value: other.to_owned(),
+                        value: m,
                         reason: "expected verify or refuse".into(),
                     });
                 }

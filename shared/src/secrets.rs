@@ -1,12 +1,19 @@
 //! Secrets: database URL, QStash token, current and next signing keys.
 //!
-//! In Lambda they come from one AWS Secrets Manager secret (a JSON object whose field names are the same as the
-//! environment variables below), named by `OUTBOX_SECRET_ID`. Without `OUTBOX_SECRET_ID` the plain environment
-//! variables are used (local runs, tests). Each function asks only for the fields it needs; a missing or
-//! malformed field is a startup [`ConfigError`] naming the field. Values are held as [`SecretString`] so they
-//! never reach a log through `Debug`.
+//! In Lambda they come from an AWS Secrets Manager secret (a JSON object whose field names are the same as the
+//! environment variables below), named by each function's `OUTBOX_SECRET_ID`. The stack gives the relay and the
+//! receivers different secrets: the relay's holds `DATABASE_URL` and `QSTASH_TOKEN`, the receivers'
+//! (consumer, failure callback: public URLs that only *verify* QStash's signatures) `DATABASE_URL` and the two
+//! signing keys. Without `OUTBOX_SECRET_ID` the plain environment variables are used (local runs, tests).
+//!
+//! Each function asks only for the fields it needs; a missing or malformed field is a startup [`ConfigError`]
+//! naming the field. The QStash token is kept only when asked for ([`SecretField::kept_unrequested`]): a
+//! function that does not publish never holds it, even when its secret contains it, and a Secrets Manager source
+//! warns once when it sees one there. Values are held as [`SecretString`] so they never reach a log through
+//! `Debug`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use aws_sdk_secretsmanager::config::Credentials;
 use secrecy::SecretString;
@@ -39,6 +46,14 @@ impl SecretField {
         }
     }
 
+    /// Whether a load keeps this field when it is present but was not asked for. Every field but the QStash
+    /// token: with the token anyone can publish, and QStash then signs whatever was published, so the token is
+    /// held only by the function that asks for it (the relay). (The optional next signing key, for example, is
+    /// kept when present although only the current one is required.)
+    pub const fn kept_unrequested(self) -> bool {
+        !matches!(self, SecretField::QstashToken)
+    }
+
     /// Every field.
     pub const ALL: [SecretField; 4] = [
         SecretField::DatabaseUrl,
@@ -56,6 +71,7 @@ pub struct Secrets {
     qstash_token: Option<SecretString>,
     current_signing_key: Option<SecretString>,
     next_signing_key: Option<SecretString>,
+    withheld: Vec<SecretField>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -78,6 +94,7 @@ impl std::fmt::Debug for Secrets {
                 "next_signing_key",
                 &self.next_signing_key.as_ref().map(|_| "[redacted]"),
             )
+            .field("withheld", &self.withheld)
             .finish()
     }
 }
@@ -97,7 +114,14 @@ impl Secrets {
             qstash_token: s(qstash_token),
             current_signing_key: s(current_signing_key),
             next_signing_key: s(next_signing_key),
+            withheld: Vec::new(),
         }
+    }
+
+    /// Fields that were present (non-empty) in the source but not kept, because they were not asked for and
+    /// are not [`SecretField::kept_unrequested`]: only ever the QStash token, in a function that does not publish.
+    pub fn withheld(&self) -> &[SecretField] {
+        &self.withheld
     }
 
     /// Where the values came from ("environment" or the secret id), for messages.
@@ -130,7 +154,8 @@ impl Secrets {
     }
 
     /// Parses the JSON text of a secret, keeping the `needed` fields (each must be a non-empty string) and any
-    /// other known field that is present. Errors never include the secret's content.
+    /// other known field that is present and [`SecretField::kept_unrequested`]; a present field that is neither is
+    /// dropped and listed in [`Secrets::withheld`]. Errors never include the secret's content.
     pub fn parse_json(
         origin: &str,
         text: &str,
@@ -166,7 +191,11 @@ impl Secrets {
         for field in SecretField::ALL {
             match map.get(field.name()) {
                 Some(Value::String(s)) if !s.trim().is_empty() => {
-                    secrets.set(field, s.trim().to_owned())
+                    if needed.contains(&field) || field.kept_unrequested() {
+                        secrets.set(field, s.trim().to_owned())
+                    } else {
+                        secrets.withheld.push(field)
+                    }
                 }
                 Some(Value::String(_)) | None | Some(Value::Null) => {}
                 Some(_) => {
@@ -183,7 +212,9 @@ impl Secrets {
         Ok(secrets)
     }
 
-    /// Reads the fields from environment variables; the `needed` ones must be set.
+    /// Reads the fields from environment variables; the `needed` ones must be set. Like [`Secrets::parse_json`],
+    /// a field that was not asked for and is not [`SecretField::kept_unrequested`] is not kept (locally one
+    /// environment usually serves every function, so this is not reported as withheld).
     pub fn from_env(env: &dyn EnvSource, needed: &[SecretField]) -> Result<Secrets, ConfigError> {
         let mut secrets = Secrets {
             origin: "environment".into(),
@@ -191,6 +222,7 @@ impl Secrets {
         };
         for field in SecretField::ALL {
             match env.var(field.name()) {
+                Some(_) if !needed.contains(&field) && !field.kept_unrequested() => {}
                 Some(v) => secrets.set(field, v.trim().to_owned()),
                 None if needed.contains(&field) => {
                     return Err(ConfigError::MissingSecretField {
@@ -229,6 +261,9 @@ pub enum SecretSource {
         client: aws_sdk_secretsmanager::Client,
         /// Secret id or ARN.
         secret_id: String,
+        /// Set once the "holds a QStash token it should not" warning was logged (shared by clones, so a receiver
+        /// warns at start and not again at each signing-key refresh).
+        warned_withheld: Arc<AtomicBool>,
     },
 }
 
@@ -281,15 +316,22 @@ impl SecretSource {
         SecretSource::SecretsManager {
             client: aws_sdk_secretsmanager::Client::new(&sdk),
             secret_id: secret_id.to_owned(),
+            warned_withheld: Arc::default(),
         }
     }
 
-    /// Loads the secrets, requiring the `needed` fields.
+    /// Loads the secrets, requiring the `needed` fields. A secret that holds a QStash token although `needed`
+    /// does not ask for it (a receiver's) gets one warning per source, naming the field, never its value; the
+    /// token is not kept ([`Secrets::withheld`]).
     #[tracing::instrument(name = "secrets.load", skip_all, fields(source = ?self))]
     pub async fn load(&self, needed: &[SecretField]) -> Result<Secrets, ConfigError> {
         match self {
             SecretSource::Env(env) => Secrets::from_env(env.as_ref(), needed),
-            SecretSource::SecretsManager { client, secret_id } => {
+            SecretSource::SecretsManager {
+                client,
+                secret_id,
+                warned_withheld,
+            } => {
                 let out = client
                     .get_secret_value()
                     .secret_id(secret_id)
@@ -306,11 +348,27 @@ impl SecretSource {
                         reason: "the secret has no SecretString (binary secrets are not supported)"
                             .into(),
                     })?;
-                Secrets::parse_json(secret_id, text, needed)
+                let secrets = Secrets::parse_json(secret_id, text, needed)?;
+                if secrets.withheld.contains(&SecretField::QstashToken)
+                    && !warned_withheld.swap(true, Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        secret_id = %secret_id,
+                        field = SecretField::QstashToken.name(),
+                        "{WITHHELD_TOKEN_WARNING}"
+                    );
+                }
+                Ok(secrets)
             }
         }
     }
 }
+
+/// The warning logged when a receiver's secret holds the QStash token.
+pub const WITHHELD_TOKEN_WARNING: &str = "this secret holds QSTASH_TOKEN, but this function only verifies \
+     QStash signatures and never publishes: the receiver secret should not hold the QStash token (anyone who \
+     reads it can publish messages that QStash then signs). The token was ignored; remove the field from this \
+     secret (README, Deploy: \"Fill the secrets\")";
 
 #[cfg(test)]
 mod tests {
@@ -395,6 +453,65 @@ mod tests {
         );
         let d = format!("{s:?}");
         assert!(!d.contains("hunter2"), "{d}");
+    }
+
+    const FULL: &str = r#"{"DATABASE_URL":"postgres://u:p@h/db","QSTASH_TOKEN":"tok-hunter2","QSTASH_CURRENT_SIGNING_KEY":"sig_a","QSTASH_NEXT_SIGNING_KEY":"sig_b"}"#;
+
+    #[test]
+    fn the_token_is_kept_only_when_asked_for() {
+        // A receiver (its start-up load, then a signing-key refresh): no token, the optional next key kept.
+        for needed in [
+            &crate::receiver::RECEIVER_SECRETS[..],
+            &[SecretField::CurrentSigningKey],
+        ] {
+            let s = Secrets::parse_json("receiver", FULL, needed).unwrap();
+            assert!(
+                matches!(
+                    s.get(SecretField::QstashToken),
+                    Err(ConfigError::MissingSecretField {
+                        field: "QSTASH_TOKEN",
+                        ..
+                    })
+                ),
+                "{needed:?}"
+            );
+            assert_eq!(s.withheld(), &[SecretField::QstashToken]);
+            assert_eq!(
+                s.get(SecretField::NextSigningKey).unwrap().expose_secret(),
+                "sig_b"
+            );
+            assert!(!format!("{s:?}").contains("hunter2"));
+        }
+        // The relay asks for it.
+        let s = Secrets::parse_json(
+            "relay",
+            FULL,
+            &[SecretField::DatabaseUrl, SecretField::QstashToken],
+        )
+        .unwrap();
+        assert_eq!(
+            s.get(SecretField::QstashToken).unwrap().expose_secret(),
+            "tok-hunter2"
+        );
+        assert!(s.withheld().is_empty());
+        // Present but empty: nothing withheld.
+        let s = Secrets::parse_json(
+            "receiver",
+            r#"{"DATABASE_URL":"postgres://x","QSTASH_TOKEN":" ","QSTASH_CURRENT_SIGNING_KEY":"k"}"#,
+            &[SecretField::CurrentSigningKey],
+        )
+        .unwrap();
+        assert!(s.withheld().is_empty());
+        // The environment fallback keeps it only when asked for, too.
+        let env: HashMap<String, String> =
+            [("QSTASH_TOKEN", "tok"), ("DATABASE_URL", "postgres://x")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+        let s = Secrets::from_env(&env, &[SecretField::DatabaseUrl]).unwrap();
+        assert!(s.get(SecretField::QstashToken).is_err());
+        let s = Secrets::from_env(&env, &[SecretField::QstashToken]).unwrap();
+        assert!(s.get(SecretField::QstashToken).is_ok());
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Configuration and secrets: environment only, Secrets Manager through a local moto server, a missing field,
-//! malformed JSON. Each load error must name what is wrong without echoing secret values.
+//! malformed JSON, a receiver secret that holds the QStash token, the receivers' bounded and new settings. Each
+//! load error must name what is wrong without echoing secret values.
 
 mod common;
 
@@ -11,7 +12,8 @@ use outbox::config::{
     ConfigError, ConsumerConfig, DeadHeadPolicy, LegacyDeliveries, QstashConfig, RelayConfig, Vars,
 };
 use outbox::db::DbConfig;
-use outbox::secrets::{SecretField, SecretSource, SecretsManagerOptions};
+use outbox::receiver::RECEIVER_SECRETS;
+use outbox::secrets::{SecretField, SecretSource, SecretsManagerOptions, WITHHELD_TOKEN_WARNING};
 use secrecy::ExposeSecret;
 
 fn env(pairs: &[(&str, &str)]) -> Arc<HashMap<String, String>> {
@@ -245,5 +247,274 @@ async fn outbox_secret_id_selects_secrets_manager() {
     let source = SecretSource::from_env(e).await;
     assert!(
         matches!(source, SecretSource::SecretsManager { ref secret_id, .. } if secret_id.ends_with(":x"))
+    );
+}
+
+/// Everything a subscriber configured like the functions' (JSON lines with the current span, the telemetry's caps
+/// on sqlx/hyper/aws) writes, at TRACE, the most verbose `LogLevel` the stack offers.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+    fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
+        let sink = self.clone();
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "trace,sqlx=warn,hyper=warn,aws=warn",
+            ))
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .finish()
+    }
+}
+
+#[tokio::test]
+async fn a_receiver_secret_holding_the_qstash_token_warns_once_and_never_keeps_it() {
+    const TOKEN: &str = "qstash-token-c0ffee-do-not-leak";
+    let moto = common::start_moto();
+    let log = Captured::default();
+    let _guard = tracing::subscriber::set_default(log.subscriber());
+
+    // The old single secret given to a receiver: every field, the token included.
+    let source = moto_source(&moto, "outbox/receiver-with-token").await;
+    create_secret(
+        &source,
+        "outbox/receiver-with-token",
+        &format!(
+            r#"{{"DATABASE_URL":"postgres://app:pw@db/app","QSTASH_TOKEN":"{TOKEN}","QSTASH_CURRENT_SIGNING_KEY":"sig_cur","QSTASH_NEXT_SIGNING_KEY":"sig_nxt"}}"#
+        ),
+    )
+    .await;
+    // What a receiver loads at start, then at a signing-key refresh.
+    let at_start = source.load(&RECEIVER_SECRETS).await.unwrap();
+    let refreshed = source
+        .load(&[SecretField::CurrentSigningKey])
+        .await
+        .unwrap();
+    for s in [&at_start, &refreshed] {
+        assert!(
+            matches!(
+                s.get(SecretField::QstashToken),
+                Err(ConfigError::MissingSecretField {
+                    field: "QSTASH_TOKEN",
+                    ..
+                })
+            ),
+            "the receiver kept the token"
+        );
+        assert_eq!(s.withheld(), &[SecretField::QstashToken]);
+        for field in SecretField::ALL {
+            if let Ok(v) = s.get(field) {
+                assert!(!v.expose_secret().contains(TOKEN), "{field:?}");
+            }
+        }
+        assert!(!format!("{s:?}").contains(TOKEN));
+        assert_eq!(
+            s.get(SecretField::NextSigningKey).unwrap().expose_secret(),
+            "sig_nxt"
+        );
+    }
+    assert_eq!(
+        at_start
+            .get(SecretField::DatabaseUrl)
+            .unwrap()
+            .expose_secret(),
+        "postgres://app:pw@db/app"
+    );
+
+    // One warning (at start, not again at the refresh) naming the field, the secret and the README section.
+    let text = log.text();
+    assert!(!text.contains(TOKEN), "the token reached the log:\n{text}");
+    let warnings: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| l["level"] == "WARN")
+        .collect();
+    assert_eq!(warnings.len(), 1, "{text}");
+    let w = &warnings[0];
+    assert_eq!(w["message"], WITHHELD_TOKEN_WARNING, "{w}");
+    assert_eq!(w["field"], "QSTASH_TOKEN", "{w}");
+    assert_eq!(w["secret_id"], "outbox/receiver-with-token", "{w}");
+    let message = w["message"].as_str().unwrap();
+    assert!(
+        message.contains("receiver secret should not hold the QStash token")
+            && message.contains("\"Fill the secrets\""),
+        "{message}"
+    );
+    // The section it names exists.
+    let readme = std::fs::read_to_string(common::repo_root().join("README.md")).unwrap();
+    assert!(readme.contains("\n### Fill the secrets\n"));
+
+    // The relay's secret: the relay asks for the token and gets it, without a warning; a receiver secret whose
+    // QSTASH_TOKEN is empty (as the old single secret was created) loads without one too.
+    let relay = moto_source(&moto, "outbox/relay").await;
+    create_secret(
+        &relay,
+        "outbox/relay",
+        &format!(r#"{{"DATABASE_URL":"postgres://app:pw@db/app","QSTASH_TOKEN":"{TOKEN}"}}"#),
+    )
+    .await;
+    let s = relay
+        .load(&[SecretField::DatabaseUrl, SecretField::QstashToken])
+        .await
+        .unwrap();
+    assert_eq!(
+        s.get(SecretField::QstashToken).unwrap().expose_secret(),
+        TOKEN
+    );
+    let receiver = moto_source(&moto, "outbox/receiver").await;
+    create_secret(
+        &receiver,
+        "outbox/receiver",
+        r#"{"DATABASE_URL":"postgres://app:pw@db/app","QSTASH_TOKEN":"","QSTASH_CURRENT_SIGNING_KEY":"sig_cur","QSTASH_NEXT_SIGNING_KEY":"sig_nxt"}"#,
+    )
+    .await;
+    let s = receiver.load(&RECEIVER_SECRETS).await.unwrap();
+    assert!(s.withheld().is_empty());
+    let text = log.text();
+    assert!(!text.contains(TOKEN), "the token reached the log:\n{text}");
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.contains("\"level\":\"WARN\""))
+            .count(),
+        1,
+        "{text}"
+    );
+}
+
+fn consumer(pairs: &[(&str, &str)]) -> Result<ConsumerConfig, ConfigError> {
+    let e = env(pairs);
+    ConsumerConfig::from_vars(&Vars::new(e.as_ref()))
+}
+
+fn refused(pairs: &[(&str, &str)]) -> String {
+    consumer(pairs)
+        .expect_err("the value was accepted")
+        .to_string()
+}
+
+#[test]
+fn the_clock_tolerance_is_at_most_a_minute() {
+    assert_eq!(consumer(&[]).unwrap().clock_tolerance, Duration::ZERO);
+    assert_eq!(
+        consumer(&[("SIGNATURE_CLOCK_TOLERANCE_SECS", "60")])
+            .unwrap()
+            .clock_tolerance,
+        Duration::from_secs(60)
+    );
+    assert_eq!(
+        refused(&[("SIGNATURE_CLOCK_TOLERANCE_SECS", "61")]),
+        "environment variable SIGNATURE_CLOCK_TOLERANCE_SECS=\"61\" is invalid: must be at most 60 seconds \
+         (a larger tolerance widens the replay window of a leaked token)"
+    );
+    // Fractions count: a hair over the bound is over it.
+    let err = refused(&[("SIGNATURE_CLOCK_TOLERANCE_SECS", "60.5")]);
+    assert!(
+        err.contains("SIGNATURE_CLOCK_TOLERANCE_SECS=\"60.5\"") && err.contains("at most 60"),
+        "{err}"
+    );
+    let err = refused(&[("SIGNATURE_CLOCK_TOLERANCE_SECS", "-1")]);
+    assert!(err.contains("SIGNATURE_CLOCK_TOLERANCE_SECS"), "{err}");
+}
+
+#[test]
+fn the_secret_refresh_interval_is_at_least_thirty_seconds() {
+    assert_eq!(
+        consumer(&[]).unwrap().secret_refresh_interval,
+        Duration::from_secs(60)
+    );
+    assert_eq!(
+        consumer(&[("SECRET_REFRESH_INTERVAL_SECS", "30")])
+            .unwrap()
+            .secret_refresh_interval,
+        Duration::from_secs(30)
+    );
+    assert_eq!(
+        refused(&[("SECRET_REFRESH_INTERVAL_SECS", "29")]),
+        "environment variable SECRET_REFRESH_INTERVAL_SECS=\"29\" is invalid: must be at least 30 seconds \
+         (each refresh is a Secrets Manager call that a bad signature can trigger)"
+    );
+    for v in ["29.9", "0"] {
+        let err = refused(&[("SECRET_REFRESH_INTERVAL_SECS", v)]);
+        assert!(
+            err.contains(&format!("SECRET_REFRESH_INTERVAL_SECS=\"{v}\""))
+                && err.contains("at least 30"),
+            "{err}"
+        );
+    }
+    // No upper bound: an hour is fine.
+    assert!(consumer(&[("SECRET_REFRESH_INTERVAL_SECS", "3600")]).is_ok());
+}
+
+#[test]
+fn forwarded_headers_are_trusted_only_when_asked() {
+    assert!(!consumer(&[]).unwrap().trust_forwarded_headers);
+    assert!(!ConsumerConfig::defaults().trust_forwarded_headers);
+    for (v, want) in [
+        ("true", true),
+        ("TRUE", true),
+        ("1", true),
+        ("false", false),
+        ("off", false),
+    ] {
+        assert_eq!(
+            consumer(&[("TRUST_FORWARDED_HEADERS", v)])
+                .unwrap()
+                .trust_forwarded_headers,
+            want,
+            "{v}"
+        );
+    }
+    let err = refused(&[("TRUST_FORWARDED_HEADERS", "proxy")]);
+    assert_eq!(
+        err,
+        "environment variable TRUST_FORWARDED_HEADERS=\"proxy\" is invalid: expected true or false"
+    );
+}
+
+#[test]
+fn legacy_deliveries_are_verified_unless_refused() {
+    assert_eq!(
+        consumer(&[]).unwrap().legacy_deliveries,
+        LegacyDeliveries::Verify
+    );
+    assert_eq!(
+        ConsumerConfig::defaults().legacy_deliveries,
+        LegacyDeliveries::Verify
+    );
+    for (v, want) in [
+        ("verify", LegacyDeliveries::Verify),
+        (" Verify ", LegacyDeliveries::Verify),
+        ("refuse", LegacyDeliveries::Refuse),
+        ("REFUSE", LegacyDeliveries::Refuse),
+    ] {
+        assert_eq!(
+            consumer(&[("LEGACY_DELIVERIES", v)])
+                .unwrap()
+                .legacy_deliveries,
+            want,
+            "{v:?}"
+        );
+    }
+    let err = refused(&[("LEGACY_DELIVERIES", "accept")]);
+    assert_eq!(
+        err,
+        "environment variable LEGACY_DELIVERIES=\"accept\" is invalid: expected verify or refuse"
     );
 }
