@@ -473,14 +473,18 @@ async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
     }
 
     // --- watch's function URL: /lambda-url/<fn>/<path>, prefix stripped before the function sees it. ---
-    // The function rebuilds the URL as PUBLIC_BASE_URL + the path it saw, so a token for the URL actually called
-    // (with the prefix) is refused, and one for PUBLIC_BASE_URL + /events/orders is accepted.
+    // The function rebuilds the URL as PUBLIC_BASE_URL + the path it saw (+ the query, which carries the contract
+    // version), so a token for the URL actually called (with the prefix) is refused, and one for PUBLIC_BASE_URL +
+    // /events/orders?contract=2 is accepted.
     outbox::install_crypto_provider();
     let http = reqwest::Client::new();
     let event: Value = serde_json::from_str(&fixture("consumer-order-placed.json")).unwrap();
     let body = event["body"].as_str().unwrap().to_owned();
     let post = |signed_for: String| {
-        let mut req = http.post(format!("{base}/lambda-url/consumer/events/orders"));
+        let mut req = http.post(format!(
+            "{base}/lambda-url/consumer/events/orders?{}",
+            outbox::contract::CONTRACT_QUERY
+        ));
         for (k, v) in event["headers"].as_object().unwrap() {
             if !["host", "upstash-signature", "content-length"].contains(&k.as_str()) {
                 req = req.header(k.as_str(), v.as_str().unwrap());
@@ -491,11 +495,16 @@ async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
             .body(body.clone())
             .send()
     };
-    let called = post(format!("{base}/lambda-url/consumer/events/orders"))
+    let called = post(outbox::contract::destination(
+        &format!("{base}/lambda-url/consumer"),
+        "orders",
+    ))
+    .await
+    .unwrap();
+    assert_eq!(called.status().as_u16(), 401, "{:?}", called.text().await);
+    let seen = post(outbox::contract::destination(&base, "orders"))
         .await
         .unwrap();
-    assert_eq!(called.status().as_u16(), 401, "{:?}", called.text().await);
-    let seen = post(format!("{base}/events/orders")).await.unwrap();
     let status = seen.status().as_u16();
     let reply: Value = seen.json().await.unwrap();
     // Outbox id 1 was applied above: the function-URL path reaches the same function and dedupes.

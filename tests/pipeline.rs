@@ -169,6 +169,14 @@ async fn run_scenario(pool: PgPool, mode: EvidenceMode) {
         .iter()
         .filter(|a| a.kind == AttemptKind::Destination)
     {
+        // Every event went out in the signed contract (decision record 0025).
+        assert!(
+            a.url.ends_with("?contract=2") && a.url.contains("/events/"),
+            "{}",
+            a.url
+        );
+        // The attempt log keeps headers, not bodies: the outbox id is the informational x-outbox-id copy, which
+        // the consumer refuses to see disagree with the signed envelope.
         let Some(id) = a
             .request_headers
             .iter()

@@ -43,6 +43,10 @@ pub struct StackOptions {
     pub registry: Registry,
     /// Print the EMF metric lines (one per consumer request, one per relay invocation; noisy on a terminal).
     pub consumer_metrics: bool,
+    /// Keep a copy of every request the consumer and the callback receiver get, with the status they answered
+    /// ([`LocalStack::recorded_requests`]): tests replay real signed deliveries from it. Off by default (it
+    /// keeps every body in memory).
+    pub record_requests: bool,
 }
 
 impl StackOptions {
@@ -72,6 +76,7 @@ impl StackOptions {
             consumer_name: "consumer".into(),
             registry: outbox::example::registry(),
             consumer_metrics: false,
+            record_requests: false,
         })
     }
 }
@@ -92,6 +97,91 @@ pub struct LocalStack {
     last_summary: Arc<std::sync::Mutex<Option<InvocationSummary>>>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<std::io::Result<()>>>,
+    recorded: Option<Recorder>,
+}
+
+/// Which local receiver got a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Receiver {
+    /// The consumer (`{consumer_url}/events/{topic}`).
+    Consumer,
+    /// The callback receiver (`{callback_url}/failure`, `/delivered`).
+    Callbacks,
+}
+
+/// A request a local receiver got, as it arrived, and the status it answered ([`StackOptions::record_requests`]).
+#[derive(Debug, Clone)]
+pub struct RecordedRequest {
+    /// Which receiver.
+    pub receiver: Receiver,
+    /// HTTP method.
+    pub method: String,
+    /// Path and query as requested (e.g. `/events/orders?contract=2`).
+    pub path_and_query: String,
+    /// Request headers (lower-case names), in order.
+    pub headers: Vec<(String, String)>,
+    /// The body, byte for byte.
+    pub body: Vec<u8>,
+    /// The status the receiver answered.
+    pub status: u16,
+}
+
+impl RecordedRequest {
+    /// A request header by (case-insensitive) name.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+type Recorder = Arc<std::sync::Mutex<Vec<RecordedRequest>>>;
+
+/// Copies what [`RecordedRequest`] keeps of a request (before the handler consumes it).
+fn snapshot(receiver: Receiver, req: &lambda_http::Request) -> RecordedRequest {
+    RecordedRequest {
+        receiver,
+        method: req.method().to_string(),
+        path_and_query: req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned()),
+        headers: req
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body: req.body().as_ref().to_vec(),
+        status: 0,
+    }
+}
+
+/// Runs `handle`, recording the request and its status when `recorder` is set.
+async fn recorded<F>(
+    recorder: Option<&Recorder>,
+    receiver: Receiver,
+    req: lambda_http::Request,
+    handle: impl FnOnce(lambda_http::Request) -> F,
+) -> lambda_http::Response<lambda_http::Body>
+where
+    F: std::future::Future<Output = lambda_http::Response<lambda_http::Body>>,
+{
+    let Some(recorder) = recorder else {
+        return handle(req).await;
+    };
+    let mut copy = snapshot(receiver, &req);
+    let response = handle(req).await;
+    copy.status = response.status().as_u16();
+    if let Ok(mut r) = recorder.lock() {
+        r.push(copy);
+    }
+    response
 }
 
 fn pool_for(url: &str, name: &str, max: u32, async_commit: bool) -> anyhow::Result<PgPool> {
@@ -157,15 +247,22 @@ impl LocalStack {
             )
             .with_metrics(opts.consumer_metrics),
         );
+        let recorder: Option<Recorder> = opts.record_requests.then(Default::default);
         let mut servers = Vec::new();
         {
             let mut rx = shutdown.subscribe();
             let c = consumer.clone();
+            let rec = recorder.clone();
             servers.push(tokio::spawn(outbox::local::serve(
                 consumer_listener,
                 move |req| {
-                    let c = c.clone();
-                    async move { handle_event(&c, req).await }
+                    let (c, rec) = (c.clone(), rec.clone());
+                    async move {
+                        recorded(rec.as_ref(), Receiver::Consumer, req, async |req| {
+                            handle_event(&c, req).await
+                        })
+                        .await
+                    }
                 },
                 async move {
                     let _ = rx.wait_for(|s| *s).await;
@@ -175,11 +272,17 @@ impl LocalStack {
         {
             let mut rx = shutdown.subscribe();
             let c = callbacks.clone();
+            let rec = recorder.clone();
             servers.push(tokio::spawn(outbox::local::serve(
                 callback_listener,
                 move |req| {
-                    let c = c.clone();
-                    async move { handle_callback(&c, req).await }
+                    let (c, rec) = (c.clone(), rec.clone());
+                    async move {
+                        recorded(rec.as_ref(), Receiver::Callbacks, req, async |req| {
+                            handle_callback(&c, req).await
+                        })
+                        .await
+                    }
                 },
                 async move {
                     let _ = rx.wait_for(|s| *s).await;
@@ -260,7 +363,17 @@ impl LocalStack {
             last_summary,
             shutdown,
             servers,
+            recorded: recorder,
         })
+    }
+
+    /// Every request the consumer and the callback receiver got so far, in arrival order of their answers
+    /// (empty unless [`StackOptions::record_requests`]).
+    pub fn recorded_requests(&self) -> Vec<RecordedRequest> {
+        self.recorded
+            .as_ref()
+            .and_then(|r| r.lock().ok().map(|r| r.clone()))
+            .unwrap_or_default()
     }
 
     /// The relay (for status figures).

@@ -187,11 +187,16 @@ async fn redriving_a_blocking_head_unblocks_its_key_in_order(pool: PgPool) {
         msg.options.deduplication_id.as_deref(),
         Some(format!("outbox-{head}-r1").as_str())
     );
+    let env = outbox::contract::parse_envelope(msg.body.as_bytes()).unwrap();
+    assert_eq!(
+        (env.events[0].id, env.events[0].seq),
+        (head, Some(1)),
+        "the signed envelope carries the head's id and sequence"
+    );
     assert!(
-        msg.options
-            .forward
-            .iter()
-            .any(|(name, value)| name == "x-outbox-seq" && value == "1")
+        msg.destination.ends_with("/events/orders?contract=2"),
+        "{}",
+        msg.destination
     );
     assert!(msg.options.callback.is_some(), "ordered: delivery callback");
     for e in [e2, e3] {
@@ -306,7 +311,12 @@ async fn a_middle_event_is_refused_unless_out_of_order_and_then_goes_unordered(p
     let claimed = relay.claim().await.unwrap();
     assert_eq!(claimed.iter().map(|c| c.id).collect::<Vec<_>>(), vec![mid]);
     let msg = relay.message_for(&claimed[0]);
-    assert!(!msg.options.forward.iter().any(|(k, _)| k == "x-outbox-seq"));
+    let env = outbox::contract::parse_envelope(msg.body.as_bytes()).unwrap();
+    assert_eq!(
+        (env.events[0].id, env.events[0].seq, env.evidence),
+        (mid, None, None),
+        "no sequence and no evidence in the signed envelope"
+    );
     assert!(msg.options.callback.is_none());
     assert_eq!(
         msg.options.deduplication_id.as_deref(),

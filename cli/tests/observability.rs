@@ -77,10 +77,10 @@ async fn child_runs_the_stack() {
     // A forged delivery: rejected before anything is read.
     let addr = stack.consumer_url.trim_start_matches("http://").to_owned();
     let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    let body = r#"{"forged":true}"#;
+    let body = r#"{"contract":2,"topic":"orders","events":[{"id":1,"key":"forged","payload":{}}]}"#;
     s.write_all(
         format!(
-            "POST /events/orders HTTP/1.1\r\nhost: {addr}\r\nupstash-signature: not.a.jwt\r\nx-outbox-id: 1\r\n\
+            "POST /events/orders?contract=2 HTTP/1.1\r\nhost: {addr}\r\nupstash-signature: not.a.jwt\r\nx-outbox-id: 1\r\n\
              content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
         )

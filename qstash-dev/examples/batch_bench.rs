@@ -1,8 +1,9 @@
 //! Throughput of `/v2/batch` on loopback: `cargo run --release -p qstash-dev --example batch_bench`.
 //!
-//! Starts the dev server in-process and posts batches of 500 messages with 200-byte JSON bodies (each with
-//! its own deduplication id, a forwarded header and a retries header, like the relay sends) from a few
-//! concurrent clients for a fixed time. Runs twice: accept-only (`Config::deliver = false`) and delivering
+//! Starts the dev server in-process and posts batches of 500 messages with 200-byte JSON bodies (each shaped
+//! like the relay's contract-2 envelope to `/events/{topic}?contract=2`, with its own deduplication id, the
+//! forwarded `x-outbox-id` copy and a retries header, like the relay sends) from a few concurrent clients for a
+//! fixed time. Runs twice: accept-only (`Config::deliver = false`) and delivering
 //! to a trivial local sink. Prints human-readable figures and one JSON line per mode.
 //!
 //! Options (env): BENCH_SECS (default 5), BENCH_RUNS (3), BENCH_CLIENTS (4), BENCH_BATCH (500).
@@ -68,7 +69,7 @@ async fn start_sink() -> String {
 }
 
 fn build_batch(dest: &str, start_id: u64, n: usize) -> Bytes {
-    // A 200-byte JSON body, escaped as a JSON string inside the batch item.
+    // A 200-byte envelope body (the relay's wire contract 2), escaped as a JSON string inside the batch item.
     let mut out = String::with_capacity(n * 420);
     out.push('[');
     for i in 0..n {
@@ -77,15 +78,16 @@ fn build_batch(dest: &str, start_id: u64, n: usize) -> Bytes {
             out.push(',');
         }
         let head = format!(
-            r#"{{"event_id":{id},"topic":"orders","key":"customer-{k}","type":"order.created","amount_cents":12345,"currency":"EUR","note":""#,
+            r#"{{"contract":2,"topic":"orders","events":[{{"id":{id},"key":"customer-{k}","created_at":"2026-11-30T12:00:00.000000Z","payload":{{"amount_cents":12345,"note":""#,
             k = id % 1000
         );
-        let pad = 200usize.saturating_sub(head.len() + 2);
-        let payload = format!("{head}{}\"}}", "x".repeat(pad));
+        let tail = "\"}}]}";
+        let pad = 200usize.saturating_sub(head.len() + tail.len());
+        let payload = format!("{head}{}{tail}", "x".repeat(pad));
         debug_assert_eq!(payload.len(), 200);
         let escaped = serde_json::to_string(&payload).expect("string");
         out.push_str(&format!(
-            r#"{{"destination":"{dest}/events/orders","headers":{{"content-type":"application/json","upstash-deduplication-id":"outbox-{id}","upstash-forward-x-outbox-id":"{id}","upstash-retries":"3","upstash-method":"POST"}},"body":{escaped}}}"#
+            r#"{{"destination":"{dest}/events/orders?contract=2","headers":{{"content-type":"application/json","upstash-deduplication-id":"outbox-{id}","upstash-forward-x-outbox-id":"{id}","upstash-retries":"3","upstash-method":"POST"}},"body":{escaped}}}"#
         ));
     }
     out.push(']');

@@ -8,9 +8,11 @@
 //! ```
 //!
 //! Each message is a distinct event (its own outbox id), signed beforehand like QStash would (signing is not
-//! the consumer's cost). Per message the handler does what it does in production: cap, verify the HS256 token
-//! (HMAC + SHA-256 of the body + claims), route, decode the typed payload, then `BEGIN; INSERT dedupe row; INSERT
-//! one row; COMMIT`. A scratch database `outbox_bench_<pid>` is created from `DATABASE_URL` (default
+//! the consumer's cost). Each is a delivery of the current wire contract (`outbox::contract`): a signed envelope
+//! body sent to `/events/bench?contract=2`, with the informational `x-outbox-id` copy the relay adds. Per message
+//! the handler does what it does in production: cap, verify the HS256 token (HMAC + SHA-256 of the body +
+//! claims), route, parse the envelope and compare the header copy, decode the typed payload, then `BEGIN; INSERT
+//! dedupe row; INSERT one row; COMMIT`. A scratch database `outbox_bench_<pid>` is created from `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/postgres`) and dropped at the end. Prints one line per run, the median
 //! msgs/s, p50/p99 handler latency, and one JSON line.
 
@@ -24,6 +26,7 @@ use outbox::config::ConsumerConfig;
 use outbox::consumer::{
     ConsumerState, Event, Handler, HandlerError, ReceiverState, Registry, handle_event,
 };
+use outbox::contract::{CONTRACT_QUERY, OUTBOX_ID, WireEvent, destination, write_envelope};
 use outbox::receiver::{Clock, DEV_SIGNING_KEYS, KeyRing, SigningKeys, sign};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection};
@@ -100,14 +103,13 @@ fn request(m: &Msg) -> Request {
     let id = m.id.to_string();
     let req = http::Request::builder()
         .method("POST")
-        .uri(format!("https://{HOST}/events/bench"))
+        .uri(format!("https://{HOST}/events/bench?{CONTRACT_QUERY}"))
         .header("host", HOST)
         .header("content-type", "application/json")
         .header("upstash-signature", &m.token)
         .header("upstash-message-id", "msg_bench")
         .header("upstash-retried", "0")
-        .header("x-outbox-id", &id)
-        .header("x-outbox-topic", "bench")
+        .header(OUTBOX_ID, &id)
         .body(Body::Text(m.body.clone()))
         .expect("request");
     req.with_raw_http_path("/events/bench")
@@ -119,7 +121,20 @@ fn presign(next_id: &mut i64, n: usize, sub: &str) -> Arc<Vec<Msg>> {
         .map(|_| {
             let id = *next_id;
             *next_id += 1;
-            let body = format!(r#"{{"n":{id},"note":"bench"}}"#);
+            let payload = format!(r#"{{"n":{id},"note":"bench"}}"#);
+            let body = write_envelope(
+                "bench",
+                None,
+                &[WireEvent {
+                    id,
+                    key: "bench",
+                    seq: None,
+                    created_at: chrono::DateTime::from_timestamp(NOW, 0).expect("valid time"),
+                    schema_version: None,
+                    headers: &[],
+                    payload: &payload,
+                }],
+            );
             Msg {
                 id,
                 token: sign(DEV_SIGNING_KEYS.0, sub, body.as_bytes(), NOW, 300),
@@ -186,7 +201,7 @@ async fn run(a: &Args, opts: PgConnectOptions) -> Result<(), Box<dyn std::error:
         .with_metrics(false),
         Registry::new().on("bench", WriteOneRow),
     ));
-    let sub = format!("https://{HOST}/events/bench");
+    let sub = destination(&format!("https://{HOST}"), "bench");
     let mut next_id: i64 = 1;
     // Enough pre-signed messages for 10 000 msgs/s per run.
     let per_run = (a.secs * 10_000.0).ceil() as usize;

@@ -2,7 +2,7 @@
 //!
 //! * at `{CALLBACK_URL}/failure` once it gives up on a message (retries exhausted, or the consumer answered 489):
 //!   the body describes the message; it becomes a row in `dead_letters` ([`crate::dead_letters`]), linked to the
-//!   outbox event through the forwarded `x-outbox-id` — **guarantee 4, nothing fails silently**;
+//!   outbox event named in the signed body ([`source_event`]) — **guarantee 4, nothing fails silently**;
 //! * at `{CALLBACK_URL}/delivered` after every delivery attempt of an ordered event (`Upstash-Callback`): a 2xx
 //!   status is the delivery evidence that lets the relay publish the key's next event
 //!   ([`crate::ordering::record_delivery`]); another status is noted on the event
@@ -20,12 +20,14 @@
 //! | failure callback recorded (or already recorded: idempotent on `dlqId`) | 200 |
 //! | failure callback whose body cannot be parsed | 200 — stored raw with the parse error, never dropped |
 //! | delivery evidence / failed attempt recorded (or the event is unknown) | 200 |
-//! | delivery callback whose body cannot be parsed, or without status / outbox id | 489 + `Upstash-NonRetryable-Error` (safe: the relay republishes the head after `RELAY_EVIDENCE_TIMEOUT_SECS`) |
+//! | delivery callback whose body cannot be parsed, or without status / an outbox id in its signed body | 489 + `Upstash-NonRetryable-Error` (safe: the relay republishes the head after `RELAY_EVIDENCE_TIMEOUT_SECS`) |
 //! | bad or missing signature | 401 |
+//! | an `x-outbox-id` header that disagrees with the signed body (the request was altered) | 401 |
 //! | body over `CALLBACK_MAX_BODY_BYTES` | 413 |
 //! | unknown path | 404 |
 //! | database error | 503 (QStash retries the callback) |
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -262,33 +264,111 @@ pub fn source_header<'b>(b: &'b CallbackBody, name: &str) -> Option<&'b str> {
     })
 }
 
-/// The outbox id of a callback: the forwarded `x-outbox-id` request header, else the original message's
-/// `sourceHeader` (`x-outbox-id` or `upstash-forward-x-outbox-id`, any case).
-pub fn outbox_id_of(req: &Request, parsed: Option<&CallbackBody>) -> Option<i64> {
-    let parse = |s: &str| s.trim().parse::<i64>().ok().filter(|id| *id > 0);
-    req.headers()
-        .get(contract::OUTBOX_ID)
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse)
-        .or_else(|| {
-            parsed
-                .and_then(|b| source_header(b, contract::OUTBOX_ID))
-                .and_then(parse)
-        })
+/// What a callback's signed body says about the original message's event: from the envelope (a current
+/// delivery: its URL names [`contract::CONTRACT_VERSION`] and its `sourceBody` is the envelope), else from the
+/// headers its publisher set (`sourceHeader`: `x-outbox-id`, `x-outbox-topic`, `x-outbox-key`, as relays before
+/// the signed contract sent them), else the topic from the URL's path. Never from a header of the callback
+/// request itself: those are not signed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourceEvent {
+    /// The outbox id.
+    pub outbox_id: Option<i64>,
+    /// The topic.
+    pub topic: Option<String>,
+    /// The partition key.
+    pub partition_key: Option<String>,
+    /// The event's payload (for the dead letter): the envelope's payload, or the whole body of a legacy message.
+    pub payload: Option<Vec<u8>>,
+    /// The envelope's event headers and its schema version (as `x-schema-version`), for a redrive that must
+    /// re-create a pruned event.
+    pub headers: BTreeMap<String, String>,
 }
 
-/// The topic of the original message: its `x-outbox-topic` header, else the last segment of its
-/// `/events/{topic}` URL.
-fn topic_of(b: &CallbackBody) -> Option<String> {
-    source_header(b, contract::OUTBOX_TOPIC)
-        .map(str::to_owned)
-        .or_else(|| {
-            let url = b.url.as_deref()?;
-            let path = url.split(['?', '#']).next()?;
-            let (_, topic) = path.rsplit_once(contract::EVENTS_PATH)?;
-            crate::producer::validate_topic(topic).ok()?;
-            Some(topic.to_owned())
-        })
+/// Reads [`SourceEvent`] from a parsed callback body.
+pub fn source_event(b: &CallbackBody) -> SourceEvent {
+    let parse_id = |s: &str| s.trim().parse::<i64>().ok().filter(|id| *id > 0);
+    let url_query = b
+        .url
+        .as_deref()
+        .and_then(|u| u.split('#').next())
+        .and_then(|u| u.split_once('?'))
+        .map(|(_, q)| q);
+    let current = b.url.is_some()
+        && contract::contract_of_query(url_query) == Ok(contract::Contract::Current);
+    if current
+        && let Some(env) = b
+            .source_body
+            .as_deref()
+            .and_then(|body| contract::parse_envelope(body).ok())
+        && let [ev] = env.events.as_slice()
+    {
+        let mut headers = ev.headers.clone();
+        if let Some(v) = ev.schema_version {
+            headers.insert(contract::legacy::SCHEMA_VERSION.to_owned(), v.to_string());
+        }
+        return SourceEvent {
+            outbox_id: Some(ev.id),
+            topic: Some(env.topic.clone()),
+            partition_key: Some(ev.key.clone()),
+            payload: Some(ev.payload.get().as_bytes().to_vec()),
+            headers,
+        };
+    }
+    SourceEvent {
+        outbox_id: source_header(b, contract::legacy::OUTBOX_ID).and_then(parse_id),
+        topic: source_header(b, contract::legacy::OUTBOX_TOPIC)
+            .map(str::to_owned)
+            .or_else(|| topic_of_url(b.url.as_deref()?)),
+        partition_key: source_header(b, contract::legacy::OUTBOX_KEY)
+            .and_then(contract::decode_key),
+        payload: (!current).then(|| b.source_body.clone()).flatten(),
+        headers: BTreeMap::new(),
+    }
+}
+
+/// The last segment of a `/events/{topic}` URL.
+fn topic_of_url(url: &str) -> Option<String> {
+    let path = url.split(['?', '#']).next()?;
+    let (_, topic) = path.rsplit_once(contract::EVENTS_PATH)?;
+    crate::producer::validate_topic(topic).ok()?;
+    Some(topic.to_owned())
+}
+
+/// The original message's headers (`{name: [values]}`) plus the envelope's event headers (names not already
+/// there).
+fn with_event_headers(source: Option<Value>, event: &BTreeMap<String, String>) -> Option<Value> {
+    if event.is_empty() {
+        return source;
+    }
+    let mut map = match source {
+        Some(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    for (k, v) in event {
+        if !map.keys().any(|e| e.eq_ignore_ascii_case(k)) {
+            map.insert(k.clone(), Value::Array(vec![Value::String(v.clone())]));
+        }
+    }
+    Some(Value::Object(map))
+}
+
+/// Refuses a callback request whose `x-outbox-id` header (relays before the signed contract forwarded one)
+/// disagrees with the outbox id of its signed body. When the signed body names no event (a garbage or truncated
+/// failure callback) the header is ignored, never used: the callback is still stored, unlinked.
+fn check_id_copy(req: &Request, signed: Option<i64>) -> Result<(), String> {
+    let (Some(copy), Some(signed)) = (req.headers().get(contract::OUTBOX_ID), signed) else {
+        return Ok(());
+    };
+    let copy = copy.to_str().unwrap_or("(not visible ASCII)").trim();
+    if signed.to_string() == copy {
+        Ok(())
+    } else {
+        Err(format!(
+            "header x-outbox-id is {:?} but the signed callback body names event {signed}: the request was \
+             altered after QStash signed it",
+            copy.chars().take(40).collect::<String>(),
+        ))
+    }
 }
 
 fn lossy_truncated(bytes: &[u8], max_chars: usize) -> String {
@@ -303,11 +383,11 @@ fn lossy_truncated(bytes: &[u8], max_chars: usize) -> String {
 }
 
 /// The dead letter for a failure callback. A body that cannot be parsed (or only in part, or without a `dlqId`)
-/// keeps the raw bytes (and the natural id then derives from them, so a retried callback stays idempotent).
-pub fn failure_from_callback(req: &Request, raw: &[u8]) -> QstashFailure {
+/// keeps the raw bytes (and the natural id then derives from them, so a retried callback stays idempotent). The
+/// event's identity comes from the signed body only ([`source_event`]).
+pub fn failure_from_callback(raw: &[u8]) -> QstashFailure {
     match parse_callback(raw) {
         Err(e) => QstashFailure {
-            outbox_id: outbox_id_of(req, None),
             raw_callback: Some(raw.to_vec()),
             parse_error: Some(e),
             ..Default::default()
@@ -316,12 +396,12 @@ pub fn failure_from_callback(req: &Request, raw: &[u8]) -> QstashFailure {
             let b = &parsed.body;
             let parse_error = (!parsed.problems.is_empty()).then(|| parsed.problems.join("; "));
             let keep_raw = parse_error.is_some() || b.dlq_id.is_none();
+            let source = source_event(b);
             QstashFailure {
                 dlq_id: b.dlq_id.clone(),
-                outbox_id: outbox_id_of(req, Some(b)),
-                topic: topic_of(b),
-                partition_key: source_header(b, contract::OUTBOX_KEY)
-                    .and_then(contract::decode_key),
+                outbox_id: source.outbox_id,
+                topic: source.topic,
+                partition_key: source.partition_key,
                 source_message_id: b.source_message_id.clone(),
                 status: b.status,
                 response_body: b
@@ -329,8 +409,8 @@ pub fn failure_from_callback(req: &Request, raw: &[u8]) -> QstashFailure {
                     .as_deref()
                     .map(|r| lossy_truncated(r, MAX_RESPONSE_BODY_CHARS)),
                 attempts: b.retried.map(|r| r.saturating_add(1)),
-                source_body: b.source_body.clone(),
-                source_headers: b.source_header.clone(),
+                source_body: source.payload,
+                source_headers: with_event_headers(b.source_header.clone(), &source.headers),
                 url: b.url.clone(),
                 raw_callback: keep_raw.then(|| raw.to_vec()),
                 parse_error,
@@ -354,6 +434,7 @@ enum CbOutcome {
         recorded: bool,
     },
     Unauthorized(crate::receiver::VerifyError),
+    Tampered(String),
     TooLarge {
         size: usize,
         max: usize,
@@ -369,7 +450,7 @@ impl CbOutcome {
             CbOutcome::DeadLetter { .. }
             | CbOutcome::Delivered { .. }
             | CbOutcome::AttemptFailed { .. } => StatusCode::OK,
-            CbOutcome::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            CbOutcome::Unauthorized(_) | CbOutcome::Tampered(_) => StatusCode::UNAUTHORIZED,
             CbOutcome::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             CbOutcome::NotFound(_) => StatusCode::NOT_FOUND,
             CbOutcome::Unusable(_) => crate::consumer::nonretryable_status(),
@@ -408,6 +489,9 @@ impl CbOutcome {
             } => json!({"status": "attempt_failed", "outbox_id": outbox_id, "recorded": recorded}),
             CbOutcome::Unauthorized(e) => {
                 json!({"error": format!("signature rejected: {e}"), "check": e.check()})
+            }
+            CbOutcome::Tampered(m) => {
+                json!({"error": format!("request refused: {m}"), "check": "header_mismatch"})
             }
             CbOutcome::TooLarge { size, max } => {
                 json!({"error": format!("body is {size} bytes; the limit is {max} (CALLBACK_MAX_BODY_BYTES)")})
@@ -487,6 +571,9 @@ pub async fn handle_callback(state: &ReceiverState, req: Request) -> Response<Bo
             CbOutcome::Unauthorized(e) => {
                 tracing::warn!(response_status, check = e.check(), error = %e, "signature rejected")
             }
+            CbOutcome::Tampered(e) => {
+                tracing::warn!(response_status, check = "header_mismatch", error = %e, "altered request refused")
+            }
             CbOutcome::TooLarge { size, max } => {
                 tracing::error!(response_status, size, max, "callback body over the size cap")
             }
@@ -534,7 +621,10 @@ fn emit_metrics(outcome: &CbOutcome, elapsed: Duration) {
         .metric(
             "RejectedSignatures",
             Unit::Count,
-            one(matches!(outcome, CbOutcome::Unauthorized(_))),
+            one(matches!(
+                outcome,
+                CbOutcome::Unauthorized(_) | CbOutcome::Tampered(_)
+            )),
         )
         .metric(
             "PermanentFailures",
@@ -567,13 +657,8 @@ async fn process(state: &ReceiverState, req: &Request) -> CbOutcome {
             max: state.config.callback_max_body_bytes,
         };
     }
-    if let Err(e) = verify_request(
-        &state.keys,
-        req,
-        state.config.public_base_url.as_deref(),
-        state.verify_options(),
-    )
-    .await
+    if let Err(e) =
+        verify_request(&state.keys, req, state.url_source(), state.verify_options()).await
     {
         return CbOutcome::Unauthorized(e);
     }
@@ -597,7 +682,10 @@ async fn process(state: &ReceiverState, req: &Request) -> CbOutcome {
 
 async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CbOutcome {
     let span = tracing::Span::current();
-    let f = failure_from_callback(req, raw);
+    let f = failure_from_callback(raw);
+    if let Err(e) = check_id_copy(req, f.outbox_id) {
+        return CbOutcome::Tampered(e);
+    }
     if let Some(id) = f.outbox_id {
         span.record("outbox_id", id);
     }
@@ -661,9 +749,15 @@ async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> CbOutcom
         return CbOutcome::Unusable(format!("delivery callback unusable: {why}"));
     };
     span.record("status", status);
-    let Some(outbox_id) = outbox_id_of(req, Some(b)) else {
+    let source = source_event(b);
+    if let Err(e) = check_id_copy(req, source.outbox_id) {
+        return CbOutcome::Tampered(e);
+    }
+    let Some(outbox_id) = source.outbox_id else {
         return CbOutcome::Unusable(
-            "delivery callback unusable: no x-outbox-id header and none in sourceHeader".into(),
+            "delivery callback unusable: its signed body names no outbox event (no envelope in sourceBody, no \
+             x-outbox-id in sourceHeader)"
+                .into(),
         );
     };
     span.record("outbox_id", outbox_id);

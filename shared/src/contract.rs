@@ -1,28 +1,78 @@
-//! The wire contract between relay, QStash and the receivers: the HTTP headers an event carries to its
-//! consumer, and the callback paths. Kept in one place so relay and consumer cannot drift apart.
+//! The wire contract between relay, QStash and the receivers (decision record 0025).
+//!
+//! QStash signs exactly two things of every request it makes: the body (its SHA-256 is the token's `body`
+//! claim) and the URL it called (`sub`). Anything else — every request header — can be rewritten by whoever
+//! holds one valid delivery (a token lives five minutes and can leak through a proxy, a log line or a captured
+//! request). So everything that decides a write travels in signed data, and nowhere else:
+//!
+//! | what | where | signed by |
+//! |---|---|---|
+//! | contract version | destination query `?contract=2` ([`CONTRACT_QUERY`]) | `sub` |
+//! | topic | destination path `/events/{topic}`, repeated as the envelope's `topic` | `sub`, `body` |
+//! | outbox id, partition key, sequence, schema version, creation time, headers, payload | the envelope's event | `body` |
+//! | who records delivery evidence of an ordered event | the envelope's `evidence` | `body` |
+//!
+//! The body is a JSON **envelope** ([`Envelope`]):
+//!
+//! ```json
+//! {"contract":2,"topic":"orders","evidence":"consumer","events":[
+//!   {"id":42,"key":"customer-7","seq":3,"created_at":"2026-11-30T12:00:00.000000Z","schema_version":2,
+//!    "headers":{"traceparent":"00-…-01","x-correlation-id":"req-9"},"payload":{"order_id":"o-1"}}]}
+//! ```
+//!
+//! `evidence`, `seq`, `schema_version` and `headers` are omitted when they do not apply. `events` holds one event
+//! today. Two request headers stay as **informational copies** (`x-outbox-id` for QStash's console and logs,
+//! `traceparent` for tracing proxies). A receiver refuses a request whose `x-outbox-*` or `x-schema-version` copy
+//! disagrees with the signed value; `traceparent` is not compared (tracing proxies rewrite it; the envelope's value
+//! is the one used).
+//!
+//! A delivery whose URL has no `contract` parameter was published by a relay of the previous version (identity in
+//! `x-outbox-*` headers): the consumer accepts it only after checking it against the outbox row
+//! (`LEGACY_DELIVERIES`, see [`crate::consumer`]). A higher version than [`CONTRACT_VERSION`] comes from a newer
+//! relay and is answered "retry later" until this consumer is upgraded.
+//!
+//! Callbacks ([`crate::callbacks`]) read the outbox id from their signed body: the original message's URL and
+//! body (`url`, `sourceBody`) or the headers its publisher set (`sourceHeader`).
 
-/// Outbox id of the event: the consumer's dedupe key (stable across republishes and redrives).
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// The contract version this relay writes and this consumer reads.
+pub const CONTRACT_VERSION: u32 = 2;
+/// The destination query parameter that carries the contract version (covered by the token's `sub`).
+pub const CONTRACT_PARAM: &str = "contract";
+/// The query the relay appends to every destination.
+pub const CONTRACT_QUERY: &str = "contract=2";
+
+/// Informational copy of the outbox id (request header; never trusted, compared with the signed id).
 pub const OUTBOX_ID: &str = "x-outbox-id";
-/// Topic of the event (also the last path segment of the destination).
-pub const OUTBOX_TOPIC: &str = "x-outbox-topic";
-/// Partition key, percent-encoded (RFC 3986 unreserved characters are kept as is).
-pub const OUTBOX_KEY: &str = "x-outbox-key";
-/// Per-key sequence (ordered topics only).
-pub const OUTBOX_SEQ: &str = "x-outbox-seq";
-/// When the producer's transaction wrote the event (RFC 3339, UTC), for end-to-end latency.
-pub const OUTBOX_CREATED_AT: &str = "x-outbox-created-at";
-/// W3C trace context of the producer.
+/// W3C trace context of the producer (request header copy and envelope header).
 pub const TRACEPARENT: &str = "traceparent";
-/// Correlation id.
+/// Correlation id (envelope header).
 pub const CORRELATION_ID: &str = "x-correlation-id";
-/// Payload schema version.
-pub const SCHEMA_VERSION: &str = "x-schema-version";
 
-/// Set to `consumer` when the relay asks the consumer to record the delivery evidence of an ordered event in
-/// its own transaction (`RELAY_ORDERED_EVIDENCE=consumer`, decision record 0007) instead of QStash's callback.
-pub const OUTBOX_EVIDENCE: &str = "x-outbox-evidence";
-/// The value of [`OUTBOX_EVIDENCE`].
-pub const EVIDENCE_BY_CONSUMER: &str = "consumer";
+/// The request headers of the previous contract (identity in unsigned headers). Read only on the legacy path,
+/// where every value is checked against the outbox row; on a current delivery a copy that disagrees with the
+/// envelope is refused.
+pub mod legacy {
+    /// Outbox id.
+    pub const OUTBOX_ID: &str = "x-outbox-id";
+    /// Topic.
+    pub const OUTBOX_TOPIC: &str = "x-outbox-topic";
+    /// Partition key, percent-encoded.
+    pub const OUTBOX_KEY: &str = "x-outbox-key";
+    /// Per-key sequence.
+    pub const OUTBOX_SEQ: &str = "x-outbox-seq";
+    /// Creation time.
+    pub const OUTBOX_CREATED_AT: &str = "x-outbox-created-at";
+    /// `consumer` when the consumer was asked to record delivery evidence.
+    pub const OUTBOX_EVIDENCE: &str = "x-outbox-evidence";
+    /// Payload schema version.
+    pub const SCHEMA_VERSION: &str = "x-schema-version";
+}
 
 /// Path (under `CALLBACK_URL`) of QStash failure callbacks.
 pub const FAILURE_PATH: &str = "/failure";
@@ -30,6 +80,229 @@ pub const FAILURE_PATH: &str = "/failure";
 pub const DELIVERED_PATH: &str = "/delivered";
 /// Path prefix (under `CONSUMER_URL`) of event deliveries: `/events/{topic}`.
 pub const EVENTS_PATH: &str = "/events/";
+
+/// The destination of a topic's deliveries: `{consumer_url}/events/{topic}?contract=2`.
+pub fn destination(consumer_url: &str, topic: &str) -> String {
+    let base = consumer_url.trim_end_matches('/');
+    let mut s = String::with_capacity(base.len() + EVENTS_PATH.len() + topic.len() + 11);
+    s.push_str(base);
+    s.push_str(EVENTS_PATH);
+    s.push_str(topic);
+    s.push('?');
+    s.push_str(CONTRACT_QUERY);
+    s
+}
+
+/// Which contract a delivery follows, read from its (signed) URL query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contract {
+    /// No `contract` parameter: published by a relay of the previous version.
+    Legacy,
+    /// [`CONTRACT_VERSION`]: the signed envelope.
+    Current,
+    /// A version this consumer does not know yet (a newer relay).
+    Newer(u32),
+}
+
+/// The contract of a delivery from its raw query string. `Err` for a query that names no valid version, or
+/// names one twice.
+pub fn contract_of_query(query: Option<&str>) -> Result<Contract, String> {
+    let mut found: Option<&str> = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name == CONTRACT_PARAM {
+            if found.is_some() {
+                return Err("the URL names the contract version twice".into());
+            }
+            found = Some(value);
+        }
+    }
+    let Some(v) = found else {
+        return Ok(Contract::Legacy);
+    };
+    match v.parse::<u32>() {
+        Ok(CONTRACT_VERSION) => Ok(Contract::Current),
+        Ok(n) if n > CONTRACT_VERSION => Ok(Contract::Newer(n)),
+        _ => Err(format!(
+            "unknown contract version {:?} in the URL (this consumer reads {CONTRACT_VERSION})",
+            v.chars().take(20).collect::<String>()
+        )),
+    }
+}
+
+/// Who records the delivery evidence of an ordered event (decision record 0007).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Evidence {
+    /// The consumer, in the transaction that applies the event.
+    Consumer,
+    /// QStash's delivery callback (the consumer does nothing).
+    Callback,
+}
+
+impl Evidence {
+    /// The wire value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Evidence::Consumer => "consumer",
+            Evidence::Callback => "callback",
+        }
+    }
+}
+
+/// A delivery body, as the consumer reads it. Unknown fields are ignored (a later minor addition); a change of
+/// meaning gets a new [`CONTRACT_VERSION`].
+#[derive(Debug, Deserialize)]
+pub struct Envelope<'a> {
+    /// Always [`CONTRACT_VERSION`].
+    pub contract: u32,
+    /// The topic (equal to the path's).
+    pub topic: String,
+    /// Who records delivery evidence (ordered events only).
+    #[serde(default)]
+    pub evidence: Option<Evidence>,
+    /// The events (one today).
+    #[serde(borrow)]
+    pub events: Vec<EnvelopeEvent<'a>>,
+}
+
+/// One event of an [`Envelope`].
+#[derive(Debug, Deserialize)]
+pub struct EnvelopeEvent<'a> {
+    /// The outbox id: the consumer's dedupe key.
+    pub id: i64,
+    /// The partition key.
+    pub key: String,
+    /// The per-key sequence (ordered topics only).
+    #[serde(default)]
+    pub seq: Option<i64>,
+    /// When the producer's transaction wrote it.
+    #[serde(default)]
+    pub created_at: Option<DateTime<Utc>>,
+    /// The payload schema version (absent: 1).
+    #[serde(default)]
+    pub schema_version: Option<u32>,
+    /// Trace context, correlation id.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The payload, as the producer wrote it.
+    #[serde(borrow)]
+    pub payload: &'a RawValue,
+}
+
+/// Parses and checks a delivery body. The message of an error says what is wrong (the request is refused
+/// permanently: a body QStash signed cannot be repaired by retrying).
+pub fn parse_envelope(body: &[u8]) -> Result<Envelope<'_>, String> {
+    let env: Envelope<'_> = serde_json::from_slice(body)
+        .map_err(|e| format!("the body is not a contract-{CONTRACT_VERSION} envelope: {e}"))?;
+    if env.contract != CONTRACT_VERSION {
+        return Err(format!(
+            "the envelope says contract {} but the URL says {CONTRACT_VERSION}",
+            env.contract
+        ));
+    }
+    if env.events.is_empty() {
+        return Err("the envelope holds no event".into());
+    }
+    for e in &env.events {
+        if e.id <= 0 {
+            return Err(format!("event id {} is not positive", e.id));
+        }
+        if e.key.is_empty() {
+            return Err(format!("event {} has an empty partition key", e.id));
+        }
+        if e.seq.is_some_and(|s| s <= 0) {
+            return Err(format!("event {} has a sequence below 1", e.id));
+        }
+        if e.schema_version == Some(0) {
+            return Err(format!("event {} has schema version 0", e.id));
+        }
+    }
+    Ok(env)
+}
+
+/// One event as the relay writes it.
+#[derive(Debug, Clone, Copy)]
+pub struct WireEvent<'a> {
+    /// Outbox id.
+    pub id: i64,
+    /// Partition key.
+    pub key: &'a str,
+    /// Per-key sequence.
+    pub seq: Option<i64>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Schema version.
+    pub schema_version: Option<u32>,
+    /// Headers `(name, value)`.
+    pub headers: &'a [(&'a str, &'a str)],
+    /// The payload: JSON text as Postgres rendered the `jsonb` value (trusted, written as is).
+    pub payload: &'a str,
+}
+
+/// Writes a delivery body ([`Envelope`]). The payload is trusted JSON (from a `jsonb` column) and copied as is;
+/// every string is escaped by serde_json.
+pub fn write_envelope(topic: &str, evidence: Option<Evidence>, events: &[WireEvent<'_>]) -> String {
+    let size: usize = events.iter().map(|e| e.payload.len() + 160).sum();
+    let mut out: Vec<u8> = Vec::with_capacity(size + 64);
+    out.extend_from_slice(b"{\"contract\":");
+    out.extend_from_slice(CONTRACT_VERSION.to_string().as_bytes());
+    out.extend_from_slice(b",\"topic\":");
+    json_str(&mut out, topic);
+    if let Some(ev) = evidence {
+        out.extend_from_slice(b",\"evidence\":\"");
+        out.extend_from_slice(ev.as_str().as_bytes());
+        out.push(b'"');
+    }
+    out.extend_from_slice(b",\"events\":[");
+    for (i, e) in events.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"id\":");
+        out.extend_from_slice(e.id.to_string().as_bytes());
+        out.extend_from_slice(b",\"key\":");
+        json_str(&mut out, e.key);
+        if let Some(seq) = e.seq {
+            out.extend_from_slice(b",\"seq\":");
+            out.extend_from_slice(seq.to_string().as_bytes());
+        }
+        out.extend_from_slice(b",\"created_at\":\"");
+        out.extend_from_slice(
+            e.created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+                .as_bytes(),
+        );
+        out.push(b'"');
+        if let Some(v) = e.schema_version {
+            out.extend_from_slice(b",\"schema_version\":");
+            out.extend_from_slice(v.to_string().as_bytes());
+        }
+        if !e.headers.is_empty() {
+            out.extend_from_slice(b",\"headers\":{");
+            for (j, (name, value)) in e.headers.iter().enumerate() {
+                if j > 0 {
+                    out.push(b',');
+                }
+                json_str(&mut out, name);
+                out.push(b':');
+                json_str(&mut out, value);
+            }
+            out.push(b'}');
+        }
+        out.extend_from_slice(b",\"payload\":");
+        out.extend_from_slice(e.payload.as_bytes());
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"]}");
+    // Every piece is UTF-8 (escaped strings, digits, the payload text), so this never replaces anything.
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    // Writing a `&str` into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
 
 /// QStash's deduplication id for an event: `outbox-<id>`, and `outbox-<id>-r<n>` after the n-th redrive (a
 /// redrive must not be swallowed by QStash's dedup window). Never contains `:` (QStash rejects it).
@@ -41,7 +314,7 @@ pub fn dedup_id(outbox_id: i64, redrive_count: i32) -> String {
     }
 }
 
-/// Percent-encodes a partition key for an HTTP header value.
+/// Percent-encodes a partition key for an HTTP header value (the legacy `x-outbox-key` header).
 pub fn encode_key(key: &str) -> String {
     let mut out = String::with_capacity(key.len());
     for b in key.bytes() {
@@ -91,5 +364,115 @@ mod tests {
     fn dedup_ids_never_contain_colons() {
         assert_eq!(dedup_id(42, 0), "outbox-42");
         assert_eq!(dedup_id(42, 3), "outbox-42-r3");
+    }
+
+    #[test]
+    fn the_contract_version_comes_from_the_query() {
+        assert_eq!(contract_of_query(None), Ok(Contract::Legacy));
+        assert_eq!(contract_of_query(Some("")), Ok(Contract::Legacy));
+        assert_eq!(contract_of_query(Some("a=1")), Ok(Contract::Legacy));
+        assert_eq!(contract_of_query(Some("contract=2")), Ok(Contract::Current));
+        assert_eq!(
+            contract_of_query(Some("x=1&contract=2")),
+            Ok(Contract::Current)
+        );
+        assert_eq!(
+            contract_of_query(Some("contract=7")),
+            Ok(Contract::Newer(7))
+        );
+        assert!(contract_of_query(Some("contract=1")).is_err());
+        assert!(contract_of_query(Some("contract=")).is_err());
+        assert!(contract_of_query(Some("contract=2&contract=2")).is_err());
+        assert_eq!(
+            destination("https://c.example/", "orders"),
+            "https://c.example/events/orders?contract=2"
+        );
+    }
+
+    #[test]
+    fn what_the_relay_writes_the_consumer_reads_back() {
+        let created = DateTime::parse_from_rfc3339("2026-11-30T12:00:00.123456Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let odd_key = "k \"quoted\" \\ \u{1b}[31m ü \u{202e} \n";
+        let headers = [(TRACEPARENT, "00-x"), (CORRELATION_ID, "c\"1")];
+        let body = write_envelope(
+            "orders",
+            Some(Evidence::Consumer),
+            &[WireEvent {
+                id: 42,
+                key: odd_key,
+                seq: Some(3),
+                created_at: created,
+                schema_version: Some(2),
+                headers: &headers,
+                payload: r#"{"a": [1, 2, {"b": "ü\n"}]}"#,
+            }],
+        );
+        let env = parse_envelope(body.as_bytes()).unwrap();
+        assert_eq!(env.topic, "orders");
+        assert_eq!(env.evidence, Some(Evidence::Consumer));
+        let e = &env.events[0];
+        assert_eq!((e.id, e.key.as_str(), e.seq), (42, odd_key, Some(3)));
+        assert_eq!(e.created_at, Some(created));
+        assert_eq!(e.schema_version, Some(2));
+        assert_eq!(
+            e.headers.get(CORRELATION_ID).map(String::as_str),
+            Some("c\"1")
+        );
+        assert_eq!(e.payload.get(), r#"{"a": [1, 2, {"b": "ü\n"}]}"#);
+
+        let bare = write_envelope(
+            "audit",
+            None,
+            &[WireEvent {
+                id: 1,
+                key: "k",
+                seq: None,
+                created_at: created,
+                schema_version: None,
+                headers: &[],
+                payload: "{}",
+            }],
+        );
+        let env = parse_envelope(bare.as_bytes()).unwrap();
+        assert_eq!(env.evidence, None);
+        assert_eq!(env.events[0].seq, None);
+        assert!(env.events[0].headers.is_empty());
+    }
+
+    #[test]
+    fn bad_envelopes_are_named() {
+        for (body, want) in [
+            (&b"not json"[..], "not a contract-2 envelope"),
+            (
+                br#"{"contract":3,"topic":"t","events":[]}"#,
+                "says contract 3",
+            ),
+            (br#"{"contract":2,"topic":"t","events":[]}"#, "no event"),
+            (
+                br#"{"contract":2,"topic":"t","events":[{"id":0,"key":"k","payload":{}}]}"#,
+                "not positive",
+            ),
+            (
+                br#"{"contract":2,"topic":"t","events":[{"id":1,"key":"","payload":{}}]}"#,
+                "empty partition key",
+            ),
+            (
+                br#"{"contract":2,"topic":"t","events":[{"id":1,"key":"k","seq":0,"payload":{}}]}"#,
+                "sequence below 1",
+            ),
+            (
+                br#"{"contract":2,"topic":"t","events":[{"id":1,"key":"k"}]}"#,
+                "missing field `payload`",
+            ),
+            (
+                br#"{"contract":2,"topic":"t","evidence":"carrier-pigeon","events":[]}"#,
+                "unknown variant",
+            ),
+        ] {
+            let err = parse_envelope(body).unwrap_err();
+            assert!(err.contains(want), "{err}");
+        }
     }
 }

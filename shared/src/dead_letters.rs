@@ -677,7 +677,8 @@ struct OutboxRow {
 
 /// The event headers (`traceparent`, correlation id, schema version) of a dead letter, for re-inserting a pruned
 /// event: a relay dead letter stores the event's own headers; a QStash one the original HTTP headers
-/// (`{name: [values]}`, forwarded ones possibly prefixed `Upstash-Forward-`).
+/// (`{name: [values]}`, forwarded ones possibly prefixed `Upstash-Forward-`), to which the failure callback adds
+/// the signed envelope's headers and schema version.
 pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
     let Some(h) = headers else {
         return EventHeaders::default();
@@ -702,7 +703,8 @@ pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
         EventHeaders {
             traceparent: find(contract::TRACEPARENT),
             correlation_id: find(contract::CORRELATION_ID),
-            schema_version: find(contract::SCHEMA_VERSION).and_then(|v| v.trim().parse().ok()),
+            schema_version: find(contract::legacy::SCHEMA_VERSION)
+                .and_then(|v| v.trim().parse().ok()),
         }
     };
     // Whatever does not pass the producer's rules is dropped rather than blocking the redrive.

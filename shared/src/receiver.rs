@@ -21,11 +21,12 @@
 //! **Key rotation without redeploy:** [`KeyRing`] holds the keys and, when a token matches neither, re-reads the
 //! secret (at most once per `SECRET_REFRESH_INTERVAL_SECS`, default 60) and tries again.
 //!
-//! **The URL (`sub`) and the proxy pitfall** (decision record 0021): QStash signs the URL it was *told* to call.
-//! Behind CloudFront, API Gateway, a custom domain or `cargo lambda watch`, the function sees another host or
-//! path than the public one, and every request would fail the `sub` check. Set `PUBLIC_BASE_URL` (the
-//! scheme+host[+prefix] QStash calls) in every deployment that is reached through anything but the bare function
-//! URL; then the forwarded headers are ignored.
+//! **The URL (`sub`) is never chosen by the client** (decision record 0021): QStash signs the URL it was *told*
+//! to call. Without `PUBLIC_BASE_URL` the receiver rebuilds it from what AWS sets on the function-URL event
+//! (`requestContext.domainName`), not from client-sent `Host` or `X-Forwarded-*` headers — otherwise a token
+//! issued for another host could be replayed here. Behind CloudFront, API Gateway, a custom domain or `cargo
+//! lambda watch` the function sees another host or path than the public one: set `PUBLIC_BASE_URL` (the
+//! scheme+host[+prefix] QStash calls), or `TRUST_FORWARDED_HEADERS=true` when the proxy in front sets them.
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -513,7 +514,10 @@ pub fn resign_function_url_event(
         .to_owned();
     let req = lambda_http::request::from_str(event_json)
         .map_err(|e| format!("not a function URL event: {e}"))?;
-    let url = request_url(&req, public_base_url);
+    let url = request_url(
+        &req,
+        public_base_url.map_or(UrlSource::FunctionUrl, UrlSource::Public),
+    );
     let token = sign(key, &url, req.body().as_ref(), iat, ttl_secs);
     let quoted = serde_json::to_string(&old).map_err(|e| e.to_string())?;
     if !event_json.contains(&quoted) {
@@ -653,44 +657,69 @@ impl KeyRing {
     }
 }
 
-/// The URL QStash called, for the `sub` check:
-///
-/// * with `public_base_url` (`PUBLIC_BASE_URL`): that base + the raw path (+ `?` + raw query when non-empty);
-/// * else rebuilt from the request: `x-forwarded-proto` (default `https`) `://` `x-forwarded-host`, else `host`,
-///   else the function URL's domain name, + raw path (+ `?` + raw query).
+/// How a receiver learns the URL QStash called (the `sub` it compares).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UrlSource<'a> {
+    /// `PUBLIC_BASE_URL`: that base + the raw path (+ `?` + raw query).
+    Public(&'a str),
+    /// What AWS sets on a function-URL event: `https://` + `requestContext.domainName` + raw path (+ query).
+    /// Client-sent `Host` and `X-Forwarded-*` headers are ignored.
+    #[default]
+    FunctionUrl,
+    /// `TRUST_FORWARDED_HEADERS=true`, for a proxy in front that sets them: `X-Forwarded-Proto` (default
+    /// `https`) `://` `X-Forwarded-Host`, else `Host`, else the function URL's domain name.
+    Forwarded,
+}
+
+impl<'a> UrlSource<'a> {
+    /// The source for a receiver's settings.
+    pub fn from_config(public_base_url: Option<&'a str>, trust_forwarded_headers: bool) -> Self {
+        match (public_base_url, trust_forwarded_headers) {
+            (Some(base), _) => UrlSource::Public(base),
+            (None, true) => UrlSource::Forwarded,
+            (None, false) => UrlSource::FunctionUrl,
+        }
+    }
+}
+
+/// The URL QStash called, for the `sub` check (decision record 0021), from `source` ([`UrlSource`]).
 ///
 /// The raw path is the function URL's `rawPath` (`RequestExt::raw_http_path`), falling back to the URI path for
 /// requests built without it (local adapters); the query is `rawQueryString` verbatim (lambda_http appends it
-/// unchanged to the URI).
-pub fn request_url<B>(req: &http::Request<B>, public_base_url: Option<&str>) -> String {
+/// unchanged to the URI). Without a function-URL context (a request not built from a Lambda event), the URI's
+/// authority stands in for the domain name.
+pub fn request_url<B>(req: &http::Request<B>, source: UrlSource<'_>) -> String {
     let raw_path = req.raw_http_path();
     let path = if raw_path.is_empty() {
         req.uri().path()
     } else {
         raw_path
     };
-    let mut url = match public_base_url {
-        Some(base) => format!("{}{path}", base.trim_end_matches('/')),
-        None => {
-            let header = |name: &str| {
-                req.headers()
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.split(',').next())
-                    .map(str::trim)
-                    .filter(|v| !v.is_empty())
-            };
+    let context_host = || -> Option<&str> {
+        match req.request_context_ref() {
+            Some(lambda_http::request::RequestContext::ApiGatewayV2(c)) => c.domain_name.as_deref(),
+            Some(_) => None,
+            None => req.uri().authority().map(|a| a.as_str()),
+        }
+    };
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(',').next())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    let mut url = match source {
+        UrlSource::Public(base) => format!("{}{path}", base.trim_end_matches('/')),
+        UrlSource::FunctionUrl => {
+            format!("https://{}{path}", context_host().unwrap_or("localhost"))
+        }
+        UrlSource::Forwarded => {
             let proto = header("x-forwarded-proto").unwrap_or("https");
-            let context_host = match req.request_context_ref() {
-                Some(lambda_http::request::RequestContext::ApiGatewayV2(c)) => {
-                    c.domain_name.as_deref()
-                }
-                _ => None,
-            };
             let host = header("x-forwarded-host")
                 .or_else(|| header("host"))
-                .or(context_host)
-                .or_else(|| req.uri().authority().map(|a| a.as_str()))
+                .or_else(context_host)
                 .unwrap_or("localhost");
             format!("{proto}://{host}{path}")
         }
@@ -706,7 +735,7 @@ pub fn request_url<B>(req: &http::Request<B>, public_base_url: Option<&str>) -> 
 pub async fn verify_request(
     keys: &KeyRing,
     req: &lambda_http::Request,
-    public_base_url: Option<&str>,
+    source: UrlSource<'_>,
     opts: VerifyOptions,
 ) -> Result<Claims, VerifyError> {
     let token = match req.headers().get(SIGNATURE_HEADER) {
@@ -715,7 +744,7 @@ pub async fn verify_request(
             VerifyError::Malformed("Upstash-Signature header is not visible ASCII".into())
         })?,
     };
-    let url = request_url(req, public_base_url);
+    let url = request_url(req, source);
     keys.verify(token, req.body().as_ref(), &url, opts).await
 }
 
@@ -779,18 +808,30 @@ mod tests {
             .body(())
             .unwrap();
         assert_eq!(
-            request_url(&req, Some("https://public.example/")),
+            request_url(&req, UrlSource::Public("https://public.example/")),
             "https://public.example/events/orders?a=1&b=x%20y"
         );
         assert_eq!(
-            request_url(&req, None),
+            request_url(&req, UrlSource::Forwarded),
             "http://proxy.example/events/orders?a=1&b=x%20y"
+        );
+        // Without the setting that trusts a proxy, forwarded headers are ignored.
+        assert_eq!(
+            request_url(&req, UrlSource::FunctionUrl),
+            "https://internal.example/events/orders?a=1&b=x%20y"
         );
         let req = http::Request::builder()
             .uri("/failure")
             .header("host", "cb.example")
             .body(())
             .unwrap();
-        assert_eq!(request_url(&req, None), "https://cb.example/failure");
+        assert_eq!(
+            request_url(&req, UrlSource::Forwarded),
+            "https://cb.example/failure"
+        );
+        assert_eq!(
+            request_url(&req, UrlSource::FunctionUrl),
+            "https://localhost/failure"
+        );
     }
 }

@@ -13,13 +13,58 @@ pub enum LogFormat {
     Pretty,
 }
 
+/// Targets that would write request contents at some level, capped below it whatever `RUST_LOG` says.
+/// `lambda_runtime` logs every raw invocation event at TRACE (`raw JSON event received from Lambda`): for the
+/// receivers that is the whole function-URL request, its `Upstash-Signature` token and its body.
+pub const CAPPED_TARGETS: [&str; 1] = ["lambda_runtime::layers::api_response=debug"];
+
 fn filter(default_level: &str) -> EnvFilter {
-    let level = std::env::var("AWS_LAMBDA_LOG_LEVEL")
-        .ok()
-        .map(|l| l.to_ascii_lowercase())
-        .unwrap_or_else(|| default_level.into());
-    EnvFilter::try_from_env("RUST_LOG")
-        .unwrap_or_else(|_| EnvFilter::new(format!("{level},sqlx=warn,hyper=warn,aws=warn")))
+    filter_from(
+        std::env::var("RUST_LOG").ok().as_deref(),
+        std::env::var("AWS_LAMBDA_LOG_LEVEL").ok().as_deref(),
+        default_level,
+    )
+}
+
+/// The log filter: `rust_log` directives (`RUST_LOG`), else `lambda_level` (`AWS_LAMBDA_LOG_LEVEL`), else
+/// `default_level`; then [`CAPPED_TARGETS`], which no directive can lift (a directive naming a capped target is
+/// dropped).
+pub fn filter_from(
+    rust_log: Option<&str>,
+    lambda_level: Option<&str>,
+    default_level: &str,
+) -> EnvFilter {
+    let capped = |d: &str| {
+        CAPPED_TARGETS.iter().any(|c| {
+            let target = c.split('=').next().unwrap_or(c);
+            let named = d.split(['=', '[']).next().unwrap_or(d).trim();
+            !named.is_empty() && named.starts_with(target)
+        })
+    };
+    let base = match rust_log.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(spec) => spec
+            .split(',')
+            .filter(|d| !capped(d))
+            .collect::<Vec<_>>()
+            .join(","),
+        None => {
+            let level = lambda_level
+                .map(|l| l.to_ascii_lowercase())
+                .unwrap_or_else(|| default_level.into());
+            format!("{level},sqlx=warn,hyper=warn,aws=warn")
+        }
+    };
+    let spec = std::iter::once(base.as_str())
+        .chain(CAPPED_TARGETS)
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(",");
+    EnvFilter::try_new(&spec).unwrap_or_else(|_| {
+        EnvFilter::new(format!(
+            "{default_level},sqlx=warn,hyper=warn,aws=warn,{}",
+            CAPPED_TARGETS.join(",")
+        ))
+    })
 }
 
 /// Installs the global subscriber writing to stdout. Safe to call twice (the second call is a no-op).
@@ -53,4 +98,64 @@ pub fn init_from_env() {
     } else {
         LogFormat::Json
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+    impl Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The runtime's raw-event line carries the signature token and the body; no setting lets it through.
+    #[test]
+    fn no_log_level_writes_the_runtimes_raw_event() {
+        for (rust_log, lambda_level) in [
+            (Some("trace"), None),
+            (Some("trace,lambda_runtime=trace"), None),
+            (
+                Some("trace,lambda_runtime::layers::api_response=trace"),
+                None,
+            ),
+            (
+                Some("trace,lambda_runtime::layers::api_response[x]=trace"),
+                None,
+            ),
+            (Some("trace,lambda_runtime::layers=trace"), None),
+            (None, Some("TRACE")),
+        ] {
+            let out = Capture::default();
+            let writer = out.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_env_filter(filter_from(rust_log, lambda_level, "info"))
+                .with_writer(move || writer.clone())
+                .finish();
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::trace!(target: "lambda_runtime::layers::api_response",
+                    body = "{\"headers\":{\"upstash-signature\":\"eyJ.secret.token\"}}",
+                    "raw JSON event received from Lambda");
+                tracing::trace!(target: "outbox::relay", "our own trace line");
+            });
+            let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+            assert!(
+                !text.contains("eyJ.secret.token"),
+                "{rust_log:?}/{lambda_level:?}: {text}"
+            );
+            assert!(
+                text.contains("our own trace line"),
+                "{rust_log:?}/{lambda_level:?}: trace is on"
+            );
+        }
+    }
 }

@@ -1,6 +1,8 @@
 //! The callback function (`outbox::callbacks::handle_callback`) on real Postgres: failure callbacks become
 //! dead letters (well-formed, missing fields, string times, garbage — never dropped), delivery callbacks become
-//! delivery evidence or a noted failed attempt, anything unsigned or elsewhere is refused.
+//! delivery evidence or a noted failed attempt, anything unsigned or elsewhere is refused. The event a callback
+//! is about comes from its signed body only (the envelope in `sourceBody` of a current message, `sourceHeader`
+//! of one published by an older relay), never from a header of the callback request.
 
 mod support;
 
@@ -62,7 +64,28 @@ async fn enqueue_order(pool: &PgPool, order_id: &str) -> (i64, i64) {
     (ev.id, ev.seq.unwrap())
 }
 
-fn failure_body(outbox_id: i64, dlq_id: &str) -> Value {
+const AUDIT_PAYLOAD: &str = r#"{"actor":"u","action":"a"}"#;
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// The current relay's delivery of audit event `id` (what QStash calls the consumer with).
+fn audit_delivery(id: i64) -> Delivery {
+    Delivery::new("audit", id, AUDIT_PAYLOAD.as_bytes())
+        .key("user-1")
+        .header("traceparent", TRACEPARENT)
+}
+
+/// The current relay's delivery of ordered order event `id`.
+fn order_delivery(id: i64, key: &str, seq: i64) -> Delivery {
+    Delivery::new("orders", id, br#"{"type":"OrderPlaced"}"#)
+        .key(key)
+        .seq(seq)
+        .schema_version(2)
+        .evidence_by_callback()
+}
+
+/// The failure callback body QStash sends after giving up on `d`: the original URL (with the contract version)
+/// and body (the envelope), and the headers the relay set (the informational `X-Outbox-Id` copy).
+fn failure_body(d: &Delivery, dlq_id: &str) -> Value {
     json!({
         "status": 503,
         "header": {"Content-Type": ["application/json"]},
@@ -71,23 +94,49 @@ fn failure_body(outbox_id: i64, dlq_id: &str) -> Value {
         "maxRetries": 5,
         "dlqId": dlq_id,
         "sourceMessageId": "msg_abc",
-        "url": url("/events/audit"),
+        "url": d.signed_url(),
         "method": "POST",
-        "sourceHeader": {"Content-Type": ["application/json"], "X-Outbox-Id": [outbox_id.to_string()]},
-        "sourceBody": b64(r#"{"actor":"u","action":"a"}"#),
+        "sourceHeader": {"Content-Type": ["application/json"], "X-Outbox-Id": [d.id().to_string()]},
+        "sourceBody": STANDARD.encode(d.body()),
         "notBefore": 1_701_198_458_025_i64,
         "createdAt": 1_701_198_447_054_i64,
         "callerIP": "178.247.74.179"
     })
 }
 
-fn post(path: &str, body: &[u8], outbox_id: Option<i64>) -> lambda_http::Request {
-    let id = outbox_id.map(|i| i.to_string());
-    let mut h: Vec<(&str, &str)> = vec![("upstash-message-id", "msg_callback")];
-    if let Some(id) = &id {
-        h.push(("x-outbox-id", id));
-    }
-    signed_post(path, body, &h)
+/// A failure callback body for a message published by a relay before the signed contract: URL without a
+/// contract version, the payload as body, the identity in `sourceHeader` (forwarded `x-outbox-*` headers).
+fn legacy_failure_body(source_header: Value, dlq_id: &str) -> Value {
+    json!({
+        "status": 503,
+        "body": b64(r#"{"error":"database error"}"#),
+        "retried": 5,
+        "maxRetries": 5,
+        "dlqId": dlq_id,
+        "sourceMessageId": "msg_old",
+        "url": url("/events/audit"),
+        "method": "POST",
+        "sourceHeader": source_header,
+        "sourceBody": b64(AUDIT_PAYLOAD),
+    })
+}
+
+/// A signed callback request (no `x-outbox-id` header: the current relay forwards none to callbacks).
+fn post(path: &str, body: &[u8]) -> lambda_http::Request {
+    signed_post(path, body, &[("upstash-message-id", "msg_callback")])
+}
+
+/// A signed callback request carrying an `x-outbox-id` request header (relays before the signed contract
+/// forwarded one to their callbacks; anyone replaying a callback can set any).
+fn post_with_id_header(path: &str, body: &[u8], header_id: i64) -> lambda_http::Request {
+    signed_post(
+        path,
+        body,
+        &[
+            ("upstash-message-id", "msg_callback"),
+            ("x-outbox-id", &header_id.to_string()),
+        ],
+    )
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -125,8 +174,9 @@ async fn dead_letters(pool: &PgPool) -> Vec<DeadLetter> {
 async fn well_formed_failure_callback_is_recorded_once(pool: PgPool) {
     let id = enqueue_audit(&pool).await;
     let st = state(&pool);
-    let body = failure_body(id, "1701198458025-0").to_string();
-    let r = handle_callback(&st, post("/failure", body.as_bytes(), Some(id))).await;
+    let delivery = audit_delivery(id).schema_version(2);
+    let body = failure_body(&delivery, "1701198458025-0").to_string();
+    let r = handle_callback(&st, post("/failure", body.as_bytes())).await;
     let (status, json) = parts(&r);
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["status"], "recorded");
@@ -141,7 +191,11 @@ async fn well_formed_failure_callback_is_recorded_once(pool: PgPool) {
     assert_eq!(d.outbox_id, Some(id));
     assert_eq!(d.topic.as_deref(), Some("audit"));
     assert_eq!(d.partition_key.as_deref(), Some("user-1"));
-    assert_eq!(d.payload, Some(json!({"actor":"u","action":"a"})));
+    assert_eq!(
+        d.payload,
+        Some(json!({"actor":"u","action":"a"})),
+        "the event's payload, not the whole envelope"
+    );
     assert_eq!(d.status, Some(503));
     assert_eq!(d.attempts, Some(6));
     assert_eq!(
@@ -149,10 +203,14 @@ async fn well_formed_failure_callback_is_recorded_once(pool: PgPool) {
         Some(r#"{"error":"database error"}"#)
     );
     assert_eq!(d.qstash_message_id.as_deref(), Some("msg_abc"));
+    let headers = d.headers.as_ref().unwrap();
+    assert_eq!(headers["X-Outbox-Id"], json!([id.to_string()]));
     assert_eq!(
-        d.headers.as_ref().unwrap()["X-Outbox-Id"],
-        json!([id.to_string()])
+        headers["traceparent"],
+        json!([TRACEPARENT]),
+        "the envelope's event headers are added, for a redrive that re-creates a pruned event"
     );
+    assert_eq!(headers["x-schema-version"], json!(["2"]));
     assert!(d.raw_callback.is_none() && d.parse_error.is_none());
     assert!(d.error.contains("last status 503"), "{}", d.error);
     let dead: bool =
@@ -164,32 +222,72 @@ async fn well_formed_failure_callback_is_recorded_once(pool: PgPool) {
     assert!(dead, "the outbox event is marked dead");
 
     // QStash retries the callback: idempotent on dlqId.
-    let r = handle_callback(&st, post("/failure", body.as_bytes(), Some(id))).await;
+    let r = handle_callback(&st, post("/failure", body.as_bytes())).await;
     assert_eq!(parts(&r), (200, json!({"status":"duplicate"})));
     assert_eq!(count(&pool, "SELECT count(*) FROM dead_letters").await, 1);
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
-async fn outbox_id_falls_back_to_the_source_headers(pool: PgPool) {
+async fn outbox_id_of_an_older_relays_message_comes_from_the_source_headers(pool: PgPool) {
+    // A message published before the signed contract (no contract version in its URL, payload as body): its
+    // outbox id is in the headers the relay set at publish time, which QStash signs as `sourceHeader`. That
+    // relay also forwarded x-outbox-id to the callback: an equal copy is accepted.
     let id = enqueue_audit(&pool).await;
     let st = state(&pool);
-    let mut body = failure_body(id, "2-0");
-    body["sourceHeader"] = json!({"Upstash-Forward-X-Outbox-Id": [id.to_string()]});
-    let r = handle_callback(&st, post("/failure", body.to_string().as_bytes(), None)).await;
+    let body = legacy_failure_body(
+        json!({"Upstash-Forward-X-Outbox-Id": [id.to_string()]}),
+        "2-0",
+    );
+    let r = handle_callback(
+        &st,
+        post_with_id_header("/failure", body.to_string().as_bytes(), id),
+    )
+    .await;
     assert_eq!(parts(&r).0, 200);
+    let d = &dead_letters(&pool).await[0];
+    assert_eq!(d.outbox_id, Some(id));
+    assert_eq!(
+        d.payload,
+        Some(json!({"actor":"u","action":"a"})),
+        "the whole body of a message in the previous format is its payload"
+    );
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn outbox_id_of_a_current_message_comes_from_the_envelope(pool: PgPool) {
+    // The envelope in sourceBody names the event even when the publisher set no header at all.
+    let id = enqueue_audit(&pool).await;
+    let st = state(&pool);
+    let mut body = failure_body(&audit_delivery(id), "2-1");
+    body["sourceHeader"] = json!({"Content-Type": ["application/json"]});
+    let r = handle_callback(&st, post("/failure", body.to_string().as_bytes())).await;
+    let (status, json) = parts(&r);
+    assert_eq!((status, &json["outbox_id"]), (200, &json!(id)), "{json}");
     assert_eq!(dead_letters(&pool).await[0].outbox_id, Some(id));
+    // An envelope in the body of a message whose URL names no contract version is not read as one (a body
+    // in the previous format is the producer's payload, whatever it looks like).
+    let mut body = failure_body(&audit_delivery(id), "2-2");
+    body["url"] = json!(url("/events/audit"));
+    body["sourceHeader"] = json!({});
+    let r = handle_callback(&st, post("/failure", body.to_string().as_bytes())).await;
+    assert_eq!(parts(&r).0, 200);
+    let d = &dead_letters(&pool).await[1];
+    assert_eq!(d.outbox_id, None);
+    assert_eq!(d.payload.as_ref().unwrap()["contract"], 2);
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn failure_callback_with_missing_fields(pool: PgPool) {
     let id = enqueue_audit(&pool).await;
     let st = state(&pool);
-    // Only a dlqId.
-    let r = handle_callback(&st, post("/failure", br#"{"dlqId":"3-0"}"#, Some(id))).await;
+    // Only a dlqId and the event's id in sourceHeader.
+    let only =
+        json!({"dlqId": "3-0", "sourceHeader": {"X-Outbox-Id": [id.to_string()]}}).to_string();
+    let r = handle_callback(&st, post("/failure", only.as_bytes())).await;
     assert_eq!(parts(&r).0, 200);
     // Nothing at all but an empty object, twice (idempotent through the raw body), and without an outbox id.
     for _ in 0..2 {
-        let r = handle_callback(&st, post("/failure", b"{}", None)).await;
+        let r = handle_callback(&st, post("/failure", b"{}")).await;
         assert_eq!(parts(&r).0, 200);
     }
     let dl = dead_letters(&pool).await;
@@ -239,7 +337,7 @@ async fn failure_callback_with_string_times_and_string_headers(pool: PgPool) {
         parsed.body.header,
         Some(json!({"Content-Type": ["text/plain"]}))
     );
-    let r = handle_callback(&st, post("/failure", body.to_string().as_bytes(), None)).await;
+    let r = handle_callback(&st, post("/failure", body.to_string().as_bytes())).await;
     assert_eq!(parts(&r).0, 200);
     let d = &dead_letters(&pool).await[0];
     assert_eq!(
@@ -258,21 +356,26 @@ async fn garbage_failure_callback_is_stored_raw_never_dropped(pool: PgPool) {
     let id = enqueue_audit(&pool).await;
     let st = state(&pool);
     let garbage: &[u8] = b"<html>502 Bad Gateway</html>\xff\xfe";
-    let r = handle_callback(&st, post("/failure", garbage, Some(id))).await;
+    let r = handle_callback(&st, post("/failure", garbage)).await;
     assert_eq!(
         parts(&r).0,
         200,
         "a signed but unreadable failure callback is still acknowledged"
     );
     // A JSON array, and an object with wrong types, are kept too.
-    let r = handle_callback(&st, post("/failure", b"[1,2,3]", Some(id))).await;
+    let r = handle_callback(&st, post("/failure", b"[1,2,3]")).await;
     assert_eq!(parts(&r).0, 200);
-    let bad_fields =
-        json!({"dlqId": "5-0", "status": {"x": 1}, "sourceBody": "***not base64***"}).to_string();
-    let r = handle_callback(&st, post("/failure", bad_fields.as_bytes(), Some(id))).await;
+    let bad_fields = json!({
+        "dlqId": "5-0",
+        "status": {"x": 1},
+        "sourceBody": "***not base64***",
+        "sourceHeader": {"X-Outbox-Id": [id.to_string()]}
+    })
+    .to_string();
+    let r = handle_callback(&st, post("/failure", bad_fields.as_bytes())).await;
     assert_eq!(parts(&r).0, 200);
     // The garbage again: idempotent.
-    let r = handle_callback(&st, post("/failure", garbage, Some(id))).await;
+    let r = handle_callback(&st, post("/failure", garbage)).await;
     assert_eq!(parts(&r), (200, json!({"status":"duplicate"})));
 
     let dl = dead_letters(&pool).await;
@@ -280,9 +383,8 @@ async fn garbage_failure_callback_is_stored_raw_never_dropped(pool: PgPool) {
     assert_eq!(dl[0].raw_callback.as_deref(), Some(garbage));
     assert!(dl[0].parse_error.as_deref().unwrap().contains("not JSON"));
     assert_eq!(
-        dl[0].outbox_id,
-        Some(id),
-        "linked through the forwarded header"
+        dl[0].outbox_id, None,
+        "an unreadable body names no event (and no request header may name one)"
     );
     assert!(dl[0].error.contains("could not be parsed"));
     assert!(
@@ -299,6 +401,11 @@ async fn garbage_failure_callback_is_stored_raw_never_dropped(pool: PgPool) {
         Some("5-0"),
         "the readable fields are kept"
     );
+    assert_eq!(
+        dl[2].outbox_id,
+        Some(id),
+        "linked through the readable sourceHeader"
+    );
     assert_eq!(dl[2].raw_callback.as_deref(), Some(bad_fields.as_bytes()));
     // Visible in one query.
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters WHERE outbox_id = $1")
@@ -306,19 +413,18 @@ async fn garbage_failure_callback_is_stored_raw_never_dropped(pool: PgPool) {
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(n, 3);
+    assert_eq!(n, 1);
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn failure_of_a_pruned_event_keeps_its_id_topic_and_key(pool: PgPool) {
-    // The outbox row is gone (pruned while QStash still retried): the dead letter keeps what the callback says.
+    // The outbox row is gone (pruned while QStash still retried): the dead letter keeps what the signed callback
+    // body says — from the envelope of a current message...
     let st = state(&pool);
-    let mut body = failure_body(999, "6-0");
-    body["url"] = json!(url("/events/orders"));
-    body["sourceHeader"] = json!({"X-Outbox-Key": ["order%201"]});
+    let d = Delivery::new("orders", 999, AUDIT_PAYLOAD.as_bytes()).key("order 1");
     let r = handle_callback(
         &st,
-        post("/failure", body.to_string().as_bytes(), Some(999)),
+        post("/failure", failure_body(&d, "6-0").to_string().as_bytes()),
     )
     .await;
     assert_eq!(parts(&r).0, 200);
@@ -328,6 +434,20 @@ async fn failure_of_a_pruned_event_keeps_its_id_topic_and_key(pool: PgPool) {
     assert_eq!(d.partition_key.as_deref(), Some("order 1"));
     assert_eq!(d.payload, Some(json!({"actor":"u","action":"a"})));
     assert!(d.body.is_none());
+
+    // ...and from the source headers and URL of one published by an older relay.
+    let mut body = legacy_failure_body(
+        json!({"X-Outbox-Id": ["998"], "X-Outbox-Key": ["order%202"]}),
+        "6-1",
+    );
+    body["url"] = json!(url("/events/orders"));
+    let r = handle_callback(&st, post("/failure", body.to_string().as_bytes())).await;
+    assert_eq!(parts(&r).0, 200);
+    let d = &dead_letters(&pool).await[1];
+    assert_eq!(d.outbox_id, Some(998));
+    assert_eq!(d.topic.as_deref(), Some("orders"));
+    assert_eq!(d.partition_key.as_deref(), Some("order 2"));
+    assert_eq!(d.payload, Some(json!({"actor":"u","action":"a"})));
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
@@ -339,8 +459,9 @@ async fn failure_of_an_ordered_head_applies_the_dead_head_policy(pool: PgPool) {
         &st,
         post(
             "/failure",
-            failure_body(id, "7-0").to_string().as_bytes(),
-            Some(id),
+            failure_body(&order_delivery(id, "o-1", seq), "7-0")
+                .to_string()
+                .as_bytes(),
         ),
     )
     .await;
@@ -354,7 +475,7 @@ async fn failure_of_an_ordered_head_applies_the_dead_head_policy(pool: PgPool) {
     assert_eq!(blocked, Some(id), "default policy: block the key");
 
     // With RELAY_SKIP_DEAD_HEAD_TOPICS=orders the key moves past the head instead.
-    let (id2, _) = enqueue_order(&pool, "o-2").await;
+    let (id2, seq2) = enqueue_order(&pool, "o-2").await;
     let skip = receiver(
         &pool,
         ConsumerConfig {
@@ -366,8 +487,9 @@ async fn failure_of_an_ordered_head_applies_the_dead_head_policy(pool: PgPool) {
         &skip,
         post(
             "/failure",
-            failure_body(id2, "8-0").to_string().as_bytes(),
-            Some(id2),
+            failure_body(&order_delivery(id2, "o-2", seq2), "8-0")
+                .to_string()
+                .as_bytes(),
         ),
     )
     .await;
@@ -382,7 +504,9 @@ async fn failure_of_an_ordered_head_applies_the_dead_head_policy(pool: PgPool) {
     assert!(row.get::<bool, _>("free"));
 }
 
-fn delivery_body(status: i32, retried: i32) -> Value {
+/// The delivery callback QStash sends after an attempt to deliver ordered event `id` (seq 1 of key `key`).
+fn delivery_body(id: i64, key: &str, status: i32, retried: i32) -> Value {
+    let d = order_delivery(id, key, 1);
     json!({
         "status": status,
         "header": {"Content-Type": ["application/json"]},
@@ -390,9 +514,10 @@ fn delivery_body(status: i32, retried: i32) -> Value {
         "retried": retried,
         "maxRetries": 3,
         "sourceMessageId": "msg_1",
-        "url": url("/events/orders"),
+        "url": d.signed_url(),
         "method": "POST",
-        "sourceBody": b64("{}"),
+        "sourceHeader": {"Content-Type": ["application/json"], "X-Outbox-Id": [id.to_string()]},
+        "sourceBody": STANDARD.encode(d.body()),
         "notBefore": 1_701_198_458_025_i64,
         "createdAt": "1701198447054"
     })
@@ -406,8 +531,7 @@ async fn delivery_callback_2xx_is_delivery_evidence(pool: PgPool) {
         &st,
         post(
             "/delivered",
-            delivery_body(200, 0).to_string().as_bytes(),
-            Some(id),
+            delivery_body(id, "o-1", 200, 0).to_string().as_bytes(),
         ),
     )
     .await;
@@ -427,8 +551,7 @@ async fn delivery_callback_2xx_is_delivery_evidence(pool: PgPool) {
         &st,
         post(
             "/delivered",
-            delivery_body(204, 0).to_string().as_bytes(),
-            Some(id),
+            delivery_body(id, "o-1", 204, 0).to_string().as_bytes(),
         ),
     )
     .await;
@@ -438,8 +561,7 @@ async fn delivery_callback_2xx_is_delivery_evidence(pool: PgPool) {
         &st,
         post(
             "/delivered",
-            delivery_body(200, 0).to_string().as_bytes(),
-            Some(424242),
+            delivery_body(424242, "o-9", 200, 0).to_string().as_bytes(),
         ),
     )
     .await;
@@ -457,8 +579,7 @@ async fn delivery_callback_failure_is_noted_on_the_event(pool: PgPool) {
         &st,
         post(
             "/delivered",
-            delivery_body(503, 1).to_string().as_bytes(),
-            Some(id),
+            delivery_body(id, "o-1", 503, 1).to_string().as_bytes(),
         ),
     )
     .await;
@@ -490,8 +611,7 @@ async fn delivery_callback_failure_is_noted_on_the_event(pool: PgPool) {
         &st,
         post(
             "/delivered",
-            delivery_body(500, 3).to_string().as_bytes(),
-            Some(id),
+            delivery_body(id, "o-1", 500, 3).to_string().as_bytes(),
         ),
     )
     .await;
@@ -511,26 +631,31 @@ async fn delivery_callback_failure_is_noted_on_the_event(pool: PgPool) {
 async fn unusable_delivery_callbacks_are_489(pool: PgPool) {
     let (id, _) = enqueue_order(&pool, "o-1").await;
     let st = state(&pool);
-    let cases: Vec<(&str, Vec<u8>, Option<i64>)> = vec![
-        ("garbage", b"not json".to_vec(), Some(id)),
+    let named = |mut v: Value| {
+        v["sourceHeader"] = json!({"X-Outbox-Id": [id.to_string()]});
+        v.to_string().into_bytes()
+    };
+    let mut no_id = delivery_body(id, "o-1", 200, 0);
+    no_id["url"] = json!(url("/events/orders"));
+    no_id["sourceHeader"] = json!({"Content-Type": ["application/json"]});
+    let mut not_an_envelope = delivery_body(id, "o-1", 200, 0);
+    not_an_envelope["sourceBody"] = json!(b64(r#"{"type":"OrderPlaced"}"#));
+    not_an_envelope["sourceHeader"] = json!({});
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", b"not json".to_vec()),
+        ("no status", named(json!({"retried": 0}))),
+        ("status of the wrong type", named(json!({"status": [200]}))),
         (
-            "no status",
-            json!({"retried": 0}).to_string().into_bytes(),
-            Some(id),
+            "no outbox id anywhere in the signed body",
+            no_id.to_string().into_bytes(),
         ),
         (
-            "status of the wrong type",
-            json!({"status": [200]}).to_string().into_bytes(),
-            Some(id),
-        ),
-        (
-            "no outbox id anywhere",
-            delivery_body(200, 0).to_string().into_bytes(),
-            None,
+            "a current message whose body is not an envelope, no id in its headers",
+            not_an_envelope.to_string().into_bytes(),
         ),
     ];
-    for (name, body, oid) in cases {
-        let r = handle_callback(&st, post("/delivered", &body, oid)).await;
+    for (name, body) in cases {
+        let r = handle_callback(&st, post("/delivered", &body)).await;
         let (status, json) = parts(&r);
         assert_eq!(status, 489, "{name}: {json}");
         assert_eq!(
@@ -552,7 +677,7 @@ async fn unusable_delivery_callbacks_are_489(pool: PgPool) {
 async fn unsigned_oversized_and_unknown_paths_are_refused(pool: PgPool) {
     let id = enqueue_audit(&pool).await;
     let st = state(&pool);
-    let body = failure_body(id, "9-0").to_string();
+    let body = failure_body(&audit_delivery(id), "9-0").to_string();
     // No signature.
     let r = handle_callback(
         &st,
@@ -582,7 +707,7 @@ async fn unsigned_oversized_and_unknown_paths_are_refused(pool: PgPool) {
     let (status, json) = parts(&r);
     assert_eq!((status, json["check"].as_str()), (401, Some("subject")));
     // Signed, but for a path we do not serve.
-    let r = handle_callback(&st, post("/events/audit", body.as_bytes(), Some(id))).await;
+    let r = handle_callback(&st, post("/events/audit", body.as_bytes())).await;
     assert_eq!(parts(&r).0, 404);
     // Over the callback cap.
     let small = receiver(
@@ -593,7 +718,7 @@ async fn unsigned_oversized_and_unknown_paths_are_refused(pool: PgPool) {
         },
     );
     let big = json!({"dlqId":"10-0","pad":"x".repeat(2000)}).to_string();
-    let r = handle_callback(&small, post("/failure", big.as_bytes(), Some(id))).await;
+    let r = handle_callback(&small, post("/failure", big.as_bytes())).await;
     assert_eq!(parts(&r).0, 413);
     assert_eq!(count(&pool, "SELECT count(*) FROM dead_letters").await, 0);
     let dead: bool =
@@ -613,8 +738,9 @@ async fn a_path_prefix_and_a_trailing_slash_still_route(pool: PgPool) {
         &st,
         post(
             "/qstash/failure/",
-            failure_body(id, "11-0").to_string().as_bytes(),
-            Some(id),
+            failure_body(&audit_delivery(id), "11-0")
+                .to_string()
+                .as_bytes(),
         ),
     )
     .await;
@@ -632,8 +758,9 @@ async fn database_outage_on_a_callback_is_503(pool: PgPool) {
         &st,
         post(
             "/failure",
-            failure_body(1, "12-0").to_string().as_bytes(),
-            Some(1),
+            failure_body(&audit_delivery(1), "12-0")
+                .to_string()
+                .as_bytes(),
         ),
     )
     .await;
@@ -646,13 +773,115 @@ async fn database_outage_on_a_callback_is_503(pool: PgPool) {
         &st,
         post(
             "/delivered",
-            delivery_body(200, 0).to_string().as_bytes(),
-            Some(1),
+            delivery_body(1, "o-1", 200, 0).to_string().as_bytes(),
         ),
     )
     .await;
     assert_eq!(parts(&r).0, 503);
     let _ = pool;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Replayed callbacks with a rewritten x-outbox-id header. A callback token is valid for five minutes and covers
+// the body and URL only: whoever holds one (a proxy log, a captured request) can replay it with any header.
+
+async fn dead_lettered(pool: &PgPool, id: i64) -> bool {
+    sqlx::query_scalar("SELECT dead_lettered_at IS NOT NULL FROM outbox WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn delivered(pool: &PgPool, id: i64) -> bool {
+    sqlx::query_scalar("SELECT delivered_at IS NOT NULL FROM outbox WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn failure_callback_replayed_with_another_events_id_header_is_refused(pool: PgPool) {
+    let a = enqueue_audit(&pool).await;
+    let b = enqueue_audit(&pool).await;
+    let st = state(&pool);
+    // QStash's genuine failure callback for A, replayed with x-outbox-id: B.
+    let body = failure_body(&audit_delivery(a), "20-0").to_string();
+    let r = handle_callback(&st, post_with_id_header("/failure", body.as_bytes(), b)).await;
+    let (status, json) = parts(&r);
+    assert_eq!(status, 401, "{json}");
+    assert_eq!(json["check"], "header_mismatch", "{json}");
+    assert_eq!(count(&pool, "SELECT count(*) FROM dead_letters").await, 0);
+    assert!(!dead_lettered(&pool, b).await, "B untouched");
+    assert!(!dead_lettered(&pool, a).await);
+    // The genuine callback (no header, or an equal copy) is recorded for A, and only A.
+    let r = handle_callback(&st, post_with_id_header("/failure", body.as_bytes(), a)).await;
+    let (status, json) = parts(&r);
+    assert_eq!((status, &json["outbox_id"]), (200, &json!(a)), "{json}");
+    assert!(dead_lettered(&pool, a).await && !dead_lettered(&pool, b).await);
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn delivery_callback_replayed_with_another_events_id_header_is_refused(pool: PgPool) {
+    // A is delivered; B (another key's head) was never delivered. A's 2xx delivery callback replayed with
+    // x-outbox-id: B must not become B's delivery evidence (the relay would move B's key past an event the
+    // consumer never saw).
+    let (a, _) = enqueue_order(&pool, "o-a").await;
+    let (b, _) = enqueue_order(&pool, "o-b").await;
+    let st = state(&pool);
+    let body = delivery_body(a, "o-a", 200, 0).to_string();
+    let r = handle_callback(&st, post_with_id_header("/delivered", body.as_bytes(), b)).await;
+    let (status, json) = parts(&r);
+    assert_eq!(status, 401, "{json}");
+    assert_eq!(json["check"], "header_mismatch", "{json}");
+    assert!(!delivered(&pool, b).await, "B not marked delivered");
+    let done: i64 = sqlx::query_scalar(
+        "SELECT done_seq FROM outbox_keys WHERE topic = 'orders' AND partition_key = 'o-b'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(done, 0, "B's key did not advance");
+    // A failed attempt of A replayed as B's is refused too (it would write B's last_error).
+    let body = delivery_body(a, "o-a", 503, 0).to_string();
+    let r = handle_callback(&st, post_with_id_header("/delivered", body.as_bytes(), b)).await;
+    assert_eq!(parts(&r).0, 401);
+    let err: Option<String> = sqlx::query_scalar("SELECT last_error FROM outbox WHERE id = $1")
+        .bind(b)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(err, None);
+    // The genuine callback is A's evidence.
+    let body = delivery_body(a, "o-a", 200, 0).to_string();
+    let r = handle_callback(&st, post("/delivered", body.as_bytes())).await;
+    assert_eq!(parts(&r).1["outbox_id"], a);
+    assert!(delivered(&pool, a).await && !delivered(&pool, b).await);
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn failure_callback_named_only_by_a_request_header_never_links_that_event(pool: PgPool) {
+    // The signed body names no event (no envelope, no id in sourceHeader); only the unsigned request header
+    // does (old relays forwarded it). The callback is still recorded — a failure callback is never dropped, and
+    // a refused one would be lost once QStash gives up — but linked to no event: the header is never used.
+    let id = enqueue_audit(&pool).await;
+    let st = state(&pool);
+    let unnamed = legacy_failure_body(json!({"Content-Type": ["application/json"]}), "21-0");
+    for (name, body) in [
+        ("readable body", unnamed.to_string().into_bytes()),
+        ("unreadable body", b"<html>502</html>".to_vec()),
+    ] {
+        let r = handle_callback(&st, post_with_id_header("/failure", &body, id)).await;
+        let (status, json) = parts(&r);
+        assert_eq!(status, 200, "{name}: {json}");
+    }
+    let dl = dead_letters(&pool).await;
+    assert_eq!(dl.len(), 2);
+    for d in &dl {
+        assert_eq!(d.outbox_id, None, "never the header's id");
+    }
+    assert!(!dead_lettered(&pool, id).await, "the event is untouched");
 }
 
 #[test]

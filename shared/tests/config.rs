@@ -79,6 +79,41 @@ async fn env_only_configuration_loads_every_section() {
     );
 }
 
+#[test]
+fn receiver_contract_settings_default_to_the_safe_side() {
+    // Without settings: the sub URL comes from the function URL (forwarded headers ignored) and deliveries in
+    // the previous wire format are verified against the outbox row.
+    let c = ConsumerConfig::from_vars(&Vars::new(env(&[]).as_ref())).unwrap();
+    assert!(!c.trust_forwarded_headers);
+    assert_eq!(c.legacy_deliveries, LegacyDeliveries::Verify);
+    let d = ConsumerConfig::defaults();
+    assert!(!d.trust_forwarded_headers);
+    assert_eq!(d.legacy_deliveries, LegacyDeliveries::Verify);
+
+    let e = env(&[
+        ("TRUST_FORWARDED_HEADERS", "true"),
+        ("LEGACY_DELIVERIES", "refuse"),
+    ]);
+    let c = ConsumerConfig::from_vars(&Vars::new(e.as_ref())).unwrap();
+    assert!(c.trust_forwarded_headers);
+    assert_eq!(c.legacy_deliveries, LegacyDeliveries::Refuse);
+    let e = env(&[("LEGACY_DELIVERIES", "verify")]);
+    let c = ConsumerConfig::from_vars(&Vars::new(e.as_ref())).unwrap();
+    assert_eq!(c.legacy_deliveries, LegacyDeliveries::Verify);
+
+    for (name, value) in [
+        ("LEGACY_DELIVERIES", "accept"),
+        ("TRUST_FORWARDED_HEADERS", "maybe"),
+    ] {
+        let e = env(&[(name, value)]);
+        let err = ConsumerConfig::from_vars(&Vars::new(e.as_ref())).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::InvalidVar { name: n, .. } if *n == name),
+            "{err}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn env_only_missing_values_are_named() {
     let e = env(&[("DATABASE_URL", "postgres://x@h/db")]);

@@ -1,5 +1,7 @@
 //! Guarantee 2 (no side effect applied twice) and the outcome → HTTP mapping, through the real consumer handler
-//! (`outbox::consumer::handle_event`) on real Postgres.
+//! (`outbox::consumer::handle_event`) on real Postgres. Deliveries are in the signed wire contract (an envelope
+//! body POSTed to `/events/{topic}?contract=2`, written by the independent builder in `support`); the attacks on
+//! it and the deliveries of the previous format are in `attacks.rs`.
 
 mod support;
 
@@ -39,21 +41,21 @@ fn cancelled(order_id: &str) -> Vec<u8> {
     .unwrap()
 }
 
-/// Headers of an ordered `orders` event at schema version 2.
-fn ordered(key: &str, seq: i64) -> Vec<(String, String)> {
-    vec![
-        ("x-outbox-key".into(), key.into()),
-        ("x-outbox-seq".into(), seq.to_string()),
-        ("x-schema-version".into(), "2".into()),
-    ]
+/// An ordered `orders` event at schema version 2 (evidence by QStash's delivery callback, the relay's default).
+fn ordered(id: i64, body: &[u8], key: &str, seq: i64) -> Delivery {
+    Delivery::new("orders", id, body)
+        .key(key)
+        .seq(seq)
+        .schema_version(2)
+        .evidence_by_callback()
 }
 
-fn orders_request(id: i64, body: &[u8], headers: &[(String, String)]) -> lambda_http::Request {
-    let h: Vec<(&str, &str)> = headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    event_request("orders", id, body, &h)
+fn orders_request(id: i64, body: &[u8], key: &str, seq: i64) -> lambda_http::Request {
+    ordered(id, body, key, seq).request()
+}
+
+fn note(id: i64, body: &[u8]) -> lambda_http::Request {
+    Delivery::new("notes", id, body).request()
 }
 
 /// A pool with room for real concurrency (the test pool may be smaller).
@@ -71,7 +73,7 @@ async fn same_message_eight_times_concurrently_applies_once(pool: PgPool) {
     let state = consumer(&wide, example::registry());
     let body = placed("order-1", 4999);
     let requests: Vec<_> = (0..8)
-        .map(|_| orders_request(42, &body, &ordered("order-1", 1)))
+        .map(|_| orders_request(42, &body, "order-1", 1))
         .collect();
     let responses =
         futures::future::join_all(requests.into_iter().map(|req| handle_event(&state, req))).await;
@@ -147,10 +149,8 @@ async fn concurrent_duplicates_wait_for_the_first_and_do_nothing(pool: PgPool) {
         ),
     );
     let body = br#"{"note":"once"}"#;
-    let responses = futures::future::join_all(
-        (0..8).map(|_| handle_event(&state, event_request("notes", 7, body, &[]))),
-    )
-    .await;
+    let responses =
+        futures::future::join_all((0..8).map(|_| handle_event(&state, note(7, body)))).await;
     let statuses: Vec<u16> = responses.iter().map(|r| parts(r).0).collect();
     assert_eq!(statuses, vec![200; 8]);
     assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once");
@@ -205,7 +205,7 @@ async fn work_failing_mid_transaction_commits_nothing_and_the_retry_applies_once
     );
     let body = br#"{"note":"n"}"#;
 
-    let r = handle_event(&state, event_request("notes", 9, body, &[])).await;
+    let r = handle_event(&state, note(9, body)).await;
     let (status, json) = parts(&r);
     assert_eq!(status, 503, "{json}");
     assert_eq!(
@@ -223,13 +223,13 @@ async fn work_failing_mid_transaction_commits_nothing_and_the_retry_applies_once
     );
 
     // QStash retries: applied once.
-    let r = handle_event(&state, event_request("notes", 9, body, &[])).await;
+    let r = handle_event(&state, note(9, body)).await;
     assert_eq!(
         parts(&r),
         (200, json!({"status":"processed","outbox_id":9}))
     );
     // And once more: a duplicate, no new effect.
-    let r = handle_event(&state, event_request("notes", 9, body, &[])).await;
+    let r = handle_event(&state, note(9, body)).await;
     assert_eq!(
         parts(&r),
         (200, json!({"status":"duplicate","outbox_id":9}))
@@ -288,7 +288,7 @@ async fn poison_is_489_with_the_nonretryable_header(pool: PgPool) {
     let state = consumer(&pool, example::registry());
     let r = handle_event(
         &state,
-        orders_request(5, &placed("order-5", -100), &ordered("order-5", 1)),
+        orders_request(5, &placed("order-5", -100), "order-5", 1),
     )
     .await;
     let (status, json) = parts(&r);
@@ -321,84 +321,110 @@ async fn poison_is_489_with_the_nonretryable_header(pool: PgPool) {
 async fn every_permanent_error_is_489(pool: PgPool) {
     let state = consumer(&pool, example::registry());
     let good = placed("o", 1);
-    let h = |extra: &[(&str, &str)]| -> Vec<(String, String)> {
-        let mut v = ordered("o", 1);
-        for (k, val) in extra {
-            v.retain(|(n, _)| n != k);
-            v.push(((*k).into(), (*val).into()));
-        }
-        v
-    };
+    let two_events = json!({
+        "contract": 2,
+        "topic": "orders",
+        "events": [
+            {"id": 20, "key": "o", "payload": {}},
+            {"id": 21, "key": "o", "payload": {}}
+        ]
+    })
+    .to_string();
     let cases: Vec<(&str, lambda_http::Request, &str)> = vec![
         (
-            "malformed JSON",
-            orders_request(1, b"{\"type\":\"OrderPlaced\",", &h(&[])),
+            "body not JSON",
+            ordered(1, b"{}", "o", 1).request_with_body(b"{\"type\":\"OrderPlaced\","),
+            "not a contract-2 envelope",
+        ),
+        (
+            "payload of the wrong shape",
+            orders_request(2, br#"{"type":"OrderShipped","order_id":"o"}"#, "o", 1),
             "malformed payload",
         ),
         (
-            "wrong shape",
-            orders_request(2, br#"{"type":"OrderShipped","order_id":"o"}"#, &h(&[])),
+            "payload missing fields",
+            orders_request(3, br#"{"type":"OrderPlaced","order_id":"o"}"#, "o", 1),
             "malformed payload",
         ),
         (
             "unsupported schema version",
-            orders_request(3, &good, &h(&[("x-schema-version", "3")])),
+            Delivery::new("orders", 4, &good)
+                .key("o")
+                .seq(1)
+                .schema_version(3)
+                .request(),
             "unsupported schema version 3",
         ),
         (
             "unknown topic",
-            event_request("payments", 4, b"{}", &[]),
+            Delivery::new("payments", 5, b"{}").request(),
             "unknown topic \"payments\"",
         ),
         (
             "path outside /events/",
-            signed_post("/hooks/orders", &good, &[("x-outbox-id", "5")]),
+            ordered(6, &good, "o", 1).path("/hooks/orders").request(),
             "no route for path",
         ),
         (
-            "missing x-outbox-id",
-            signed_post("/events/orders", &good, &[]),
-            "missing x-outbox-id",
+            "envelope topic disagrees with the path",
+            ordered(7, &good, "o", 1).envelope_topic("audit").request(),
+            "differs from the URL's topic",
         ),
         (
-            "x-outbox-id not a number",
+            "event id not positive",
+            ordered(0, &good, "o", 1).without_id_copy().request(),
+            "not positive",
+        ),
+        (
+            "empty partition key",
+            ordered(8, &good, "", 1).request(),
+            "empty partition key",
+        ),
+        (
+            "sequence below 1",
+            ordered(9, &good, "o", 0).request(),
+            "sequence below 1",
+        ),
+        (
+            "two events in one delivery",
+            signed_post_with_query("/events/orders", CONTRACT_QUERY, two_events.as_bytes(), &[]),
+            "one per delivery",
+        ),
+        (
+            "the envelope says another contract than the URL",
+            signed_post_with_query(
+                "/events/orders",
+                CONTRACT_QUERY,
+                br#"{"contract":3,"topic":"orders","events":[{"id":10,"key":"o","payload":{}}]}"#,
+                &[],
+            ),
+            "says contract 3",
+        ),
+        (
+            "a contract version in the URL that never existed",
+            ordered(11, &good, "o", 1).query("contract=1").request(),
+            "unknown contract version",
+        ),
+        (
+            "the contract version twice in the URL",
+            ordered(12, &good, "o", 1)
+                .query("contract=2&contract=2")
+                .request(),
+            "twice",
+        ),
+        (
+            "previous format without x-outbox-id",
+            signed_post("/events/orders", &good, &[]),
+            "without x-outbox-id",
+        ),
+        (
+            "previous format, x-outbox-id not a number",
             signed_post("/events/orders", &good, &[("x-outbox-id", "msg_123")]),
             "not a positive integer",
         ),
         (
-            "topic header disagrees with the path",
-            signed_post(
-                "/events/orders",
-                &good,
-                &[("x-outbox-id", "6"), ("x-outbox-topic", "audit")],
-            ),
-            "does not match",
-        ),
-        (
-            "sequence without key",
-            signed_post(
-                "/events/orders",
-                &good,
-                &[
-                    ("x-outbox-id", "7"),
-                    ("x-outbox-seq", "1"),
-                    ("x-schema-version", "2"),
-                ],
-            ),
-            "x-outbox-seq without x-outbox-key",
-        ),
-        (
-            "key not percent-decodable",
-            orders_request(8, &good, &h(&[("x-outbox-key", "%zz")])),
-            "x-outbox-key",
-        ),
-        (
             "cancel of an unknown order",
-            orders_request(
-                9,
-                &cancelled("never-placed"),
-                &h(&[("x-outbox-key", "never-placed")]),
-            ),
+            orders_request(13, &cancelled("never-placed"), "never-placed", 1),
             "no charge for it",
         ),
     ];
@@ -420,19 +446,42 @@ async fn every_permanent_error_is_489(pool: PgPool) {
     }
     // A GET with a valid signature is not an event either.
     let body = b"";
-    let sig = token(KEY, &url("/events/orders"), body);
+    let sig = token(KEY, &url_with_query("/events/orders", CONTRACT_QUERY), body);
     let r = handle_event(
         &state,
         request_from_event(&function_url_event(
             "GET",
             "/events/orders",
-            "",
+            CONTRACT_QUERY,
             &[("upstash-signature", &sig), ("x-outbox-id", "10")],
             body,
         )),
     )
     .await;
     assert_eq!(parts(&r).0, 489);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM processed_messages").await,
+        0
+    );
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_delivery_from_a_newer_relay_is_retried_later(pool: PgPool) {
+    // contract=3 comes from a relay upgraded before this consumer: 503 with Retry-After (QStash retries; the
+    // consumer's upgrade applies it), nothing written. Not 489: the event is fine, the consumer is old.
+    let state = consumer(&pool, example::registry());
+    let r = handle_event(
+        &state,
+        ordered(1, &placed("o", 1), "o", 1)
+            .query("contract=3")
+            .request(),
+    )
+    .await;
+    let (status, json) = parts(&r);
+    assert_eq!(status, 503, "{json}");
+    assert_eq!(r.headers().get("retry-after").unwrap(), "60");
+    assert!(r.headers().get("upstash-nonretryable-error").is_none());
+    assert!(json["error"].as_str().unwrap().contains("newer"), "{json}");
     assert_eq!(
         count(&pool, "SELECT count(*) FROM processed_messages").await,
         0
@@ -447,7 +496,7 @@ async fn database_outage_is_503_and_nothing_is_written(pool: PgPool) {
         .connect_lazy("postgres://postgres@127.0.0.1:1/none")
         .unwrap();
     let state = consumer(&dead, example::registry());
-    let r = handle_event(&state, orders_request(1, &placed("o", 1), &ordered("o", 1))).await;
+    let r = handle_event(&state, orders_request(1, &placed("o", 1), "o", 1)).await;
     let (status, json) = parts(&r);
     assert_eq!(status, 503, "{json}");
     assert!(r.headers().get("retry-after").is_none());
@@ -482,13 +531,13 @@ async fn handler_database_errors_are_classified(pool: PgPool) {
         }
     }
     let state = consumer(&pool, Registry::new().on("strict", InsertV));
-    let r = handle_event(&state, event_request("strict", 1, br#"{"v":-1}"#, &[])).await;
+    let r = handle_event(&state, Delivery::new("strict", 1, br#"{"v":-1}"#).request()).await;
     assert_eq!(
         parts(&r).0,
         489,
         "a CHECK violation cannot be fixed by retrying"
     );
-    let r = handle_event(&state, event_request("strict", 2, br#"{"v":1}"#, &[])).await;
+    let r = handle_event(&state, Delivery::new("strict", 2, br#"{"v":1}"#).request()).await;
     assert_eq!(parts(&r).0, 200);
 }
 
@@ -497,18 +546,10 @@ async fn ordered_key_refuses_an_event_older_than_one_applied(pool: PgPool) {
     let state = consumer(&pool, example::registry());
     // seq 2 (placing order B under key K) arrives first: applied (the relay's gating makes this impossible
     // in normal operation; a forced redrive can do it).
-    let r = handle_event(
-        &state,
-        orders_request(11, &placed("b", 1), &ordered("K", 2)),
-    )
-    .await;
+    let r = handle_event(&state, orders_request(11, &placed("b", 1), "K", 2)).await;
     assert_eq!(parts(&r).0, 200);
     // seq 1 now: refused permanently, naming both sequences; nothing written.
-    let r = handle_event(
-        &state,
-        orders_request(10, &placed("a", 1), &ordered("K", 1)),
-    )
-    .await;
+    let r = handle_event(&state, orders_request(10, &placed("a", 1), "K", 1)).await;
     let (status, json) = parts(&r);
     assert_eq!(status, 489, "{json}");
     let msg = json["error"].as_str().unwrap();
@@ -521,21 +562,13 @@ async fn ordered_key_refuses_an_event_older_than_one_applied(pool: PgPool) {
         0
     );
     // A redelivery of the applied seq 2 is a duplicate (dedupe runs before the sequence check), not "late".
-    let r = handle_event(
-        &state,
-        orders_request(11, &placed("b", 1), &ordered("K", 2)),
-    )
-    .await;
+    let r = handle_event(&state, orders_request(11, &placed("b", 1), "K", 2)).await;
     assert_eq!(
         parts(&r),
         (200, json!({"status":"duplicate","outbox_id":11}))
     );
     // seq 3 goes through, and the key's state says 3.
-    let r = handle_event(
-        &state,
-        orders_request(12, &cancelled("b"), &ordered("K", 3)),
-    )
-    .await;
+    let r = handle_event(&state, orders_request(12, &cancelled("b"), "K", 3)).await;
     assert_eq!(parts(&r).0, 200);
     let last: i64 = sqlx::query_scalar(
         "SELECT last_seq FROM consumer_sequences WHERE consumer = 'consumer' AND topic = 'orders' AND partition_key = 'K'",
@@ -545,22 +578,18 @@ async fn ordered_key_refuses_an_event_older_than_one_applied(pool: PgPool) {
     .unwrap();
     assert_eq!(last, 3);
     // Another key is independent.
-    let r = handle_event(
-        &state,
-        orders_request(13, &placed("c", 1), &ordered("L", 1)),
-    )
-    .await;
+    let r = handle_event(&state, orders_request(13, &placed("c", 1), "L", 1)).await;
     assert_eq!(parts(&r).0, 200);
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn example_domain_end_to_end(pool: PgPool) {
     let state = consumer(&pool, example::registry());
-    // Placed at schema v2 with an encoded key.
-    let key = outbox::contract::encode_key("order 1/ü");
+    // Placed at schema v2 with a key that needs escaping in JSON and would need encoding in a header.
+    let key = "order 1/ü \"q\"";
     let r = handle_event(
         &state,
-        orders_request(1, &placed("order 1/ü", 2500), &ordered(&key, 1)),
+        orders_request(1, &placed("order 1/ü", 2500), key, 1),
     )
     .await;
     assert_eq!(parts(&r).0, 200);
@@ -585,19 +614,15 @@ async fn example_domain_end_to_end(pool: PgPool) {
             .await
             .unwrap();
     assert_eq!(items, json!([{"sku":"BOOK-1","quantity":2}]));
-    // The key recorded for the ordering check is the decoded one.
+    // The key recorded for the ordering check is the envelope's, as it was written.
     let k: String = sqlx::query_scalar("SELECT partition_key FROM consumer_sequences")
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(k, "order 1/ü");
+    assert_eq!(k, key);
 
     // Cancelled (seq 2): refund + cancelled shipment.
-    let r = handle_event(
-        &state,
-        orders_request(2, &cancelled("order 1/ü"), &ordered(&key, 2)),
-    )
-    .await;
+    let r = handle_event(&state, orders_request(2, &cancelled("order 1/ü"), key, 2)).await;
     assert_eq!(parts(&r).0, 200);
     let (c, s): (String, String) = sqlx::query_as(
         "SELECT c.status, s.status FROM charges c JOIN shipments s USING (order_id)",
@@ -609,27 +634,29 @@ async fn example_domain_end_to_end(pool: PgPool) {
 
     // Schema version 1 (no currency) is upcast: EUR.
     let v1 = br#"{"type":"OrderPlaced","order_id":"old","customer_id":"c","amount_cents":1,"items":[{"sku":"S","quantity":1}]}"#;
-    let mut h = ordered("old", 1);
-    h.retain(|(k, _)| k != "x-schema-version");
-    h.push(("x-schema-version".into(), "1".into()));
-    let r = handle_event(&state, orders_request(3, v1, &h)).await;
+    let r = handle_event(
+        &state,
+        Delivery::new("orders", 3, v1)
+            .key("old")
+            .seq(1)
+            .schema_version(1)
+            .request(),
+    )
+    .await;
     assert_eq!(parts(&r).0, 200);
     let cur: String = sqlx::query_scalar("SELECT currency FROM charges WHERE order_id = 'old'")
         .fetch_one(&pool)
         .await
         .unwrap();
     assert_eq!(cur, "EUR");
-    // No version header means version 1 as well; v2 payload shape at v1 still decodes (extra field ignored).
+    // No schema version in the envelope means version 1 as well; v2 payload shape at v1 still decodes (extra
+    // field ignored).
     let r = handle_event(
         &state,
-        orders_request(
-            4,
-            &placed("nov", 1),
-            &[
-                ("x-outbox-key".into(), "nov".into()),
-                ("x-outbox-seq".into(), "1".into()),
-            ],
-        ),
+        Delivery::new("orders", 4, &placed("nov", 1))
+            .key("nov")
+            .seq(1)
+            .request(),
     )
     .await;
     assert_eq!(parts(&r).0, 200);
@@ -637,7 +664,7 @@ async fn example_domain_end_to_end(pool: PgPool) {
     // The unordered audit topic.
     let r = handle_event(
         &state,
-        event_request("audit", 5, br#"{"actor":"u1","action":"login"}"#, &[]),
+        Delivery::new("audit", 5, br#"{"actor":"u1","action":"login"}"#).request(),
     )
     .await;
     assert_eq!(parts(&r).0, 200);
@@ -672,22 +699,91 @@ async fn producer_and_consumer_agree_on_the_example(pool: PgPool) {
             .fetch_one(&pool)
             .await
             .unwrap();
-    let version = headers["schema_version"].as_u64().unwrap().to_string();
+    let version = u32::try_from(headers["schema_version"].as_u64().unwrap()).unwrap();
     let state = consumer(&pool, example::registry());
     let r = handle_event(
         &state,
-        orders_request(
-            written.id,
-            payload.as_bytes(),
-            &[
-                ("x-outbox-key".into(), "p-1".into()),
-                ("x-outbox-seq".into(), written.seq.unwrap().to_string()),
-                ("x-schema-version".into(), version),
-            ],
-        ),
+        Delivery::new("orders", written.id, payload.as_bytes())
+            .key("p-1")
+            .seq(written.seq.unwrap())
+            .schema_version(version)
+            .request(),
     )
     .await;
     assert_eq!(parts(&r).0, 200, "{:?}", parts(&r));
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_duplicate_asking_for_consumer_evidence_records_it(pool: PgPool) {
+    // An ordered event applied while the relay relied on the delivery callback, whose callback never came
+    // (or the relay switched to RELAY_ORDERED_EVIDENCE=consumer and redelivers it): the redelivery asks the
+    // consumer for the evidence. It is a duplicate — the dedupe row is the evidence — and the evidence is
+    // recorded now, so the key is not stuck.
+    let mut tx = pool.begin().await.unwrap();
+    let written = outbox::enqueue(
+        &mut tx,
+        example::order_event(&OrderEvent::OrderPlaced(OrderPlaced {
+            order_id: "dup-1".into(),
+            customer_id: "c".into(),
+            amount_cents: 10,
+            currency: "EUR".into(),
+            items: vec![LineItem {
+                sku: "S".into(),
+                quantity: 1,
+            }],
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    // A second event on the key, so the key's relay state stays (an idle key's row is released).
+    outbox::enqueue(
+        &mut tx,
+        example::order_event(&OrderEvent::OrderCancelled(OrderCancelled {
+            order_id: "dup-1".into(),
+            reason: None,
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let payload: String = sqlx::query_scalar("SELECT payload::text FROM outbox WHERE id = $1")
+        .bind(written.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let state = consumer(&pool, example::registry());
+    let delivery = || {
+        Delivery::new("orders", written.id, payload.as_bytes())
+            .key("dup-1")
+            .seq(1)
+            .schema_version(2)
+    };
+    let evidence = async || -> (bool, i64) {
+        sqlx::query_as(
+            "SELECT o.delivered_at IS NOT NULL, k.done_seq FROM outbox o \
+             JOIN outbox_keys k USING (topic, partition_key) WHERE o.id = $1",
+        )
+        .bind(written.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let r = handle_event(&state, delivery().evidence_by_callback().request()).await;
+    assert_eq!(parts(&r).1["status"], "processed", "{:?}", parts(&r));
+    assert_eq!(evidence().await, (false, 0), "the callback's job");
+    let r = handle_event(&state, delivery().evidence_by_consumer().request()).await;
+    assert_eq!(
+        parts(&r),
+        (200, json!({"status":"duplicate","outbox_id":written.id}))
+    );
+    assert_eq!(evidence().await, (true, 1), "recorded on the duplicate");
+    // Again: idempotent.
+    let r = handle_event(&state, delivery().evidence_by_consumer().request()).await;
+    assert_eq!(parts(&r).1["status"], "duplicate");
+    assert_eq!(evidence().await, (true, 1));
+    assert_eq!(count(&pool, "SELECT count(*) FROM charges").await, 1);
 }
 
 #[test]
@@ -698,6 +794,7 @@ fn outcome_mapping_is_one_table() {
         (Outcome::Processed { outbox_id: 1 }, 200, None),
         (Outcome::Duplicate { outbox_id: 1 }, 200, None),
         (Outcome::Unauthorized(VerifyError::Signature), 401, None),
+        (Outcome::Tampered("x".into()), 401, None),
         (Outcome::TooLarge { size: 2, max: 1 }, 413, None),
         (Outcome::Permanent("x".into()), 489, Some("true")),
         (
@@ -743,27 +840,21 @@ async fn versions_and_upcasters(pool: PgPool) {
     let state: ConsumerState = consumer(&pool, registry);
     let r = handle_event(
         &state,
-        event_request(
-            "notes",
-            1,
-            br#"{"text":"v2"}"#,
-            &[("x-schema-version", "2")],
-        ),
+        Delivery::new("notes", 1, br#"{"text":"v2"}"#)
+            .schema_version(2)
+            .request(),
     )
     .await;
     assert_eq!(parts(&r).0, 200);
     let r = handle_event(
         &state,
-        event_request(
-            "notes",
-            2,
-            br#"{"note":"v3"}"#,
-            &[("x-schema-version", "3")],
-        ),
+        Delivery::new("notes", 2, br#"{"note":"v3"}"#)
+            .schema_version(3)
+            .request(),
     )
     .await;
     assert_eq!(parts(&r).0, 200);
-    let r = handle_event(&state, event_request("notes", 3, br#"{"note":"v1"}"#, &[])).await;
+    let r = handle_event(&state, note(3, br#"{"note":"v1"}"#)).await;
     let (status, json) = parts(&r);
     assert_eq!(status, 489);
     assert!(
@@ -775,12 +866,9 @@ async fn versions_and_upcasters(pool: PgPool) {
     );
     let r = handle_event(
         &state,
-        event_request(
-            "notes",
-            4,
-            br#"{"note":"v0"}"#,
-            &[("x-schema-version", "zero")],
-        ),
+        Delivery::new("notes", 4, br#"{"note":"v0"}"#)
+            .schema_version(0)
+            .request(),
     )
     .await;
     assert_eq!(parts(&r).0, 489);

@@ -1,7 +1,8 @@
 //! The `Upstash-Signature` corpus, driven through the real consumer handler on real Postgres: each case is a
 //! function-URL request; accepted ones must be applied (200 "processed"), refused ones must answer 401 naming
 //! the failed check and leave the database untouched. Tokens come from the independent signer in `support`.
-//! Plus the real QStash tokens (known-answer vectors) and key rotation.
+//! Plus the real QStash tokens (known-answer vectors) and key rotation. Deliveries are in the signed wire
+//! contract: an envelope body POSTed to `/events/audit?contract=2`, so `sub` carries the query.
 
 mod support;
 
@@ -15,7 +16,8 @@ use lambda_http::Request;
 use outbox::config::{ConsumerConfig, EnvSource};
 use outbox::consumer::{ConsumerState, handle_event};
 use outbox::receiver::{
-    Clock, KeyRing, KeyUsed, SigningKeys, VerifyError, VerifyOptions, request_url, verify,
+    Clock, KeyRing, KeyUsed, SigningKeys, UrlSource, VerifyError, VerifyOptions, request_url,
+    verify,
 };
 use outbox::secrets::SecretSource;
 use serde_json::{Value, json};
@@ -24,6 +26,11 @@ use support::*;
 
 const TOPIC: &str = "audit";
 const PATH: &str = "/events/audit";
+
+/// The URL QStash signs for an audit delivery: the test host, the path and the contract query.
+fn sub() -> String {
+    url_with_query(PATH, CONTRACT_QUERY)
+}
 
 #[derive(Debug, Clone, PartialEq)]
 enum Want {
@@ -42,29 +49,32 @@ struct Case {
     config: Option<ConsumerConfig>,
 }
 
+fn audit_payload(n: i64) -> String {
+    format!(r#"{{"actor":"user-{n}","action":"login","details":{{"n":{n}}}}}"#)
+}
+
+/// The envelope of audit event `n`.
 fn audit_body(n: i64) -> Vec<u8> {
-    format!(r#"{{"actor":"user-{n}","action":"login","details":{{"n":{n}}}}}"#).into_bytes()
+    Delivery::new(TOPIC, n, audit_payload(n).as_bytes())
+        .key(&format!("user-{n}"))
+        .body()
 }
 
 /// A delivery of audit event `id` with the given signature header(s) and body.
 fn delivery(id: i64, body: &[u8], headers: &[(&str, &str)]) -> Request {
-    delivery_to(PATH, "", id, body, headers)
+    delivery_to(PATH, CONTRACT_QUERY, id, body, headers)
 }
 
 fn delivery_to(path: &str, query: &str, id: i64, body: &[u8], headers: &[(&str, &str)]) -> Request {
     let id = id.to_string();
-    let mut h: Vec<(&str, &str)> = vec![
-        ("x-outbox-id", &id),
-        ("x-outbox-topic", TOPIC),
-        ("upstash-message-id", "msg_corpus"),
-    ];
+    let mut h: Vec<(&str, &str)> = vec![("x-outbox-id", &id), ("upstash-message-id", "msg_corpus")];
     h.extend_from_slice(headers);
     request_from_event(&function_url_event("POST", path, query, &h, body))
 }
 
 fn claims_for(id: i64) -> (Vec<u8>, Value) {
     let body = audit_body(id);
-    let c = claims(&url(PATH), &body);
+    let c = claims(&sub(), &body);
     (body, c)
 }
 
@@ -205,14 +215,14 @@ fn corpus() -> Vec<Case> {
     let (b, _) = claims_for(i);
     push(
         "header name in upper case",
-        delivery(i, &b, &[("UPSTASH-SIGNATURE", &token(KEY, &url(PATH), &b))]),
+        delivery(i, &b, &[("UPSTASH-SIGNATURE", &token(KEY, &sub(), &b))]),
         Want::Applied,
     );
     let i = next();
     let (b, _) = claims_for(i);
     push(
         "header name in mixed case",
-        delivery(i, &b, &[("Upstash-Signature", &token(KEY, &url(PATH), &b))]),
+        delivery(i, &b, &[("Upstash-Signature", &token(KEY, &sub(), &b))]),
         Want::Applied,
     );
     let i = next();
@@ -259,28 +269,12 @@ fn corpus() -> Vec<Case> {
     );
     let i = next();
     let b = audit_body(i);
-    let fwd_url = "http://proxy.example.com/events/audit".to_owned();
-    push(
-        "x-forwarded-host/-proto rebuild the URL",
-        delivery(
-            i,
-            &b,
-            &[
-                ("x-forwarded-host", "proxy.example.com"),
-                ("x-forwarded-proto", "http"),
-                ("upstash-signature", &token(KEY, &fwd_url, &b)),
-            ],
-        ),
-        Want::Applied,
-    );
-    let i = next();
-    let b = audit_body(i);
-    let q_url = format!("{}?tenant=a%20b&x=1", url(PATH));
+    let q_url = url_with_query(PATH, "tenant=a%20b&contract=2&x=1");
     push(
         "raw query string is part of sub",
         delivery_to(
             PATH,
-            "tenant=a%20b&x=1",
+            "tenant=a%20b&contract=2&x=1",
             i,
             &b,
             &[("upstash-signature", &token(KEY, &q_url, &b))],
@@ -309,7 +303,7 @@ fn corpus() -> Vec<Case> {
     );
     let i = next();
     let (b, _) = claims_for(i);
-    let t = token(KEY, &url(PATH), &b);
+    let t = token(KEY, &sub(), &b);
     push(
         "four segments",
         delivery(i, &b, &[("upstash-signature", &format!("{t}.AAAA"))]),
@@ -479,7 +473,11 @@ fn corpus() -> Vec<Case> {
     let (b, c) = claims_for(i);
     let good = token_with(KEY, &c);
     let parts: Vec<&str> = good.split('.').collect();
-    let forged_claims = with(c, "sub", json!(url("/events/other")));
+    let forged_claims = with(
+        c,
+        "sub",
+        json!(url_with_query("/events/other", CONTRACT_QUERY)),
+    );
     push(
         "claims swapped under the original signature",
         delivery(
@@ -602,7 +600,10 @@ fn corpus() -> Vec<Case> {
         delivery(
             i,
             &b,
-            &[("upstash-signature", &token(KEY, &url("/events/orders"), &b))],
+            &[(
+                "upstash-signature",
+                &token(KEY, &url_with_query("/events/orders", CONTRACT_QUERY), &b),
+            )],
         ),
         Want::Rejected("subject"),
     );
@@ -615,7 +616,11 @@ fn corpus() -> Vec<Case> {
             &b,
             &[(
                 "upstash-signature",
-                &token(KEY, &format!("{}/", url(PATH)), &b),
+                &token(
+                    KEY,
+                    &url_with_query(&format!("{PATH}/"), CONTRACT_QUERY),
+                    &b,
+                ),
             )],
         ),
         Want::Rejected("subject"),
@@ -629,7 +634,11 @@ fn corpus() -> Vec<Case> {
             &b,
             &[(
                 "upstash-signature",
-                &token(KEY, &format!("https://{}{PATH}", HOST.to_uppercase()), &b),
+                &token(
+                    KEY,
+                    &format!("https://{}{PATH}?{CONTRACT_QUERY}", HOST.to_uppercase()),
+                    &b,
+                ),
             )],
         ),
         Want::Rejected("subject"),
@@ -643,7 +652,7 @@ fn corpus() -> Vec<Case> {
             &b,
             &[(
                 "upstash-signature",
-                &token(KEY, &format!("http://{HOST}{PATH}"), &b),
+                &token(KEY, &format!("http://{HOST}{PATH}?{CONTRACT_QUERY}"), &b),
             )],
         ),
         Want::Rejected("subject"),
@@ -657,9 +666,16 @@ fn corpus() -> Vec<Case> {
             &b,
             &[(
                 "upstash-signature",
-                &token(KEY, &format!("{}?x=1", url(PATH)), &b),
+                &token(KEY, &url_with_query(PATH, "contract=2&x=1"), &b),
             )],
         ),
+        Want::Rejected("subject"),
+    );
+    let i = next();
+    let b = audit_body(i);
+    push(
+        "sub without the contract query (a token for an old-format URL)",
+        delivery(i, &b, &[("upstash-signature", &token(KEY, &url(PATH), &b))]),
         Want::Rejected("subject"),
     );
     let i = next();
@@ -722,7 +738,7 @@ fn corpus() -> Vec<Case> {
         Want::Rejected("claim"),
     );
     let (i, b) = body_with_url_specific_hash(next() * 1000);
-    let c = claims(&url(PATH), &b);
+    let c = claims(&sub(), &b);
     let std_hash = STANDARD.encode(<sha2::Sha256 as sha2::Digest>::digest(&b));
     push(
         "body claim in standard base64 instead of base64url",
@@ -766,7 +782,7 @@ fn corpus() -> Vec<Case> {
         delivery(
             i,
             &binary,
-            &[("upstash-signature", &token(KEY, &url(PATH), &binary))],
+            &[("upstash-signature", &token(KEY, &sub(), &binary))],
         ),
         Want::Status(489),
     );
@@ -777,7 +793,7 @@ fn corpus() -> Vec<Case> {
         delivery(
             i,
             &binary,
-            &[("upstash-signature", &token(KEY, &url(PATH), &lossy))],
+            &[("upstash-signature", &token(KEY, &sub(), &lossy))],
         ),
         Want::Rejected("body_hash"),
     );
@@ -788,31 +804,30 @@ fn corpus() -> Vec<Case> {
         ..ConsumerConfig::defaults()
     };
     let i = next();
-    let mut big = br#"{"actor":"a","action":"b","details":{"pad":""#.to_vec();
-    let tail = br#""}}"#;
-    let fill = 1024 - big.len() - tail.len();
-    big.extend(std::iter::repeat_n(b'x', fill));
-    big.extend_from_slice(tail);
+    let padded = |fill: usize| {
+        let payload = format!(
+            r#"{{"actor":"a","action":"b","details":{{"pad":"{}"}}}}"#,
+            "x".repeat(fill)
+        );
+        Delivery::new(TOPIC, i, payload.as_bytes()).body()
+    };
+    let big = padded(1024 - padded(0).len());
     assert_eq!(big.len(), 1024);
     cases.push(Case {
         name: "body exactly at the cap",
-        req: delivery(
-            i,
-            &big,
-            &[("upstash-signature", &token(KEY, &url(PATH), &big))],
-        ),
+        req: delivery(i, &big, &[("upstash-signature", &token(KEY, &sub(), &big))]),
         want: Want::Applied,
         config: Some(small_cap.clone()),
     });
     let i = next();
-    let mut over = big.clone();
-    over.insert(over.len() - tail.len(), b'x');
+    let over = padded(1024 - padded(0).len() + 1);
+    assert_eq!(over.len(), 1025);
     cases.push(Case {
         name: "body one byte over the cap, validly signed",
         req: delivery(
             i,
             &over,
-            &[("upstash-signature", &token(KEY, &url(PATH), &over))],
+            &[("upstash-signature", &token(KEY, &sub(), &over))],
         ),
         want: Want::Status(413),
         config: Some(small_cap),
@@ -869,6 +884,43 @@ fn corpus() -> Vec<Case> {
         config: Some(tolerant),
     });
 
+    // --- TRUST_FORWARDED_HEADERS: a proxy in front sets X-Forwarded-Host/-Proto ---
+    let trusting = ConsumerConfig {
+        trust_forwarded_headers: true,
+        ..ConsumerConfig::defaults()
+    };
+    let fwd_url = "http://proxy.example.com/events/audit?contract=2";
+    let fwd_headers = |sig: String| -> Vec<(&'static str, String)> {
+        vec![
+            ("x-forwarded-host", "proxy.example.com".to_owned()),
+            ("x-forwarded-proto", "http".to_owned()),
+            ("upstash-signature", sig),
+        ]
+    };
+    for (name, config, want) in [
+        (
+            "x-forwarded-host/-proto ignored by default",
+            None,
+            Want::Rejected("subject"),
+        ),
+        (
+            "x-forwarded-host/-proto rebuild the URL with TRUST_FORWARDED_HEADERS",
+            Some(trusting.clone()),
+            Want::Applied,
+        ),
+    ] {
+        let i = next();
+        let b = audit_body(i);
+        let h = fwd_headers(token(KEY, fwd_url, &b));
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        cases.push(Case {
+            name,
+            req: delivery(i, &b, &h),
+            want,
+            config,
+        });
+    }
+
     // --- PUBLIC_BASE_URL wins over the request's host ---
     let public = ConsumerConfig {
         public_base_url: Some("https://events.example.com".into()),
@@ -883,7 +935,11 @@ fn corpus() -> Vec<Case> {
             &b,
             &[(
                 "upstash-signature",
-                &token(KEY, "https://events.example.com/events/audit", &b),
+                &token(
+                    KEY,
+                    "https://events.example.com/events/audit?contract=2",
+                    &b,
+                ),
             )],
         ),
         want: Want::Applied,
@@ -893,7 +949,7 @@ fn corpus() -> Vec<Case> {
     let b = audit_body(i);
     cases.push(Case {
         name: "PUBLIC_BASE_URL set: sub on the function URL refused",
-        req: delivery(i, &b, &[("upstash-signature", &token(KEY, &url(PATH), &b))]),
+        req: delivery(i, &b, &[("upstash-signature", &token(KEY, &sub(), &b))]),
         want: Want::Rejected("subject"),
         config: Some(public),
     });
@@ -939,6 +995,58 @@ async fn signature_corpus_through_the_consumer(pool: PgPool) {
         count(&pool, "SELECT count(*) FROM audit_log").await,
         applied,
         "exactly the accepted cases wrote their row"
+    );
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn token_for_another_host_replayed_with_forwarded_host_is_refused_unless_trusted(
+    pool: PgPool,
+) {
+    // A token QStash issued for a delivery to another service (other.example) is replayed to our function URL
+    // with Host and X-Forwarded-Host set to that host. Rebuilding the URL from client headers would make `sub`
+    // match: the receiver must take the host from the function-URL event (requestContext.domainName) unless
+    // TRUST_FORWARDED_HEADERS says a proxy in front sets them.
+    let id = 4242;
+    let body = audit_body(id);
+    let sig = token(KEY, "https://other.example/events/audit?contract=2", &body);
+    let replay = || {
+        delivery(
+            id,
+            &body,
+            &[
+                ("host", "other.example"),
+                ("x-forwarded-host", "other.example"),
+                ("upstash-signature", &sig),
+            ],
+        )
+    };
+    let state = ConsumerState::new(
+        receiver(&pool, ConsumerConfig::defaults()),
+        outbox::example::registry(),
+    );
+    let (status, json) = parts(&handle_event(&state, replay()).await);
+    assert_eq!((status, &json["check"]), (401, &json!("subject")), "{json}");
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM processed_messages").await,
+        0
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM audit_log").await, 0);
+
+    let trusting = ConsumerState::new(
+        receiver(
+            &pool,
+            ConsumerConfig {
+                trust_forwarded_headers: true,
+                ..ConsumerConfig::defaults()
+            },
+        ),
+        outbox::example::registry(),
+    );
+    let (status, json) = parts(&handle_event(&trusting, replay()).await);
+    assert_eq!(
+        (status, &json["status"]),
+        (200, &json!("processed")),
+        "accepted only when the forwarded headers are trusted: {json}"
     );
 }
 
@@ -1182,11 +1290,11 @@ fn url_is_rebuilt_from_the_function_url_event() {
         b"",
     ));
     assert_eq!(
-        request_url(&req, None),
+        request_url(&req, UrlSource::FunctionUrl),
         format!("https://{HOST}/events/a%2Fb?x=1&y=a%20b")
     );
     assert_eq!(
-        request_url(&req, Some("https://public.example.com")),
+        request_url(&req, UrlSource::Public("https://public.example.com")),
         "https://public.example.com/events/a%2Fb?x=1&y=a%20b"
     );
     // Without a host header the function URL's domain name is used.
@@ -1194,20 +1302,32 @@ fn url_is_rebuilt_from_the_function_url_event() {
         serde_json::from_str(&function_url_event("POST", "/failure", "", &[], b"")).unwrap();
     ev["headers"].as_object_mut().unwrap().remove("host");
     let req = request_from_event(&ev.to_string());
-    assert_eq!(request_url(&req, None), format!("https://{HOST}/failure"));
-    // Forwarded headers (first value of a list) win over host.
+    assert_eq!(
+        request_url(&req, UrlSource::FunctionUrl),
+        format!("https://{HOST}/failure")
+    );
+    // Client-sent Host and X-Forwarded-* headers choose nothing unless a setting trusts a proxy in front.
     let req = request_from_event(&function_url_event(
         "POST",
         "/failure",
         "",
         &[
+            ("host", "attacker.example"),
             ("x-forwarded-host", "a.example.com, b.example.com"),
             // (lambda_http itself panics on a list in x-forwarded-proto while building the URI, so one value.)
             ("x-forwarded-proto", "http"),
         ],
         b"",
     ));
-    assert_eq!(request_url(&req, None), "http://a.example.com/failure");
+    assert_eq!(
+        request_url(&req, UrlSource::FunctionUrl),
+        format!("https://{HOST}/failure")
+    );
+    // TRUST_FORWARDED_HEADERS: forwarded headers (first value of a list) win over host.
+    assert_eq!(
+        request_url(&req, UrlSource::Forwarded),
+        "http://a.example.com/failure"
+    );
 }
 
 #[tokio::test]

@@ -9,9 +9,12 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 use tracing::field::Empty;
 
+use sqlx::Row;
+
 use super::registry::{DEFAULT_SCHEMA_VERSION, EventMeta, HandlerError};
 use super::{ConsumerState, ReceiverState};
-use crate::contract;
+use crate::config::LegacyDeliveries;
+use crate::contract::{self, Contract, legacy};
 use crate::metrics::{EmfRecord, Unit};
 use crate::once::{Once, OnceError, handle_once};
 use crate::ordering::{SequenceCheck, check_consumer_sequence};
@@ -37,6 +40,9 @@ pub enum Outcome {
     },
     /// Missing or invalid signature (401); nothing was read or written.
     Unauthorized(VerifyError),
+    /// A valid signature, but a header copy or a legacy header disagrees with the signed data: the request was
+    /// altered after QStash signed it (401, counted as a rejected signature); nothing was written.
+    Tampered(String),
     /// Body over the cap (413), refused before verification.
     TooLarge {
         /// The body size.
@@ -60,7 +66,7 @@ impl Outcome {
     pub fn status(&self) -> StatusCode {
         match self {
             Outcome::Processed { .. } | Outcome::Duplicate { .. } => StatusCode::OK,
-            Outcome::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Outcome::Unauthorized(_) | Outcome::Tampered(_) => StatusCode::UNAUTHORIZED,
             Outcome::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Outcome::Permanent(_) => nonretryable_status(),
             Outcome::Transient { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -72,7 +78,7 @@ impl Outcome {
         match self {
             Outcome::Processed { .. } => "Applied",
             Outcome::Duplicate { .. } => "Duplicates",
-            Outcome::Unauthorized(_) => "RejectedSignatures",
+            Outcome::Unauthorized(_) | Outcome::Tampered(_) => "RejectedSignatures",
             Outcome::TooLarge { .. } | Outcome::Permanent(_) => "PermanentFailures",
             Outcome::Transient { .. } => "TransientFailures",
         }
@@ -93,6 +99,10 @@ impl Outcome {
             Outcome::Unauthorized(e) => json_response(
                 status,
                 &json!({"error": format!("signature rejected: {e}"), "check": e.check()}),
+            ),
+            Outcome::Tampered(message) => json_response(
+                status,
+                &json!({"error": format!("request refused: {message}"), "check": "header_mismatch"}),
             ),
             Outcome::TooLarge { size, max } => json_response(
                 status,
@@ -163,71 +173,243 @@ fn topic_of(path: &str) -> Option<&str> {
     Some(topic)
 }
 
-/// Reads the event's metadata from the forwarded headers. Errors are permanent (the relay always sends them).
-fn event_meta(req: &Request, topic: &str) -> Result<EventMeta, String> {
-    let id_text =
-        header(req, contract::OUTBOX_ID)?.ok_or("missing x-outbox-id header (the dedupe key)")?;
-    let outbox_id: i64 = id_text
-        .parse()
-        .ok()
-        .filter(|id| *id > 0)
-        .ok_or_else(|| format!("x-outbox-id {id_text:?} is not a positive integer"))?;
-    if let Some(t) = header(req, contract::OUTBOX_TOPIC)?
-        && t != topic
-    {
-        return Err(format!(
-            "x-outbox-topic {t:?} does not match the path's topic {topic:?}"
-        ));
-    }
-    let key = match header(req, contract::OUTBOX_KEY)? {
-        None => None,
-        Some(k) => Some(
-            contract::decode_key(k)
-                .ok_or_else(|| format!("x-outbox-key {k:?} is not valid percent-encoded UTF-8"))?,
-        ),
-    };
-    let seq = match header(req, contract::OUTBOX_SEQ)? {
-        None => None,
-        Some(s) => Some(
-            s.parse::<i64>()
-                .ok()
-                .filter(|s| *s > 0)
-                .ok_or_else(|| format!("x-outbox-seq {s:?} is not a positive integer"))?,
-        ),
-    };
-    if seq.is_some() && key.is_none() {
-        return Err("x-outbox-seq without x-outbox-key".into());
-    }
-    let schema_version = match header(req, contract::SCHEMA_VERSION)? {
-        None => DEFAULT_SCHEMA_VERSION,
-        Some(v) => v
-            .parse::<u32>()
-            .ok()
-            .filter(|v| *v > 0)
-            .ok_or_else(|| format!("x-schema-version {v:?} is not a positive integer"))?,
-    };
-    // Informational headers: a bad value is ignored, never fatal.
-    let created_at = header(req, contract::OUTBOX_CREATED_AT)
+/// What a delivery says about its event: from signed data only (or, for a delivery in the previous format,
+/// checked against the outbox row).
+struct Delivery<'b> {
+    meta: EventMeta,
+    /// The payload bytes the handler decodes.
+    payload: &'b [u8],
+    /// Record the delivery evidence of this ordered event in the applying transaction (and on a duplicate).
+    record_evidence: bool,
+}
+
+/// QStash's own informational headers (never used to decide a write).
+fn qstash_info(req: &Request) -> (Option<String>, u32) {
+    let message_id = header(req, "upstash-message-id")
         .ok()
         .flatten()
-        .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
-        .map(|d| d.with_timezone(&Utc));
-    let text = |name| header(req, name).ok().flatten().map(str::to_owned);
-    Ok(EventMeta {
+        .map(str::to_owned);
+    let retried = header(req, "upstash-retried")
+        .ok()
+        .flatten()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    (message_id, retried)
+}
+
+/// A header copy that disagrees with the signed value: the request was altered after QStash signed it.
+fn check_copy(
+    req: &Request,
+    name: &'static str,
+    signed: Option<&str>,
+    same: impl Fn(&str, &str) -> bool,
+) -> Result<(), Outcome> {
+    let Some(copy) = header(req, name).map_err(Outcome::Tampered)? else {
+        return Ok(());
+    };
+    match signed {
+        Some(s) if same(copy, s) => Ok(()),
+        _ => Err(Outcome::Tampered(format!(
+            "header {name} is {:?} but the signed delivery says {:?}: the request was altered after QStash \
+             signed it",
+            copy.chars().take(100).collect::<String>(),
+            signed.map(|s| s.chars().take(100).collect::<String>())
+        ))),
+    }
+}
+
+/// A current (contract 2) delivery: everything from the signed envelope; header copies must agree with it.
+fn current_delivery<'b>(req: &'b Request, topic: &str) -> Result<Delivery<'b>, Outcome> {
+    let env = contract::parse_envelope(req.body().as_ref()).map_err(Outcome::Permanent)?;
+    if env.topic != topic {
+        return Err(Outcome::Permanent(format!(
+            "the envelope's topic {:?} differs from the URL's topic {topic:?}",
+            env.topic.chars().take(100).collect::<String>()
+        )));
+    }
+    let [ev] = env.events.as_slice() else {
+        return Err(Outcome::Permanent(format!(
+            "the envelope holds {} events; this consumer applies one per delivery",
+            env.events.len()
+        )));
+    };
+    let schema_version = ev.schema_version.unwrap_or(DEFAULT_SCHEMA_VERSION);
+    let evidence = env.evidence.map(contract::Evidence::as_str);
+    let eq = |a: &str, b: &str| a == b;
+    check_copy(req, legacy::OUTBOX_ID, Some(&ev.id.to_string()), eq)?;
+    check_copy(req, legacy::OUTBOX_TOPIC, Some(topic), eq)?;
+    check_copy(req, legacy::OUTBOX_KEY, Some(&ev.key), |copy, key| {
+        contract::decode_key(copy).as_deref() == Some(key)
+    })?;
+    check_copy(
+        req,
+        legacy::OUTBOX_SEQ,
+        ev.seq.map(|s| s.to_string()).as_deref(),
+        eq,
+    )?;
+    check_copy(req, legacy::OUTBOX_EVIDENCE, evidence, eq)?;
+    check_copy(
+        req,
+        legacy::SCHEMA_VERSION,
+        Some(&schema_version.to_string()),
+        eq,
+    )?;
+    let (message_id, retried) = qstash_info(req);
+    Ok(Delivery {
+        meta: EventMeta {
+            outbox_id: ev.id,
+            topic: topic.to_owned(),
+            key: Some(ev.key.clone()),
+            seq: ev.seq,
+            schema_version,
+            created_at: ev.created_at,
+            traceparent: ev.headers.get(contract::TRACEPARENT).cloned(),
+            correlation_id: ev.headers.get(contract::CORRELATION_ID).cloned(),
+            message_id,
+            retried,
+        },
+        payload: ev.payload.get().as_bytes(),
+        record_evidence: ev.seq.is_some() && env.evidence == Some(contract::Evidence::Consumer),
+    })
+}
+
+/// A delivery in the previous format (no `contract` in its URL; published before the upgrade, QStash may still
+/// hold it for days). Its identity is in unsigned headers, so it is applied only when the outbox row named by
+/// `x-outbox-id` has the delivery's (signed) topic and payload and is marked dispatched; key, sequence and
+/// metadata then come from the row, never from the headers. Ordered events record their evidence here (the row is in this database).
+async fn legacy_delivery<'b>(
+    rs: &ReceiverState,
+    req: &'b Request,
+    topic: &str,
+) -> Result<Delivery<'b>, Outcome> {
+    if rs.config.legacy_deliveries == LegacyDeliveries::Refuse {
+        return Err(Outcome::Permanent(
+            "delivery in the previous wire format (no contract version in its URL, identity in unsigned headers) \
+             refused: LEGACY_DELIVERIES=refuse"
+                .into(),
+        ));
+    }
+    let id_text = header(req, legacy::OUTBOX_ID)
+        .map_err(Outcome::Permanent)?
+        .ok_or_else(|| {
+            Outcome::Permanent(
+                "delivery without a contract version in its URL and without x-outbox-id: not an outbox event"
+                    .into(),
+            )
+        })?;
+    let outbox_id: i64 = id_text.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
+        Outcome::Permanent(format!(
+            "x-outbox-id {:?} is not a positive integer",
+            id_text.chars().take(40).collect::<String>()
+        ))
+    })?;
+    let body = req.body().as_ref();
+    if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() {
+        return Err(Outcome::Permanent(
+            "delivery in the previous wire format whose body is not JSON: it cannot be an outbox payload".into(),
+        ));
+    }
+    let row = sqlx::query(
+        "SELECT topic, partition_key, seq, headers, created_at, payload = $2::jsonb AS same_payload, \
+                dispatched_at IS NOT NULL AS dispatched \
+         FROM outbox WHERE id = $1",
+    )
+    .persistent(rs.persistent)
+    .bind(outbox_id)
+    .bind(std::str::from_utf8(body).unwrap_or_default())
+    .fetch_optional(&rs.pool)
+    .await
+    .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
+        Some(code) if code.starts_with("22") => Outcome::Permanent(format!(
+            "delivery in the previous wire format whose body Postgres refuses as jsonb ({e}): it cannot be an \
+             outbox payload"
+        )),
+        Some(code) if code == "42P01" => Outcome::Permanent(
+            "a delivery in the previous wire format can only be verified against the outbox table, which is not \
+             in this consumer's database"
+                .into(),
+        ),
+        _ => Outcome::Transient {
+            message: format!("database error while verifying a legacy delivery: {e}"),
+            retry_after: None,
+        },
+    })?;
+    let Some(row) = row else {
+        return Err(Outcome::Permanent(format!(
+            "delivery in the previous wire format names outbox id {outbox_id}, which is not in the outbox (pruned, \
+             or the header was altered): refused"
+        )));
+    };
+    let db = |e: sqlx::Error| Outcome::Transient {
+        message: format!("database error while verifying a legacy delivery: {e}"),
+        retry_after: None,
+    };
+    let row_topic: String = row.try_get("topic").map_err(db)?;
+    let same_payload: bool = row.try_get("same_payload").map_err(db)?;
+    if row_topic != topic || !same_payload {
+        return Err(Outcome::Tampered(format!(
+            "x-outbox-id {outbox_id} names an event whose topic or payload differs from this signed delivery: \
+             the header was altered after QStash signed it"
+        )));
+    }
+    // The previous relay marked an event dispatched once QStash accepted it, and published an ordered key's next
+    // event only after its predecessor was delivered. An event not yet dispatched therefore has no genuine
+    // old-format delivery in flight (or its relay died between publish and settle): a forged id naming another
+    // event with the same topic and payload would apply it out of turn. Retry later instead of deciding now.
+    let dispatched: bool = row.try_get("dispatched").map_err(db)?;
+    if !dispatched {
+        return Err(Outcome::Transient {
+            message: format!(
+                "delivery in the previous wire format for outbox id {outbox_id}, which the outbox does not show as \
+                 dispatched yet: retry later"
+            ),
+            retry_after: Some(Duration::from_secs(60)),
+        });
+    }
+    let key: String = row.try_get("partition_key").map_err(db)?;
+    let seq: Option<i64> = row.try_get("seq").map_err(db)?;
+    let headers: Option<sqlx::types::Json<crate::producer::EventHeaders>> =
+        row.try_get("headers").ok();
+    let headers = headers.map(|h| h.0).unwrap_or_default();
+    let created_at: DateTime<Utc> = row.try_get("created_at").map_err(db)?;
+    let schema_version = headers.schema_version.unwrap_or(DEFAULT_SCHEMA_VERSION);
+    let eq = |a: &str, b: &str| a == b;
+    check_copy(req, legacy::OUTBOX_TOPIC, Some(topic), eq)?;
+    check_copy(req, legacy::OUTBOX_KEY, Some(&key), |copy, key| {
+        contract::decode_key(copy).as_deref() == Some(key)
+    })?;
+    check_copy(
+        req,
+        legacy::OUTBOX_SEQ,
+        seq.map(|s| s.to_string()).as_deref(),
+        eq,
+    )?;
+    check_copy(
+        req,
+        legacy::SCHEMA_VERSION,
+        Some(&schema_version.to_string()),
+        eq,
+    )?;
+    tracing::info!(
         outbox_id,
-        topic: topic.to_owned(),
-        key,
-        seq,
-        schema_version,
-        created_at,
-        traceparent: text(contract::TRACEPARENT),
-        correlation_id: text(contract::CORRELATION_ID),
-        message_id: text("upstash-message-id"),
-        retried: header(req, "upstash-retried")
-            .ok()
-            .flatten()
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(0),
+        "delivery in the previous wire format verified against the outbox row"
+    );
+    let (message_id, retried) = qstash_info(req);
+    Ok(Delivery {
+        meta: EventMeta {
+            outbox_id,
+            topic: topic.to_owned(),
+            key: Some(key),
+            seq,
+            schema_version,
+            created_at: Some(created_at),
+            traceparent: headers.traceparent,
+            correlation_id: headers.correlation_id,
+            message_id,
+            retried,
+        },
+        payload: body,
+        record_evidence: seq.is_some(),
     })
 }
 
@@ -256,6 +438,9 @@ pub async fn handle_event(state: &ConsumerState, req: Request) -> Response<Body>
             }
             Outcome::Unauthorized(e) => {
                 tracing::warn!(status, check = e.check(), error = %e, "signature rejected")
+            }
+            Outcome::Tampered(e) => {
+                tracing::warn!(status, check = "header_mismatch", error = %e, "altered request refused")
             }
             Outcome::Permanent(e) => {
                 tracing::error!(status, error = %e, "event refused permanently (QStash dead-letters it)")
@@ -334,14 +519,7 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
     {
         span.record("message_id", id);
     }
-    if let Err(e) = verify_request(
-        &rs.keys,
-        req,
-        rs.config.public_base_url.as_deref(),
-        rs.verify_options(),
-    )
-    .await
-    {
+    if let Err(e) = verify_request(&rs.keys, req, rs.url_source(), rs.verify_options()).await {
         return (Outcome::Unauthorized(e), None);
     }
 
@@ -372,9 +550,26 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
             None,
         );
     };
-    let meta = match event_meta(req, topic) {
-        Ok(m) => m,
-        Err(e) => return (Outcome::Permanent(e), None),
+    let delivery = match contract::contract_of_query(req.uri().query()) {
+        Ok(Contract::Current) => current_delivery(req, topic),
+        Ok(Contract::Legacy) => legacy_delivery(rs, req, topic).await,
+        Ok(Contract::Newer(v)) => Err(Outcome::Transient {
+            message: format!(
+                "delivery in wire contract {v}, newer than this consumer's {}: retry after the consumer is \
+                 upgraded",
+                contract::CONTRACT_VERSION
+            ),
+            retry_after: Some(Duration::from_secs(60)),
+        }),
+        Err(e) => Err(Outcome::Permanent(e)),
+    };
+    let Delivery {
+        meta,
+        payload,
+        record_evidence,
+    } = match delivery {
+        Ok(d) => d,
+        Err(o) => return (o, None),
     };
     span.record("outbox_id", meta.outbox_id);
     span.record("retried", meta.retried);
@@ -392,7 +587,7 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
     }
 
     // 4. Decode the typed payload (errors are permanent).
-    let prepared = match route.prepare(meta.clone(), req.body().as_ref(), rs.persistent) {
+    let prepared = match route.prepare(meta.clone(), payload, rs.persistent) {
         Ok(p) => p,
         Err(e) => return (handler_outcome(e), Some(meta)),
     };
@@ -403,9 +598,6 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
     let m = &meta;
     // The relay may ask for the ordered event's delivery evidence to be recorded here, in the transaction that
     // applies it (decision record 0007): last statement before commit, so the key's row is locked only briefly.
-    let evidence_here = m.seq.is_some()
-        && header(req, contract::OUTBOX_EVIDENCE).ok().flatten()
-            == Some(contract::EVIDENCE_BY_CONSUMER);
     let result = handle_once(
         &rs.pool,
         consumer,
@@ -427,7 +619,7 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
                 }
             }
             prepared.apply(conn).await?;
-            if evidence_here {
+            if record_evidence {
                 crate::ordering::record_delivery(conn, m.outbox_id, persistent).await?;
             }
             Ok(())
@@ -438,6 +630,31 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
         Ok(Once::Applied(())) => Outcome::Processed {
             outbox_id: meta.outbox_id,
         },
+        Ok(Once::Duplicate) if record_evidence => {
+            // Applied before: the dedupe row is evidence too. Recording it again is idempotent and frees a key
+            // whose evidence was never written (an event applied before the relay asked for it here).
+            match rs.pool.acquire().await {
+                Ok(mut conn) => {
+                    match crate::ordering::record_delivery(&mut conn, meta.outbox_id, persistent)
+                        .await
+                    {
+                        Ok(_) => Outcome::Duplicate {
+                            outbox_id: meta.outbox_id,
+                        },
+                        Err(e) => Outcome::Transient {
+                            message: format!(
+                                "database error while recording delivery evidence: {e}"
+                            ),
+                            retry_after: None,
+                        },
+                    }
+                }
+                Err(e) => Outcome::Transient {
+                    message: format!("database error while recording delivery evidence: {e}"),
+                    retry_after: None,
+                },
+            }
+        }
         Ok(Once::Duplicate) => Outcome::Duplicate {
             outbox_id: meta.outbox_id,
         },

@@ -1,6 +1,7 @@
 //! The consumer runtime: `POST /events/{topic}` from QStash → cap the body → verify the signature → route to the
 //! topic's handler → decode the typed payload → apply it inside [`crate::once::handle_once`] → map the outcome to
-//! the HTTP status QStash acts on.
+//! the HTTP status QStash acts on. What decides a write (outbox id, key, sequence, evidence, schema version) is
+//! read from the signed envelope only ([`crate::contract`]).
 //!
 //! | outcome | status | QStash then |
 //! |---|---|---|
@@ -8,7 +9,8 @@
 //! | already applied ([`Outcome::Duplicate`]) | 200 `{"status":"duplicate"}` | done |
 //! | missing / bad signature ([`Outcome::Unauthorized`]) | 401 `{"error":…}` — nothing read or written | retries |
 //! | body over `MAX_BODY_BYTES` ([`Outcome::TooLarge`]) | 413 — before verification | retries (a redeploy with a higher cap can fix it) |
-//! | permanent ([`Outcome::Permanent`]): malformed payload, unknown topic or path, unsupported schema version, missing `x-outbox-id`, failed validation, event older than one applied for its key | 489 + `Upstash-NonRetryable-Error: true` | DLQ at once, failure callback |
+//! | altered request ([`Outcome::Tampered`]): a header copy disagrees with the signed envelope, or a legacy delivery's `x-outbox-id` names another event | 401 — nothing written | retries (a genuine delivery never has this) |
+//! | permanent ([`Outcome::Permanent`]): malformed envelope or payload, unknown topic or path, unsupported schema version, failed validation, event older than one applied for its key, a legacy delivery that cannot be verified | 489 + `Upstash-NonRetryable-Error: true` | 489 + `Upstash-NonRetryable-Error: true` | DLQ at once, failure callback |
 //! | transient ([`Outcome::Transient`]): database down, handler said so | 503 (+ `Retry-After` when known) | retries with backoff |
 //!
 //! The handler functions ([`handle_event`], [`crate::callbacks::handle_callback`]) are plain async functions of
@@ -24,7 +26,7 @@ use sqlx::PgPool;
 
 use crate::config::{ConfigError, ConsumerConfig, EnvSource, ProcessEnv, Vars};
 use crate::db::DbConfig;
-use crate::receiver::{Clock, KeyRing, RECEIVER_SECRETS, SigningKeys, VerifyOptions};
+use crate::receiver::{Clock, KeyRing, RECEIVER_SECRETS, SigningKeys, UrlSource, VerifyOptions};
 use crate::secrets::{SecretField, SecretSource};
 
 pub use http::{NONRETRYABLE_HEADER, Outcome, STATUS_NONRETRYABLE, handle_event};
@@ -113,6 +115,13 @@ impl ReceiverState {
     pub fn with_metrics(mut self, emit: bool) -> Self {
         self.emit_metrics = emit;
         self
+    }
+
+    pub(crate) fn url_source(&self) -> UrlSource<'_> {
+        UrlSource::from_config(
+            self.config.public_base_url.as_deref(),
+            self.config.trust_forwarded_headers,
+        )
     }
 
     pub(crate) fn verify_options(&self) -> VerifyOptions {

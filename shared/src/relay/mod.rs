@@ -6,7 +6,7 @@
 //! 1. **Claim** ([`claim`]) in one committed statement per kind of topic: due rows (unordered) or key heads
 //!    (ordered, see [`crate::ordering`]) get a lease with a fencing token, and their attempt is counted.
 //! 2. **Publish** outside any transaction, through `/v2/batch`: `Upstash-Deduplication-Id: outbox-<id>`, the
-//!    outbox id and trace context forwarded, per-key flow control, retries and the failure callback from
+//!    event's identity in the signed envelope ([`crate::contract`]), per-key flow control, retries and the failure callback from
 //!    config; ordered heads also carry the delivery callback that frees their key.
 //! 3. **Settle** ([`settle`]) in one statement, fenced on the lease token: dispatched, retry with full-jitter
 //!    backoff ([`backoff`]), or dead letter. A relay whose lease was taken over changes nothing.
@@ -176,64 +176,55 @@ impl Relay {
         Ok(events)
     }
 
-    /// The QStash message for a claimed event (the option → header mapping of the outbox contract).
+    /// The QStash message for a claimed event (the relay half of [`crate::contract`]): everything that decides a
+    /// write is in the signed envelope body and the signed destination URL; `x-outbox-id` and `traceparent` are
+    /// informational header copies.
     pub fn message_for(&self, ev: &ClaimedEvent) -> Message {
         let id = ev.id.to_string();
-        let mut forward: Vec<(crate::qstash::HeaderName, String)> = Vec::with_capacity(9);
-        forward.push((contract::OUTBOX_ID.into(), id.clone()));
-        forward.push((contract::OUTBOX_TOPIC.into(), ev.topic.clone()));
-        forward.push((
-            contract::OUTBOX_KEY.into(),
-            contract::encode_key(&ev.partition_key),
-        ));
-        forward.push((
-            contract::OUTBOX_CREATED_AT.into(),
-            ev.created_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        ));
-        if let Some(seq) = ev.seq {
-            forward.push((contract::OUTBOX_SEQ.into(), seq.to_string()));
-        }
+        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(2);
         if let Some(tp) = &ev.headers.traceparent {
-            forward.push((contract::TRACEPARENT.into(), tp.clone()));
+            headers.push((contract::TRACEPARENT, tp));
         }
         if let Some(c) = &ev.headers.correlation_id {
-            forward.push((contract::CORRELATION_ID.into(), c.clone()));
-        }
-        if let Some(v) = ev.headers.schema_version {
-            forward.push((contract::SCHEMA_VERSION.into(), v.to_string()));
+            headers.push((contract::CORRELATION_ID, c));
         }
         let cb = &self.qstash.callback_url;
         let ordered = ev.seq.is_some();
         let by_consumer = ordered && self.cfg.ordered_evidence == EvidenceMode::Consumer;
-        if by_consumer {
-            forward.push((
-                contract::OUTBOX_EVIDENCE.into(),
-                contract::EVIDENCE_BY_CONSUMER.to_owned(),
-            ));
+        let evidence = ordered.then_some(if by_consumer {
+            contract::Evidence::Consumer
+        } else {
+            contract::Evidence::Callback
+        });
+        let body = contract::write_envelope(
+            &ev.topic,
+            evidence,
+            &[contract::WireEvent {
+                id: ev.id,
+                key: &ev.partition_key,
+                seq: ev.seq,
+                created_at: ev.created_at,
+                schema_version: ev.headers.schema_version,
+                headers: &headers,
+                payload: &ev.payload,
+            }],
+        );
+        let mut forward: Vec<(crate::qstash::HeaderName, String)> = Vec::with_capacity(2);
+        forward.push((contract::OUTBOX_ID.into(), id));
+        if let Some(tp) = &ev.headers.traceparent {
+            forward.push((contract::TRACEPARENT.into(), tp.clone()));
         }
         let callback = ordered && !by_consumer;
         Message {
-            destination: format!(
-                "{}{}{}",
-                self.qstash.consumer_url,
-                contract::EVENTS_PATH,
-                ev.topic
-            ),
-            body: ev.payload.clone(),
+            destination: contract::destination(&self.qstash.consumer_url, &ev.topic),
+            body,
             options: PublishOptions {
                 content_type: Some("application/json".into()),
                 deduplication_id: Some(contract::dedup_id(ev.id, ev.redrive_count)),
                 retries: Some(self.qstash.retries),
                 timeout: self.qstash.delivery_timeout,
                 failure_callback: Some(format!("{cb}{}", contract::FAILURE_PATH)),
-                failure_callback_forward: vec![(contract::OUTBOX_ID.into(), id.clone())],
                 callback: callback.then(|| format!("{cb}{}", contract::DELIVERED_PATH)),
-                callback_forward: if callback {
-                    vec![(contract::OUTBOX_ID.into(), id)]
-                } else {
-                    Vec::new()
-                },
                 forward,
                 flow_control: Some(FlowControl {
                     key: flow_control_key(&format!("{}.{}", ev.topic, ev.partition_key)),

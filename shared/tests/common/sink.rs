@@ -2,6 +2,10 @@
 //! answers with a configurable policy; the callback routes record delivery evidence and QStash failures
 //! through the library's real SQL (`outbox::ordering`, `outbox::dead_letters`). Signature verification is
 //! not done here (the whole-system tests in `tests/` use the real receivers).
+//!
+//! Like the real receivers it reads an event's identity from signed data only: a delivery's from its envelope
+//! body (decision record 0025), a callback's from the envelope in its `sourceBody`. The parsing here is its own
+//! (plain `serde_json`), not `outbox::contract`'s.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -13,9 +17,12 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use serde_json::Value;
 use sqlx::PgPool;
 
-/// One delivery the sink saw.
+/// One delivery the sink saw (identity from its envelope; -1 / empty when the body is not one).
 #[derive(Debug, Clone)]
 pub struct Seen {
     pub outbox_id: i64,
@@ -106,14 +113,38 @@ fn header(h: &HeaderMap, name: &str) -> Option<String> {
     h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
 }
 
+/// The single event of a contract-2 envelope.
+fn envelope_event(body: &[u8]) -> Option<Value> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    if v.get("contract")?.as_u64()? != 2 {
+        return None;
+    }
+    match v.get("events")?.as_array()?.as_slice() {
+        [e] => Some(e.clone()),
+        _ => None,
+    }
+}
+
+/// The outbox id a callback body is about: the envelope in its `sourceBody` (the relay sends nothing else).
+fn callback_outbox_id(v: &Value) -> Option<i64> {
+    let url = v.get("url")?.as_str()?;
+    if !url.contains("contract=2") {
+        return None;
+    }
+    let source = STANDARD.decode(v.get("sourceBody")?.as_str()?).ok()?;
+    envelope_event(&source)?.get("id")?.as_i64()
+}
+
 async fn event(
     State(s): State<Inner>,
     Path(topic): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> StatusCode {
-    let key = header(&headers, "x-outbox-key")
-        .and_then(|k| outbox::contract::decode_key(&k))
+    let event = envelope_event(&body);
+    let field = |name: &str| event.as_ref().and_then(|e| e.get(name)).cloned();
+    let key = field("key")
+        .and_then(|k| k.as_str().map(str::to_owned))
         .unwrap_or_default();
     let flight_key = format!("{topic}/{key}");
     {
@@ -126,12 +157,10 @@ async fn event(
     // Give concurrent deliveries of the same key a chance to overlap (they must not exist for ordered keys).
     tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     let mut seen = Seen {
-        outbox_id: header(&headers, "x-outbox-id")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(-1),
+        outbox_id: field("id").and_then(|v| v.as_i64()).unwrap_or(-1),
         topic,
         key,
-        seq: header(&headers, "x-outbox-seq").and_then(|v| v.parse().ok()),
+        seq: field("seq").and_then(|v| v.as_i64()),
         status: 0,
         retried: header(&headers, "upstash-retried")
             .and_then(|v| v.parse().ok())
@@ -157,7 +186,7 @@ async fn event(
     StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-async fn delivered(State(s): State<Inner>, headers: HeaderMap, body: Bytes) -> StatusCode {
+async fn delivered(State(s): State<Inner>, body: Bytes) -> StatusCode {
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return StatusCode::BAD_REQUEST;
     };
@@ -165,7 +194,7 @@ async fn delivered(State(s): State<Inner>, headers: HeaderMap, body: Bytes) -> S
         .lock()
         .unwrap()
         .push(("delivered".into(), v.clone()));
-    let Some(id) = header(&headers, "x-outbox-id").and_then(|v| v.parse::<i64>().ok()) else {
+    let Some(id) = callback_outbox_id(&v) else {
         return StatusCode::BAD_REQUEST;
     };
     let status = v.get("status").and_then(|s| s.as_u64()).unwrap_or(0);
@@ -187,7 +216,7 @@ async fn delivered(State(s): State<Inner>, headers: HeaderMap, body: Bytes) -> S
     StatusCode::OK
 }
 
-async fn failure(State(s): State<Inner>, headers: HeaderMap, body: Bytes) -> StatusCode {
+async fn failure(State(s): State<Inner>, body: Bytes) -> StatusCode {
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     s.callbacks
         .lock()
@@ -195,7 +224,7 @@ async fn failure(State(s): State<Inner>, headers: HeaderMap, body: Bytes) -> Sta
         .push(("failure".into(), v.clone()));
     let f = outbox::dead_letters::QstashFailure {
         dlq_id: v.get("dlqId").and_then(|x| x.as_str()).map(str::to_owned),
-        outbox_id: header(&headers, "x-outbox-id").and_then(|v| v.parse().ok()),
+        outbox_id: callback_outbox_id(&v),
         source_message_id: v
             .get("sourceMessageId")
             .and_then(|x| x.as_str())

@@ -142,28 +142,298 @@ pub fn url(path: &str) -> String {
     format!("https://{HOST}{path}")
 }
 
-/// A signed event delivery (POST `/events/{topic}`) with the contract headers.
-pub fn event_request(topic: &str, outbox_id: i64, body: &[u8], extra: &[(&str, &str)]) -> Request {
+/// The URL QStash would sign for `path?query` on the test host (no `?` for an empty query).
+pub fn url_with_query(path: &str, query: &str) -> String {
+    if query.is_empty() {
+        url(path)
+    } else {
+        format!("https://{HOST}{path}?{query}")
+    }
+}
+
+/// The signed destination query of the current wire contract.
+pub const CONTRACT_QUERY: &str = "contract=2";
+
+/// The creation time the test envelopes carry by default.
+pub const CREATED_AT: &str = "2026-11-30T12:00:00.000000Z";
+
+/// A delivery in the current wire contract (decision record 0025), written here independently of
+/// `outbox::contract::write_envelope` (so a bug in the relay's writer is not mirrored by the tests): a JSON
+/// envelope body POSTed to `/events/{topic}?contract=2`, signed for that URL (query included).
+///
+/// ```ignore
+/// Delivery::new("orders", 42, &payload).key("customer-7").seq(3).schema_version(2)
+///     .evidence_by_consumer().header("traceparent", "00-…").request()
+/// ```
+///
+/// The request carries the relay's informational `x-outbox-id` copy (and `traceparent` when the event has
+/// one); [`Delivery::request_header`] adds or replaces request headers (forged copies in the attack tests).
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    topic: String,
+    envelope_topic: Option<String>,
+    id: i64,
+    payload: Vec<u8>,
+    key: String,
+    seq: Option<i64>,
+    schema_version: Option<u32>,
+    evidence: Option<String>,
+    created_at: Option<String>,
+    headers: Vec<(String, String)>,
+    request_headers: Vec<(String, String)>,
+    id_copy: bool,
+    path: Option<String>,
+    query: String,
+}
+
+impl Delivery {
+    /// Event `id` of `topic` with `payload` (JSON text, copied verbatim into the envelope); key `k-{id}`.
+    pub fn new(topic: &str, id: i64, payload: &[u8]) -> Delivery {
+        Delivery {
+            topic: topic.to_owned(),
+            envelope_topic: None,
+            id,
+            payload: payload.to_vec(),
+            key: format!("k-{id}"),
+            seq: None,
+            schema_version: None,
+            evidence: None,
+            created_at: Some(CREATED_AT.to_owned()),
+            headers: Vec::new(),
+            request_headers: Vec::new(),
+            id_copy: true,
+            path: None,
+            query: CONTRACT_QUERY.to_owned(),
+        }
+    }
+
+    /// The partition key.
+    pub fn key(mut self, key: &str) -> Self {
+        self.key = key.to_owned();
+        self
+    }
+
+    /// The per-key sequence (an ordered topic).
+    pub fn seq(mut self, seq: i64) -> Self {
+        self.seq = Some(seq);
+        self
+    }
+
+    /// The payload schema version.
+    pub fn schema_version(mut self, v: u32) -> Self {
+        self.schema_version = Some(v);
+        self
+    }
+
+    /// `"evidence":"consumer"`: the consumer records the delivery evidence of this ordered event.
+    pub fn evidence_by_consumer(self) -> Self {
+        self.evidence("consumer")
+    }
+
+    /// `"evidence":"callback"`: QStash's delivery callback records it.
+    pub fn evidence_by_callback(self) -> Self {
+        self.evidence("callback")
+    }
+
+    fn evidence(mut self, who: &str) -> Self {
+        self.evidence = Some(who.to_owned());
+        self
+    }
+
+    /// The event's creation time (`None`: omitted).
+    pub fn created_at(mut self, at: Option<&str>) -> Self {
+        self.created_at = at.map(str::to_owned);
+        self
+    }
+
+    /// An event header in the envelope (`traceparent`, `x-correlation-id`).
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// A request header (not signed), added or replacing one the builder sets.
+    pub fn request_header(mut self, name: &str, value: &str) -> Self {
+        self.request_headers
+            .push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// No `x-outbox-id` copy on the request.
+    pub fn without_id_copy(mut self) -> Self {
+        self.id_copy = false;
+        self
+    }
+
+    /// Another topic in the envelope than in the path.
+    pub fn envelope_topic(mut self, topic: &str) -> Self {
+        self.envelope_topic = Some(topic.to_owned());
+        self
+    }
+
+    /// Another path than `/events/{topic}`.
+    pub fn path(mut self, path: &str) -> Self {
+        self.path = Some(path.to_owned());
+        self
+    }
+
+    /// Another query than `contract=2` (signed like the rest of the URL).
+    pub fn query(mut self, query: &str) -> Self {
+        self.query = query.to_owned();
+        self
+    }
+
+    /// The topic (of the path).
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The outbox id.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// The request path.
+    pub fn request_path(&self) -> String {
+        self.path
+            .clone()
+            .unwrap_or_else(|| format!("/events/{}", self.topic))
+    }
+
+    /// The URL QStash signs (`sub`): the test host, the path and the query.
+    pub fn signed_url(&self) -> String {
+        url_with_query(&self.request_path(), &self.query)
+    }
+
+    /// The envelope body: every field but the payload through `serde_json`, the payload spliced in verbatim
+    /// (what a relay does with the `jsonb` text; also lets a test send a payload that is not JSON).
+    pub fn body(&self) -> Vec<u8> {
+        let mut event = serde_json::Map::new();
+        event.insert("id".into(), json!(self.id));
+        event.insert("key".into(), json!(self.key));
+        if let Some(seq) = self.seq {
+            event.insert("seq".into(), json!(seq));
+        }
+        if let Some(at) = &self.created_at {
+            event.insert("created_at".into(), json!(at));
+        }
+        if let Some(v) = self.schema_version {
+            event.insert("schema_version".into(), json!(v));
+        }
+        if !self.headers.is_empty() {
+            let h: serde_json::Map<String, Value> = self
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), json!(v)))
+                .collect();
+            event.insert("headers".into(), Value::Object(h));
+        }
+        let mut event_text = Value::Object(event).to_string();
+        assert_eq!(event_text.pop(), Some('}'));
+        let mut out = json!({
+            "contract": 2,
+            "topic": self.envelope_topic.as_deref().unwrap_or(&self.topic),
+        });
+        if let Some(e) = &self.evidence {
+            out["evidence"] = json!(e);
+        }
+        let mut text = out.to_string();
+        assert_eq!(text.pop(), Some('}'));
+        let mut body = text.into_bytes();
+        body.extend_from_slice(b",\"events\":[");
+        body.extend_from_slice(event_text.as_bytes());
+        body.extend_from_slice(b",\"payload\":");
+        body.extend_from_slice(&self.payload);
+        body.extend_from_slice(b"}]}");
+        body
+    }
+
+    /// The signed function-URL request, as the Lambda runtime hands it to the handler.
+    pub fn request(&self) -> Request {
+        self.request_signed_by(|url, body| token(KEY, url, body))
+    }
+
+    /// The request with a token made by `sign(signed_url, body)`.
+    pub fn request_signed_by(&self, sign: impl FnOnce(&str, &[u8]) -> String) -> Request {
+        let body = self.body();
+        let sig = sign(&self.signed_url(), &body);
+        self.request_with_token(&body, Some(&sig))
+    }
+
+    /// The request with `body` instead of the envelope, signed for it.
+    pub fn request_with_body(&self, body: &[u8]) -> Request {
+        let sig = token(KEY, &self.signed_url(), body);
+        self.request_with_token(body, Some(&sig))
+    }
+
+    /// The request with `body` (instead of the envelope) and `token` (none: unsigned).
+    pub fn request_with_token(&self, body: &[u8], token: Option<&str>) -> Request {
+        let id = self.id.to_string();
+        let mut headers: Vec<(&str, &str)> =
+            vec![("upstash-message-id", "msg_test"), ("upstash-retried", "0")];
+        if let Some(t) = token {
+            headers.push(("upstash-signature", t));
+        }
+        if self.id_copy {
+            headers.push(("x-outbox-id", &id));
+        }
+        for (k, v) in &self.headers {
+            if k.eq_ignore_ascii_case("traceparent") {
+                headers.push(("traceparent", v));
+            }
+        }
+        for (k, v) in &self.request_headers {
+            headers.push((k, v));
+        }
+        request_from_event(&function_url_event(
+            "POST",
+            &self.request_path(),
+            &self.query,
+            &headers,
+            body,
+        ))
+    }
+}
+
+/// A delivery in the previous wire format (published by a relay before the signed contract, still inside
+/// QStash after an upgrade): the raw payload as body, POSTed to `/events/{topic}` without a contract version,
+/// identity in `x-outbox-id`/`x-outbox-topic` (+ `headers`), signed for that URL.
+pub fn legacy_request(
+    topic: &str,
+    outbox_id: i64,
+    body: &[u8],
+    headers: &[(&str, &str)],
+) -> Request {
     let path = format!("/events/{topic}");
     let sig = token(KEY, &url(&path), body);
     let id = outbox_id.to_string();
-    let mut headers: Vec<(&str, &str)> = vec![
+    let mut h: Vec<(&str, &str)> = vec![
         ("upstash-signature", &sig),
-        ("upstash-message-id", "msg_test"),
+        ("upstash-message-id", "msg_legacy"),
         ("upstash-retried", "0"),
         ("x-outbox-id", &id),
         ("x-outbox-topic", topic),
     ];
-    headers.extend_from_slice(extra);
-    request_from_event(&function_url_event("POST", &path, "", &headers, body))
+    h.extend_from_slice(headers);
+    request_from_event(&function_url_event("POST", &path, "", &h, body))
 }
 
 /// A signed POST to `path` on the test host.
 pub fn signed_post(path: &str, body: &[u8], extra: &[(&str, &str)]) -> Request {
-    let sig = token(KEY, &url(path), body);
+    signed_post_with_query(path, "", body, extra)
+}
+
+/// A signed POST to `path?query` on the test host (`sub` includes the query).
+pub fn signed_post_with_query(
+    path: &str,
+    query: &str,
+    body: &[u8],
+    extra: &[(&str, &str)],
+) -> Request {
+    let sig = token(KEY, &url_with_query(path, query), body);
     let mut headers: Vec<(&str, &str)> = vec![("upstash-signature", &sig)];
     headers.extend_from_slice(extra);
-    request_from_event(&function_url_event("POST", path, "", &headers, body))
+    request_from_event(&function_url_event("POST", path, query, &headers, body))
 }
 
 /// Receiver state over `pool` with the dev keys, the clock fixed at [`NOW`] and metrics off.
