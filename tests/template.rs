@@ -3,23 +3,28 @@
 //! least-privilege roles, two secrets (the relay's with the QStash token, the receivers' without it) each read by
 //! its own functions only, a once-a-minute schedule with a fixed input and no retries, public function URLs for
 //! the two receivers only, capped by a reserved concurrency, log groups with retention, alarms on the metrics the
-//! code emits, and parameters whose defaults equal the code's defaults and whose bounds are the code's. Needs
-//! `./.venv` (`scripts/test-deps`); no network, no AWS account.
+//! code emits, a dashboard that shows every alarm and exactly the metrics the functions print, and parameters
+//! whose defaults equal the code's defaults and whose bounds are the code's. Needs `./.venv` (`scripts/test-deps`);
+//! no network, no AWS account, no database.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
+use outbox::callbacks::handle_callback;
 use outbox::config::{
     ConfigError, ConsumerConfig, MAX_CLOCK_TOLERANCE, MIN_SECRET_REFRESH_INTERVAL, QstashConfig,
     RelayConfig, Vars,
 };
+use outbox::consumer::{ConsumerState, ReceiverState, handle_event};
 use outbox::db::DbConfig;
-use outbox::receiver::RECEIVER_SECRETS;
+use outbox::receiver::{DEV_SIGNING_KEYS, KeyRing, RECEIVER_SECRETS, SigningKeys};
 use outbox::relay::handler::{InvocationSummary, emf};
 use outbox::secrets::{SECRET_ID_VAR, SecretField};
 use outbox_system::sam::{
-    FunctionDimension, outbox_alarm_metrics, repo_root, translate, translated_template, venv_tool,
+    FunctionDimension, MetricId, alarm_reads, dashboard_alarms, dashboard_body, dashboard_widgets,
+    emf_metrics, outbox_alarm_metrics, ref_placeholder, repo_root, translate, translated_template,
+    venv_tool,
 };
 use serde_json::{Value, json};
 
@@ -781,15 +786,7 @@ fn alarms_read_metrics_the_code_emits_and_notify_one_topic() {
 
     // The relay's metrics are the ones its EMF line carries (the receivers' are checked from their real output
     // in tests/lambda_runtime.rs).
-    let summary = InvocationSummary {
-        request_id: "r".into(),
-        trigger: "t".into(),
-        drain: Default::default(),
-        housekeeping: Default::default(),
-        backlog: Default::default(),
-        duration_ms: 0,
-    };
-    let line: Value = serde_json::from_str(&emf("relay", &summary).to_json()).unwrap();
+    let line = relay_emf_line("relay");
     let emitted: BTreeSet<&str> = line["_aws"]["CloudWatchMetrics"][0]["Metrics"]
         .as_array()
         .unwrap()
@@ -882,5 +879,425 @@ fn outputs_give_the_urls_for_qstash() {
     assert!(
         text.contains(outbox::contract::EVENTS_PATH.trim_matches('/')),
         "{text}"
+    );
+}
+
+/// The relay's EMF line, as its handler prints it at the end of a run (`emf` is what the handler calls) with
+/// `function` as its name.
+fn relay_emf_line(function: &str) -> Value {
+    let summary = InvocationSummary {
+        request_id: "r".into(),
+        trigger: "t".into(),
+        drain: Default::default(),
+        housekeeping: Default::default(),
+        backlog: Default::default(),
+        duration_ms: 0,
+    };
+    serde_json::from_str(&emf(function, &summary).to_json()).unwrap()
+}
+
+/// A function-URL fixture from `events/` without its `Upstash-Signature`: the receivers refuse it with 401 before
+/// any database work, and still print their EMF line.
+fn unsigned_request(file: &str) -> lambda_http::Request {
+    let text = std::fs::read_to_string(repo_root().join("events").join(file)).unwrap();
+    let mut event: Value = serde_json::from_str(&text).unwrap();
+    event["headers"]
+        .as_object_mut()
+        .unwrap()
+        .remove("upstash-signature")
+        .unwrap_or_else(|| panic!("events/{file} is not signed"));
+    lambda_http::request::from_str(&event.to_string()).unwrap()
+}
+
+/// The fixtures the child sends: (file, to the consumer rather than the callback function).
+const RECEIVER_FIXTURES: [(&str, bool); 3] = [
+    ("consumer-order-placed.json", true),
+    ("failure-callback.json", false),
+    ("delivery-callback.json", false),
+];
+
+/// The child of [`receivers_emf_lines`]: the consumer's and the callback function's real handlers, with metrics on
+/// as in Lambda, answer unsigned requests; each prints its EMF line to stdout, which libtest does not capture here.
+/// Their database pool never connects (nothing is read before the signature is verified).
+#[tokio::test]
+#[ignore = "run as a subprocess by receivers_emf_lines (the dashboard tests)"]
+async fn child_prints_the_receivers_emf_lines() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .connect_lazy("postgres://nobody@127.0.0.1:9/never")
+        .unwrap();
+    let receiver = || {
+        let keys = SigningKeys::new(DEV_SIGNING_KEYS.0, Some(DEV_SIGNING_KEYS.1.to_owned()));
+        ReceiverState::new(
+            ConsumerConfig::defaults(),
+            pool.clone(),
+            KeyRing::fixed(keys),
+        )
+    };
+    let consumer = ConsumerState::new(receiver(), outbox::example::registry());
+    let callbacks = receiver();
+    for (file, to_consumer) in RECEIVER_FIXTURES {
+        let response = if to_consumer {
+            handle_event(&consumer, unsigned_request(file)).await
+        } else {
+            handle_callback(&callbacks, unsigned_request(file)).await
+        };
+        assert_eq!(response.status(), 401, "{file}");
+    }
+}
+
+/// The EMF lines the consumer and the callback function print (one per request), read from the stdout of this
+/// test binary running [`child_prints_the_receivers_emf_lines`].
+fn receivers_emf_lines() -> Vec<Value> {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "child_prints_the_receivers_emf_lines",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = stdout
+        .lines()
+        // (libtest may print "test child_prints_the_receivers_emf_lines ... " in front of the first line)
+        .filter_map(|l| serde_json::from_str::<Value>(&l[l.find('{')?..]).ok())
+        .filter(|v| v.get("_aws").is_some())
+        .collect();
+    let functions: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l["Function"].as_str())
+        .collect();
+    assert_eq!(
+        functions,
+        ["consumer", "failure-callback", "failure-callback"],
+        "{stdout}"
+    );
+    lines
+}
+
+/// Every metric the three functions print: the relay's line (named as Lambda names it: `AWS_LAMBDA_FUNCTION_NAME`,
+/// which is `!Ref RelayFunction`) and the receivers' lines as their handlers print them.
+fn printed_metrics() -> BTreeSet<MetricId> {
+    let mut lines = vec![relay_emf_line(&ref_placeholder("RelayFunction"))];
+    lines.extend(receivers_emf_lines());
+    let printed: BTreeSet<MetricId> = lines.iter().flat_map(emf_metrics).collect();
+    assert!(printed.len() > 20, "{printed:?}");
+    printed
+}
+
+/// What is wrong with the dashboard of `cfn`, given the metrics the functions print (empty: nothing).
+///
+/// * Every metric a widget draws in the `Outbox` namespace is one the functions print: same namespace, name and
+///   dimension set (names and values); an `AWS/Lambda` metric has the one dimension `FunctionName` = one of the
+///   template's functions. No search expressions (they would match anything); expressions use ids of the widget.
+/// * Every metric the functions print is on some widget.
+/// * Every alarm of the template is on the dashboard (an alarm widget or an alarm annotation), and is drawn on a
+///   widget: its metrics at its statistic and period, with a horizontal line at its threshold (the same
+///   parameter, or the same number).
+/// * Widgets fit the 24-column grid without overlapping; metric widgets show the stack's region.
+fn dashboard_problems(cfn: &Value, printed: &BTreeSet<MetricId>) -> Vec<String> {
+    let body = match dashboard_body(cfn, "Dashboard") {
+        Ok(body) => body,
+        Err(e) => return vec![e],
+    };
+    let widgets = match dashboard_widgets(&body) {
+        Ok(w) => w,
+        Err(e) => return vec![e],
+    };
+    let mut problems = Vec::new();
+    let functions: BTreeSet<&str> = FUNCTIONS.iter().map(|(id, _, _)| *id).collect();
+    let mut shown = BTreeSet::new();
+    let mut cells = BTreeSet::new();
+    for w in &widgets {
+        let n = |k: &str| w.raw[k].as_u64().unwrap_or(u64::MAX / 4);
+        let (x, y, width, height) = (n("x"), n("y"), n("width"), n("height"));
+        if x + width > 24 {
+            problems.push(format!("{:?} is wider than the grid", w.title));
+        }
+        for cell in
+            (x..(x + width).min(24)).flat_map(|c| (y..y + height.min(100)).map(move |r| (c, r)))
+        {
+            if !cells.insert(cell) {
+                problems.push(format!("{:?} overlaps another widget at {cell:?}", w.title));
+                break;
+            }
+        }
+        if w.kind == "metric" && w.raw["properties"]["region"] != "@AWS::Region@" {
+            problems.push(format!("{:?} is not in the stack's region", w.title));
+        }
+        for m in &w.metrics {
+            shown.insert(m.metric.clone());
+            match m.metric.namespace.as_str() {
+                outbox::metrics::NAMESPACE => {
+                    if !printed.contains(&m.metric) {
+                        let same_name: Vec<String> = printed
+                            .iter()
+                            .filter(|p| p.name == m.metric.name)
+                            .map(ToString::to_string)
+                            .collect();
+                        problems.push(format!(
+                            "{:?} draws {}, which no function prints (printed under that name: {same_name:?})",
+                            w.title, m.metric
+                        ));
+                    }
+                }
+                "AWS/Lambda" => {
+                    let ours = m.metric.dimensions.len() == 1
+                        && matches!(
+                            m.metric.dimensions.get("FunctionName"),
+                            Some(FunctionDimension::FunctionRef(id)) if functions.contains(id.as_str())
+                        );
+                    if !ours {
+                        problems.push(format!(
+                            "{:?} draws {}, which is not one of the template's functions",
+                            w.title, m.metric
+                        ));
+                    }
+                }
+                _ => problems.push(format!(
+                    "{:?} draws {}, from a namespace this stack does not write",
+                    w.title, m.metric
+                )),
+            }
+        }
+        let ids: BTreeSet<&str> = w
+            .metrics
+            .iter()
+            .filter_map(|m| m.id.as_deref())
+            .chain(w.expressions.iter().filter_map(|(id, _)| id.as_deref()))
+            .collect();
+        for (_, expression) in &w.expressions {
+            if expression.to_uppercase().contains("SEARCH") {
+                problems.push(format!(
+                    "{:?}: a search expression ({expression}) cannot be checked against the printed metrics",
+                    w.title
+                ));
+            }
+            for token in expression.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if token.starts_with(|c: char| c.is_ascii_lowercase()) && !ids.contains(token) {
+                    problems.push(format!(
+                        "{:?}: {expression} uses {token}, no metric of the widget",
+                        w.title
+                    ));
+                }
+            }
+        }
+    }
+    for p in printed {
+        if !shown.contains(p) {
+            problems.push(format!("{p} is printed but no widget draws it"));
+        }
+    }
+
+    let alarms: BTreeSet<String> = of_type(cfn, "AWS::CloudWatch::Alarm")
+        .into_iter()
+        .map(|(id, _)| id.clone())
+        .collect();
+    let on_dashboard = dashboard_alarms(&widgets);
+    for a in alarms.difference(&on_dashboard) {
+        problems.push(format!("the alarm {a} is not on the dashboard"));
+    }
+    for a in on_dashboard.difference(&alarms) {
+        problems.push(format!(
+            "the dashboard shows {a}, which is no alarm of the template"
+        ));
+    }
+    for alarm in alarm_reads(cfn) {
+        assert!(!alarm.metrics.is_empty(), "{}", alarm.alarm);
+        let at_threshold = |v: &Value| match body.parameter(v) {
+            Some(param) => alarm.threshold == json!({ "Ref": param }),
+            None => alarm.threshold.is_number() && v.as_f64() == alarm.threshold.as_f64(),
+        };
+        let drawn = widgets.iter().any(|w| {
+            alarm.metrics.iter().all(|a| {
+                w.metrics
+                    .iter()
+                    .any(|m| m.metric == a.metric && m.stat == a.stat && m.period == a.period)
+            }) && w.thresholds.iter().any(at_threshold)
+        });
+        if !drawn {
+            let reads: Vec<String> = alarm
+                .metrics
+                .iter()
+                .map(|m| format!("{} ({} / {} s)", m.metric, m.stat, m.period))
+                .collect();
+            problems.push(format!(
+                "the alarm {} is on no widget: none draws {reads:?} with a line at its threshold {}",
+                alarm.alarm, alarm.threshold
+            ));
+        }
+    }
+    problems
+}
+
+#[test]
+fn the_dashboard_shows_every_alarm_and_what_the_functions_print() {
+    let cfn = translated_template();
+    let dashboards = of_type(&cfn, "AWS::CloudWatch::Dashboard");
+    assert_eq!(dashboards.len(), 1);
+    assert_eq!(dashboards[0].0, "Dashboard");
+    // Named after the stack, and the region: dashboards are global to the account.
+    assert_eq!(
+        dashboards[0].1["Properties"]["DashboardName"],
+        json!({"Fn::Sub": "${AWS::StackName}-${AWS::Region}"})
+    );
+
+    let printed = printed_metrics();
+    let problems = dashboard_problems(&cfn, &printed);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    let widgets = dashboard_widgets(&dashboard_body(&cfn, "Dashboard").unwrap()).unwrap();
+    // One alarm widget with every alarm's state, at the top.
+    let status: Vec<_> = widgets.iter().filter(|w| w.kind == "alarm").collect();
+    assert_eq!(status.len(), 1);
+    let all: BTreeSet<String> = of_type(&cfn, "AWS::CloudWatch::Alarm")
+        .into_iter()
+        .map(|(id, _)| id.clone())
+        .collect();
+    assert_eq!(
+        status[0].alarms.iter().cloned().collect::<BTreeSet<_>>(),
+        all
+    );
+    assert!(status[0].raw["y"].as_u64().unwrap() <= 2);
+    // Lambda's own view of each function: errors, throttles, concurrency.
+    let shown: BTreeSet<&MetricId> = widgets
+        .iter()
+        .flat_map(|w| w.metrics.iter().map(|m| &m.metric))
+        .collect();
+    for (id, _, _) in FUNCTIONS {
+        for name in ["Errors", "Throttles", "ConcurrentExecutions"] {
+            let metric = MetricId {
+                namespace: "AWS/Lambda".into(),
+                name: name.into(),
+                dimensions: BTreeMap::from([(
+                    "FunctionName".to_owned(),
+                    FunctionDimension::FunctionRef(id.into()),
+                )]),
+            };
+            assert!(shown.contains(&metric), "no widget draws {metric}");
+        }
+    }
+    // Graph periods are the widgets' own (so a threshold line compares like with like).
+    let body = dashboard_body(&cfn, "Dashboard").unwrap();
+    assert_eq!(body.json["periodOverride"], "inherit");
+
+    // The console link.
+    let url = cfn["Outputs"]["DashboardUrl"]["Value"]["Fn::Sub"]
+        .as_str()
+        .expect("DashboardUrl output");
+    assert_eq!(
+        url,
+        "https://${AWS::Region}.console.aws.amazon.com/cloudwatch/home?region=${AWS::Region}\
+         #dashboards:name=${Dashboard}"
+    );
+}
+
+#[test]
+fn the_dashboard_check_catches_renamed_metrics_wrong_dimensions_and_missing_alarms() {
+    let cfn = translated_template();
+    let printed = printed_metrics();
+    let body = cfn["Resources"]["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let with_body = |text: String| {
+        let mut broken = cfn.clone();
+        broken["Resources"]["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"] = json!(text);
+        broken
+    };
+    let relay =
+        |name: &str| format!("\"Outbox\", \"{name}\", \"Function\", \"${{RelayFunction}}\"");
+    // The Lambda errors widget, from its title to its first metric (its period is the alarms').
+    let start = body.find("Lambda: errors").unwrap();
+    let errors_widget = body[start..start + body[start..].find("\"Errors\"").unwrap()].to_owned();
+    assert!(errors_widget.contains("\"period\": 300"), "{errors_widget}");
+    let cases: Vec<(String, String, Vec<&str>)> = vec![
+        // A metric name the code does not print (and the one it prints is then missing).
+        (
+            relay("PublishLatencyP99"),
+            relay("PublishLatencyP99Ms"),
+            vec![
+                "draws Outbox/PublishLatencyP99Ms {Function=!Ref RelayFunction}, which no function prints",
+                "Outbox/PublishLatencyP99 {Function=!Ref RelayFunction} is printed but no widget draws it",
+            ],
+        ),
+        // The right name without the dimension is another metric.
+        (
+            relay("Pending"),
+            "\"Outbox\", \"Pending\"".into(),
+            vec!["draws Outbox/Pending {}, which no function prints"],
+        ),
+        // The consumer reports a fixed name, not its function's.
+        (
+            "\"Outbox\", \"Applied\", \"Function\", \"consumer\"".into(),
+            "\"Outbox\", \"Applied\", \"Function\", \"${ConsumerFunction}\"".into(),
+            vec!["draws Outbox/Applied {Function=!Ref ConsumerFunction}, which no function prints"],
+        ),
+        // An alarm left off the alarm widget.
+        (
+            "\"${BlockedKeysAlarm.Arn}\",".into(),
+            String::new(),
+            vec!["the alarm BlockedKeysAlarm is not on the dashboard"],
+        ),
+        // A threshold line that is not the alarm's.
+        (
+            "\"value\": ${BlockedKeysThreshold}".into(),
+            "\"value\": 2".into(),
+            vec!["the alarm BlockedKeysAlarm is on no widget"],
+        ),
+        // The alarm's metric drawn at another period than the alarm evaluates.
+        (
+            errors_widget.clone(),
+            errors_widget.replace("\"period\": 300", "\"period\": 60"),
+            vec![
+                "the alarm RelayErrorsAlarm is on no widget",
+                "the alarm ConsumerErrorsAlarm is on no widget",
+            ],
+        ),
+        // A search expression.
+        (
+            "\"expression\": \"FILL(consumer, 0) + FILL(callback, 0)\"".into(),
+            "\"expression\": \"SEARCH('{Outbox,Function} RejectedSignatures', 'Sum', 300)\"".into(),
+            vec!["a search expression"],
+        ),
+    ];
+    for (from, to, expected) in cases {
+        assert_eq!(body.matches(&from).count(), 1, "{from}");
+        let problems = dashboard_problems(&with_body(body.replacen(&from, &to, 1)), &printed);
+        for e in expected {
+            assert!(
+                problems.iter().any(|p| p.contains(e)),
+                "{from} → {to}: no problem says {e:?}; problems:\n{}",
+                problems.join("\n")
+            );
+        }
+    }
+
+    // A metric the code stops printing (renamed in shared/src) fails the same check.
+    let renamed: BTreeSet<MetricId> = printed
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            if m.name == "Dispatched" {
+                m.name = "Published".into();
+            }
+            m
+        })
+        .collect();
+    let problems = dashboard_problems(&cfn, &renamed);
+    assert!(
+        problems.iter().any(|p| p.contains(
+            "draws Outbox/Dispatched {Function=!Ref RelayFunction}, which no function prints"
+        )),
+        "{}",
+        problems.join("\n")
     );
 }

@@ -1,7 +1,9 @@
 //! `template.yaml` as the tests see it: the CloudFormation the SAM transform generates from it (through
-//! `scripts/sam-translate`, offline), the Python tools in `./.venv`, and the alarms that read the functions' EMF
-//! metrics.
+//! `scripts/sam-translate`, offline), the Python tools in `./.venv`, the alarms that read the functions' EMF
+//! metrics, and the dashboard that shows them.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -44,8 +46,8 @@ pub fn translated_template() -> Value {
         .unwrap_or_else(|e| panic!("the SAM transform rejected template.yaml:\n{e}"))
 }
 
-/// Which function an alarm's `Function` dimension names.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Which function an alarm's `Function` dimension names (or, generally, the value of a metric's dimension).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FunctionDimension {
     /// `!Ref <LogicalId>` of a function: its deployed name (what the relay reports, from
     /// `AWS_LAMBDA_FUNCTION_NAME`).
@@ -67,12 +69,7 @@ pub struct OutboxAlarmMetric {
 
 fn dimension(dims: &Value) -> Option<FunctionDimension> {
     let d = dims.as_array()?.iter().find(|d| d["Name"] == "Function")?;
-    match &d["Value"] {
-        Value::String(s) => Some(FunctionDimension::Literal(s.clone())),
-        v => v["Ref"]
-            .as_str()
-            .map(|r| FunctionDimension::FunctionRef(r.to_owned())),
-    }
+    template_dimension_value(&d["Value"])
 }
 
 /// Every `Outbox`-namespace metric read by an alarm of `cfn` (plain alarms and metric-math alarms alike).
@@ -105,4 +102,401 @@ pub fn outbox_alarm_metrics(cfn: &Value) -> Vec<OutboxAlarmMetric> {
         }
     }
     out
+}
+
+/// How `!Ref <logical id>` is written where a test must put it into text: an EMF line's dimension value (the relay
+/// reports `AWS_LAMBDA_FUNCTION_NAME`, which is what `!Ref RelayFunction` returns) or a substituted `Fn::Sub`.
+pub fn ref_placeholder(id: &str) -> String {
+    format!("@ref:{id}@")
+}
+
+/// A dimension value written as text: [`ref_placeholder`] text is the reference, anything else a literal.
+pub fn dimension_value(text: &str) -> FunctionDimension {
+    match text.strip_prefix("@ref:").and_then(|s| s.strip_suffix('@')) {
+        Some(id) => FunctionDimension::FunctionRef(id.to_owned()),
+        None => FunctionDimension::Literal(text.to_owned()),
+    }
+}
+
+/// The value of a dimension in the template: a literal or `!Ref <logical id>`.
+fn template_dimension_value(v: &Value) -> Option<FunctionDimension> {
+    match v {
+        Value::String(s) => Some(FunctionDimension::Literal(s.clone())),
+        v => v["Ref"]
+            .as_str()
+            .map(|r| FunctionDimension::FunctionRef(r.to_owned())),
+    }
+}
+
+/// One CloudWatch metric: namespace, name and its whole dimension set. CloudWatch treats two metrics as the same
+/// only when all three are equal: `Pending` with the dimension `Function` is not `Pending` without it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct MetricId {
+    /// The namespace.
+    pub namespace: String,
+    /// The metric name.
+    pub name: String,
+    /// Every dimension, name → value.
+    pub dimensions: BTreeMap<String, FunctionDimension>,
+}
+
+impl fmt::Display for MetricId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} {{", self.namespace, self.name)?;
+        for (i, (k, v)) in self.dimensions.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            match v {
+                FunctionDimension::FunctionRef(id) => write!(f, "{sep}{k}=!Ref {id}")?,
+                FunctionDimension::Literal(s) => write!(f, "{sep}{k}={s:?}")?,
+            }
+        }
+        write!(f, "}}")
+    }
+}
+
+/// The metrics one EMF line defines, read the way CloudWatch reads it: every directive of
+/// `_aws.CloudWatchMetrics`, every dimension set of a directive, each dimension's value from the line's root.
+/// Empty for a line that is not EMF.
+pub fn emf_metrics(line: &Value) -> Vec<MetricId> {
+    let mut out = Vec::new();
+    for directive in line["_aws"]["CloudWatchMetrics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let namespace = directive["Namespace"].as_str().unwrap_or_default();
+        let sets: Vec<Vec<&str>> = match directive["Dimensions"].as_array() {
+            Some(sets) if !sets.is_empty() => sets
+                .iter()
+                .map(|set| {
+                    set.as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .collect()
+                })
+                .collect(),
+            _ => vec![Vec::new()],
+        };
+        for set in sets {
+            let dimensions: BTreeMap<String, FunctionDimension> = set
+                .iter()
+                .map(|d| {
+                    let value = line[*d].as_str().unwrap_or_default();
+                    ((*d).to_owned(), dimension_value(value))
+                })
+                .collect();
+            for m in directive["Metrics"].as_array().into_iter().flatten() {
+                out.push(MetricId {
+                    namespace: namespace.to_owned(),
+                    name: m["Name"].as_str().unwrap_or_default().to_owned(),
+                    dimensions: dimensions.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// A metric drawn (or read) with a statistic over a period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlottedMetric {
+    /// The metric.
+    pub metric: MetricId,
+    /// `Sum`, `Maximum`, `p99`, ...
+    pub stat: String,
+    /// Seconds.
+    pub period: u64,
+    /// Its id in the widget (metric math refers to it), if any.
+    pub id: Option<String>,
+}
+
+/// The `DashboardBody` of a dashboard, its `Fn::Sub` resolved into parseable JSON: a pseudo parameter
+/// `${AWS::X}` becomes the text `@AWS::X@`, a resource `${Id}` becomes [`ref_placeholder`], an attribute
+/// `${Id.Attr}` becomes `@Id.Attr@`, and a parameter `${Name}` a number of its own (it may stand where JSON
+/// expects a number, such as an annotation's value), which [`DashboardBody::parameter`] maps back.
+#[derive(Debug, Clone)]
+pub struct DashboardBody {
+    /// The parsed body.
+    pub json: Value,
+    parameters: BTreeMap<String, String>,
+}
+
+impl DashboardBody {
+    /// The parameter a substituted value stands for.
+    pub fn parameter(&self, value: &Value) -> Option<&str> {
+        self.parameters.get(&value.to_string()).map(String::as_str)
+    }
+}
+
+/// The body of the dashboard resource `id` of the generated template `cfn`.
+pub fn dashboard_body(cfn: &Value, id: &str) -> Result<DashboardBody, String> {
+    let body = &cfn["Resources"][id]["Properties"]["DashboardBody"];
+    let text = match (&body["Fn::Sub"], body) {
+        (Value::String(s), _) => s.as_str(),
+        (_, Value::String(s)) => s.as_str(),
+        _ => {
+            return Err(format!(
+                "{id}: DashboardBody is neither a string nor !Sub of one: {body}"
+            ));
+        }
+    };
+    let mut parameters = BTreeMap::new();
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..]
+            .find('}')
+            .ok_or_else(|| format!("{id}: unterminated ${{ in the body"))?;
+        let name = &rest[start + 2..start + end];
+        rest = &rest[start + end + 1..];
+        if let Some(literal) = name.strip_prefix('!') {
+            out.push_str(&format!("${{{literal}}}"));
+        } else if name.starts_with("AWS::") {
+            out.push_str(&format!("@{name}@"));
+        } else if let Some((resource, _)) = name.split_once('.') {
+            if cfn["Resources"].get(resource).is_none() {
+                return Err(format!("{id}: ${{{name}}} names no resource"));
+            }
+            out.push_str(&format!("@{name}@"));
+        } else if cfn["Parameters"].get(name).is_some() {
+            let n = parameters.len();
+            let stand_in = (900_000_001 + n).to_string();
+            parameters.insert(stand_in.clone(), name.to_owned());
+            out.push_str(&stand_in);
+        } else if cfn["Resources"].get(name).is_some() {
+            out.push_str(&ref_placeholder(name));
+        } else {
+            return Err(format!(
+                "{id}: ${{{name}}} is no parameter, resource or pseudo parameter"
+            ));
+        }
+    }
+    out.push_str(rest);
+    let json = serde_json::from_str(&out)
+        .map_err(|e| format!("{id}: DashboardBody is not JSON after substitution: {e}\n{out}"))?;
+    Ok(DashboardBody { json, parameters })
+}
+
+/// One widget of a dashboard, as far as the tests look at it.
+#[derive(Debug, Clone)]
+pub struct Widget {
+    /// `metric`, `alarm`, `text`, ...
+    pub kind: String,
+    /// Its title (or its index when it has none).
+    pub title: String,
+    /// The widget as written (after substitution).
+    pub raw: Value,
+    /// A metric widget's metrics (rows with a namespace).
+    pub metrics: Vec<PlottedMetric>,
+    /// A metric widget's math expressions: (id, expression).
+    pub expressions: Vec<(Option<String>, String)>,
+    /// The values of its horizontal annotations.
+    pub thresholds: Vec<Value>,
+    /// The alarms it shows (an alarm widget's list, or a metric widget's alarm annotations): their logical ids,
+    /// or the text as written when it is not `${Id.Arn}`.
+    pub alarms: Vec<String>,
+}
+
+/// The widgets of a dashboard body. A metric row is `[namespace, name, dim, value, ..., {options}]` where `"."`
+/// repeats the previous row's entry at that place; a row of only `{options}` is an expression. The widget's
+/// `stat` and `period` apply unless the row's options override them (CloudWatch's defaults: Average, 300 s).
+pub fn dashboard_widgets(body: &DashboardBody) -> Result<Vec<Widget>, String> {
+    let mut out = Vec::new();
+    let widgets = body.json["widgets"]
+        .as_array()
+        .ok_or("the body has no widgets array")?;
+    for (i, w) in widgets.iter().enumerate() {
+        let p = &w["properties"];
+        let title = p["title"]
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("widget #{i}"));
+        let mut widget = Widget {
+            kind: w["type"].as_str().unwrap_or_default().to_owned(),
+            title: title.clone(),
+            raw: w.clone(),
+            metrics: Vec::new(),
+            expressions: Vec::new(),
+            thresholds: Vec::new(),
+            alarms: Vec::new(),
+        };
+        let stat = p["stat"].as_str().unwrap_or("Average");
+        let period = p["period"].as_u64().unwrap_or(300);
+        let mut previous: Vec<Value> = Vec::new();
+        for row in p["metrics"].as_array().into_iter().flatten() {
+            let row = row
+                .as_array()
+                .ok_or_else(|| format!("{title}: a metrics row is not an array: {row}"))?;
+            let (fields, options) = match row.last() {
+                Some(Value::Object(o)) => (&row[..row.len() - 1], Some(o)),
+                _ => (&row[..], None),
+            };
+            let option = |k: &str| options.and_then(|o| o.get(k));
+            let id = option("id").and_then(Value::as_str).map(str::to_owned);
+            if fields.is_empty() {
+                let expression = option("expression")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        format!("{title}: a row without metric or expression: {row:?}")
+                    })?;
+                widget.expressions.push((id, expression.to_owned()));
+                continue;
+            }
+            let fields: Vec<Value> = fields
+                .iter()
+                .enumerate()
+                .map(|(k, f)| match (f.as_str(), previous.get(k)) {
+                    (Some("."), Some(prev)) => Ok(prev.clone()),
+                    (Some("."), None) => Err(format!("{title}: \".\" with nothing above it")),
+                    _ => Ok(f.clone()),
+                })
+                .collect::<Result<_, _>>()?;
+            previous = fields.clone();
+            let text: Vec<&str> = fields
+                .iter()
+                .map(|f| {
+                    f.as_str()
+                        .ok_or_else(|| format!("{title}: {f} is not a string"))
+                })
+                .collect::<Result<_, _>>()?;
+            if text.len() < 2 || !text.len().is_multiple_of(2) {
+                return Err(format!(
+                    "{title}: a metric row needs namespace, name and dimension pairs: {row:?}"
+                ));
+            }
+            let dimensions = text[2..]
+                .chunks(2)
+                .map(|pair| (pair[0].to_owned(), dimension_value(pair[1])))
+                .collect();
+            widget.metrics.push(PlottedMetric {
+                metric: MetricId {
+                    namespace: text[0].to_owned(),
+                    name: text[1].to_owned(),
+                    dimensions,
+                },
+                stat: option("stat")
+                    .and_then(Value::as_str)
+                    .unwrap_or(stat)
+                    .to_owned(),
+                period: option("period").and_then(Value::as_u64).unwrap_or(period),
+                id,
+            });
+        }
+        widget.thresholds = p["annotations"]["horizontal"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| a["value"].clone())
+            .collect();
+        let alarm_list = if widget.kind == "alarm" {
+            &p["alarms"]
+        } else {
+            &p["annotations"]["alarms"]
+        };
+        widget.alarms = alarm_list
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| {
+                let text = a.as_str().unwrap_or_default();
+                text.strip_prefix('@')
+                    .and_then(|t| t.strip_suffix(".Arn@"))
+                    .unwrap_or(text)
+                    .to_owned()
+            })
+            .collect();
+        out.push(widget);
+    }
+    Ok(out)
+}
+
+/// What an alarm evaluates: its metrics with their statistic and period (several for metric math), its
+/// threshold (a number or `{"Ref": parameter}`).
+#[derive(Debug, Clone)]
+pub struct AlarmReads {
+    /// The alarm's logical id.
+    pub alarm: String,
+    /// The metrics it reads.
+    pub metrics: Vec<PlottedMetric>,
+    /// Its `Threshold`.
+    pub threshold: Value,
+}
+
+fn template_dimensions(dims: &Value) -> BTreeMap<String, FunctionDimension> {
+    dims.as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| {
+            let name = d["Name"].as_str().unwrap_or_default().to_owned();
+            let value = template_dimension_value(&d["Value"])
+                .unwrap_or_else(|| panic!("dimension {name}: unsupported value {}", d["Value"]));
+            (name, value)
+        })
+        .collect()
+}
+
+/// What every alarm of `cfn` reads (plain and metric-math alarms).
+pub fn alarm_reads(cfn: &Value) -> Vec<AlarmReads> {
+    let mut out = Vec::new();
+    for (id, r) in cfn["Resources"].as_object().expect("Resources") {
+        if r["Type"] != "AWS::CloudWatch::Alarm" {
+            continue;
+        }
+        let p = &r["Properties"];
+        let mut metrics = Vec::new();
+        if let Some(name) = p["MetricName"].as_str() {
+            metrics.push(PlottedMetric {
+                metric: MetricId {
+                    namespace: p["Namespace"].as_str().unwrap_or_default().to_owned(),
+                    name: name.to_owned(),
+                    dimensions: template_dimensions(&p["Dimensions"]),
+                },
+                stat: p["Statistic"]
+                    .as_str()
+                    .or(p["ExtendedStatistic"].as_str())
+                    .unwrap_or_default()
+                    .to_owned(),
+                period: p["Period"].as_u64().unwrap_or_default(),
+                id: None,
+            });
+        }
+        for m in p["Metrics"].as_array().into_iter().flatten() {
+            let stat = &m["MetricStat"];
+            if stat.is_null() {
+                continue;
+            }
+            metrics.push(PlottedMetric {
+                metric: MetricId {
+                    namespace: stat["Metric"]["Namespace"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    name: stat["Metric"]["MetricName"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    dimensions: template_dimensions(&stat["Metric"]["Dimensions"]),
+                },
+                stat: stat["Stat"].as_str().unwrap_or_default().to_owned(),
+                period: stat["Period"].as_u64().unwrap_or_default(),
+                id: m["Id"].as_str().map(str::to_owned),
+            });
+        }
+        out.push(AlarmReads {
+            alarm: id.clone(),
+            metrics,
+            threshold: p["Threshold"].clone(),
+        });
+    }
+    out
+}
+
+/// The logical ids of the alarms `widgets` show.
+pub fn dashboard_alarms(widgets: &[Widget]) -> BTreeSet<String> {
+    widgets
+        .iter()
+        .flat_map(|w| w.alarms.iter().cloned())
+        .collect()
 }
