@@ -8,7 +8,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::timers::TimerKind;
-use super::{Core, Effects, Job, MsgState, now_ms};
+use super::{Core, Effects, MsgState, now_ms};
 use crate::config::WaitlistOrder;
 use crate::options::FlowSpec;
 
@@ -189,13 +189,7 @@ impl Core {
                 flow.window_count += 1;
             }
             msg.state = MsgState::Ready;
-            fx.jobs.push(Job {
-                data: msg.data.clone(),
-                retried: msg.retried,
-                planned_delay: msg.planned_delay,
-                duplicate: false,
-                cancel: msg.cancel.clone(),
-            });
+            fx.jobs.push(msg.job());
         }
     }
 }

@@ -59,6 +59,19 @@ pub(crate) struct Msg {
     pub cancel: Arc<AtomicBool>,
 }
 
+impl Msg {
+    /// The delivery of its current attempt.
+    pub fn job(&self) -> Job {
+        Job {
+            data: self.data.clone(),
+            retried: self.retried,
+            planned_delay: self.planned_delay,
+            duplicate: false,
+            cancel: self.cancel.clone(),
+        }
+    }
+}
+
 /// One delivery for the worker pool.
 pub(crate) struct Job {
     pub data: Arc<MsgData>,

@@ -317,13 +317,7 @@ impl Core {
             self.pump_flow(&key, fx);
         } else {
             msg.state = MsgState::Ready;
-            fx.jobs.push(Job {
-                data: msg.data.clone(),
-                retried: msg.retried,
-                planned_delay: msg.planned_delay,
-                duplicate: false,
-                cancel: msg.cancel.clone(),
-            });
+            fx.jobs.push(msg.job());
         }
     }
 
