@@ -36,7 +36,9 @@ mod inspect;
 mod options;
 mod server;
 pub mod sign;
+mod state;
 mod types;
+mod view;
 
 pub use config::{
     Config, DEV_CURRENT_SIGNING_KEY, DEV_NEXT_SIGNING_KEY, DEV_TOKEN, Faults, NbfMode,
@@ -44,5 +46,6 @@ pub use config::{
 };
 pub use duration::{parse_compound, parse_go_duration, parse_retry_after};
 pub use error::ApiError;
-pub use server::{DevServer, Handle, SigningKeys, StartError, WaitIdleTimeout};
+pub use server::{DevServer, Handle, StartError};
+pub use state::{SigningKeys, WaitIdleTimeout};
 pub use types::{AttemptKind, DeliveryAttempt, DlqEntryInfo, Stats};

@@ -5,11 +5,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::messages::{Filters, MessageFilter, body_fields, message_json};
+use super::messages::{Filters, MessageFilter};
 use super::{S, json_response, ok_json, read_body};
 use crate::core::{DlqEntry, parse_dlq_id};
 use crate::error::ApiError;
 use crate::options::{OptionsBuilder, PublishOptions};
+use crate::view::{body_fields, message_json};
 
 fn dlq_json(e: &DlqEntry) -> Value {
     let mut o = message_json(&e.data);

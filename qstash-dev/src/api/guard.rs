@@ -1,14 +1,29 @@
 //! What every request passes first: the `Host`/`Origin` check against DNS rebinding and cross-site pages
 //! (0113), the token check, and the answers for unknown paths and methods.
 
+use std::sync::Arc;
+
+use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
-use axum::middleware::Next;
+use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 
 use super::{S, query_pairs};
 use crate::error::ApiError;
-use crate::server::ConnCtx;
+use crate::state::{ConnCtx, Shared};
+
+/// Puts `routes` behind the gate: the token check on every route, JSON answers for unknown paths and methods,
+/// and the Host/Origin check outermost.
+pub(crate) fn guarded(routes: Router<Arc<Shared>>, shared: Arc<Shared>) -> Router {
+    routes
+        .route_layer(from_fn_with_state(shared.clone(), auth))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        // Outermost, so it also covers unknown paths and runs before the token check.
+        .layer(from_fn_with_state(shared.clone(), check_host))
+        .with_state(shared)
+}
 
 pub(super) async fn not_found() -> ApiError {
     ApiError::not_found("not found")

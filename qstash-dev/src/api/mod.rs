@@ -14,21 +14,21 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
-use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use bytes::Bytes;
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::server::Shared;
+use crate::state::Shared;
 
-pub(crate) use self::messages::message_json;
+pub(crate) use self::guard::guarded;
 
 type S = State<Arc<Shared>>;
 
-pub(crate) fn router(shared: Arc<Shared>) -> Router {
-    let v2 = Router::new()
+/// The QStash API's routes, to be put behind the gate ([`guarded`]).
+pub(crate) fn router() -> Router<Arc<Shared>> {
+    Router::new()
         .route("/v2/publish/{*destination}", post(publish::publish))
         .route("/v2/enqueue/{queue}/{*destination}", post(publish::enqueue))
         .route("/v2/batch", post(publish::batch))
@@ -59,15 +59,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v2/flowControl/{key}/{action}", post(flow::flow_action))
         .route("/v2/globalParallelism", get(flow::global_parallelism))
         .route("/v2/keys", get(keys::get_keys))
-        .route("/v2/keys/rotate", post(keys::rotate_keys));
-    // The inspection API needs the same token: it can reset the server, inject faults and read the token.
-    v2.merge(crate::inspect::router())
-        .route_layer(from_fn_with_state(shared.clone(), guard::auth))
-        .fallback(guard::not_found)
-        .method_not_allowed_fallback(guard::method_not_allowed)
-        // Outermost, so it also covers unknown paths and runs before the token check.
-        .layer(from_fn_with_state(shared.clone(), guard::check_host))
-        .with_state(shared)
+        .route("/v2/keys/rotate", post(keys::rotate_keys))
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response {

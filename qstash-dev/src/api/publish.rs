@@ -15,7 +15,7 @@ use super::{S, json_response, read_body};
 use crate::core::{Accepted, Counters, Effects, NewMessage};
 use crate::error::ApiError;
 use crate::options::{OptionsBuilder, PublishOptions, check_url, split_query};
-use crate::server::{ConnCtx, Shared};
+use crate::state::{ConnCtx, Shared};
 
 fn caller_ip(ctx: Option<&ConnCtx>) -> Arc<str> {
     Arc::from(ctx.map(|c| c.peer.ip().to_string()).unwrap_or_default())

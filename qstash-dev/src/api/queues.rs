@@ -10,7 +10,7 @@ use super::publish::valid_queue_name;
 use super::{S, empty_ok, ok_json};
 use crate::core::now_ms;
 use crate::error::ApiError;
-use crate::server::Shared;
+use crate::state::Shared;
 
 fn queue_json(q: &crate::core::Queue) -> Value {
     json!({
