@@ -25,15 +25,15 @@ pub(crate) fn guarded(routes: Router<Arc<Shared>>, shared: Arc<Shared>) -> Route
         .with_state(shared)
 }
 
-pub(super) async fn not_found() -> ApiError {
+async fn not_found() -> ApiError {
     ApiError::not_found("not found")
 }
 
-pub(super) async fn method_not_allowed() -> ApiError {
+async fn method_not_allowed() -> ApiError {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
 }
 
-pub(super) async fn auth(State(s): S, req: Request, next: Next) -> Response {
+async fn auth(State(s): S, req: Request, next: Next) -> Response {
     let token = &s.cfg.token;
     let bearer_ok = req
         .headers()
@@ -57,7 +57,7 @@ pub(super) async fn auth(State(s): S, req: Request, next: Next) -> Response {
 
 /// Refuses requests whose `Host` (or absolute request target) does not name this server: a DNS-rebinding page
 /// (0113). No `Host` at all (HTTP/1.0) passes.
-pub(super) async fn check_host(State(s): S, req: Request, next: Next) -> Response {
+async fn check_host(State(s): S, req: Request, next: Next) -> Response {
     let local = req
         .extensions()
         .get::<ConnCtx>()

@@ -1,4 +1,9 @@
 //! The QStash HTTP API (`/v2/...`).
+//!
+//! [`router`] lists the routes; their handlers live in one file per section (`publish`, `messages`, `dlq`,
+//! `queues`, `flow`, `keys`). [`guarded`] puts routes behind the gate of `guard.rs` (Host/Origin check, token).
+//! The server merges the inspection routes in before guarding them; this module uses neither the server nor
+//! `inspect`.
 
 mod dlq;
 mod flow;
