@@ -1,8 +1,8 @@
-//! The worker pool that makes delivery requests, and the job queue feeding it.
+//! The delivery engine: the timer task that makes waiting messages due, and the worker pool that makes delivery
+//! requests (with its HTTP client), fed by the job queue in `state`.
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
@@ -11,17 +11,16 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tokio::sync::Semaphore;
 
 use crate::config::NonRetryableMode;
-use crate::core::{Job, Outcome, RETRY_AFTER_MAX, now_ms};
+use crate::core::{Effects, Job, Outcome, RETRY_AFTER_MAX, now_ms};
 use crate::duration::parse_retry_after;
-use crate::server::Shared;
 use crate::sign;
-use crate::types::DeliveryAttempt;
+use crate::state::{AttemptRec, Shared};
 
 pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+/// The HTTP client the workers share (clones share its connection pool).
 pub(crate) fn new_client(cfg: &crate::Config) -> HttpClient {
     let mut conn = HttpConnector::new();
     conn.set_nodelay(true);
@@ -31,115 +30,32 @@ pub(crate) fn new_client(cfg: &crate::Config) -> HttpClient {
         .build(conn)
 }
 
-/// One logged attempt, kept cheap: the message data is shared, strings are made only when read.
-pub(crate) struct AttemptRec {
-    pub seq: u64,
-    pub data: std::sync::Arc<crate::core::MsgData>,
-    pub at_unix_ms: u64,
-    pub offset: Duration,
-    pub retried: u32,
-    pub status: Option<u16>,
-    pub error: Option<String>,
-    pub headers: HeaderMap,
-    pub duration: Duration,
-    pub planned_delay: Duration,
-    pub duplicate: bool,
-}
-
-impl AttemptRec {
-    pub fn view(&self) -> DeliveryAttempt {
-        let d = &self.data;
-        DeliveryAttempt {
-            seq: self.seq,
-            at_unix_ms: self.at_unix_ms,
-            offset: self.offset,
-            message_id: d.id.to_string(),
-            kind: d.kind,
-            url: d.url.clone(),
-            method: d.method.to_string(),
-            retried: self.retried,
-            status: self.status,
-            error: self.error.clone(),
-            request_headers: header_pairs(&self.headers),
-            duration: self.duration,
-            planned_delay: self.planned_delay,
-            duplicate: self.duplicate,
-            flow_control_key: d.flow.as_ref().map(|f| f.key.clone()),
-            queue_name: d.queue.clone(),
-            body_len: d.body.len(),
-        }
-    }
-}
-
-/// Multi-producer, multi-consumer queue of ready deliveries.
-pub(crate) struct JobQueue {
-    q: Mutex<VecDeque<Job>>,
-    ready: Semaphore,
-    in_flight: AtomicUsize,
-}
-
-impl JobQueue {
-    pub fn new() -> JobQueue {
-        JobQueue {
-            q: Mutex::new(VecDeque::new()),
-            ready: Semaphore::new(0),
-            in_flight: AtomicUsize::new(0),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Job>> {
-        self.q.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn push_all(&self, jobs: Vec<Job>) {
-        if jobs.is_empty() {
-            return;
-        }
-        let n = jobs.len();
-        self.lock().extend(jobs);
-        self.ready.add_permits(n);
-    }
-
-    /// Waits for a job; the job counts as in flight until [`JobQueue::finish`].
-    pub async fn pop(&self) -> Option<Job> {
-        let permit = self.ready.acquire().await.ok()?;
-        permit.forget();
-        let mut q = self.lock();
-        let job = q.pop_front();
-        if job.is_some() {
-            self.in_flight.fetch_add(1, Ordering::SeqCst);
-        }
-        job
-    }
-
-    pub fn finish(&self) {
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// (queued, in flight).
-    pub fn load(&self) -> (usize, usize) {
-        let q = self.lock();
-        (q.len(), self.in_flight.load(Ordering::SeqCst))
-    }
-
-    pub fn clear(&self) {
-        let mut q = self.lock();
-        let n = q.len();
-        q.clear();
-        // Take back the permits of the dropped jobs (never blocks: they exist).
-        if let Ok(p) = self
-            .ready
-            .try_acquire_many(u32::try_from(n).unwrap_or(u32::MAX))
-        {
-            p.forget();
+/// The timer task: fires due timers, then sleeps until the next deadline or until an earlier one is added.
+pub(crate) async fn timer_loop(shared: Arc<Shared>) {
+    loop {
+        let mut fx = Effects::default();
+        let next = {
+            let mut core = shared.core();
+            core.fire_timers(tokio::time::Instant::now(), &mut fx)
+        };
+        fx.wake_timer = false;
+        shared.apply(fx);
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at) => {}
+                    _ = shared.timer_wake.notified() => {}
+                }
+            }
+            None => shared.timer_wake.notified().await,
         }
     }
 }
 
 /// One worker: takes jobs forever.
-pub(crate) async fn worker(shared: std::sync::Arc<Shared>) {
+pub(crate) async fn worker(shared: Arc<Shared>, client: HttpClient) {
     while let Some(job) = shared.jobs.pop().await {
-        let (outcome, attempt) = attempt(&shared, &job).await;
+        let (outcome, attempt) = attempt(&shared, &client, &job).await;
         if let Some(a) = attempt {
             shared.record_attempt(a);
         }
@@ -154,17 +70,6 @@ pub(crate) async fn worker(shared: std::sync::Arc<Shared>) {
     }
 }
 
-pub(crate) fn header_pairs(h: &HeaderMap) -> Vec<(String, String)> {
-    h.iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_string(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
-        .collect()
-}
-
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -177,7 +82,7 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Makes one attempt. Returns the outcome and the attempt record (none when skipped).
-async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<AttemptRec>) {
+async fn attempt(shared: &Shared, client: &HttpClient, job: &Job) -> (Outcome, Option<AttemptRec>) {
     if job.cancel.load(Ordering::Relaxed) {
         return (
             Outcome {
@@ -246,7 +151,7 @@ async fn attempt(shared: &Shared, job: &Job) -> (Outcome, Option<AttemptRec>) {
     if net_fault {
         outcome.error = Some("injected fault: network error (request not sent)".into());
     } else {
-        match send(shared, job, headers).await {
+        match send(shared, client, job, headers).await {
             Ok((status, resp_headers, body)) => {
                 outcome.status = Some(status);
                 outcome.retry_after = retry_after(&resp_headers);
@@ -300,6 +205,7 @@ fn retry_after(h: &HeaderMap) -> Option<Duration> {
 
 async fn send(
     shared: &Shared,
+    client: &HttpClient,
     job: &Job,
     headers: HeaderMap,
 ) -> Result<(u16, HeaderMap, Bytes), String> {
@@ -329,11 +235,7 @@ async fn send(
         .unwrap_or(shared.cfg.max_timeout);
     let cap = shared.cfg.max_response_body_bytes;
     let fut = async {
-        let resp = shared
-            .client
-            .request(req)
-            .await
-            .map_err(|e| error_chain(&e))?;
+        let resp = client.request(req).await.map_err(|e| error_chain(&e))?;
         let (parts, mut body) = resp.into_parts();
         let mut buf = BytesMut::new();
         while let Some(frame) = body.frame().await {

@@ -1,4 +1,4 @@
-//! The inspection / control API under `/__dev/`, behind the same bearer token as the QStash API (`api::router`).
+//! The inspection / control API under `/__dev/`, behind the same bearer token as the QStash API (`api::guarded`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,8 +14,9 @@ use serde_json::{Value, json};
 
 use crate::config::Faults;
 use crate::error::ApiError;
-use crate::server::Shared;
+use crate::state::Shared;
 use crate::types::AttemptKind;
+use crate::view::message_json;
 
 type S = State<Arc<Shared>>;
 
@@ -103,7 +104,7 @@ async fn messages(State(s): S) -> Response {
         .msgs
         .values()
         .map(|m| {
-            let mut o = crate::api::message_json(&m.data);
+            let mut o = message_json(&m.data);
             o.insert("retried".into(), json!(m.retried));
             o.insert("state".into(), json!(format!("{:?}", m.state)));
             Value::Object(o)

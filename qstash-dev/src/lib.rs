@@ -23,6 +23,32 @@
 //! server.shutdown().await;
 //! # Ok(()) }
 //! ```
+//!
+//! # Layout
+//!
+//! The modules from the top down; each may use only the modules its entry names, so `server` wires modules that
+//! do not know each other. The unit test in `layering.rs` reads this list and checks every `crate::` path under
+//! `src/` against it, and that neither the list nor the code has a cycle.
+//!
+//! - `server`: [`DevServer`] and [`Handle`]: binds the listener, runs the accept loop, spawns the timer task and
+//!   the workers, and serves both routers behind the gate. Uses `api`, `inspect`, `deliver`, `state`, `config`,
+//!   `types`.
+//! - `api`: the QStash API (`/v2/...`, a file per section: publish, messages, DLQ, queues, flow control, keys)
+//!   and the gate every route sits behind (Host/Origin check, token). Uses `state`, `view`, `core`, `options`,
+//!   `host`, `duration`, `error`.
+//! - `inspect`: the `/__dev/` inspection and control API. Uses `state`, `view`, `config`, `types`, `error`.
+//! - `deliver`: the delivery engine: the timer task, the worker pool with its HTTP client, one signed attempt.
+//!   Uses `state`, `core`, `config`, `duration`, `sign`.
+//! - `state`: `Shared`, what the tasks and handlers share (the core behind its mutex, the job queue, the attempt
+//!   log, faults, signing keys), and the per-connection `ConnCtx`. Uses `core`, `config`, `sign`, `types`.
+//! - `view`: QStash's JSON view of a message. Uses `core`.
+//! - `core`: the message state machine (publish, dedup and ids, timers, queues, flow control, outcomes and
+//!   retries, callbacks, DLQ, headers); no I/O, never awaits. Uses `options`, `expr`, `config`, `types`.
+//! - `options`: publish options from `Upstash-*` headers and query parameters. Uses `duration`, `expr`, `error`.
+//! - `types`: the public views ([`Stats`], [`DeliveryAttempt`], [`DlqEntryInfo`]). Uses `config`.
+//! - `config`: [`Config`] and [`Faults`]. Uses `sign`.
+//! - `sign`, `expr`, `duration`, `host`, `error`: signing, Retry-Delay expressions, durations, the Host check
+//!   (0113) and [`ApiError`]. They use no other module.
 
 mod api;
 mod config;
@@ -33,10 +59,14 @@ mod error;
 pub mod expr;
 mod host;
 mod inspect;
+#[cfg(test)]
+mod layering;
 mod options;
 mod server;
 pub mod sign;
+mod state;
 mod types;
+mod view;
 
 pub use config::{
     Config, DEV_CURRENT_SIGNING_KEY, DEV_NEXT_SIGNING_KEY, DEV_TOKEN, Faults, NbfMode,
@@ -44,5 +74,6 @@ pub use config::{
 };
 pub use duration::{parse_compound, parse_go_duration, parse_retry_after};
 pub use error::ApiError;
-pub use server::{DevServer, Handle, SigningKeys, StartError, WaitIdleTimeout};
+pub use server::{DevServer, Handle, StartError};
+pub use state::{SigningKeys, WaitIdleTimeout};
 pub use types::{AttemptKind, DeliveryAttempt, DlqEntryInfo, Stats};

@@ -1,0 +1,83 @@
+//! Deduplication: explicit `Upstash-Deduplication-Id`s and content-based ids, remembered for the window.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+
+use super::Core;
+use crate::options::PublishOptions;
+
+/// Remembers deduplication ids for the window, as 128-bit hashes.
+pub(super) struct Dedup {
+    map: HashMap<u128, (Arc<str>, Instant)>,
+    order: VecDeque<(Instant, u128)>,
+    hashers: (RandomState, RandomState),
+}
+
+impl Dedup {
+    pub(super) fn new() -> Dedup {
+        Dedup {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            hashers: (RandomState::new(), RandomState::new()),
+        }
+    }
+
+    pub(super) fn key(&self, prefix: &[u8], bytes: &[u8]) -> u128 {
+        let mut a = self.hashers.0.build_hasher();
+        a.write(prefix);
+        a.write(bytes);
+        let mut b = self.hashers.1.build_hasher();
+        b.write(prefix);
+        b.write(bytes);
+        (u128::from(a.finish()) << 64) | u128::from(b.finish())
+    }
+
+    pub(super) fn purge(&mut self, now: Instant) {
+        while let Some(&(exp, k)) = self.order.front() {
+            if exp > now {
+                break;
+            }
+            self.order.pop_front();
+            if matches!(self.map.get(&k), Some((_, e)) if *e <= now) {
+                self.map.remove(&k);
+            }
+        }
+    }
+
+    pub(super) fn lookup(&self, k: u128, now: Instant) -> Option<Arc<str>> {
+        match self.map.get(&k) {
+            Some((id, exp)) if *exp > now => Some(id.clone()),
+            _ => None,
+        }
+    }
+
+    pub(super) fn insert(&mut self, k: u128, id: Arc<str>, exp: Instant) {
+        self.map.insert(k, (id, exp));
+        self.order.push_back((exp, k));
+    }
+}
+
+impl Core {
+    /// Content-based deduplication id: SHA-256 over destination, body, Content-Type and forwarded headers.
+    pub(super) fn content_dedup_key(url: &str, body: &[u8], opts: &PublishOptions) -> Vec<u8> {
+        let mut h = Sha256::new();
+        h.update(url.as_bytes());
+        h.update([0]);
+        h.update(body);
+        h.update([0]);
+        if let Some(ct) = &opts.content_type {
+            h.update(ct.as_bytes());
+        }
+        for (k, v) in &opts.forward {
+            h.update([0]);
+            h.update(k.as_str().as_bytes());
+            h.update([b':']);
+            h.update(v.as_bytes());
+        }
+        h.finalize().to_vec()
+    }
+}
