@@ -3,7 +3,7 @@
 //! the dead letters, and the shutdown must drain cleanly.
 
 use outbox_cli::dev::{DevArgs, run};
-use outbox_system::db::url_of;
+use outbox_testkit::db::url_of;
 use sqlx::PgPool;
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]

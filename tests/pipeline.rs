@@ -9,7 +9,7 @@ use std::time::Duration;
 use outbox::config::EvidenceMode;
 use outbox_cli::demo::place_order;
 use outbox_cli::stack::{LocalStack, StackOptions};
-use outbox_system::db::url_of;
+use outbox_testkit::db::url_of;
 use qstash_dev::{AttemptKind, Faults, WaitlistOrder};
 use sqlx::PgPool;
 

@@ -19,8 +19,8 @@ use outbox::example::{
 };
 use outbox::producer::enqueue_batch;
 use outbox_cli::stack::{LocalStack, Receiver, RecordedRequest, StackOptions};
-use outbox_system::db::url_of;
-use outbox_system::previous_relay::{OldEvent, mark_dispatched};
+use outbox_testkit::db::url_of;
+use outbox_testkit::previous_relay::{OldEvent, mark_dispatched};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 

@@ -11,15 +11,13 @@
 //!   publish latency; the consumer's carry Applied, Duplicates, RejectedSignatures, PermanentFailures and
 //!   TransientFailures, with values that match what happened.
 
-mod common;
-
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use common::url_with_password;
 use outbox::example::{LineItem, OrderEvent, OrderPlaced, order_event};
 use outbox::producer::enqueue_batch;
 use outbox_cli::stack::{LocalStack, StackOptions};
+use outbox_testkit::db::url_with_password;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

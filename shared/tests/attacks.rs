@@ -12,16 +12,14 @@
 //! `x-outbox-id` has the delivery's topic and payload (`LEGACY_DELIVERIES=verify`), or refused
 //! (`LEGACY_DELIVERIES=refuse`).
 
-mod support;
-
 use lambda_http::Request;
 use outbox::config::{ConsumerConfig, LegacyDeliveries};
 use outbox::consumer::{ConsumerState, handle_event};
 use outbox::example::{self, LineItem, OrderCancelled, OrderEvent, OrderPlaced};
 use outbox::producer::{NewEvent, Topic};
+use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::*;
 
 fn placed(order_id: &str, amount_cents: i64) -> OrderEvent {
     OrderEvent::OrderPlaced(OrderPlaced {

@@ -4,8 +4,6 @@
 //! is about comes from its signed body only (the envelope in `sourceBody` of a current message, `sourceHeader`
 //! of one published by an older relay), never from a header of the callback request.
 
-mod support;
-
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use outbox::callbacks::{handle_callback, parse_callback};
@@ -13,9 +11,9 @@ use outbox::config::ConsumerConfig;
 use outbox::consumer::ReceiverState;
 use outbox::example::{self, LineItem, OrderEvent, OrderPlaced};
 use outbox::producer::{NewEvent, Topic, enqueue};
+use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
 use sqlx::{PgPool, Row};
-use support::*;
 
 fn state(pool: &PgPool) -> ReceiverState {
     receiver(pool, ConsumerConfig::defaults())

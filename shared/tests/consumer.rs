@@ -1,9 +1,7 @@
 //! Guarantee 2 (no side effect applied twice) and the outcome → HTTP mapping, through the real consumer handler
 //! (`outbox::consumer::handle_event`) on real Postgres. Deliveries are in the signed wire contract (an envelope
-//! body POSTed to `/events/{topic}?contract=2`, written by the independent builder in `support`); the attacks on
-//! it and the deliveries of the previous format are in `attacks.rs`.
-
-mod support;
+//! body POSTed to `/events/{topic}?contract=2`, written by the independent builder in
+//! `outbox_testkit::receiving`); the attacks on it and the deliveries of the previous format are in `attacks.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,10 +12,10 @@ use outbox::consumer::{
 };
 use outbox::example::{self, LineItem, OrderCancelled, OrderEvent, OrderPlaced};
 use outbox::once::{Once, OnceError, handle_once};
+use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
-use support::*;
 
 fn placed(order_id: &str, amount_cents: i64) -> Vec<u8> {
     serde_json::to_vec(&OrderEvent::OrderPlaced(OrderPlaced {

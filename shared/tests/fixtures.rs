@@ -5,8 +5,6 @@
 //! callbacks name their event in the signed body (`url` with the contract version, `sourceBody` the envelope)
 //! and carry no `x-outbox-id` request header.
 
-mod support;
-
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
@@ -19,12 +17,12 @@ use outbox::receiver::{
     Clock, DEV_SIGNING_KEYS, KeyRing, SigningKeys, VerifyOptions, decode_unverified,
     resign_function_url_event,
 };
+use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::*;
 
 fn fixture(name: &str) -> String {
-    std::fs::read_to_string(repo_root().join("events").join(name))
+    std::fs::read_to_string(outbox_testkit::repo_root().join("events").join(name))
         .unwrap_or_else(|e| panic!("events/{name}: {e}"))
 }
 

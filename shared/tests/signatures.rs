@@ -1,10 +1,8 @@
 //! The `Upstash-Signature` corpus, driven through the real consumer handler on real Postgres: each case is a
 //! function-URL request; accepted ones must be applied (200 "processed"), refused ones must answer 401 naming
-//! the failed check and leave the database untouched. Tokens come from the independent signer in `support`.
+//! the failed check and leave the database untouched. Tokens come from the independent signer in `outbox_testkit::receiving`.
 //! Plus the real QStash tokens (known-answer vectors) and key rotation. Deliveries are in the signed wire
 //! contract: an envelope body POSTed to `/events/audit?contract=2`, so `sub` carries the query.
-
-mod support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,9 +18,9 @@ use outbox::receiver::{
     verify,
 };
 use outbox::secrets::SecretSource;
+use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::*;
 
 const TOPIC: &str = "audit";
 const PATH: &str = "/events/audit";
