@@ -6,7 +6,7 @@ use outbox_cli::dev::{DevArgs, run};
 use outbox_testkit::db::url_of;
 use sqlx::PgPool;
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn the_local_pipeline_runs_end_to_end(pool: PgPool) {
     let summary = run(DevArgs {
         database_url: url_of(&pool),

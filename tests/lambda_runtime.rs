@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use outbox::example::{AuditEntry, LineItem, OrderEvent, OrderPlaced, audit_event, order_event};
+use orders_example::{AuditEntry, LineItem, OrderEvent, OrderPlaced, audit_event, order_event};
 use outbox::receiver::{DEV_SIGNING_KEYS, resign_function_url_event};
 use outbox_testkit::db::url_of;
 use outbox_testkit::sam::{
@@ -221,7 +221,7 @@ fn placed(order: &str, amount_cents: i64) -> OrderEvent {
     })
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
     let started = Instant::now();
     let root = repo_root();

@@ -933,7 +933,7 @@ async fn child_prints_the_receivers_emf_lines() {
             KeyRing::fixed(keys),
         )
     };
-    let consumer = ConsumerState::new(receiver(), outbox::example::registry());
+    let consumer = ConsumerState::new(receiver(), orders_example::registry());
     let callbacks = receiver();
     for (file, to_consumer) in RECEIVER_FIXTURES {
         let response = if to_consumer {

@@ -12,8 +12,8 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 
 use crate::bench::support::with_database;
-use crate::demo::{self, DemoCounts, DemoOptions};
 use crate::stack::{LocalStack, StackOptions};
+use orders_example::demo::{self, DemoCounts, DemoOptions};
 
 /// Arguments of `outbox dev`.
 #[derive(Args, Debug, Clone)]

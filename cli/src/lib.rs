@@ -4,7 +4,6 @@
 
 pub mod bench;
 pub mod dead_letters;
-pub mod demo;
 pub mod dev;
 pub mod prune;
 pub mod relay_cmd;

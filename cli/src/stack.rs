@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 
 /// How to build the stack.
 pub struct StackOptions {
-    /// The database (must exist; migrations are applied).
+    /// The database (must exist; the library's and the example application's migrations are applied).
     pub database_url: String,
     /// Dev server settings (port 0 = any free port).
     pub dev: qstash_dev::Config,
@@ -74,7 +74,7 @@ impl StackOptions {
             qstash_batch_size: 100,
             invocation: Duration::from_secs(30),
             consumer_name: "consumer".into(),
-            registry: outbox::example::registry(),
+            registry: orders_example::registry(),
             consumer_metrics: false,
             record_requests: false,
         })
@@ -202,10 +202,12 @@ impl LocalStack {
     pub async fn start(opts: StackOptions) -> anyhow::Result<LocalStack> {
         outbox::install_crypto_provider();
         let pool = pool_for(&opts.database_url, "outbox-local", 8, false)?;
-        outbox::MIGRATOR
-            .run(&pool)
-            .await
-            .context("applying migrations (is Postgres reachable and DATABASE_URL right?)")?;
+        for migrator in [&outbox::MIGRATOR, &orders_example::MIGRATOR] {
+            migrator
+                .run(&pool)
+                .await
+                .context("applying migrations (is Postgres reachable and DATABASE_URL right?)")?;
+        }
         let dev = DevServer::start(opts.dev.clone())
             .await
             .map_err(|e| anyhow::anyhow!("starting the QStash dev server: {e}"))?;

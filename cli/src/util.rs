@@ -31,13 +31,30 @@ pub async fn connect(url: &str) -> anyhow::Result<PgPool> {
         })
 }
 
-/// `outbox migrate`.
-pub async fn migrate(args: &DbArgs) -> anyhow::Result<()> {
-    let pool = connect(&args.database_url).await?;
+/// Arguments of `outbox migrate`.
+#[derive(Args, Debug, Clone)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Also apply the example application's migrations (its orders, charges, shipments and audit tables): what
+    /// the consumer function as shipped writes to. Not needed once the consumer runs your own handlers.
+    #[arg(long)]
+    pub with_example: bool,
+}
+
+/// `outbox migrate`: the library's migrations, then (`--with-example`) the example application's.
+pub async fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
+    let pool = connect(&args.db.database_url).await?;
     outbox::MIGRATOR
         .run(&pool)
         .await
         .context("applying migrations")?;
+    if args.with_example {
+        orders_example::MIGRATOR
+            .run(&pool)
+            .await
+            .context("applying the example application's migrations")?;
+    }
     let rows: Vec<(i64, String)> = sqlx::query_as(
         "SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version",
     )

@@ -954,7 +954,7 @@ fn corpus() -> Vec<Case> {
     cases
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn signature_corpus_through_the_consumer(pool: PgPool) {
     let cases = corpus();
     assert!(cases.len() >= 30, "corpus has {} cases", cases.len());
@@ -962,7 +962,7 @@ async fn signature_corpus_through_the_consumer(pool: PgPool) {
     let mut failures = Vec::new();
     for case in cases {
         let config = case.config.clone().unwrap_or_else(ConsumerConfig::defaults);
-        let state = ConsumerState::new(receiver(&pool, config), outbox::example::registry());
+        let state = ConsumerState::new(receiver(&pool, config), orders_example::registry());
         let before = count(&pool, "SELECT count(*) FROM processed_messages").await;
         let resp = handle_event(&state, case.req).await;
         let (status, body) = parts(&resp);
@@ -996,7 +996,7 @@ async fn signature_corpus_through_the_consumer(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn token_for_another_host_replayed_with_forwarded_host_is_refused_unless_trusted(
     pool: PgPool,
 ) {
@@ -1020,7 +1020,7 @@ async fn token_for_another_host_replayed_with_forwarded_host_is_refused_unless_t
     };
     let state = ConsumerState::new(
         receiver(&pool, ConsumerConfig::defaults()),
-        outbox::example::registry(),
+        orders_example::registry(),
     );
     let (status, json) = parts(&handle_event(&state, replay()).await);
     assert_eq!((status, &json["check"]), (401, &json!("subject")), "{json}");
@@ -1038,7 +1038,7 @@ async fn token_for_another_host_replayed_with_forwarded_host_is_refused_unless_t
                 ..ConsumerConfig::defaults()
             },
         ),
-        outbox::example::registry(),
+        orders_example::registry(),
     );
     let (status, json) = parts(&handle_event(&trusting, replay()).await);
     assert_eq!(

@@ -8,6 +8,7 @@
 //! * [`moto`]: a local AWS Secrets Manager;
 //! * [`sam`]: `template.yaml` as CloudFormation, its alarms and dashboard; [`previous_relay`]: what the relay of
 //!   the previous wire format left behind;
+//! * [`MIGRATOR`]: the library's and the example application's migrations, for tests that need both;
 //! * small helpers: [`repo_root`], [`free_port`], [`percentile`], [`median`], [`text`].
 //!
 //! A dev-dependency only of the production crates (`outbox`, the functions, `outbox-cli`, `qstash-dev`): it is
@@ -15,6 +16,9 @@
 
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::sync::LazyLock;
+
+use sqlx::migrate::Migrator;
 
 pub mod db;
 pub mod moto;
@@ -22,6 +26,21 @@ pub mod previous_relay;
 pub mod receiving;
 pub mod sam;
 pub mod sink;
+
+/// Both migration sets, `outbox::MIGRATOR` and `orders_example::MIGRATOR`, as one migrator: for tests whose
+/// database needs the example application's tables too (`#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]`).
+/// What a database migrated by the two in turn ends up with.
+pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
+    let mut m = Migrator::with_migrations(
+        outbox::MIGRATOR
+            .iter()
+            .chain(orders_example::MIGRATOR.iter())
+            .cloned()
+            .collect(),
+    );
+    m.set_ignore_missing(true);
+    m
+});
 
 /// The repository root (the workspace directory).
 pub fn repo_root() -> PathBuf {
