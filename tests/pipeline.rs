@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use orders_example::demo::place_order;
 use outbox::config::EvidenceMode;
-use outbox_cli::stack::{LocalStack, StackOptions};
 use outbox_testkit::db::url_of;
+use outbox_testkit::stack::{LocalStack, StackOptions};
 use qstash_dev::{AttemptKind, Faults, WaitlistOrder};
 use sqlx::PgPool;
 

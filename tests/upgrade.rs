@@ -18,9 +18,9 @@ use orders_example::{
 use outbox::config::EvidenceMode;
 use outbox::dead_letters::RedriveOptions;
 use outbox::producer::enqueue_batch;
-use outbox_cli::stack::{LocalStack, Receiver, RecordedRequest, StackOptions};
 use outbox_testkit::db::url_of;
 use outbox_testkit::previous_relay::{OldEvent, mark_dispatched};
+use outbox_testkit::stack::{LocalStack, Receiver, RecordedRequest, StackOptions};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 

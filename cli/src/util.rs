@@ -78,22 +78,6 @@ pub fn peak_rss_kib() -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// Median of a slice (sorted copy).
-pub fn median(v: &[f64]) -> f64 {
-    percentile(v, 0.5)
-}
-
-/// Percentile by nearest rank on a sorted copy.
-pub fn percentile(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let i = ((s.len() - 1) as f64 * p).round() as usize;
-    s[i]
-}
-
 /// CPU seconds (user + system) a process has used so far, from `/proc/<pid>/stat`.
 pub fn cpu_secs(pid: u32) -> Option<f64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use orders_example::{LineItem, OrderEvent, OrderPlaced, order_event};
 use outbox::producer::enqueue_batch;
-use outbox_cli::stack::{LocalStack, StackOptions};
 use outbox_testkit::db::url_with_password;
+use outbox_testkit::stack::{LocalStack, StackOptions};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

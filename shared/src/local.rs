@@ -2,7 +2,7 @@
 //! each HTTP request is turned into the function-URL event JSON (API Gateway v2 payload: `rawPath`,
 //! `rawQueryString`, lower-case `headers`, `requestContext`, `body` as text or base64) and parsed by
 //! `lambda_http`'s own deserializer — the same code path as in Lambda — before the handler runs. Used by the local
-//! pipeline (`outbox dev`) and the whole-system tests.
+//! pipeline (`outbox-dev dev`) and the whole-system tests.
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -128,3 +128,14 @@ pub async fn key_state(
         .unwrap();
     }
 }
+
+/// `base_url` with its database name replaced (a scratch or local database on the same server).
+pub fn with_database(base_url: &str, name: &str) -> String {
+    match url::Url::parse(base_url) {
+        Ok(mut u) => {
+            u.set_path(&format!("/{name}"));
+            u.to_string()
+        }
+        Err(_) => format!("{base_url}/{name}"),
+    }
+}

@@ -1,6 +1,9 @@
 //! The workspace's one test kit: everything the tests of the library, the CLI, the dev server and the whole
 //! system share, defined once.
 //!
+//! * [`stack`]: the local pipeline — the dev server in process, the relay through its Lambda handler, the
+//!   consumer and callback handlers served through `outbox::local` — that `outbox-dev dev` and the whole-system
+//!   tests run;
 //! * [`receiving`]: QStash-like tokens signed independently of `outbox::receiver`, function-URL requests,
 //!   the envelope [`receiving::Delivery`] builder, receiver and consumer states on a fixed clock;
 //! * [`sink`]: a stand-in consumer and callback endpoint that records what the dev server delivers;
@@ -26,6 +29,7 @@ pub mod previous_relay;
 pub mod receiving;
 pub mod sam;
 pub mod sink;
+pub mod stack;
 
 /// Both migration sets, `outbox::MIGRATOR` and `orders_example::MIGRATOR`, as one migrator: for tests whose
 /// database needs the example application's tables too (`#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]`).
