@@ -1,6 +1,6 @@
-//! `outbox-dev dev`: the whole pipeline on one machine, with live progress. Ctrl-C stops the demo producer, lets the
-//! relay and the dev server finish what is in flight (bounded by `--drain-secs`), then stops every component after
-//! its current step: nothing that was committed is lost (a second Ctrl-C skips the wait).
+//! `outbox-dev dev`: the whole pipeline on one machine, with live progress. Ctrl-C stops the demo producer, lets
+//! the relay and the dev server finish what is in flight (bounded by `--drain-secs`), then stops every component
+//! after its current step: nothing that was committed is lost (a second Ctrl-C skips the wait).
 
 use std::time::{Duration, Instant};
 

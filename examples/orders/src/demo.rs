@@ -1,7 +1,7 @@
-//! The demo producer of `outbox-dev dev` (and of the whole-system tests): an order service writing sample orders in business transactions — the
-//! order row and its `orders` event commit together — plus cancellations of earlier orders (same key: they must
-//! be applied after their placement), `audit` events, and now and then a poison order (negative amount) that the
-//! consumer rejects as permanent, so it visibly ends in the dead letters.
+//! The demo producer of `outbox-dev dev` (and of the whole-system tests): an order service writing sample orders
+//! in business transactions — the order row and its `orders` event commit together — plus cancellations of
+//! earlier orders (same key: they must be applied after their placement), `audit` events, and now and then a
+//! poison order (negative amount) that the consumer rejects as permanent, so it visibly ends in the dead letters.
 
 use std::time::Duration;
 

@@ -5,10 +5,10 @@ use lambda_http::{Error, Request, run, service_fn};
 use outbox::consumer::{ConsumerState, Registry, handle_event};
 
 // -------------------------------------------------------------------------------------------------------------
-// YOUR HANDLERS GO HERE. This is the one place where the deployed consumer learns its topics: replace the example
-// application's registry with yours (a `Registry` routing each topic to a `Handler`; see `orders_example`), and
-// `orders-example` with your crate in this package's Cargo.toml. Your tables are your own migrations, run on the
-// same database next to `outbox::MIGRATOR` (decision record 0010).
+// YOUR HANDLERS GO HERE. This is the one place where the deployed consumer learns its topics: replace the
+// example application's registry with yours (a `Registry` routing each topic to a `Handler`: examples/minimal
+// shows one), and `orders-example` with your crate in this package's Cargo.toml. Your tables are your own
+// migrations, run on the same database next to `outbox::MIGRATOR` (decision record 0010).
 // -------------------------------------------------------------------------------------------------------------
 fn registry() -> Registry {
     orders_example::registry()
