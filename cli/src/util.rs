@@ -121,7 +121,7 @@ fn push_printable(out: &mut String, c: char, multi_line: bool) {
 }
 
 /// Stored text (topics, keys, errors, bodies, headers) safe to print on one line: every control character,
-/// bidi control and line separator escaped (see [`push_printable`]). Backslashes are not doubled, so a stored
+/// bidi control and line separator escaped (see `push_printable`). Backslashes are not doubled, so a stored
 /// `\u{1b}` and an escaped ESC look alike; nothing raw gets through either way.
 pub fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
