@@ -1,12 +1,12 @@
-//! The README's first command, `outbox dev`, started from the test suite for a few seconds against a fresh
+//! The README's first command, `outbox-dev dev`, started from the test suite for a few seconds against a fresh
 //! database: events must flow end to end (produced, dispatched, applied), the demo's poison orders must end in
 //! the dead letters, and the shutdown must drain cleanly.
 
-use outbox_cli::dev::{DevArgs, run};
-use outbox_system::db::url_of;
+use outbox_devtools::dev::{DevArgs, run};
+use outbox_testkit::db::url_of;
 use sqlx::PgPool;
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn the_local_pipeline_runs_end_to_end(pool: PgPool) {
     let summary = run(DevArgs {
         database_url: url_of(&pool),
@@ -21,7 +21,7 @@ async fn the_local_pipeline_runs_end_to_end(pool: PgPool) {
         json: true,
     })
     .await
-    .expect("outbox dev runs");
+    .expect("outbox-dev dev runs");
     let p = summary.progress;
     assert!(summary.drained, "shutdown did not drain: {summary:?}");
     assert!(

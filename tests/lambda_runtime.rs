@@ -19,17 +19,17 @@
 //! `aarch64-unknown-linux-gnu` Rust target.
 
 use std::collections::BTreeSet;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use outbox::example::{AuditEntry, LineItem, OrderEvent, OrderPlaced, audit_event, order_event};
+use orders_example::{AuditEntry, LineItem, OrderEvent, OrderPlaced, audit_event, order_event};
 use outbox::receiver::{DEV_SIGNING_KEYS, resign_function_url_event};
-use outbox_system::db::url_of;
-use outbox_system::sam::{
-    FunctionDimension, outbox_alarm_metrics, repo_root, translated_template, venv_tool,
+use outbox_testkit::db::url_of;
+use outbox_testkit::sam::{
+    FunctionDimension, outbox_alarm_metrics, translated_template, venv_tool,
 };
+use outbox_testkit::{free_port, repo_root};
 use qstash_dev::{Config as DevConfig, DevServer};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -186,13 +186,6 @@ impl Watch {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port")
-}
-
 /// Status, lower-cased headers and JSON body of a function-URL response payload.
 fn http_response(payload: &Value) -> (u16, Value, Value) {
     let status = payload["statusCode"]
@@ -228,7 +221,7 @@ fn placed(order: &str, amount_cents: i64) -> OrderEvent {
     })
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
     let started = Instant::now();
     let root = repo_root();

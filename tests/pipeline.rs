@@ -6,21 +6,21 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use orders_example::demo::place_order;
 use outbox::config::EvidenceMode;
-use outbox_cli::demo::place_order;
-use outbox_cli::stack::{LocalStack, StackOptions};
-use outbox_system::db::url_of;
+use outbox_testkit::db::url_of;
+use outbox_testkit::stack::{LocalStack, StackOptions};
 use qstash_dev::{AttemptKind, Faults, WaitlistOrder};
 use sqlx::PgPool;
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn every_guarantee_holds_end_to_end_under_faults(pool: PgPool) {
     run_scenario(pool, EvidenceMode::Callback).await;
 }
 
 /// The same with ordered delivery evidence recorded by the consumer in its own transaction
 /// (`RELAY_ORDERED_EVIDENCE=consumer`): no delivery callbacks at all, same guarantees.
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn every_guarantee_holds_with_evidence_recorded_by_the_consumer(pool: PgPool) {
     run_scenario(pool, EvidenceMode::Consumer).await;
 }

@@ -21,10 +21,10 @@ use outbox::db::DbConfig;
 use outbox::receiver::{DEV_SIGNING_KEYS, KeyRing, RECEIVER_SECRETS, SigningKeys};
 use outbox::relay::handler::{InvocationSummary, emf};
 use outbox::secrets::{SECRET_ID_VAR, SecretField};
-use outbox_system::sam::{
+use outbox_testkit::repo_root;
+use outbox_testkit::sam::{
     FunctionDimension, MetricId, alarm_reads, dashboard_alarms, dashboard_body, dashboard_widgets,
-    emf_metrics, outbox_alarm_metrics, ref_placeholder, repo_root, translate, translated_template,
-    venv_tool,
+    emf_metrics, outbox_alarm_metrics, ref_placeholder, translate, translated_template, venv_tool,
 };
 use serde_json::{Value, json};
 
@@ -933,7 +933,7 @@ async fn child_prints_the_receivers_emf_lines() {
             KeyRing::fixed(keys),
         )
     };
-    let consumer = ConsumerState::new(receiver(), outbox::example::registry());
+    let consumer = ConsumerState::new(receiver(), orders_example::registry());
     let callbacks = receiver();
     for (file, to_consumer) in RECEIVER_FIXTURES {
         let response = if to_consumer {

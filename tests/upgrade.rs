@@ -12,15 +12,15 @@
 
 use std::time::Duration;
 
-use outbox::config::EvidenceMode;
-use outbox::dead_letters::RedriveOptions;
-use outbox::example::{
+use orders_example::{
     AuditEntry, LineItem, OrderCancelled, OrderEvent, OrderPlaced, audit_event, order_event,
 };
+use outbox::config::EvidenceMode;
+use outbox::dead_letters::RedriveOptions;
 use outbox::producer::enqueue_batch;
-use outbox_cli::stack::{LocalStack, Receiver, RecordedRequest, StackOptions};
-use outbox_system::db::url_of;
-use outbox_system::previous_relay::{OldEvent, mark_dispatched};
+use outbox_testkit::db::url_of;
+use outbox_testkit::previous_relay::{OldEvent, mark_dispatched};
+use outbox_testkit::stack::{LocalStack, Receiver, RecordedRequest, StackOptions};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -182,7 +182,7 @@ async fn replay_with_outbox_id(
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn old_format_messages_inside_qstash_at_upgrade_are_applied_once_and_their_key_moves_on(
     pool: PgPool,
 ) {
@@ -314,7 +314,7 @@ async fn old_format_messages_inside_qstash_at_upgrade_are_applied_once_and_their
     stack.stop().await;
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn an_old_format_message_whose_event_was_pruned_is_dead_lettered_with_the_reason(
     pool: PgPool,
 ) {
@@ -432,7 +432,7 @@ async fn an_old_format_message_whose_event_was_pruned_is_dead_lettered_with_the_
     stack.stop().await;
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn a_replayed_delivery_naming_another_pending_event_is_refused_and_that_event_is_applied_later(
     pool: PgPool,
 ) {
@@ -517,7 +517,7 @@ async fn a_replayed_delivery_naming_another_pending_event_is_refused_and_that_ev
     stack.stop().await;
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn a_replayed_delivery_callback_naming_another_pending_event_is_refused_and_that_event_is_delivered(
     pool: PgPool,
 ) {

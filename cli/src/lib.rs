@@ -1,13 +1,9 @@
-//! The operator CLI's library: the local pipeline (a [`stack::LocalStack`] of the dev server, the consumer and
-//! callback handlers on local listeners, and the relay), the commands, and the benchmarks. The binary `outbox`
-//! only parses arguments; the whole-system tests use this library directly.
+//! The operator CLI's library: the commands operators run against a real database (migrate, status, dead
+//! letters, prune, relay). The binary `outbox` only parses arguments; the tests call this library directly.
+//! The local pipeline and the benchmarks are developer commands: `outbox-dev` (package `outbox-devtools`).
 
-pub mod bench;
 pub mod dead_letters;
-pub mod demo;
-pub mod dev;
 pub mod prune;
 pub mod relay_cmd;
-pub mod stack;
 pub mod status;
 pub mod util;

@@ -1,14 +1,15 @@
-//! `outbox`: the operator CLI. Local pipeline (`dev`), relay runs, status, dead letters, prune, migrate and
-//! benchmarks. Every command calls the same library code the Lambdas run.
+//! `outbox`: the operator CLI. Migrate, status, dead letters, prune and relay runs, against a real database.
+//! Every command calls the same library code the Lambdas run. (The local pipeline and the benchmarks are
+//! `outbox-dev`'s.)
 
 use clap::{Parser, Subcommand};
-use outbox_cli::{bench, dead_letters, dev, prune, relay_cmd, status, util};
+use outbox_cli::{dead_letters, prune, relay_cmd, status, util};
 
 #[derive(Parser)]
 #[command(
     name = "outbox",
     version,
-    about = "Transactional outbox → QStash: operate, inspect and benchmark"
+    about = "Transactional outbox → QStash: operate and inspect"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -17,9 +18,6 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the whole pipeline locally: migrations, the QStash-compatible dev server, the consumer and
-    /// failure-callback handlers on local ports, the relay, and a demo producer, with live progress.
-    Dev(dev::DevArgs),
     /// Backlog depth, oldest pending age and flapping events; dispatched per minute over the last hour; stuck
     /// leases; blocked ordered keys; dead letters by topic and source. A table, or --json.
     Status(status::StatusArgs),
@@ -29,14 +27,12 @@ enum Command {
     /// Retention: dispatched outbox rows, consumer dedupe rows, handled dead letters and unreferenced dead rows,
     /// in bounded batches with progress.
     Prune(prune::PruneArgs),
-    /// Apply the embedded migrations (what the Lambdas expect) and show the schema version.
-    Migrate(util::DbArgs),
+    /// Apply the embedded migrations (the outbox tables the Lambdas expect; --with-example: the example
+    /// application's tables too) and show the schema version.
+    Migrate(util::MigrateArgs),
     /// Run the relay locally with the Lambda's configuration variables (QSTASH_URL, QSTASH_TOKEN, CONSUMER_URL,
     /// CALLBACK_URL, DATABASE_URL, RELAY_*): one simulated invocation after another.
     Relay(relay_cmd::RelayArgs),
-    /// Benchmarks (figures and one JSON line; never assertions).
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
 }
 
 #[tokio::main]
@@ -44,7 +40,6 @@ async fn main() {
     outbox::install_crypto_provider();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Dev(args) => dev::run(args).await.map(|_| ()),
         Command::Status(args) => status::run(args, &mut std::io::stdout()).await,
         Command::DeadLetters(cmd) => {
             dead_letters::run(cmd, &mut std::io::stdout(), dead_letters::Confirm::detect()).await
@@ -52,7 +47,6 @@ async fn main() {
         Command::Prune(args) => prune::run(args, &mut std::io::stdout()).await.map(|_| ()),
         Command::Migrate(args) => util::migrate(&args).await,
         Command::Relay(args) => relay_cmd::run(args).await,
-        Command::Bench(cmd) => bench::run(cmd).await,
     };
     if let Err(e) = result {
         // Errors can quote stored data (a topic, a database message): escaped like every other line.

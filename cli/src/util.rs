@@ -31,13 +31,30 @@ pub async fn connect(url: &str) -> anyhow::Result<PgPool> {
         })
 }
 
-/// `outbox migrate`.
-pub async fn migrate(args: &DbArgs) -> anyhow::Result<()> {
-    let pool = connect(&args.database_url).await?;
+/// Arguments of `outbox migrate`.
+#[derive(Args, Debug, Clone)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Also apply the example application's migrations (its orders, charges, shipments and audit tables): what
+    /// the consumer function as shipped writes to. Not needed once the consumer runs your own handlers.
+    #[arg(long)]
+    pub with_example: bool,
+}
+
+/// `outbox migrate`: the library's migrations, then (`--with-example`) the example application's.
+pub async fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
+    let pool = connect(&args.db.database_url).await?;
     outbox::MIGRATOR
         .run(&pool)
         .await
         .context("applying migrations")?;
+    if args.with_example {
+        orders_example::MIGRATOR
+            .run(&pool)
+            .await
+            .context("applying the example application's migrations")?;
+    }
     let rows: Vec<(i64, String)> = sqlx::query_as(
         "SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version",
     )
@@ -59,22 +76,6 @@ pub fn peak_rss_kib() -> Option<u64> {
         .find(|l| l.starts_with("VmHWM:"))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
-}
-
-/// Median of a slice (sorted copy).
-pub fn median(v: &[f64]) -> f64 {
-    percentile(v, 0.5)
-}
-
-/// Percentile by nearest rank on a sorted copy.
-pub fn percentile(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let i = ((s.len() - 1) as f64 * p).round() as usize;
-    s[i]
 }
 
 /// CPU seconds (user + system) a process has used so far, from `/proc/<pid>/stat`.
@@ -120,7 +121,7 @@ fn push_printable(out: &mut String, c: char, multi_line: bool) {
 }
 
 /// Stored text (topics, keys, errors, bodies, headers) safe to print on one line: every control character,
-/// bidi control and line separator escaped (see [`push_printable`]). Backslashes are not doubled, so a stored
+/// bidi control and line separator escaped (see `push_printable`). Backslashes are not doubled, so a stored
 /// `\u{1b}` and an escaped ESC look alike; nothing raw gets through either way.
 pub fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len());

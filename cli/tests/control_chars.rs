@@ -2,14 +2,13 @@
 //! headers, payloads and callbacks holding ANSI escapes, `\r`, C1 controls and bidi overrides are printed
 //! escaped by `status`, `dead-letters list`, `show` and `redrive`.
 
-mod common;
-
-use common::{dead_letter, event, key_state, text, url_of};
 use outbox_cli::dead_letters::{
     Confirm, DeadLettersCommand, FilterArgs, ListArgs, RedriveArgs, ShowArgs, run,
 };
 use outbox_cli::status::{self, StatusArgs};
 use outbox_cli::util::DbArgs;
+use outbox_testkit::db::{dead_letter, event, key_state, url_of};
+use outbox_testkit::text;
 use sqlx::PgPool;
 
 /// Red colour, carriage return, right-to-left override, and U+009B (the one-character C1 form of ESC `[`).

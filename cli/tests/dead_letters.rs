@@ -3,12 +3,9 @@
 //! their id, refusals change nothing — and the CLI: bulk redrive moves exactly the filtered set, bulk operations
 //! need a filter and a confirmation, paging, purge, show.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{dead_letter, event, key_state, text, url_of};
 use outbox::config::{QstashConfig, RelayConfig, Vars};
 use outbox::dead_letters::{
     self, Filter, ListQuery, RedriveError, RedriveOptions, RedriveOrder, Source,
@@ -19,6 +16,8 @@ use outbox_cli::dead_letters::{
     Confirm, DeadLettersCommand, FilterArgs, ListArgs, PurgeArgs, RedriveArgs, ShowArgs, run,
 };
 use outbox_cli::util::DbArgs;
+use outbox_testkit::db::{dead_letter, event, key_state, url_of};
+use outbox_testkit::text;
 use secrecy::SecretString;
 use serde_json::json;
 use sqlx::PgPool;

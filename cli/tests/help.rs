@@ -1,5 +1,5 @@
 //! The CLI's help never shows a secret from the environment (clap prints `[env: NAME=value]` unless told not to),
-//! and documents what a redrive of a middle event does.
+//! lists operator commands only, and documents what a redrive of a middle event does.
 
 use std::process::Command;
 
@@ -9,7 +9,6 @@ fn help_hides_the_database_url_from_the_environment() {
     let bin = env!("CARGO_BIN_EXE_outbox");
     for args in [
         &["--help"][..],
-        &["dev", "--help"],
         &["migrate", "--help"],
         &["status", "--help"],
         &["prune", "--help"],
@@ -31,6 +30,15 @@ fn help_hides_the_database_url_from_the_environment() {
         assert!(
             !text.contains(secret),
             "{args:?} shows the password:\n{text}"
+        );
+    }
+    // Operator commands only: the local pipeline and the benchmarks are `outbox-dev`'s.
+    let o = Command::new(bin).arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    for developer in ["dev", "bench"] {
+        assert!(
+            !text.contains(&format!("\n  {developer} ")),
+            "{developer} is a developer command (outbox-dev):\n{text}"
         );
     }
     let o = Command::new(bin)

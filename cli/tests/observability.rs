@@ -11,15 +11,13 @@
 //!   publish latency; the consumer's carry Applied, Duplicates, RejectedSignatures, PermanentFailures and
 //!   TransientFailures, with values that match what happened.
 
-mod common;
-
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use common::url_with_password;
-use outbox::example::{LineItem, OrderEvent, OrderPlaced, order_event};
+use orders_example::{LineItem, OrderEvent, OrderPlaced, order_event};
 use outbox::producer::enqueue_batch;
-use outbox_cli::stack::{LocalStack, StackOptions};
+use outbox_testkit::db::url_with_password;
+use outbox_testkit::stack::{LocalStack, StackOptions};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -106,9 +104,9 @@ async fn child_runs_the_stack() {
             .begin()
             .await
             .unwrap();
-        let ev = outbox::example::audit_event(
+        let ev = orders_example::audit_event(
             "actor-9",
-            &outbox::example::AuditEntry {
+            &orders_example::AuditEntry {
                 actor: "actor-9".into(),
                 action: "x".into(),
                 details: json!({}),
@@ -178,7 +176,7 @@ fn sum(lines: &[&Value], metric: &str) -> f64 {
     lines.iter().filter_map(|l| l[metric].as_f64()).sum()
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn logs_and_metrics_of_the_whole_stack(pool: PgPool) {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([

@@ -3,11 +3,10 @@
 //! nothing refers to and that block no key, idle keys — in bounded batches with a progress line per batch, and
 //! nothing else: pending rows, young rows, unhandled dead letters and the dead rows they need stay.
 
-mod common;
-
-use common::{dead_letter, event, key_state, text, url_of};
 use outbox_cli::prune::{PruneArgs, PruneReport, run};
 use outbox_cli::util::DbArgs;
+use outbox_testkit::db::{dead_letter, event, key_state, url_of};
+use outbox_testkit::text;
 use sqlx::PgPool;
 
 async fn ids(pool: &PgPool, sql: &'static str) -> Vec<i64> {

@@ -4,18 +4,17 @@
 //! order, each applied once. On a skip-policy topic the dead head is a middle event: refused without
 //! `--out-of-order`, then applied after the later events of its key (unordered, not refused as late).
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{text, url_of};
 use outbox::consumer::{Event, Handler, HandlerError, Registry, TopicRoute};
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
 use outbox_cli::dead_letters::{Confirm, DeadLettersCommand, FilterArgs, RedriveArgs, run};
-use outbox_cli::stack::{LocalStack, StackOptions};
 use outbox_cli::util::DbArgs;
+use outbox_testkit::db::url_of;
+use outbox_testkit::stack::{LocalStack, StackOptions};
+use outbox_testkit::text;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 

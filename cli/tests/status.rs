@@ -1,12 +1,11 @@
 //! `outbox status` against a hand-built state: every figure (the seed article's three queries, blocked keys,
 //! evidence, dead letters by topic and source) must match what was built, in the library, the JSON and the table.
 
-mod common;
-
-use common::{dead_letter, event, key_state, text, url_of};
 use outbox::ops::{DeadLetterCounts, status};
 use outbox_cli::status::{StatusArgs, run};
 use outbox_cli::util::DbArgs;
+use outbox_testkit::db::{dead_letter, event, key_state, url_of};
+use outbox_testkit::text;
 use sqlx::PgPool;
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]

@@ -19,6 +19,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use outbox_testkit::{median, percentile};
 use qstash_dev::{Config, DevServer};
 
 /// CPU seconds (user + system) used by this process so far, from /proc (Linux); 0 elsewhere.
@@ -199,19 +200,6 @@ async fn run_once(deliver: bool, secs: u64, clients: usize, batch: usize) -> Run
     }
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    percentile(&v, 0.5)
-}
-
 #[tokio::main]
 async fn main() {
     let secs = env_num("BENCH_SECS", 5);
@@ -234,7 +222,7 @@ async fn main() {
                 r + 1,
                 res.accepted_per_s,
                 res.accepted_per_cpu_s,
-                percentile(&sorted(&res.latencies_ms), 0.5),
+                percentile(&res.latencies_ms, 0.5),
                 if deliver {
                     format!(
                         ", delivered {:.0}/s overall, {:.0} per CPU-second while draining (drain took {})",
@@ -254,15 +242,14 @@ async fn main() {
             delivered_cpu.push(res.delivered_per_cpu_s);
             lat.extend(res.latencies_ms);
         }
-        let lat = sorted(&lat);
         let (p50, p99) = (percentile(&lat, 0.5), percentile(&lat, 0.99));
-        let med = median(rates.clone());
+        let med = median(&rates);
         println!(
             "{mode}: median {med:.0} accepted messages/s ({:.0} per CPU-second, load average {:.1}); batch latency p50 {p50:.1} ms, p99 {p99:.1} ms{}",
-            median(per_cpu.clone()),
+            median(&per_cpu),
             load_avg(),
             if deliver {
-                format!("; median delivered {:.0}/s", median(delivered.clone()))
+                format!("; median delivered {:.0}/s", median(&delivered))
             } else {
                 String::new()
             }
@@ -274,10 +261,10 @@ async fn main() {
                 "mode": mode,
                 "accepted_per_s_median": med.round(),
                 "accepted_per_s_runs": rates.iter().map(|r| r.round()).collect::<Vec<_>>(),
-                "accepted_per_cpu_s_median": median(per_cpu.clone()).round(),
+                "accepted_per_cpu_s_median": median(&per_cpu).round(),
                 "load_avg_1m": load_avg(),
-                "delivered_per_s_median": if deliver { Some(median(delivered).round()) } else { None },
-                "delivered_per_cpu_s_median": if deliver { Some(median(delivered_cpu).round()) } else { None },
+                "delivered_per_s_median": if deliver { Some(median(&delivered).round()) } else { None },
+                "delivered_per_cpu_s_median": if deliver { Some(median(&delivered_cpu).round()) } else { None },
                 "batch_latency_p50_ms": (p50 * 10.0).round() / 10.0,
                 "batch_latency_p99_ms": (p99 * 10.0).round() / 10.0,
                 "clients": clients,
@@ -294,10 +281,4 @@ fn load_avg() -> f64 {
         .ok()
         .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
         .unwrap_or(0.0)
-}
-
-fn sorted(v: &[f64]) -> Vec<f64> {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    s
 }

@@ -3,18 +3,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use outbox_testkit::repo_root;
 use qstash_dev::DevServer;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("crate lives in the repo")
-        .to_path_buf()
-}
 
 async fn run(server: &DevServer, program: &Path, script: &str, dir: &Path) {
     let keys = server.signing_keys();

@@ -15,9 +15,9 @@
 //! The body is a JSON **envelope** ([`Envelope`]):
 //!
 //! ```json
-//! {"contract":2,"topic":"orders","evidence":"consumer","events":[
+//! {"contract":2,"topic":"invoices","evidence":"consumer","events":[
 //!   {"id":42,"key":"customer-7","seq":3,"created_at":"2026-11-30T12:00:00.000000Z","schema_version":2,
-//!    "headers":{"traceparent":"00-…-01","x-correlation-id":"req-9"},"payload":{"order_id":"o-1"}}]}
+//!    "headers":{"traceparent":"00-…-01","x-correlation-id":"req-9"},"payload":{"invoice_id":"i-1"}}]}
 //! ```
 //!
 //! `evidence`, `seq`, `schema_version` and `headers` are omitted when they do not apply. `events` holds one event
@@ -384,8 +384,8 @@ mod tests {
         assert!(contract_of_query(Some("contract=")).is_err());
         assert!(contract_of_query(Some("contract=2&contract=2")).is_err());
         assert_eq!(
-            destination("https://c.example/", "orders"),
-            "https://c.example/events/orders?contract=2"
+            destination("https://c.example/", "invoices"),
+            "https://c.example/events/invoices?contract=2"
         );
     }
 
@@ -397,7 +397,7 @@ mod tests {
         let odd_key = "k \"quoted\" \\ \u{1b}[31m ü \u{202e} \n";
         let headers = [(TRACEPARENT, "00-x"), (CORRELATION_ID, "c\"1")];
         let body = write_envelope(
-            "orders",
+            "invoices",
             Some(Evidence::Consumer),
             &[WireEvent {
                 id: 42,
@@ -410,7 +410,7 @@ mod tests {
             }],
         );
         let env = parse_envelope(body.as_bytes()).unwrap();
-        assert_eq!(env.topic, "orders");
+        assert_eq!(env.topic, "invoices");
         assert_eq!(env.evidence, Some(Evidence::Consumer));
         let e = &env.events[0];
         assert_eq!((e.id, e.key.as_str(), e.seq), (42, odd_key, Some(3)));
@@ -423,7 +423,7 @@ mod tests {
         assert_eq!(e.payload.get(), r#"{"a": [1, 2, {"b": "ü\n"}]}"#);
 
         let bare = write_envelope(
-            "audit",
+            "notifications",
             None,
             &[WireEvent {
                 id: 1,

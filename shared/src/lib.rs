@@ -11,8 +11,9 @@
 //! | **Nothing fails silently** (one queryable dead-letter table) | [`dead_letters`] |
 //!
 //! The receiving side: [`receiver`] (the `Upstash-Signature` check), [`consumer`] (typed handlers per topic and
-//! the consumer function's HTTP handler), [`callbacks`] (QStash failure and delivery callbacks), [`example`] (the
-//! orders → charges, shipments domain).
+//! the consumer function's HTTP handler), [`callbacks`] (QStash failure and delivery callbacks). An application
+//! brings its own topics, handlers and tables: see the repository's `examples/` (the consumer Lambda ships with
+//! one of them).
 //!
 //! Operating it: [`ops`] (the figures behind `outbox status`) and the operator half of [`dead_letters`] (list,
 //! show, redrive, purge).
@@ -25,7 +26,6 @@ pub mod consumer;
 pub mod contract;
 pub mod db;
 pub mod dead_letters;
-pub mod example;
 #[cfg(feature = "local")]
 pub mod local;
 pub mod metrics;
@@ -44,8 +44,16 @@ pub use producer::{
     enqueue_batch,
 };
 
-/// The embedded schema migrations (what the Lambdas expect). Run by the CLI (`outbox migrate`) and the tests.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+/// The embedded schema migrations of the outbox's own tables (what the relay and the receivers expect). Run by
+/// the CLI (`outbox migrate`) and the tests.
+///
+/// An application keeps its own tables in its own migrator on the same database (and so the same
+/// `_sqlx_migrations` table): `ignore_missing` is set so that versions applied by the application's migrator
+/// are not an error here, and the application's migrator needs it too (decision record 0010).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("../migrations")
+};
 
 /// Installs rustls' ring provider as the process default (idempotent). reqwest is built without a provider
 /// so that one TLS stack (ring) serves sqlx, reqwest and the AWS SDK.

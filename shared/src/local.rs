@@ -2,7 +2,7 @@
 //! each HTTP request is turned into the function-URL event JSON (API Gateway v2 payload: `rawPath`,
 //! `rawQueryString`, lower-case `headers`, `requestContext`, `body` as text or base64) and parsed by
 //! `lambda_http`'s own deserializer — the same code path as in Lambda — before the handler runs. Used by the local
-//! pipeline (`outbox dev`) and the whole-system tests.
+//! pipeline (`outbox-dev dev`) and the whole-system tests.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -179,12 +179,12 @@ mod tests {
         headers.insert("host", "127.0.0.1:9000".parse().unwrap());
         headers.insert("content-type", "application/json".parse().unwrap());
         headers.insert("Upstash-Signature", "tok".parse().unwrap());
-        let uri: Uri = "/events/orders?x=1&y=a%20b".parse().unwrap();
+        let uri: Uri = "/events/invoices?x=1&y=a%20b".parse().unwrap();
         let body = br#"{"a": 1}"#;
         let ev = function_url_event(&Method::POST, &uri, &headers, body, "127.0.0.1");
         let req = lambda_http::request::from_str(&ev.to_string()).unwrap();
         assert_eq!(req.body().as_ref(), body);
-        assert_eq!(req.raw_http_path(), "/events/orders");
+        assert_eq!(req.raw_http_path(), "/events/invoices");
         assert_eq!(req.uri().query(), Some("x=1&y=a%20b"));
         assert_eq!(req.headers().get("upstash-signature").unwrap(), "tok");
         assert_eq!(req.uri().host(), Some("127.0.0.1"));

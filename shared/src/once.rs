@@ -54,7 +54,7 @@ pub const DEDUPE_SQL: &str =
 /// use outbox::once::{handle_once, Once};
 /// let amount = 42_i64;
 /// let outcome = handle_once(&pool, "billing", "1234", true, async |conn: &mut sqlx::PgConnection| {
-///     sqlx::query("INSERT INTO charges (order_id, amount_cents) VALUES ('o-1', $1)")
+///     sqlx::query("INSERT INTO payments (invoice_id, amount_cents) VALUES ('i-1', $1)")
 ///         .bind(amount)
 ///         .execute(&mut *conn)
 ///         .await?;

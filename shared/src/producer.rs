@@ -6,11 +6,11 @@
 //! ```no_run
 //! # async fn f(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! use outbox::producer::{enqueue, NewEvent, Topic};
-//! const ORDERS: Topic = Topic::ordered("orders");
+//! const INVOICES: Topic = Topic::ordered("invoices");
 //! let mut tx = pool.begin().await?;
-//! sqlx::query("INSERT INTO orders (id) VALUES (42)").execute(&mut *tx).await?;
-//! enqueue(&mut tx, NewEvent::new(&ORDERS, "customer-7", &serde_json::json!({"order_id": 42}))?).await?;
-//! tx.commit().await?; // the order and its event commit together, or neither does
+//! sqlx::query("INSERT INTO invoices (id) VALUES (42)").execute(&mut *tx).await?;
+//! enqueue(&mut tx, NewEvent::new(&INVOICES, "customer-7", &serde_json::json!({"invoice_id": 42}))?).await?;
+//! tx.commit().await?; // the invoice and its event commit together, or neither does
 //! # Ok(()) }
 //! ```
 //!
@@ -572,7 +572,7 @@ mod tests {
 
     #[test]
     fn topic_names() {
-        assert!(validate_topic("orders.v2_eu-1").is_ok());
+        assert!(validate_topic("invoices.v2_eu-1").is_ok());
         assert_eq!(validate_topic(""), Err(InvalidEvent::EmptyTopic));
         assert!(matches!(
             validate_topic("a/b"),

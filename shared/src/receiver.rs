@@ -801,7 +801,7 @@ mod tests {
     #[test]
     fn request_url_prefers_the_public_base() {
         let req = http::Request::builder()
-            .uri("https://internal.example/events/orders?a=1&b=x%20y")
+            .uri("https://internal.example/events/invoices?a=1&b=x%20y")
             .header("host", "internal.example")
             .header("x-forwarded-host", "proxy.example")
             .header("x-forwarded-proto", "http")
@@ -809,16 +809,16 @@ mod tests {
             .unwrap();
         assert_eq!(
             request_url(&req, UrlSource::Public("https://public.example/")),
-            "https://public.example/events/orders?a=1&b=x%20y"
+            "https://public.example/events/invoices?a=1&b=x%20y"
         );
         assert_eq!(
             request_url(&req, UrlSource::Forwarded),
-            "http://proxy.example/events/orders?a=1&b=x%20y"
+            "http://proxy.example/events/invoices?a=1&b=x%20y"
         );
         // Without the setting that trusts a proxy, forwarded headers are ignored.
         assert_eq!(
             request_url(&req, UrlSource::FunctionUrl),
-            "https://internal.example/events/orders?a=1&b=x%20y"
+            "https://internal.example/events/invoices?a=1&b=x%20y"
         );
         let req = http::Request::builder()
             .uri("/failure")

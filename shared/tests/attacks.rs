@@ -12,16 +12,14 @@
 //! `x-outbox-id` has the delivery's topic and payload (`LEGACY_DELIVERIES=verify`), or refused
 //! (`LEGACY_DELIVERIES=refuse`).
 
-mod support;
-
 use lambda_http::Request;
+use orders_example::{self as example, LineItem, OrderCancelled, OrderEvent, OrderPlaced};
 use outbox::config::{ConsumerConfig, LegacyDeliveries};
 use outbox::consumer::{ConsumerState, handle_event};
-use outbox::example::{self, LineItem, OrderCancelled, OrderEvent, OrderPlaced};
 use outbox::producer::{NewEvent, Topic};
+use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::*;
 
 fn placed(order_id: &str, amount_cents: i64) -> OrderEvent {
     OrderEvent::OrderPlaced(OrderPlaced {
@@ -202,7 +200,7 @@ fn assert_refused_as_altered(r: &lambda_http::Response<lambda_http::Body>, what:
 // ---------------------------------------------------------------------------------------------------------
 // Current deliveries replayed with rewritten headers.
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn replayed_delivery_with_another_outbox_id_header_is_refused(pool: PgPool) {
     // A's genuine delivery replayed with x-outbox-id: B. Applied under B, it would write A's effect a second time
     // and make B's own delivery a "duplicate": B's effect would be lost.
@@ -242,7 +240,7 @@ async fn replayed_delivery_with_another_outbox_id_header_is_refused(pool: PgPool
     assert_eq!(actors, vec!["alice", "bob"]);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn replayed_delivery_with_forged_sequence_or_key_headers_is_refused(pool: PgPool) {
     // Event seq 1 of key K replayed with x-outbox-seq: 5 would record sequence 5 for K, and the genuine
     // seq 2..4 would then be refused as late (489, dead-lettered); with another x-outbox-key it would be
@@ -304,7 +302,7 @@ async fn replayed_delivery_with_forged_sequence_or_key_headers_is_refused(pool: 
     );
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn forged_evidence_header_records_no_delivery_evidence(pool: PgPool) {
     // The relay runs with callback evidence: QStash's delivery callback frees a key. A delivery replayed with
     // x-outbox-evidence: consumer would make the consumer record delivery evidence itself; with the id, key and
@@ -350,7 +348,7 @@ async fn forged_evidence_header_records_no_delivery_evidence(pool: PgPool) {
 // ---------------------------------------------------------------------------------------------------------
 // Deliveries in the previous wire format (in flight inside QStash across an upgrade).
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn legacy_delivery_matching_its_outbox_row_is_applied_once_with_evidence(pool: PgPool) {
     let ordered = enqueue_order(&pool, "order-old").await;
     let next = enqueue_cancel(&pool, "order-old").await;
@@ -405,7 +403,7 @@ async fn legacy_delivery_matching_its_outbox_row_is_applied_once_with_evidence(p
     assert_eq!(count(&pool, "SELECT count(*) FROM audit_log").await, 1);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn legacy_delivery_naming_a_missing_outbox_row_is_refused_permanently(pool: PgPool) {
     let st = consumer(&pool, example::registry());
     let r = handle_event(
@@ -436,7 +434,7 @@ async fn legacy_delivery_naming_a_missing_outbox_row_is_refused_permanently(pool
     assert_eq!(count(&pool, "SELECT count(*) FROM audit_log").await, 0);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn legacy_delivery_whose_id_header_names_another_event_is_refused(pool: PgPool) {
     let a = enqueue_order(&pool, "order-a").await;
     let b = enqueue_order(&pool, "order-b").await;
@@ -484,7 +482,7 @@ async fn legacy_delivery_whose_id_header_names_another_event_is_refused(pool: Pg
     }
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn legacy_delivery_naming_an_undispatched_twin_is_retried_not_applied(pool: PgPool) {
     // Two events of one key with the same payload: topic and payload cannot tell them apart. The second is not
     // dispatched (the previous relay published a key's next event only after its predecessor was delivered), so
@@ -530,7 +528,7 @@ async fn legacy_delivery_naming_an_undispatched_twin_is_retried_not_applied(pool
     );
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn legacy_deliveries_refused_by_setting_are_489_naming_it(pool: PgPool) {
     let ev = enqueue_order(&pool, "order-old").await;
     let st = consumer_with(

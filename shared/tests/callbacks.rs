@@ -4,18 +4,16 @@
 //! is about comes from its signed body only (the envelope in `sourceBody` of a current message, `sourceHeader`
 //! of one published by an older relay), never from a header of the callback request.
 
-mod support;
-
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
+use orders_example::{self as example, LineItem, OrderEvent, OrderPlaced};
 use outbox::callbacks::{handle_callback, parse_callback};
 use outbox::config::ConsumerConfig;
 use outbox::consumer::ReceiverState;
-use outbox::example::{self, LineItem, OrderEvent, OrderPlaced};
 use outbox::producer::{NewEvent, Topic, enqueue};
+use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
 use sqlx::{PgPool, Row};
-use support::*;
 
 fn state(pool: &PgPool) -> ReceiverState {
     receiver(pool, ConsumerConfig::defaults())
@@ -170,7 +168,7 @@ async fn dead_letters(pool: &PgPool) -> Vec<DeadLetter> {
     .unwrap()
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn well_formed_failure_callback_is_recorded_once(pool: PgPool) {
     let id = enqueue_audit(&pool).await;
     let st = state(&pool);
@@ -227,7 +225,7 @@ async fn well_formed_failure_callback_is_recorded_once(pool: PgPool) {
     assert_eq!(count(&pool, "SELECT count(*) FROM dead_letters").await, 1);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn outbox_id_of_an_older_relays_message_comes_from_the_source_headers(pool: PgPool) {
     // A message published before the signed contract (no contract version in its URL, payload as body): its
     // outbox id is in the headers the relay set at publish time, which QStash signs as `sourceHeader`. That
@@ -253,7 +251,7 @@ async fn outbox_id_of_an_older_relays_message_comes_from_the_source_headers(pool
     );
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn outbox_id_of_a_current_message_comes_from_the_envelope(pool: PgPool) {
     // The envelope in sourceBody names the event even when the publisher set no header at all.
     let id = enqueue_audit(&pool).await;
@@ -276,7 +274,7 @@ async fn outbox_id_of_a_current_message_comes_from_the_envelope(pool: PgPool) {
     assert_eq!(d.payload.as_ref().unwrap()["contract"], 2);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn failure_callback_with_missing_fields(pool: PgPool) {
     let id = enqueue_audit(&pool).await;
     let st = state(&pool);
@@ -313,7 +311,7 @@ async fn failure_callback_with_missing_fields(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn failure_callback_with_string_times_and_string_headers(pool: PgPool) {
     let id = enqueue_audit(&pool).await;
     let st = state(&pool);
@@ -351,7 +349,7 @@ async fn failure_callback_with_string_times_and_string_headers(pool: PgPool) {
     assert!(d.parse_error.is_none());
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn garbage_failure_callback_is_stored_raw_never_dropped(pool: PgPool) {
     let id = enqueue_audit(&pool).await;
     let st = state(&pool);
@@ -416,7 +414,7 @@ async fn garbage_failure_callback_is_stored_raw_never_dropped(pool: PgPool) {
     assert_eq!(n, 1);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn failure_of_a_pruned_event_keeps_its_id_topic_and_key(pool: PgPool) {
     // The outbox row is gone (pruned while QStash still retried): the dead letter keeps what the signed callback
     // body says — from the envelope of a current message...
@@ -450,7 +448,7 @@ async fn failure_of_a_pruned_event_keeps_its_id_topic_and_key(pool: PgPool) {
     assert_eq!(d.payload, Some(json!({"actor":"u","action":"a"})));
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn failure_of_an_ordered_head_applies_the_dead_head_policy(pool: PgPool) {
     let (id, seq) = enqueue_order(&pool, "o-1").await;
     assert_eq!(seq, 1);
@@ -523,7 +521,7 @@ fn delivery_body(id: i64, key: &str, status: i32, retried: i32) -> Value {
     })
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn delivery_callback_2xx_is_delivery_evidence(pool: PgPool) {
     let (id, _) = enqueue_order(&pool, "o-1").await;
     let st = state(&pool);
@@ -571,7 +569,7 @@ async fn delivery_callback_2xx_is_delivery_evidence(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn delivery_callback_failure_is_noted_on_the_event(pool: PgPool) {
     let (id, _) = enqueue_order(&pool, "o-1").await;
     let st = state(&pool);
@@ -627,7 +625,7 @@ async fn delivery_callback_failure_is_noted_on_the_event(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn unusable_delivery_callbacks_are_489(pool: PgPool) {
     let (id, _) = enqueue_order(&pool, "o-1").await;
     let st = state(&pool);
@@ -673,7 +671,7 @@ async fn unusable_delivery_callbacks_are_489(pool: PgPool) {
     assert!(!delivered && err.is_none(), "nothing recorded");
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn unsigned_oversized_and_unknown_paths_are_refused(pool: PgPool) {
     let id = enqueue_audit(&pool).await;
     let st = state(&pool);
@@ -730,7 +728,7 @@ async fn unsigned_oversized_and_unknown_paths_are_refused(pool: PgPool) {
     assert!(dead, "outbox untouched");
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn a_path_prefix_and_a_trailing_slash_still_route(pool: PgPool) {
     let id = enqueue_audit(&pool).await;
     let st = state(&pool);
@@ -747,7 +745,7 @@ async fn a_path_prefix_and_a_trailing_slash_still_route(pool: PgPool) {
     assert_eq!(parts(&r).0, 200);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn database_outage_on_a_callback_is_503(pool: PgPool) {
     let dead = sqlx::postgres::PgPoolOptions::new()
         .acquire_timeout(std::time::Duration::from_millis(300))
@@ -801,7 +799,7 @@ async fn delivered(pool: &PgPool, id: i64) -> bool {
         .unwrap()
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn failure_callback_replayed_with_another_events_id_header_is_refused(pool: PgPool) {
     let a = enqueue_audit(&pool).await;
     let b = enqueue_audit(&pool).await;
@@ -822,7 +820,7 @@ async fn failure_callback_replayed_with_another_events_id_header_is_refused(pool
     assert!(dead_lettered(&pool, a).await && !dead_lettered(&pool, b).await);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn delivery_callback_replayed_with_another_events_id_header_is_refused(pool: PgPool) {
     // A is delivered; B (another key's head) was never delivered. A's 2xx delivery callback replayed with
     // x-outbox-id: B must not become B's delivery evidence (the relay would move B's key past an event the
@@ -860,7 +858,7 @@ async fn delivery_callback_replayed_with_another_events_id_header_is_refused(poo
     assert!(delivered(&pool, a).await && !delivered(&pool, b).await);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn failure_callback_named_only_by_a_request_header_never_links_that_event(pool: PgPool) {
     // The signed body names no event (no envelope, no id in sourceHeader); only the unsigned request header
     // does (old relays forwarded it). The callback is still recorded — a failure callback is never dropped, and

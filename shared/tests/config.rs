@@ -2,8 +2,6 @@
 //! malformed JSON, a receiver secret that holds the QStash token, the receivers' bounded and new settings. Each
 //! load error must name what is wrong without echoing secret values.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -138,7 +136,7 @@ async fn env_only_missing_values_are_named() {
     );
 }
 
-async fn moto_source(moto: &common::Moto, secret_id: &str) -> SecretSource {
+async fn moto_source(moto: &outbox_testkit::moto::Moto, secret_id: &str) -> SecretSource {
     SecretSource::secrets_manager(
         secret_id,
         SecretsManagerOptions {
@@ -165,7 +163,7 @@ async fn create_secret(source: &SecretSource, name: &str, value: &str) {
 
 #[tokio::test]
 async fn secrets_manager_through_local_moto() {
-    let moto = common::start_moto();
+    let moto = outbox_testkit::moto::start_moto();
     let source = moto_source(&moto, "outbox/app").await;
     create_secret(
         &source,
@@ -287,7 +285,7 @@ impl Captured {
 #[tokio::test]
 async fn a_receiver_secret_holding_the_qstash_token_warns_once_and_never_keeps_it() {
     const TOKEN: &str = "qstash-token-c0ffee-do-not-leak";
-    let moto = common::start_moto();
+    let moto = outbox_testkit::moto::start_moto();
     let log = Captured::default();
     let _guard = tracing::subscriber::set_default(log.subscriber());
 
@@ -358,7 +356,7 @@ async fn a_receiver_secret_holding_the_qstash_token_warns_once_and_never_keeps_i
         "{message}"
     );
     // The section it names exists.
-    let readme = std::fs::read_to_string(common::repo_root().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(outbox_testkit::repo_root().join("README.md")).unwrap();
     assert!(readme.contains("\n### Fill the secrets\n"));
 
     // The relay's secret: the relay asks for the token and gets it, without a warning; a receiver secret whose

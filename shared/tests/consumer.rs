@@ -1,23 +1,21 @@
 //! Guarantee 2 (no side effect applied twice) and the outcome → HTTP mapping, through the real consumer handler
 //! (`outbox::consumer::handle_event`) on real Postgres. Deliveries are in the signed wire contract (an envelope
-//! body POSTed to `/events/{topic}?contract=2`, written by the independent builder in `support`); the attacks on
-//! it and the deliveries of the previous format are in `attacks.rs`.
-
-mod support;
+//! body POSTed to `/events/{topic}?contract=2`, written by the independent builder in
+//! `outbox_testkit::receiving`); the attacks on it and the deliveries of the previous format are in `attacks.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use orders_example::{self as example, LineItem, OrderCancelled, OrderEvent, OrderPlaced};
 use outbox::consumer::{
     ConsumerState, Event, Handler, HandlerError, Registry, TopicRoute, handle_event,
 };
-use outbox::example::{self, LineItem, OrderCancelled, OrderEvent, OrderPlaced};
 use outbox::once::{Once, OnceError, handle_once};
+use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
-use support::*;
 
 fn placed(order_id: &str, amount_cents: i64) -> Vec<u8> {
     serde_json::to_vec(&OrderEvent::OrderPlaced(OrderPlaced {
@@ -67,7 +65,7 @@ async fn wide_pool(pool: &PgPool, n: u32) -> PgPool {
         .unwrap()
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn same_message_eight_times_concurrently_applies_once(pool: PgPool) {
     let wide = wide_pool(&pool, 8).await;
     let state = consumer(&wide, example::registry());
@@ -134,7 +132,7 @@ async fn effects_table(pool: &PgPool) {
         .unwrap();
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn concurrent_duplicates_wait_for_the_first_and_do_nothing(pool: PgPool) {
     effects_table(&pool).await;
     let wide = wide_pool(&pool, 8).await;
@@ -188,7 +186,7 @@ impl Handler<Note> for FailsAfterWriting {
     }
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn work_failing_mid_transaction_commits_nothing_and_the_retry_applies_once(pool: PgPool) {
     effects_table(&pool).await;
     let calls = Arc::new(AtomicUsize::new(0));
@@ -238,7 +236,7 @@ async fn work_failing_mid_transaction_commits_nothing_and_the_retry_applies_once
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn handle_once_directly(pool: PgPool) {
     effects_table(&pool).await;
     let insert = async |conn: &mut PgConnection, note: &str| {
@@ -283,7 +281,7 @@ async fn handle_once_directly(pool: PgPool) {
     assert_eq!(notes, vec!["a", "c"]);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn poison_is_489_with_the_nonretryable_header(pool: PgPool) {
     let state = consumer(&pool, example::registry());
     let r = handle_event(
@@ -317,7 +315,7 @@ async fn poison_is_489_with_the_nonretryable_header(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn every_permanent_error_is_489(pool: PgPool) {
     let state = consumer(&pool, example::registry());
     let good = placed("o", 1);
@@ -465,7 +463,7 @@ async fn every_permanent_error_is_489(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn a_delivery_from_a_newer_relay_is_retried_later(pool: PgPool) {
     // contract=3 comes from a relay upgraded before this consumer: 503 with Retry-After (QStash retries; the
     // consumer's upgrade applies it), nothing written. Not 489: the event is fine, the consumer is old.
@@ -488,7 +486,7 @@ async fn a_delivery_from_a_newer_relay_is_retried_later(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn database_outage_is_503_and_nothing_is_written(pool: PgPool) {
     // A pool that cannot connect: the handler must answer 5xx (QStash retries), never 2xx or 489.
     let dead = PgPoolOptions::new()
@@ -510,7 +508,7 @@ async fn database_outage_is_503_and_nothing_is_written(pool: PgPool) {
     let _ = pool;
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn handler_database_errors_are_classified(pool: PgPool) {
     sqlx::query("CREATE TABLE strict (v int NOT NULL CHECK (v > 0))")
         .execute(&pool)
@@ -541,7 +539,7 @@ async fn handler_database_errors_are_classified(pool: PgPool) {
     assert_eq!(parts(&r).0, 200);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn ordered_key_refuses_an_event_older_than_one_applied(pool: PgPool) {
     let state = consumer(&pool, example::registry());
     // seq 2 (placing order B under key K) arrives first: applied (the relay's gating makes this impossible
@@ -582,7 +580,7 @@ async fn ordered_key_refuses_an_event_older_than_one_applied(pool: PgPool) {
     assert_eq!(parts(&r).0, 200);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn example_domain_end_to_end(pool: PgPool) {
     let state = consumer(&pool, example::registry());
     // Placed at schema v2 with a key that needs escaping in JSON and would need encoding in a header.
@@ -675,7 +673,7 @@ async fn example_domain_end_to_end(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn producer_and_consumer_agree_on_the_example(pool: PgPool) {
     // What the producer writes is what the consumer decodes (payload and version header).
     let ev = OrderEvent::OrderPlaced(OrderPlaced {
@@ -713,7 +711,7 @@ async fn producer_and_consumer_agree_on_the_example(pool: PgPool) {
     assert_eq!(parts(&r).0, 200, "{:?}", parts(&r));
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn a_duplicate_asking_for_consumer_evidence_records_it(pool: PgPool) {
     // An ordered event applied while the relay relied on the delivery callback, whose callback never came
     // (or the relay switched to RELAY_ORDERED_EVIDENCE=consumer and redelivers it): the redelivery asks the
@@ -819,7 +817,7 @@ fn outcome_mapping_is_one_table() {
 }
 
 // A route can also be declared with only upcasters and explicit versions.
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn versions_and_upcasters(pool: PgPool) {
     effects_table(&pool).await;
     #[derive(serde::Deserialize)]

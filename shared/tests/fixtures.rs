@@ -5,26 +5,24 @@
 //! callbacks name their event in the signed body (`url` with the contract version, `sourceBody` the envelope)
 //! and carry no `x-outbox-id` request header.
 
-mod support;
-
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use orders_example as example;
 use outbox::callbacks::handle_callback;
 use outbox::config::ConsumerConfig;
 use outbox::consumer::{ConsumerState, handle_event};
-use outbox::example;
 use outbox::receiver::{
     Clock, DEV_SIGNING_KEYS, KeyRing, SigningKeys, VerifyOptions, decode_unverified,
     resign_function_url_event,
 };
+use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::*;
 
 fn fixture(name: &str) -> String {
-    std::fs::read_to_string(repo_root().join("events").join(name))
+    std::fs::read_to_string(outbox_testkit::repo_root().join("events").join(name))
         .unwrap_or_else(|e| panic!("events/{name}: {e}"))
 }
 
@@ -160,7 +158,7 @@ async fn fixtures_are_function_url_events_signed_with_the_dev_key() {
     }
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn order_placed_fixture_is_applied(pool: PgPool) {
     let text = fixture("consumer-order-placed.json");
     let st = consumer_at(&pool, Clock::Fixed(issued_at(&text)));
@@ -193,7 +191,7 @@ async fn order_placed_fixture_is_applied(pool: PgPool) {
     assert_eq!(parts(&r).1["check"], "expired");
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn poison_fixture_is_489(pool: PgPool) {
     let text = fixture("consumer-order-placed-poison.json");
     let st = consumer_at(&pool, Clock::Fixed(issued_at(&text)));
@@ -205,7 +203,7 @@ async fn poison_fixture_is_489(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn fixtures_re_signed_in_memory_verify_on_the_system_clock(pool: PgPool) {
     let text = resign_function_url_event(
         &fixture("consumer-order-placed.json"),
@@ -247,7 +245,7 @@ async fn fixtures_re_signed_in_memory_verify_on_the_system_clock(pool: PgPool) {
     assert_eq!(parts(&r).0, 200);
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn callback_fixtures_are_handled(pool: PgPool) {
     // Put event 1 in the outbox (the ordered head of key order-1001) so the callbacks have something to link to.
     let mut tx = pool.begin().await.unwrap();

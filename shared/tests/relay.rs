@@ -1,20 +1,18 @@
 //! The relay against real Postgres and the QStash-compatible dev server: leases, fencing, backoff, budgets,
 //! permanent errors, ambiguous publishes, crashes, concurrent relays and per-key order end to end.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use common::sink::Sink;
 use outbox::config::{QstashConfig, RelayConfig};
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
 use outbox::qstash::QstashClient;
 use outbox::relay::Relay;
 use outbox::relay::claim::ClaimStatements;
 use outbox::relay::settle::{SettleItem, Settlement, settle};
+use outbox_testkit::sink::Sink;
 use qstash_dev::{Config as DevConfig, DevServer, Faults, WaitlistOrder};
 use secrecy::SecretString;
 use serde_json::json;
@@ -553,7 +551,7 @@ async fn ordered_keys_arrive_in_sequence_under_shuffling_retries_and_two_relays(
     );
 
     let seen = e.sink.seen();
-    let mut by_key: HashMap<String, Vec<&common::sink::Seen>> = HashMap::new();
+    let mut by_key: HashMap<String, Vec<&outbox_testkit::sink::Seen>> = HashMap::new();
     for s in seen.iter().filter(|s| s.topic == "orders") {
         by_key.entry(s.key.clone()).or_default().push(s);
     }

@@ -1,23 +1,21 @@
 //! The relay's Lambda handler driven with the `events/` fixtures (EventBridge rule and Scheduler payloads).
 
-mod common;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::sink::Sink;
 use lambda_runtime::{Context, LambdaEvent};
 use outbox::config::{QstashConfig, RelayConfig};
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
 use outbox::qstash::QstashClient;
 use outbox::relay::Relay;
 use outbox::relay::handler::{RelayState, handle};
+use outbox_testkit::sink::Sink;
 use qstash_dev::{Config as DevConfig, DevServer};
 use secrecy::SecretString;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
 fn fixture(name: &str) -> Value {
-    let path = common::repo_root().join("events").join(name);
+    let path = outbox_testkit::repo_root().join("events").join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }

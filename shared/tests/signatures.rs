@@ -1,10 +1,8 @@
 //! The `Upstash-Signature` corpus, driven through the real consumer handler on real Postgres: each case is a
 //! function-URL request; accepted ones must be applied (200 "processed"), refused ones must answer 401 naming
-//! the failed check and leave the database untouched. Tokens come from the independent signer in `support`.
+//! the failed check and leave the database untouched. Tokens come from the independent signer in `outbox_testkit::receiving`.
 //! Plus the real QStash tokens (known-answer vectors) and key rotation. Deliveries are in the signed wire
 //! contract: an envelope body POSTed to `/events/audit?contract=2`, so `sub` carries the query.
-
-mod support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,9 +18,9 @@ use outbox::receiver::{
     verify,
 };
 use outbox::secrets::SecretSource;
+use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::*;
 
 const TOPIC: &str = "audit";
 const PATH: &str = "/events/audit";
@@ -956,7 +954,7 @@ fn corpus() -> Vec<Case> {
     cases
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn signature_corpus_through_the_consumer(pool: PgPool) {
     let cases = corpus();
     assert!(cases.len() >= 30, "corpus has {} cases", cases.len());
@@ -964,7 +962,7 @@ async fn signature_corpus_through_the_consumer(pool: PgPool) {
     let mut failures = Vec::new();
     for case in cases {
         let config = case.config.clone().unwrap_or_else(ConsumerConfig::defaults);
-        let state = ConsumerState::new(receiver(&pool, config), outbox::example::registry());
+        let state = ConsumerState::new(receiver(&pool, config), orders_example::registry());
         let before = count(&pool, "SELECT count(*) FROM processed_messages").await;
         let resp = handle_event(&state, case.req).await;
         let (status, body) = parts(&resp);
@@ -998,7 +996,7 @@ async fn signature_corpus_through_the_consumer(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn token_for_another_host_replayed_with_forwarded_host_is_refused_unless_trusted(
     pool: PgPool,
 ) {
@@ -1022,7 +1020,7 @@ async fn token_for_another_host_replayed_with_forwarded_host_is_refused_unless_t
     };
     let state = ConsumerState::new(
         receiver(&pool, ConsumerConfig::defaults()),
-        outbox::example::registry(),
+        orders_example::registry(),
     );
     let (status, json) = parts(&handle_event(&state, replay()).await);
     assert_eq!((status, &json["check"]), (401, &json!("subject")), "{json}");
@@ -1040,7 +1038,7 @@ async fn token_for_another_host_replayed_with_forwarded_host_is_refused_unless_t
                 ..ConsumerConfig::defaults()
             },
         ),
-        outbox::example::registry(),
+        orders_example::registry(),
     );
     let (status, json) = parts(&handle_event(&trusting, replay()).await);
     assert_eq!(

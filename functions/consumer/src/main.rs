@@ -1,14 +1,24 @@
-//! The consumer Lambda (function URL): `POST /events/{topic}` from QStash → verify → the example domain's
-//! handler inside `handle_once`. All logic lives in `outbox::consumer`; this is wiring only.
+//! The consumer Lambda (function URL): `POST /events/{topic}` from QStash → verify → the topic's handler inside
+//! `handle_once`. All logic lives in `outbox::consumer`; this is wiring only.
 
 use lambda_http::{Error, Request, run, service_fn};
-use outbox::consumer::{ConsumerState, handle_event};
+use outbox::consumer::{ConsumerState, Registry, handle_event};
+
+// -------------------------------------------------------------------------------------------------------------
+// YOUR HANDLERS GO HERE. This is the one place where the deployed consumer learns its topics: replace the
+// example application's registry with yours (a `Registry` routing each topic to a `Handler`: examples/minimal
+// shows one), and `orders-example` with your crate in this package's Cargo.toml. Your tables are your own
+// migrations, run on the same database next to `outbox::MIGRATOR` (decision record 0010).
+// -------------------------------------------------------------------------------------------------------------
+fn registry() -> Registry {
+    orders_example::registry()
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     outbox::telemetry::init_from_env();
     // Built once per Lambda environment: config, secrets (one read), a lazily connecting pool, the handlers.
-    let state = ConsumerState::from_env(outbox::example::registry())
+    let state = ConsumerState::from_env(registry())
         .await
         .inspect_err(|e| tracing::error!(error = %e, "consumer failed to start"))?;
     let state = &state;

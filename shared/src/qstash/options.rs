@@ -227,11 +227,14 @@ mod tests {
 
     #[test]
     fn flow_control_keys_are_sanitised_and_stay_distinct() {
-        assert_eq!(flow_control_key("orders.customer-7"), "orders.customer-7");
-        let a = flow_control_key("orders.a:b");
-        let b = flow_control_key("orders.a/b");
+        assert_eq!(
+            flow_control_key("invoices.customer-7"),
+            "invoices.customer-7"
+        );
+        let a = flow_control_key("invoices.a:b");
+        let b = flow_control_key("invoices.a/b");
         assert!(
-            a.starts_with("orders.a_b-") && b.starts_with("orders.a_b-") && a != b,
+            a.starts_with("invoices.a_b-") && b.starts_with("invoices.a_b-") && a != b,
             "{a} {b}"
         );
         let long = flow_control_key(&"k".repeat(300));
@@ -265,7 +268,7 @@ mod tests {
                 rate: Some(10),
                 period: Some(Duration::from_secs(60)),
             }),
-            label: Some("orders".into()),
+            label: Some("invoices".into()),
             ..Default::default()
         };
         let h = o.headers();
@@ -283,7 +286,7 @@ mod tests {
             get("upstash-flow-control-value"),
             Some("parallelism=1, rate=10, period=60s")
         );
-        assert_eq!(get("upstash-label"), Some("orders"));
+        assert_eq!(get("upstash-label"), Some("invoices"));
         assert_eq!(get("upstash-method"), None);
         assert_eq!(get("upstash-forward-x-Ünïcode-\"quoted\""), Some("u"));
         assert_eq!(

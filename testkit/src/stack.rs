@@ -1,7 +1,9 @@
 //! The local pipeline as a library: the QStash-compatible dev server (in process), the consumer and the
 //! failure/delivery-callback handlers served on local ports through [`outbox::local`] (the same handler
 //! functions the Lambdas run, called through the function-URL event), and the relay running simulated
-//! invocations through its Lambda handler. `outbox dev` and the whole-system tests build on it.
+//! invocations through its Lambda handler. `outbox-dev dev` and the whole-system tests build on it; by default it
+//! runs the example application (`orders_example`), and any other registry and migrations can take its place
+//! ([`StackOptions::registry`], [`StackOptions::migrators`]).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,13 +22,17 @@ use qstash_dev::DevServer;
 use secrecy::SecretString;
 use serde_json::json;
 use sqlx::PgPool;
+use sqlx::migrate::Migrator;
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 
 /// How to build the stack.
 pub struct StackOptions {
-    /// The database (must exist; migrations are applied).
+    /// The database (must exist; [`StackOptions::migrators`] are applied).
     pub database_url: String,
+    /// The migrations applied at start, in order: the library's, then the application's (by default the
+    /// example application's).
+    pub migrators: Vec<&'static Migrator>,
     /// Dev server settings (port 0 = any free port).
     pub dev: qstash_dev::Config,
     /// Relay settings.
@@ -50,8 +56,8 @@ pub struct StackOptions {
 }
 
 impl StackOptions {
-    /// Defaults: dev server on a free port at real time, the example domain's handlers, a relay with a short lease
-    /// and poll interval suited to a laptop.
+    /// Defaults: dev server on a free port at real time, the example application's handlers and migrations, a
+    /// relay with a short lease and poll interval suited to a laptop.
     pub fn new(database_url: &str) -> anyhow::Result<Self> {
         let empty: std::collections::HashMap<String, String> = std::collections::HashMap::new();
         let mut relay = RelayConfig::from_vars(&Vars::new(&empty), 3)?;
@@ -65,6 +71,7 @@ impl StackOptions {
         relay.backoff_cap = Duration::from_secs(10);
         Ok(StackOptions {
             database_url: database_url.to_owned(),
+            migrators: vec![&outbox::MIGRATOR, &orders_example::MIGRATOR],
             dev: qstash_dev::Config {
                 port: 0,
                 ..qstash_dev::Config::default()
@@ -74,7 +81,7 @@ impl StackOptions {
             qstash_batch_size: 100,
             invocation: Duration::from_secs(30),
             consumer_name: "consumer".into(),
-            registry: outbox::example::registry(),
+            registry: orders_example::registry(),
             consumer_metrics: false,
             record_requests: false,
         })
@@ -184,6 +191,58 @@ where
     response
 }
 
+// The two listeners are spawned by plain functions so that the tasks' (deeply nested) future types are laid out
+// here, in this crate, and never in the crates that await `LocalStack::start` (where they overflowed the default
+// query depth limit of the test crates).
+
+/// Serves the consumer handler on `listener` until `shutdown` turns true.
+fn serve_consumer(
+    listener: tokio::net::TcpListener,
+    state: Arc<ConsumerState>,
+    recorder: Option<Recorder>,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<std::io::Result<()>> {
+    tokio::spawn(outbox::local::serve(
+        listener,
+        move |req| {
+            let (c, rec) = (state.clone(), recorder.clone());
+            async move {
+                recorded(rec.as_ref(), Receiver::Consumer, req, async |req| {
+                    handle_event(&c, req).await
+                })
+                .await
+            }
+        },
+        async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        },
+    ))
+}
+
+/// Serves the failure and delivery callback handler on `listener` until `shutdown` turns true.
+fn serve_callbacks(
+    listener: tokio::net::TcpListener,
+    state: Arc<ReceiverState>,
+    recorder: Option<Recorder>,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<std::io::Result<()>> {
+    tokio::spawn(outbox::local::serve(
+        listener,
+        move |req| {
+            let (c, rec) = (state.clone(), recorder.clone());
+            async move {
+                recorded(rec.as_ref(), Receiver::Callbacks, req, async |req| {
+                    handle_callback(&c, req).await
+                })
+                .await
+            }
+        },
+        async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        },
+    ))
+}
+
 fn pool_for(url: &str, name: &str, max: u32, async_commit: bool) -> anyhow::Result<PgPool> {
     let mut cfg = DbConfig::defaults(name);
     cfg.max_connections = max;
@@ -202,10 +261,12 @@ impl LocalStack {
     pub async fn start(opts: StackOptions) -> anyhow::Result<LocalStack> {
         outbox::install_crypto_provider();
         let pool = pool_for(&opts.database_url, "outbox-local", 8, false)?;
-        outbox::MIGRATOR
-            .run(&pool)
-            .await
-            .context("applying migrations (is Postgres reachable and DATABASE_URL right?)")?;
+        for migrator in &opts.migrators {
+            migrator
+                .run(&pool)
+                .await
+                .context("applying migrations (is Postgres reachable and DATABASE_URL right?)")?;
+        }
         let dev = DevServer::start(opts.dev.clone())
             .await
             .map_err(|e| anyhow::anyhow!("starting the QStash dev server: {e}"))?;
@@ -248,47 +309,20 @@ impl LocalStack {
             .with_metrics(opts.consumer_metrics),
         );
         let recorder: Option<Recorder> = opts.record_requests.then(Default::default);
-        let mut servers = Vec::new();
-        {
-            let mut rx = shutdown.subscribe();
-            let c = consumer.clone();
-            let rec = recorder.clone();
-            servers.push(tokio::spawn(outbox::local::serve(
+        let servers = vec![
+            serve_consumer(
                 consumer_listener,
-                move |req| {
-                    let (c, rec) = (c.clone(), rec.clone());
-                    async move {
-                        recorded(rec.as_ref(), Receiver::Consumer, req, async |req| {
-                            handle_event(&c, req).await
-                        })
-                        .await
-                    }
-                },
-                async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                },
-            )));
-        }
-        {
-            let mut rx = shutdown.subscribe();
-            let c = callbacks.clone();
-            let rec = recorder.clone();
-            servers.push(tokio::spawn(outbox::local::serve(
+                consumer,
+                recorder.clone(),
+                shutdown.subscribe(),
+            ),
+            serve_callbacks(
                 callback_listener,
-                move |req| {
-                    let (c, rec) = (c.clone(), rec.clone());
-                    async move {
-                        recorded(rec.as_ref(), Receiver::Callbacks, req, async |req| {
-                            handle_callback(&c, req).await
-                        })
-                        .await
-                    }
-                },
-                async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                },
-            )));
-        }
+                callbacks,
+                recorder.clone(),
+                shutdown.subscribe(),
+            ),
+        ];
 
         let qstash = QstashConfig {
             base_url: dev.url(),

@@ -1,17 +1,18 @@
-//! The demo producer of `outbox dev`: an order service writing sample orders in business transactions — the
-//! order row and its `orders` event commit together — plus cancellations of earlier orders (same key: they must
-//! be applied after their placement), `audit` events, and now and then a poison order (negative amount) that the
-//! consumer rejects as permanent, so it visibly ends in the dead letters.
+//! The demo producer of `outbox-dev dev` (and of the whole-system tests): an order service writing sample orders
+//! in business transactions — the order row and its `orders` event commit together — plus cancellations of
+//! earlier orders (same key: they must be applied after their placement), `audit` events, and now and then a
+//! poison order (negative amount) that the consumer rejects as permanent, so it visibly ends in the dead letters.
 
 use std::time::Duration;
 
-use outbox::example::{
-    AuditEntry, LineItem, OrderCancelled, OrderEvent, OrderPlaced, audit_event, order_event,
-};
-use outbox::producer::enqueue_batch;
+use outbox::producer::{EnqueueError, enqueue_batch};
 use rand::Rng;
 use sqlx::PgPool;
 use tokio::sync::watch;
+
+use crate::{
+    AuditEntry, LineItem, OrderCancelled, OrderEvent, OrderPlaced, audit_event, order_event,
+};
 
 /// Demo settings.
 #[derive(Debug, Clone)]
@@ -41,7 +42,7 @@ pub async fn place_order(
     n: u64,
     poison: bool,
     cancel: Option<u64>,
-) -> anyhow::Result<u64> {
+) -> Result<u64, EnqueueError> {
     let order_id = format!("order-{n}");
     let (customer, amount) = {
         let mut r = rand::rng();

@@ -1,27 +1,15 @@
-//! Helpers shared by the library's integration tests.
-#![allow(dead_code)]
+//! A local AWS Secrets Manager (moto_server) for the secrets tests.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The repository root.
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// A free loopback port.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
-}
+use crate::{free_port, repo_root};
 
 /// A local AWS Secrets Manager (moto_server), killed on drop.
 pub struct Moto {
     child: Child,
+    /// `http://127.0.0.1:<port>`.
     pub endpoint: String,
 }
 
@@ -65,5 +53,3 @@ pub fn start_moto() -> Moto {
         endpoint: format!("http://127.0.0.1:{port}"),
     }
 }
-
-pub mod sink;

@@ -1,5 +1,5 @@
-//! Helpers for the CLI tests: database URLs and hand-built outbox states.
-#![allow(dead_code)]
+//! Test databases: the URL of a `#[sqlx::test]` database (for components that build their own pools) and
+//! hand-built outbox states (events, dead letters, ordered keys) for the operator commands' tests.
 
 use sqlx::PgPool;
 
@@ -22,7 +22,8 @@ pub fn url_with_password(pool: &PgPool, password: Option<&str>) -> String {
     }
 }
 
-/// [`url_with_password`] without a password.
+/// A URL for the database behind `pool` (the per-test database `#[sqlx::test]` created), so components that
+/// build their own pools (the local stack, the commands) can reach it: [`url_with_password`] without a password.
 pub fn url_of(pool: &PgPool) -> String {
     url_with_password(pool, None)
 }
@@ -128,7 +129,13 @@ pub async fn key_state(
     }
 }
 
-/// Output written by a command.
-pub fn text(buf: &[u8]) -> String {
-    String::from_utf8_lossy(buf).into_owned()
+/// `base_url` with its database name replaced (a scratch or local database on the same server).
+pub fn with_database(base_url: &str, name: &str) -> String {
+    match url::Url::parse(base_url) {
+        Ok(mut u) => {
+            u.set_path(&format!("/{name}"));
+            u.to_string()
+        }
+        Err(_) => format!("{base_url}/{name}"),
+    }
 }

@@ -1,6 +1,6 @@
-//! `outbox bench relay`: relay throughput against the QStash-compatible dev server, beside a SQL-only
+//! `outbox-dev bench relay`: relay throughput against the QStash-compatible dev server, beside a SQL-only
 //! claim+settle cycle on the same schema in the same run; claim latency with a large backlog and history; the
-//! relay's peak RSS (the relay runs as its own process: `outbox relay --until-empty`).
+//! relay's peak RSS (the relay runs as its own process: the operator CLI's `outbox relay --until-empty`).
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -14,8 +14,10 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::process::Command;
 
-use super::support::{DevServerProcess, ScratchDb};
-use crate::util::{DbArgs, median, percentile};
+use outbox_cli::util::{DbArgs, cpu_secs};
+use outbox_testkit::{median, percentile};
+
+use super::support::{DevServerProcess, ScratchDb, sibling};
 
 #[derive(Args, Debug)]
 pub struct RelayBenchArgs {
@@ -141,15 +143,15 @@ async fn sql_only(
     join_workers(workers, &pool, started).await
 }
 
-/// Runs `outbox relay --until-empty` as a child process with the Lambda's configuration variables.
+/// Runs `outbox relay --until-empty` (the operator CLI, a sibling binary) as a child process with the Lambda's
+/// configuration variables.
 async fn relay_child(
     db_url: &str,
     qstash_url: &str,
     args: &RelayBenchArgs,
     extra_env: &[(&str, String)],
 ) -> anyhow::Result<Value> {
-    let exe = std::env::current_exe()?;
-    let mut cmd = Command::new(exe);
+    let mut cmd = Command::new(sibling("outbox")?);
     cmd.args(["relay", "--until-empty", "--timeout-secs", "600"])
         .env("DATABASE_URL", db_url)
         .env("QSTASH_URL", qstash_url)
@@ -484,7 +486,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             ] {
                 seed_ordered(&db.pool, args.ordered_keys, per_key).await?;
                 let dev_cpu0 = dev.cpu_secs().unwrap_or(0.0);
-                let own_cpu0 = crate::util::cpu_secs(std::process::id()).unwrap_or(0.0);
+                let own_cpu0 = cpu_secs(std::process::id()).unwrap_or(0.0);
                 let out = relay_child(
                     &db.url,
                     &dev.url,
@@ -526,9 +528,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
                     base[run - 1],
                     per_event_us(out["cpu_secs"].as_f64().unwrap_or(0.0)),
                     per_event_us(dev.cpu_secs().unwrap_or(0.0) - dev_cpu0),
-                    per_event_us(
-                        crate::util::cpu_secs(std::process::id()).unwrap_or(0.0) - own_cpu0
-                    ),
+                    per_event_us(cpu_secs(std::process::id()).unwrap_or(0.0) - own_cpu0),
                 );
             }
         }

@@ -9,10 +9,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// The repository root.
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::repo_root;
 
 /// A tool installed into `./.venv/bin` by `scripts/test-deps`; panics with that hint when it is missing.
 pub fn venv_tool(name: &str) -> PathBuf {

@@ -1,6 +1,7 @@
-//! The example domain the consumer Lambda ships with, end to end: an order service writes an `orders` event in
-//! the same transaction as its order; the consumer turns `OrderPlaced` into a charge and a shipment, and
-//! `OrderCancelled` into a refund and a cancelled shipment (tables in `migrations/20261129000002_example_domain.sql`).
+//! The example application the consumer Lambda ships with, end to end: an order service writes an `orders` event
+//! in the same transaction as its order; the consumer turns `OrderPlaced` into a charge and a shipment, and
+//! `OrderCancelled` into a refund and a cancelled shipment. Its tables are its own migrations ([`MIGRATOR`]), next
+//! to the library's (`outbox::MIGRATOR`); [`demo`] is the producer `outbox-dev dev` runs.
 //!
 //! * `orders` is **ordered**, keyed by order id: an order's cancellation is never applied before its placement.
 //!   Payloads are [`OrderEvent`] (internally tagged by `type`), schema version 2; version 1 (before `currency`
@@ -14,8 +15,22 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgConnection;
 
-use crate::consumer::{Event, Handler, HandlerError, Registry, TopicRoute};
-use crate::producer::{EnqueueError, NewEvent, Topic};
+use outbox::consumer::{Event, Handler, HandlerError, Registry, TopicRoute};
+use outbox::producer::{EnqueueError, NewEvent, Topic};
+use sqlx::migrate::Migrator;
+
+pub mod demo;
+
+/// The example's tables (`examples/orders/migrations/`): charges, shipments and the audit log the handlers write,
+/// and the orders table the producer writes. Run it after `outbox::MIGRATOR`, on the same database.
+///
+/// The files keep the versions and bytes they had when they were part of the library's migrations (a database
+/// that applied them then has them in `_sqlx_migrations` with their checksums), and `ignore_missing` is set on
+/// both migrators: each finds the other's versions applied and leaves them alone (decision record 0010).
+pub static MIGRATOR: Migrator = Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("./migrations")
+};
 
 /// The ordered `orders` topic (key: the order id).
 pub const ORDERS: Topic = Topic::ordered("orders");

@@ -1,6 +1,6 @@
-//! `outbox dev`: the whole pipeline on one machine, with live progress. Ctrl-C stops the demo producer, lets the
-//! relay and the dev server finish what is in flight (bounded by `--drain-secs`), then stops every component after
-//! its current step: nothing that was committed is lost (a second Ctrl-C skips the wait).
+//! `outbox-dev dev`: the whole pipeline on one machine, with live progress. Ctrl-C stops the demo producer, lets
+//! the relay and the dev server finish what is in flight (bounded by `--drain-secs`), then stops every component
+//! after its current step: nothing that was committed is lost (a second Ctrl-C skips the wait).
 
 use std::time::{Duration, Instant};
 
@@ -11,11 +11,12 @@ use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::watch;
 
-use crate::bench::support::with_database;
-use crate::demo::{self, DemoCounts, DemoOptions};
-use crate::stack::{LocalStack, StackOptions};
+use orders_example::demo::{self, DemoCounts, DemoOptions};
+use outbox_cli::util::{connect, one_line, printable};
+use outbox_testkit::db::with_database;
+use outbox_testkit::stack::{LocalStack, StackOptions};
 
-/// Arguments of `outbox dev`.
+/// Arguments of `outbox-dev dev`.
 #[derive(Args, Debug, Clone)]
 pub struct DevArgs {
     /// Postgres server (its database is used only with --existing-db).
@@ -82,7 +83,7 @@ pub struct Progress {
     pub qstash_attempts: u64,
 }
 
-/// What `outbox dev` ended with.
+/// What `outbox-dev dev` ended with.
 #[derive(Debug, Clone, Serialize)]
 pub struct DevSummary {
     /// The last figures.
@@ -127,7 +128,7 @@ async fn prepare_database(args: &DevArgs) -> anyhow::Result<String> {
     if args.existing_db {
         return Ok(args.database_url.clone());
     }
-    let admin = crate::util::connect(&args.database_url).await?;
+    let admin = connect(&args.database_url).await?;
     sqlx::query("DROP DATABASE IF EXISTS outbox_local WITH (FORCE)")
         .execute(&admin)
         .await?;
@@ -183,7 +184,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
     }
     let stack = LocalStack::start(opts).await?;
     let keys = stack.dev.signing_keys();
-    println!("outbox dev — the whole pipeline, locally");
+    println!("outbox-dev dev — the whole pipeline, locally");
     println!("  database          {}", redact(&url));
     println!(
         "  QStash dev server {}  (token {})",
@@ -325,10 +326,10 @@ async fn report(
         *last_dead = id;
         println!(
             "  dead letter #{id} [{}] {}/{}: {}",
-            crate::util::printable(&source),
-            crate::util::printable(&topic.unwrap_or_default()),
-            crate::util::printable(&key.unwrap_or_default()),
-            crate::util::one_line(&error, 160)
+            printable(&source),
+            printable(&topic.unwrap_or_default()),
+            printable(&key.unwrap_or_default()),
+            one_line(&error, 160)
         );
     }
     Ok(p)

@@ -1,11 +1,13 @@
-//! Benchmark plumbing: scratch databases, the dev server as a child process, free ports.
+//! Benchmark plumbing: scratch databases, the dev server and the relay as child processes.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use outbox_cli::util::{connect, cpu_secs};
+use outbox_testkit::db::with_database;
+use outbox_testkit::free_port;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::process::{Child, Command};
@@ -20,7 +22,7 @@ pub struct ScratchDb {
 
 impl ScratchDb {
     pub async fn create(base_url: &str, name: &str) -> anyhow::Result<ScratchDb> {
-        let admin = crate::util::connect(base_url).await?;
+        let admin = connect(base_url).await?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
         )))
@@ -58,22 +60,8 @@ impl ScratchDb {
     }
 }
 
-/// `base_url` with its database name replaced.
-pub fn with_database(base_url: &str, name: &str) -> String {
-    match url::Url::parse(base_url) {
-        Ok(mut u) => {
-            u.set_path(&format!("/{name}"));
-            u.to_string()
-        }
-        Err(_) => format!("{base_url}/{name}"),
-    }
-}
-
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// A sibling binary of this executable (`cargo build --release -p qstash-dev -p outbox-cli` puts them together).
+/// A sibling binary of this executable: `qstash-dev` (package qstash-dev) or `outbox` (package outbox-cli).
+/// `cargo build --release -p qstash-dev -p outbox-cli -p outbox-devtools` puts them together.
 pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let p = exe
@@ -81,8 +69,9 @@ pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
         .context("executable has no directory")?
         .join(name);
     if !p.exists() {
+        let package = if name == "outbox" { "outbox-cli" } else { name };
         bail!(
-            "{} not found: build it first (cargo build --release -p {name})",
+            "{} not found: build it first (cargo build --release -p {package})",
             p.display()
         );
     }
@@ -97,7 +86,7 @@ pub struct DevServerProcess {
 
 impl DevServerProcess {
     pub async fn start(extra: &[&str]) -> anyhow::Result<DevServerProcess> {
-        let port = free_port()?;
+        let port = free_port();
         let child = Command::new(sibling("qstash-dev")?)
             .args(["--port", &port.to_string()])
             .args(extra)
@@ -125,7 +114,7 @@ impl DevServerProcess {
 
     /// CPU seconds the dev server has used so far.
     pub fn cpu_secs(&self) -> Option<f64> {
-        self.child.id().and_then(crate::util::cpu_secs)
+        self.child.id().and_then(cpu_secs)
     }
 
     pub async fn stop(mut self) {

@@ -1,0 +1,41 @@
+//! `outbox-dev`: developer commands. The whole pipeline locally (`dev`) and the benchmarks (`bench`). The
+//! operator commands are the `outbox` CLI's.
+
+use clap::{Parser, Subcommand};
+use outbox_devtools::{bench, dev};
+
+#[derive(Parser)]
+#[command(
+    name = "outbox-dev",
+    version,
+    about = "Transactional outbox → QStash: the whole pipeline locally, and benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the whole pipeline locally: migrations, the QStash-compatible dev server, the consumer and
+    /// failure-callback handlers on local ports, the relay, and a demo producer, with live progress.
+    Dev(dev::DevArgs),
+    /// Benchmarks (figures and one JSON line; never assertions).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+#[tokio::main]
+async fn main() {
+    outbox::install_crypto_provider();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Dev(args) => dev::run(args).await.map(|_| ()),
+        Command::Bench(cmd) => bench::run(cmd).await,
+    };
+    if let Err(e) = result {
+        // Errors can quote stored data (a topic, a database message): escaped like every other line.
+        eprintln!("error: {}", outbox_cli::util::printable(&format!("{e:#}")));
+        std::process::exit(1);
+    }
+}

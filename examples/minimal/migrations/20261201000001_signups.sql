@@ -1,0 +1,7 @@
+-- The minimal example's one table: a signup (the business row the producer writes) and when it was welcomed
+-- (what the handler does). Its version must not be one of the outbox's (migrations/).
+CREATE TABLE signups (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    email       text        NOT NULL,
+    welcomed_at timestamptz
+);

@@ -1,0 +1,98 @@
+//! The workspace's one test kit: everything the tests of the library, the CLI, the dev server and the whole
+//! system share, defined once.
+//!
+//! * [`stack`]: the local pipeline — the dev server in process, the relay through its Lambda handler, the
+//!   consumer and callback handlers served through `outbox::local` — that `outbox-dev dev` and the whole-system
+//!   tests run;
+//! * [`receiving`]: QStash-like tokens signed independently of `outbox::receiver`, function-URL requests,
+//!   the envelope [`receiving::Delivery`] builder, receiver and consumer states on a fixed clock;
+//! * [`sink`]: a stand-in consumer and callback endpoint that records what the dev server delivers;
+//! * [`db`]: URLs of `#[sqlx::test]` databases and hand-built outbox states;
+//! * [`moto`]: a local AWS Secrets Manager;
+//! * [`sam`]: `template.yaml` as CloudFormation, its alarms and dashboard; [`previous_relay`]: what the relay of
+//!   the previous wire format left behind;
+//! * [`MIGRATOR`]: the library's and the example application's migrations, for tests that need both;
+//! * small helpers: [`repo_root`], [`free_port`], [`percentile`], [`median`], [`text`].
+//!
+//! A dev-dependency only of the production crates (`outbox`, the functions, `outbox-cli`, `qstash-dev`): it is
+//! never part of what ships (decision record 0010).
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::LazyLock;
+
+use sqlx::migrate::Migrator;
+
+pub mod db;
+pub mod moto;
+pub mod previous_relay;
+pub mod receiving;
+pub mod sam;
+pub mod sink;
+pub mod stack;
+
+/// Both migration sets, `outbox::MIGRATOR` and `orders_example::MIGRATOR`, as one migrator: for tests whose
+/// database needs the example application's tables too (`#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]`).
+/// What a database migrated by the two in turn ends up with.
+pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
+    let mut m = Migrator::with_migrations(
+        outbox::MIGRATOR
+            .iter()
+            .chain(orders_example::MIGRATOR.iter())
+            .cloned()
+            .collect(),
+    );
+    m.set_ignore_missing(true);
+    m
+});
+
+/// The repository root (the workspace directory).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the test kit lives in the repository")
+        .to_path_buf()
+}
+
+/// A free loopback port (free when asked: bind it soon).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+/// Percentile by nearest rank (`p` in 0..=1) on a sorted copy of `v`; 0 for an empty slice.
+pub fn percentile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let i = ((s.len() - 1) as f64 * p).round() as usize;
+    s[i.min(s.len() - 1)]
+}
+
+/// The median of `v` ([`percentile`] 0.5).
+pub fn median(v: &[f64]) -> f64 {
+    percentile(v, 0.5)
+}
+
+/// Output a command wrote, as text.
+pub fn text(buf: &[u8]) -> String {
+    String::from_utf8_lossy(buf).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_is_nearest_rank_on_a_sorted_copy() {
+        assert_eq!(percentile(&[], 0.5), 0.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(percentile(&[5.0, 1.0, 4.0, 2.0, 3.0], 0.99), 5.0);
+        assert_eq!(percentile(&[5.0, 1.0, 4.0, 2.0, 3.0], 0.0), 1.0);
+        assert!(repo_root().join("Cargo.lock").exists());
+    }
+}
