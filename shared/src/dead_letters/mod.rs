@@ -28,7 +28,7 @@ mod redrive;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-pub use purge::{PurgeCounts, count_purge, purge};
+pub use purge::{PurgeCounts, PurgeError, count_purge, purge};
 pub use query::{
     DeadLetter, DeadLetterSummary, EventState, ListQuery, Page, count_unhandled, event_state, get,
     list,

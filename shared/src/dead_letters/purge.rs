@@ -4,13 +4,26 @@
 use serde::Serialize;
 use sqlx::{PgConnection, Row};
 
-use super::redrive::RedriveError;
 use super::{FILTER_SQL, Filter, UNHANDLED_SQL, bind_filter};
 
 /// The condition that keeps a dead letter from being purged: it is unhandled and its event blocks an ordered
 /// key (purging it would leave a blocked key with nothing to redrive).
 const BLOCKING_SQL: &str = "(d.redriven_at IS NULL AND d.resolved_at IS NULL AND d.outbox_id IS NOT NULL \
      AND EXISTS (SELECT 1 FROM outbox_keys k WHERE k.blocked_id = d.outbox_id))";
+
+/// Why a purge did not run (or stopped: batches deleted before a database error stay deleted).
+#[derive(Debug, thiserror::Error)]
+pub enum PurgeError {
+    /// No filter field is set.
+    #[error(
+        "a purge needs at least one filter (--topic, --source, --key, --since, --until), so that it cannot delete \
+         every dead letter by accident"
+    )]
+    FilterRequired,
+    /// A database error.
+    #[error("database error: {0} (is Postgres reachable? the purge is safe to run again)")]
+    Database(#[from] sqlx::Error),
+}
 
 /// What a purge would do / did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -51,9 +64,9 @@ pub async fn purge(
     handled_only: bool,
     batch: u32,
     mut on_batch: impl FnMut(i64),
-) -> Result<PurgeCounts, RedriveError> {
+) -> Result<PurgeCounts, PurgeError> {
     if filter.is_empty() {
-        return Err(RedriveError::FilterRequired);
+        return Err(PurgeError::FilterRequired);
     }
     let mut conn = pool.acquire().await?;
     let kept = count_purge(&mut conn, filter, handled_only)

@@ -154,9 +154,9 @@ pub enum RedriveError {
         /// Why it is a middle event.
         why: String,
     },
-    /// A bulk operation needs at least one filter.
+    /// A bulk redrive needs at least one filter.
     #[error(
-        "a bulk operation needs at least one filter (--topic, --source, --key, --since, --until), so that it cannot \
+        "a bulk redrive needs at least one filter (--topic, --source, --key, --since, --until), so that it cannot \
          touch every dead letter by accident"
     )]
     FilterRequired,
