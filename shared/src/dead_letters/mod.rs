@@ -14,8 +14,9 @@
 //! | file | concern |
 //! |---|---|
 //! | `record.rs` | a QStash failure callback becomes a dead letter ([`record_qstash_failure`]) |
-//! | `query.rs` | [`list`], [`get`], [`event_state`], [`count_unhandled`] |
-//! | `redrive.rs` | [`redrive`] one dead letter, [`redrive_matching`] many |
+//! | `query.rs` | [`list`], [`get`], [`event_state`], [`count_unhandled`], [`event_headers_of`] |
+//! | `redrive.rs` | [`redrive`] one dead letter, in named steps |
+//! | `redrive_bulk.rs` | [`redrive_matching`]: every unhandled dead letter a filter matches |
 //! | `purge.rs` | [`purge`], [`count_purge`] |
 //!
 //! This file holds what they share: [`Source`] and the [`Filter`] every operator command takes.
@@ -24,20 +25,19 @@ mod purge;
 mod query;
 mod record;
 mod redrive;
+mod redrive_bulk;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 pub use purge::{PurgeCounts, PurgeError, count_purge, purge};
 pub use query::{
-    DeadLetter, DeadLetterSummary, EventState, ListQuery, Page, count_unhandled, event_state, get,
-    list,
+    DeadLetter, DeadLetterSummary, EventState, ListQuery, Page, count_unhandled, event_headers_of,
+    event_state, get, list,
 };
 pub use record::{FailureRecorded, QstashFailure, record_qstash_failure};
-pub use redrive::{
-    BulkOutcome, BulkReport, RedriveError, RedriveOptions, RedriveOrder, Redriven,
-    event_headers_of, redrive, redrive_matching,
-};
+pub use redrive::{RedriveError, RedriveOptions, RedriveOrder, Redriven, redrive};
+pub use redrive_bulk::{BulkOutcome, BulkReport, redrive_matching};
 
 /// Where a dead letter came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,5 +1,6 @@
 //! Querying, for `outbox dead-letters list` and `show` and the counts the CLI prints before a bulk operation:
-//! [`list`] (filters, paging by id cursor), [`get`], [`event_state`], [`count_unhandled`].
+//! [`list`] (filters, paging by id cursor), [`get`], [`event_state`], [`count_unhandled`]; and
+//! [`event_headers_of`], which reads an event's headers back from what a dead letter stored.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -7,6 +8,8 @@ use serde_json::Value;
 use sqlx::{PgConnection, Row};
 
 use super::{FILTER_SQL, Filter, UNHANDLED_SQL, bind_filter};
+use crate::contract;
+use crate::producer::{EventHeaders, is_traceparent};
 
 /// One line of `outbox dead-letters list`.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
@@ -235,4 +238,55 @@ pub async fn count_unhandled(conn: &mut PgConnection, filter: &Filter) -> Result
         .fetch_one(&mut *conn)
         .await?;
     row.try_get(0)
+}
+
+/// The event headers (`traceparent`, correlation id, schema version) of a dead letter, for re-inserting a pruned
+/// event: a relay dead letter stores the event's own headers; a QStash one the original HTTP headers
+/// (`{name: [values]}`, forwarded ones possibly prefixed `Upstash-Forward-`), to which the failure callback adds
+/// the signed envelope's headers and schema version.
+pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
+    let Some(h) = headers else {
+        return EventHeaders::default();
+    };
+    let mut out = if source == "relay" {
+        serde_json::from_value::<EventHeaders>(h.clone()).unwrap_or_default()
+    } else {
+        let find = |name: &str| -> Option<String> {
+            let forwarded = format!("upstash-forward-{name}");
+            h.as_object()?.iter().find_map(|(k, v)| {
+                if k.eq_ignore_ascii_case(name) || k.eq_ignore_ascii_case(&forwarded) {
+                    match v {
+                        Value::String(s) => Some(s.clone()),
+                        Value::Array(a) => a.iter().find_map(Value::as_str).map(str::to_owned),
+                        _ => None,
+                    }
+                } else {
+                    None
+                }
+            })
+        };
+        EventHeaders {
+            traceparent: find(contract::TRACEPARENT),
+            correlation_id: find(contract::CORRELATION_ID),
+            schema_version: find(contract::legacy::SCHEMA_VERSION)
+                .and_then(|v| v.trim().parse().ok()),
+        }
+    };
+    // Whatever does not pass the producer's rules is dropped rather than blocking the redrive.
+    if out
+        .traceparent
+        .as_deref()
+        .is_some_and(|t| !is_traceparent(t))
+    {
+        out.traceparent = None;
+    }
+    if out.correlation_id.as_deref().is_some_and(|c| {
+        c.is_empty() || c.len() > 256 || !c.bytes().all(|b| (0x21..=0x7e).contains(&b))
+    }) {
+        out.correlation_id = None;
+    }
+    if out.schema_version == Some(0) {
+        out.schema_version = None;
+    }
+    out
 }

@@ -6,11 +6,10 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 
-use super::{FILTER_SQL, Filter, UNHANDLED_SQL, bind_filter};
+use super::event_headers_of;
 use crate::contract;
-use crate::producer::{EventHeaders, is_traceparent};
 
 /// How to redrive.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -172,85 +171,6 @@ impl RedriveError {
     }
 }
 
-#[derive(sqlx::FromRow)]
-struct DlRow {
-    id: i64,
-    source: String,
-    outbox_id: Option<i64>,
-    topic: Option<String>,
-    partition_key: Option<String>,
-    seq: Option<i64>,
-    payload: Option<Value>,
-    headers: Option<Value>,
-    error: String,
-    parse_error: Option<String>,
-    raw_callback: Option<Vec<u8>>,
-    redriven_at: Option<DateTime<Utc>>,
-    resolved_at: Option<DateTime<Utc>>,
-}
-
-#[derive(sqlx::FromRow)]
-struct OutboxRow {
-    topic: String,
-    partition_key: String,
-    seq: Option<i64>,
-    dispatched_at: Option<DateTime<Utc>>,
-    delivered_at: Option<DateTime<Utc>>,
-    dead_lettered_at: Option<DateTime<Utc>>,
-    last_error: Option<String>,
-}
-
-/// The event headers (`traceparent`, correlation id, schema version) of a dead letter, for re-inserting a pruned
-/// event: a relay dead letter stores the event's own headers; a QStash one the original HTTP headers
-/// (`{name: [values]}`, forwarded ones possibly prefixed `Upstash-Forward-`), to which the failure callback adds
-/// the signed envelope's headers and schema version.
-pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
-    let Some(h) = headers else {
-        return EventHeaders::default();
-    };
-    let mut out = if source == "relay" {
-        serde_json::from_value::<EventHeaders>(h.clone()).unwrap_or_default()
-    } else {
-        let find = |name: &str| -> Option<String> {
-            let forwarded = format!("upstash-forward-{name}");
-            h.as_object()?.iter().find_map(|(k, v)| {
-                if k.eq_ignore_ascii_case(name) || k.eq_ignore_ascii_case(&forwarded) {
-                    match v {
-                        Value::String(s) => Some(s.clone()),
-                        Value::Array(a) => a.iter().find_map(Value::as_str).map(str::to_owned),
-                        _ => None,
-                    }
-                } else {
-                    None
-                }
-            })
-        };
-        EventHeaders {
-            traceparent: find(contract::TRACEPARENT),
-            correlation_id: find(contract::CORRELATION_ID),
-            schema_version: find(contract::legacy::SCHEMA_VERSION)
-                .and_then(|v| v.trim().parse().ok()),
-        }
-    };
-    // Whatever does not pass the producer's rules is dropped rather than blocking the redrive.
-    if out
-        .traceparent
-        .as_deref()
-        .is_some_and(|t| !is_traceparent(t))
-    {
-        out.traceparent = None;
-    }
-    if out.correlation_id.as_deref().is_some_and(|c| {
-        c.is_empty() || c.len() > 256 || !c.bytes().all(|b| (0x21..=0x7e).contains(&b))
-    }) {
-        out.correlation_id = None;
-    }
-    if out.schema_version == Some(0) {
-        out.schema_version = None;
-    }
-    out
-}
-
 /// Redrives one dead letter, in one transaction (see decision record 0060 for the full contract):
 ///
 /// * the event keeps its outbox id (the consumer's dedupe key) and its `redrive_count` goes up, so the relay
@@ -284,20 +204,94 @@ pub async fn redrive(
     }
 }
 
+/// Redrives one dead letter inside `tx`; the steps below, in this order.
 async fn redrive_in(
     tx: &mut PgConnection,
-    dl_id: i64,
+    dead_letter_id: i64,
     opts: RedriveOptions,
 ) -> Result<Redriven, RedriveError> {
-    let d: DlRow = sqlx::query_as(
+    let (dead_letter, outbox_id) = lock_dead_letter(tx, dead_letter_id).await?;
+    let requeued = match lock_outbox_row(tx, outbox_id).await? {
+        Some(row) => reset_outbox_row(tx, &dead_letter, outbox_id, row, opts).await?,
+        None => reinsert_pruned_event(tx, &dead_letter, outbox_id, opts).await?,
+    };
+    let also_marked = mark_redriven(tx, dead_letter.id, outbox_id).await?;
+    let Requeued {
+        topic,
+        partition_key,
+        order,
+        reinserted,
+        redrive_count,
+    } = requeued;
+    tracing::info!(dead_letter_id, outbox_id, topic = %topic, key = %partition_key, order = ?order, reinserted,
+        redrive_count, "dead letter redriven");
+    Ok(Redriven {
+        dead_letter_id,
+        outbox_id,
+        topic,
+        partition_key,
+        order,
+        reinserted,
+        redrive_count,
+        dedup_id: contract::dedup_id(outbox_id, redrive_count),
+        also_marked,
+    })
+}
+
+/// The dead letter being redriven, as far as a redrive reads it.
+#[derive(sqlx::FromRow)]
+struct DeadLetterRow {
+    id: i64,
+    source: String,
+    outbox_id: Option<i64>,
+    topic: Option<String>,
+    partition_key: Option<String>,
+    seq: Option<i64>,
+    payload: Option<Value>,
+    headers: Option<Value>,
+    error: String,
+    parse_error: Option<String>,
+    raw_callback: Option<Vec<u8>>,
+    redriven_at: Option<DateTime<Utc>>,
+    resolved_at: Option<DateTime<Utc>>,
+}
+
+/// The outbox row of the event being redriven.
+#[derive(sqlx::FromRow)]
+struct OutboxRow {
+    topic: String,
+    partition_key: String,
+    seq: Option<i64>,
+    dispatched_at: Option<DateTime<Utc>>,
+    delivered_at: Option<DateTime<Utc>>,
+    dead_lettered_at: Option<DateTime<Utc>>,
+    last_error: Option<String>,
+}
+
+/// Where the event is now: back in the outbox, pending.
+struct Requeued {
+    topic: String,
+    partition_key: String,
+    order: RedriveOrder,
+    reinserted: bool,
+    redrive_count: i32,
+}
+
+/// Step 1: locks the dead letter and refuses one that cannot be redriven (unknown, redriven before, linked to no
+/// event, or resolved: delivered after all). Returns it with its event's outbox id.
+async fn lock_dead_letter(
+    tx: &mut PgConnection,
+    dead_letter_id: i64,
+) -> Result<(DeadLetterRow, i64), RedriveError> {
+    let d: DeadLetterRow = sqlx::query_as(
         "SELECT id, source, outbox_id, topic, partition_key, seq, payload, headers, error, parse_error, raw_callback, \
                 redriven_at, resolved_at \
          FROM dead_letters WHERE id = $1 FOR UPDATE",
     )
-    .bind(dl_id)
+    .bind(dead_letter_id)
     .fetch_optional(&mut *tx)
     .await?
-    .ok_or(RedriveError::NotFound(dl_id))?;
+    .ok_or(RedriveError::NotFound(dead_letter_id))?;
     if let Some(at) = d.redriven_at {
         return Err(RedriveError::AlreadyRedriven { id: d.id, at });
     }
@@ -314,165 +308,178 @@ async fn redrive_in(
             at,
         });
     }
-    let row: Option<OutboxRow> = sqlx::query_as(
+    Ok((d, outbox_id))
+}
+
+/// Step 2: locks the event's outbox row; `None` when it was pruned.
+async fn lock_outbox_row(
+    tx: &mut PgConnection,
+    outbox_id: i64,
+) -> Result<Option<OutboxRow>, sqlx::Error> {
+    sqlx::query_as(
         "SELECT topic, partition_key, seq, dispatched_at, delivered_at, dead_lettered_at, last_error \
          FROM outbox WHERE id = $1 FOR UPDATE",
     )
     .bind(outbox_id)
     .fetch_optional(&mut *tx)
-    .await?;
-    let note = |was: &str| -> String {
-        let was: String = was.chars().take(1800).collect();
-        format!("redriven from dead letter #{} (was: {was})", d.id)
-    };
+    .await
+}
 
-    let (topic, key, order, reinserted, redrive_count) = match row {
-        Some(o) => {
-            if let Some(at) = o.delivered_at {
-                return Err(RedriveError::Delivered {
-                    id: d.id,
-                    outbox_id,
-                    at,
-                });
-            }
-            if o.dead_lettered_at.is_none() {
-                return Err(RedriveError::NotDead {
-                    id: d.id,
-                    outbox_id,
-                    state: if o.dispatched_at.is_some() {
-                        "dispatched"
-                    } else {
-                        "pending"
-                    },
-                });
-            }
-            let order = match o.seq {
-                None => RedriveOrder::Unordered,
-                Some(seq) => {
-                    ordered_position(tx, &d, outbox_id, &o.topic, &o.partition_key, seq, opts)
-                        .await?
-                }
-            };
-            let drop_seq = matches!(order, RedriveOrder::OutOfOrder { .. });
-            let count: i32 = sqlx::query_scalar(
-                "UPDATE outbox SET dispatched_at = NULL, delivered_at = NULL, dead_lettered_at = NULL, attempts = 0, \
-                        available_at = now(), locked_until = NULL, lease_token = NULL, qstash_message_id = NULL, \
-                        last_error = $2, redrive_count = redrive_count + 1, \
-                        seq = CASE WHEN $3 THEN NULL ELSE seq END \
-                 WHERE id = $1 RETURNING redrive_count",
+/// Step 3a, the outbox row is there: refuses an event that is not dead (delivered after all, or live again), finds
+/// its place in its key, resets the row to pending with the redrive count up (an out-of-order event loses its
+/// sequence), and unblocks the key when the event was its blocked head.
+async fn reset_outbox_row(
+    tx: &mut PgConnection,
+    d: &DeadLetterRow,
+    outbox_id: i64,
+    row: OutboxRow,
+    opts: RedriveOptions,
+) -> Result<Requeued, RedriveError> {
+    if let Some(at) = row.delivered_at {
+        return Err(RedriveError::Delivered {
+            id: d.id,
+            outbox_id,
+            at,
+        });
+    }
+    if row.dead_lettered_at.is_none() {
+        return Err(RedriveError::NotDead {
+            id: d.id,
+            outbox_id,
+            state: if row.dispatched_at.is_some() {
+                "dispatched"
+            } else {
+                "pending"
+            },
+        });
+    }
+    let order = match row.seq {
+        None => RedriveOrder::Unordered,
+        Some(seq) => {
+            ordered_position(
+                tx,
+                d.id,
+                outbox_id,
+                &row.topic,
+                &row.partition_key,
+                seq,
+                opts,
             )
-            .bind(outbox_id)
-            .bind(note(o.last_error.as_deref().unwrap_or(&d.error)))
-            .bind(drop_seq)
-            .fetch_one(&mut *tx)
-            .await?;
-            if let RedriveOrder::InOrder {
-                key_unblocked: true,
-                ..
-            } = order
-            {
-                sqlx::query(
-                    "UPDATE outbox_keys SET blocked_at = NULL, blocked_id = NULL, blocked_reason = NULL, \
-                            inflight_id = NULL, inflight_since = NULL, lease_token = NULL, locked_until = NULL, \
-                            available_at = now() \
-                     WHERE topic = $1 AND partition_key = $2",
-                )
-                .bind(&o.topic)
-                .bind(&o.partition_key)
-                .execute(&mut *tx)
-                .await?;
-            }
-            (o.topic, o.partition_key, order, false, count)
+            .await?
         }
-        None => {
-            let missing = |what| RedriveError::CannotRebuild {
+    };
+    let drop_seq = matches!(order, RedriveOrder::OutOfOrder { .. });
+    let redrive_count: i32 = sqlx::query_scalar(
+        "UPDATE outbox SET dispatched_at = NULL, delivered_at = NULL, dead_lettered_at = NULL, attempts = 0, \
+                available_at = now(), locked_until = NULL, lease_token = NULL, qstash_message_id = NULL, \
+                last_error = $2, redrive_count = redrive_count + 1, \
+                seq = CASE WHEN $3 THEN NULL ELSE seq END \
+         WHERE id = $1 RETURNING redrive_count",
+    )
+    .bind(outbox_id)
+    .bind(redrive_note(d.id, row.last_error.as_deref().unwrap_or(&d.error)))
+    .bind(drop_seq)
+    .fetch_one(&mut *tx)
+    .await?;
+    if let RedriveOrder::InOrder {
+        key_unblocked: true,
+        ..
+    } = order
+    {
+        unblock_key(tx, &row.topic, &row.partition_key).await?;
+    }
+    Ok(Requeued {
+        topic: row.topic,
+        partition_key: row.partition_key,
+        order,
+        reinserted: false,
+        redrive_count,
+    })
+}
+
+/// Step 3b, the outbox row was pruned: re-inserts the event from the dead letter with the same id, as an unordered
+/// event (a pruned ordered event is behind its key by definition, so it needs `out_of_order`). Its redrive count
+/// continues from the event's earlier redrives.
+async fn reinsert_pruned_event(
+    tx: &mut PgConnection,
+    d: &DeadLetterRow,
+    outbox_id: i64,
+    opts: RedriveOptions,
+) -> Result<Requeued, RedriveError> {
+    let missing = |what| RedriveError::CannotRebuild {
+        id: d.id,
+        outbox_id,
+        missing: what,
+    };
+    let payload = d.payload.as_ref().ok_or_else(|| missing("JSON payload"))?;
+    let topic = d
+        .topic
+        .clone()
+        .filter(|t| crate::producer::validate_topic(t).is_ok())
+        .ok_or_else(|| missing("topic"))?;
+    let key = d
+        .partition_key
+        .clone()
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| missing("partition key"))?;
+    let order = match d.seq {
+        None => RedriveOrder::Unordered,
+        Some(seq) if opts.out_of_order => RedriveOrder::OutOfOrder { former_seq: seq },
+        Some(seq) => {
+            return Err(RedriveError::OutOfOrder {
                 id: d.id,
                 outbox_id,
-                missing: what,
-            };
-            let payload = d.payload.as_ref().ok_or_else(|| missing("JSON payload"))?;
-            let topic = d
-                .topic
-                .clone()
-                .filter(|t| crate::producer::validate_topic(t).is_ok())
-                .ok_or_else(|| missing("topic"))?;
-            let key = d
-                .partition_key
-                .clone()
-                .filter(|k| !k.is_empty())
-                .ok_or_else(|| missing("partition key"))?;
-            let order = match d.seq {
-                None => RedriveOrder::Unordered,
-                Some(seq) if opts.out_of_order => RedriveOrder::OutOfOrder { former_seq: seq },
-                Some(seq) => {
-                    return Err(RedriveError::OutOfOrder {
-                        id: d.id,
-                        outbox_id,
-                        topic,
-                        key,
-                        seq,
-                        why: "its outbox row was pruned, so its key has moved on; it can only be re-inserted \
-                              as an unordered event"
-                            .into(),
-                    });
-                }
-            };
-            let earlier: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM dead_letters WHERE outbox_id = $1 AND redriven_at IS NOT NULL",
-            )
-            .bind(outbox_id)
-            .fetch_one(&mut *tx)
-            .await?;
-            let count = i32::try_from(earlier + 1).unwrap_or(i32::MAX);
-            let headers = serde_json::to_value(event_headers_of(&d.source, d.headers.as_ref()))
-                .unwrap_or_else(|_| Value::Object(Default::default()));
-            sqlx::query(
-                "INSERT INTO outbox (id, topic, partition_key, seq, payload, headers, redrive_count, last_error) \
-                 OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3, NULL, $4, $5, $6, $7)",
-            )
-            .bind(outbox_id)
-            .bind(&topic)
-            .bind(&key)
-            .bind(payload)
-            .bind(&headers)
-            .bind(count)
-            .bind(note(&d.error))
-            .execute(&mut *tx)
-            .await?;
-            (topic, key, order, true, count)
+                topic,
+                key,
+                seq,
+                why: "its outbox row was pruned, so its key has moved on; it can only be re-inserted as an \
+                      unordered event"
+                    .into(),
+            });
         }
     };
-
-    let marked: Vec<i64> = sqlx::query_scalar(
-        "UPDATE dead_letters SET redriven_at = now() \
-         WHERE id = $1 OR (outbox_id = $2 AND redriven_at IS NULL AND resolved_at IS NULL) RETURNING id",
+    let earlier: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM dead_letters WHERE outbox_id = $1 AND redriven_at IS NOT NULL",
     )
-    .bind(d.id)
     .bind(outbox_id)
-    .fetch_all(&mut *tx)
+    .fetch_one(&mut *tx)
     .await?;
-    let mut also_marked: Vec<i64> = marked.into_iter().filter(|i| *i != d.id).collect();
-    also_marked.sort_unstable();
-    tracing::info!(dead_letter_id = d.id, outbox_id, topic = %topic, key = %key, order = ?order, reinserted,
-        redrive_count, "dead letter redriven");
-    Ok(Redriven {
-        dead_letter_id: d.id,
-        outbox_id,
+    let redrive_count = i32::try_from(earlier + 1).unwrap_or(i32::MAX);
+    let headers = serde_json::to_value(event_headers_of(&d.source, d.headers.as_ref()))
+        .unwrap_or_else(|_| Value::Object(Default::default()));
+    sqlx::query(
+        "INSERT INTO outbox (id, topic, partition_key, seq, payload, headers, redrive_count, last_error) \
+         OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3, NULL, $4, $5, $6, $7)",
+    )
+    .bind(outbox_id)
+    .bind(&topic)
+    .bind(&key)
+    .bind(payload)
+    .bind(&headers)
+    .bind(redrive_count)
+    .bind(redrive_note(d.id, &d.error))
+    .execute(&mut *tx)
+    .await?;
+    Ok(Requeued {
         topic,
         partition_key: key,
         order,
-        reinserted,
+        reinserted: true,
         redrive_count,
-        dedup_id: contract::dedup_id(outbox_id, redrive_count),
-        also_marked,
     })
+}
+
+/// The event's `last_error` after a redrive: where it came from, and (shortened) why it had died.
+fn redrive_note(dead_letter_id: i64, was: &str) -> String {
+    let was: String = was.chars().take(1800).collect();
+    format!("redriven from dead letter #{dead_letter_id} (was: {was})")
 }
 
 /// Where an ordered event stands in its key: in order (head, or behind earlier unfinished events) or a middle
 /// event (the key is past it, gone, or blocked by another event at its place). Locks the key row.
 async fn ordered_position(
     tx: &mut PgConnection,
-    d: &DlRow,
+    dead_letter_id: i64,
     outbox_id: i64,
     topic: &str,
     key: &str,
@@ -514,7 +521,7 @@ async fn ordered_position(
         Ok(RedriveOrder::OutOfOrder { former_seq: seq })
     } else {
         Err(RedriveError::OutOfOrder {
-            id: d.id,
+            id: dead_letter_id,
             outbox_id,
             topic: topic.to_owned(),
             key: key.to_owned(),
@@ -524,105 +531,40 @@ async fn ordered_position(
     }
 }
 
-/// The outcome of one dead letter in a bulk redrive.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub enum BulkOutcome {
-    /// Redriven.
-    Redriven(Redriven),
-    /// Left as it is (with why): a middle event without `out_of_order`, an event that is live again, a dead letter
-    /// that cannot be redriven.
-    Skipped {
-        /// Dead letter.
-        dead_letter_id: i64,
-        /// A middle ordered event (would need `--out-of-order`).
-        out_of_order: bool,
-        /// Why.
-        reason: String,
-    },
-    /// A database error on this item (the others go on).
-    Failed {
-        /// Dead letter.
-        dead_letter_id: i64,
-        /// The error.
-        error: String,
-    },
+/// The key's head is redriven: it goes first again, everything behind it follows in order.
+async fn unblock_key(tx: &mut PgConnection, topic: &str, key: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE outbox_keys SET blocked_at = NULL, blocked_id = NULL, blocked_reason = NULL, \
+                inflight_id = NULL, inflight_since = NULL, lease_token = NULL, locked_until = NULL, \
+                available_at = now() \
+         WHERE topic = $1 AND partition_key = $2",
+    )
+    .bind(topic)
+    .bind(key)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
-/// Totals of a bulk redrive.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct BulkReport {
-    /// Redriven.
-    pub redriven: u64,
-    /// Skipped (of which `out_of_order` would need `--out-of-order`).
-    pub skipped: u64,
-    /// Middle events skipped.
-    pub out_of_order: u64,
-    /// Failed.
-    pub failed: u64,
-}
-
-/// Redrives every unhandled dead letter matching `filter` (at least one field set), oldest first, each in its
-/// own transaction; dead letters recorded after the start are left alone. `on_item` sees each outcome as it
-/// happens (progress).
-pub async fn redrive_matching(
-    pool: &sqlx::PgPool,
-    filter: &Filter,
-    opts: RedriveOptions,
-    mut on_item: impl FnMut(&BulkOutcome),
-) -> Result<BulkReport, RedriveError> {
-    if filter.is_empty() {
-        return Err(RedriveError::FilterRequired);
-    }
-    let mut conn = pool.acquire().await?;
-    let upto: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM dead_letters")
-        .fetch_one(&mut *conn)
-        .await?;
-    let sql = format!(
-        "SELECT d.id FROM dead_letters d WHERE {FILTER_SQL} AND {UNHANDLED_SQL} AND d.id > $6 AND d.id <= $7 \
-         ORDER BY d.id LIMIT 500"
-    );
-    let mut report = BulkReport::default();
-    let mut after = 0i64;
-    loop {
-        let ids: Vec<i64> = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql.clone())), filter)
-            .bind(after)
-            .bind(upto)
-            .fetch_all(&mut *conn)
-            .await?
-            .iter()
-            .map(|r| r.try_get(0))
-            .collect::<Result<_, _>>()?;
-        let Some(last) = ids.last().copied() else {
-            break;
-        };
-        after = last;
-        for id in ids {
-            let outcome = match redrive(&mut conn, id, opts).await {
-                Ok(r) => {
-                    report.redriven += 1;
-                    BulkOutcome::Redriven(r)
-                }
-                Err(RedriveError::Database(e)) => {
-                    report.failed += 1;
-                    BulkOutcome::Failed {
-                        dead_letter_id: id,
-                        error: e.to_string(),
-                    }
-                }
-                Err(e) => {
-                    report.skipped += 1;
-                    let out_of_order = e.is_out_of_order();
-                    report.out_of_order += u64::from(out_of_order);
-                    BulkOutcome::Skipped {
-                        dead_letter_id: id,
-                        out_of_order,
-                        reason: e.to_string(),
-                    }
-                }
-            };
-            on_item(&outcome);
-        }
-    }
-    Ok(report)
+/// Step 4: marks the dead letter redriven, and every other unhandled dead letter of the same event with it (one
+/// event can die more than once before anyone looks); returns those others' ids.
+async fn mark_redriven(
+    tx: &mut PgConnection,
+    dead_letter_id: i64,
+    outbox_id: i64,
+) -> Result<Vec<i64>, sqlx::Error> {
+    let marked: Vec<i64> = sqlx::query_scalar(
+        "UPDATE dead_letters SET redriven_at = now() \
+         WHERE id = $1 OR (outbox_id = $2 AND redriven_at IS NULL AND resolved_at IS NULL) RETURNING id",
+    )
+    .bind(dead_letter_id)
+    .bind(outbox_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut also_marked: Vec<i64> = marked
+        .into_iter()
+        .filter(|i| *i != dead_letter_id)
+        .collect();
+    also_marked.sort_unstable();
+    Ok(also_marked)
 }
