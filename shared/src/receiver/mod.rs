@@ -33,11 +33,12 @@
 //! | `verify.rs` | [`verify`]: the checks above, pure (no I/O), and [`VerifyError`], [`Claims`], [`Clock`] |
 //! | `keys.rs` | [`SigningKeys`] and the [`KeyRing`] that re-reads them when QStash rotates |
 //! | `url.rs` | [`request_url`]: the URL QStash called, from a [`UrlSource`] |
-//! | `testing.rs` | [`sign`] like QStash, the dev keys, re-signing `events/` fixtures |
+//! | `testing.rs` | feature `testing` only: `sign` like QStash, the dev keys, re-signing `events/` fixtures |
 //!
 //! [`verify_request`], here, puts them together for one request.
 
 mod keys;
+#[cfg(any(test, feature = "testing"))]
 mod testing;
 mod url;
 mod verify;
@@ -45,6 +46,7 @@ mod verify;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 
 pub use keys::{KeyRing, RECEIVER_SECRETS, SigningKeys};
+#[cfg(any(test, feature = "testing"))]
 pub use testing::{DEV_SIGNING_KEYS, decode_unverified, resign_function_url_event, sign};
 pub use url::{UrlSource, request_url};
 pub use verify::{Claims, Clock, KeyUsed, VerifyError, VerifyOptions, body_hash, verify};

@@ -1,4 +1,6 @@
-//! Signing like QStash does, for fixtures, tests and local tooling; production tokens come from QStash.
+//! Signing like QStash does, for fixtures, tests and local tooling; production tokens come from QStash. Behind the
+//! cargo feature `testing` (off by default), so the library and the Lambda binaries ship neither a token signer nor
+//! the dev keys.
 
 use base64::Engine;
 use secrecy::SecretString;
