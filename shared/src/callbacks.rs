@@ -38,11 +38,14 @@ use serde_json::{Map, Value, json};
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use crate::consumer::{ReceiverState, json_response, request_path};
 use crate::contract;
 use crate::dead_letters::{FailureRecorded, QstashFailure, record_qstash_failure};
 use crate::metrics::{EmfRecord, Unit};
 use crate::ordering::{DeliveryRecorded, record_delivery, record_failed_attempt};
+use crate::receiver::ReceiverState;
+use crate::receiver::http::{
+    NONRETRYABLE_HEADER, json_response, nonretryable_status, request_path,
+};
 use crate::receiver::verify_request;
 
 const B64_STD: GeneralPurpose = GeneralPurpose::new(
@@ -453,7 +456,7 @@ impl CbOutcome {
             CbOutcome::Unauthorized(_) | CbOutcome::Tampered(_) => StatusCode::UNAUTHORIZED,
             CbOutcome::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             CbOutcome::NotFound(_) => StatusCode::NOT_FOUND,
-            CbOutcome::Unusable(_) => crate::consumer::nonretryable_status(),
+            CbOutcome::Unusable(_) => nonretryable_status(),
             CbOutcome::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -500,13 +503,11 @@ impl CbOutcome {
                 json!({"error": m})
             }
         };
-        let unusable = status == crate::consumer::nonretryable_status();
+        let unusable = status == nonretryable_status();
         let mut r = json_response(status, &body);
         if unusable {
-            r.headers_mut().insert(
-                crate::consumer::NONRETRYABLE_HEADER,
-                http::HeaderValue::from_static("true"),
-            );
+            r.headers_mut()
+                .insert(NONRETRYABLE_HEADER, http::HeaderValue::from_static("true"));
         }
         r
     }

@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use http::{HeaderValue, Method, StatusCode};
-use lambda_http::{Body, Request, RequestExt, Response};
-use serde_json::{Value, json};
+use lambda_http::{Body, Request, Response};
+use serde_json::json;
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -18,12 +18,10 @@ use crate::contract::{self, Contract, legacy};
 use crate::metrics::{EmfRecord, Unit};
 use crate::once::{Once, OnceError, handle_once};
 use crate::ordering::{SequenceCheck, check_consumer_sequence};
+use crate::receiver::http::{
+    NONRETRYABLE_HEADER, json_response, nonretryable_status, request_path,
+};
 use crate::receiver::{VerifyError, verify_request};
-
-/// QStash's status for "do not retry": the message goes to the DLQ at once (with [`NONRETRYABLE_HEADER`]).
-pub const STATUS_NONRETRYABLE: u16 = 489;
-/// The header that must accompany [`STATUS_NONRETRYABLE`].
-pub const NONRETRYABLE_HEADER: &str = "upstash-nonretryable-error";
 
 /// How a request ended. [`Outcome::into_response`] is the single place that maps outcomes to HTTP.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,31 +126,6 @@ impl Outcome {
                 r
             }
         }
-    }
-}
-
-pub(crate) fn nonretryable_status() -> StatusCode {
-    StatusCode::from_u16(STATUS_NONRETRYABLE).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY)
-}
-
-/// A JSON response.
-pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
-    let mut r = Response::new(Body::Text(body.to_string()));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-/// The raw path of a request (function URL `rawPath`, else the URI path).
-pub(crate) fn request_path(req: &Request) -> &str {
-    let raw = req.raw_http_path();
-    if raw.is_empty() {
-        req.uri().path()
-    } else {
-        raw
     }
 }
 

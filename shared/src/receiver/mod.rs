@@ -33,11 +33,15 @@
 //! | `verify.rs` | [`verify`]: the checks above, pure (no I/O), and [`VerifyError`], [`Claims`], [`Clock`] |
 //! | `keys.rs` | [`SigningKeys`] and the [`KeyRing`] that re-reads them when QStash rotates |
 //! | `url.rs` | [`request_url`]: the URL QStash called, from a [`UrlSource`] |
+//! | `state.rs` | [`ReceiverState`]: config, pool, keys — what a receiver function holds for its lifetime |
+//! | `http.rs` | what both receivers answer with: JSON, QStash's 489 "do not retry" ([`STATUS_NONRETRYABLE`]) |
 //! | `testing.rs` | feature `testing` only: `sign` like QStash, the dev keys, re-signing `events/` fixtures |
 //!
 //! [`verify_request`], here, puts them together for one request.
 
+pub(crate) mod http;
 mod keys;
+mod state;
 #[cfg(any(test, feature = "testing"))]
 mod testing;
 mod url;
@@ -45,7 +49,9 @@ mod verify;
 
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 
+pub use http::{NONRETRYABLE_HEADER, STATUS_NONRETRYABLE};
 pub use keys::{KeyRing, RECEIVER_SECRETS, SigningKeys};
+pub use state::ReceiverState;
 #[cfg(any(test, feature = "testing"))]
 pub use testing::{DEV_SIGNING_KEYS, decode_unverified, resign_function_url_event, sign};
 pub use url::{UrlSource, request_url};
