@@ -23,7 +23,7 @@ mod registry;
 use crate::config::ConfigError;
 
 // Shared by both receivers, so they live in `crate::receiver`; re-exported where they used to be.
-pub use crate::receiver::{NONRETRYABLE_HEADER, ReceiverState, STATUS_NONRETRYABLE};
+pub use crate::receiver::{NONRETRYABLE_HEADER, Receiver, ReceiverState, STATUS_NONRETRYABLE};
 pub use http::{Outcome, handle_event};
 pub use registry::{
     DEFAULT_SCHEMA_VERSION, Event, EventMeta, Handler, HandlerError, Registry, TopicRoute,
@@ -44,10 +44,10 @@ impl ConsumerState {
         ConsumerState { receiver, registry }
     }
 
-    /// [`ReceiverState::from_env`] with the application name `consumer`, plus `registry`.
+    /// [`ReceiverState::from_env`] for [`Receiver::Consumer`], plus `registry`.
     pub async fn from_env(registry: Registry) -> Result<Self, ConfigError> {
         Ok(ConsumerState {
-            receiver: ReceiverState::from_env("consumer").await?,
+            receiver: ReceiverState::from_env(Receiver::Consumer).await?,
             registry,
         })
     }

@@ -51,7 +51,7 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 
 pub use http::{NONRETRYABLE_HEADER, STATUS_NONRETRYABLE};
 pub use keys::{KeyRing, RECEIVER_SECRETS, SigningKeys};
-pub use state::ReceiverState;
+pub use state::{Receiver, ReceiverState};
 #[cfg(any(test, feature = "testing"))]
 pub use testing::{DEV_SIGNING_KEYS, decode_unverified, resign_function_url_event, sign};
 pub use url::{UrlSource, request_url};

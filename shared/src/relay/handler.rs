@@ -53,10 +53,11 @@ impl RelayState {
         let vars = Vars::new(env.as_ref());
         let qstash = QstashConfig::from_vars(&vars)?;
         let relay_cfg = RelayConfig::from_vars(&vars, qstash.retries)?;
-        let mut db = DbConfig::from_vars(&vars, "outbox-relay")?;
-        if vars.raw("DB_ASYNC_COMMIT").is_none() {
-            db.async_commit = true;
-        }
+        let relay_defaults = DbConfig {
+            async_commit: true, // decision record 0006
+            ..DbConfig::defaults("outbox-relay")
+        };
+        let mut db = DbConfig::from_vars_over(&vars, relay_defaults)?;
         db.max_connections = db
             .max_connections
             .max(relay_cfg.concurrency + u32::from(relay_cfg.listen_notify));
