@@ -13,7 +13,7 @@
 //! The body is parsed leniently ([`parse_callback`]): `body`/`sourceBody` are standard base64 (missing padding
 //! and the URL-safe alphabet tolerated), `header`/`sourceHeader` are maps of string arrays **or** strings,
 //! `notBefore`/`createdAt`/`status`/`retried`/`maxRetries` are numbers **or** numeric strings, and any field may
-//! be missing.
+//! be missing. `parse.rs` reads the body ([`parse_callback`], [`source_event`]); this file is the handler.
 //!
 //! | case | status |
 //! |---|---|
@@ -27,11 +27,11 @@
 //! | unknown path | 404 |
 //! | database error | 503 (QStash retries the callback) |
 
+mod parse;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
-use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use http::{Method, StatusCode};
 use lambda_http::{Body, Request, Response};
 use serde_json::{Map, Value, json};
@@ -48,294 +48,14 @@ use crate::receiver::http::{
 };
 use crate::receiver::verify_request;
 
-const B64_STD: GeneralPurpose = GeneralPurpose::new(
-    &base64::alphabet::STANDARD,
-    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
-);
-const B64_URL: GeneralPurpose = GeneralPurpose::new(
-    &base64::alphabet::URL_SAFE,
-    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
-);
+pub use parse::{
+    CallbackBody, ParsedCallback, SourceEvent, parse_callback, source_event, source_header,
+};
 
 /// Longest response body kept in a dead letter or an attempt description.
 pub const MAX_RESPONSE_BODY_CHARS: usize = 65_536;
 /// How much of the response body goes into a failed attempt's description.
 pub const ATTEMPT_BODY_CHARS: usize = 500;
-
-/// A QStash callback body, as far as it could be read.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CallbackBody {
-    /// The destination's HTTP status.
-    pub status: Option<i32>,
-    /// The destination's response headers (normalised to `{name: [values]}`).
-    pub header: Option<Value>,
-    /// The destination's response body (decoded from base64).
-    pub body: Option<Vec<u8>>,
-    /// How many times the message was retried (0 = first attempt).
-    pub retried: Option<i32>,
-    /// The retry budget.
-    pub max_retries: Option<i32>,
-    /// The DLQ id (failure callbacks only).
-    pub dlq_id: Option<String>,
-    /// QStash's id of the original message.
-    pub source_message_id: Option<String>,
-    /// URL group name, if any.
-    pub topic_name: Option<String>,
-    /// URL group endpoint name, if any.
-    pub endpoint_name: Option<String>,
-    /// The destination URL.
-    pub url: Option<String>,
-    /// The HTTP method used.
-    pub method: Option<String>,
-    /// The original message's headers (normalised to `{name: [values]}`).
-    pub source_header: Option<Value>,
-    /// The original message body (decoded from base64).
-    pub source_body: Option<Vec<u8>>,
-    /// Unix ms.
-    pub not_before: Option<i64>,
-    /// Unix ms.
-    pub created_at: Option<i64>,
-    /// Schedule id, if any.
-    pub schedule_id: Option<String>,
-    /// The publisher's IP.
-    pub caller_ip: Option<String>,
-}
-
-/// A parsed callback and the field-level problems met on the way (wrong type, bad base64); a field with a
-/// problem is left `None`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ParsedCallback {
-    /// What could be read.
-    pub body: CallbackBody,
-    /// What could not.
-    pub problems: Vec<String>,
-}
-
-fn get_int(m: &Map<String, Value>, name: &str, problems: &mut Vec<String>) -> Option<i64> {
-    match m.get(name) {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => n
-            .as_i64()
-            .or_else(|| {
-                n.as_f64()
-                    .filter(|f| f.is_finite() && f.fract() == 0.0)
-                    .map(|f| f as i64)
-            })
-            .or_else(|| {
-                problems.push(format!("{name}: {n} is not an integer"));
-                None
-            }),
-        Some(Value::String(s)) => s.trim().parse().ok().or_else(|| {
-            problems.push(format!(
-                "{name}: {:?} is not an integer",
-                s.chars().take(40).collect::<String>()
-            ));
-            None
-        }),
-        Some(other) => {
-            problems.push(format!(
-                "{name}: expected a number, got {}",
-                type_name(other)
-            ));
-            None
-        }
-    }
-}
-
-fn get_i32(m: &Map<String, Value>, name: &str, problems: &mut Vec<String>) -> Option<i32> {
-    let v = get_int(m, name, problems)?;
-    i32::try_from(v).ok().or_else(|| {
-        problems.push(format!("{name}: {v} is out of range"));
-        None
-    })
-}
-
-fn get_str(m: &Map<String, Value>, name: &str, problems: &mut Vec<String>) -> Option<String> {
-    match m.get(name) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(Value::Number(n)) => Some(n.to_string()),
-        Some(other) => {
-            problems.push(format!(
-                "{name}: expected a string, got {}",
-                type_name(other)
-            ));
-            None
-        }
-    }
-}
-
-fn get_base64(m: &Map<String, Value>, name: &str, problems: &mut Vec<String>) -> Option<Vec<u8>> {
-    let s = get_str(m, name, problems)?;
-    let s = s.trim();
-    B64_STD
-        .decode(s)
-        .or_else(|_| B64_URL.decode(s))
-        .map_err(|e| problems.push(format!("{name}: not base64 ({e})")))
-        .ok()
-}
-
-/// `{name: [values]}` from a map of string arrays or strings.
-fn get_headers(m: &Map<String, Value>, name: &str, problems: &mut Vec<String>) -> Option<Value> {
-    match m.get(name) {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(h)) => {
-            let mut out = Map::new();
-            for (k, v) in h {
-                let values: Vec<Value> = match v {
-                    Value::Array(items) => items
-                        .iter()
-                        .map(|i| match i {
-                            Value::String(s) => Value::String(s.clone()),
-                            other => Value::String(other.to_string()),
-                        })
-                        .collect(),
-                    Value::String(s) => vec![Value::String(s.clone())],
-                    Value::Null => Vec::new(),
-                    other => vec![Value::String(other.to_string())],
-                };
-                out.insert(k.clone(), Value::Array(values));
-            }
-            Some(Value::Object(out))
-        }
-        Some(other) => {
-            problems.push(format!(
-                "{name}: expected an object, got {}",
-                type_name(other)
-            ));
-            None
-        }
-    }
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// Parses a callback body. `Err` when it is not a JSON object at all; field-level problems are listed in
-/// [`ParsedCallback::problems`].
-pub fn parse_callback(raw: &[u8]) -> Result<ParsedCallback, String> {
-    let value: Value =
-        serde_json::from_slice(raw).map_err(|e| format!("callback body is not JSON: {e}"))?;
-    let Value::Object(m) = value else {
-        return Err(format!(
-            "callback body is {}, not a JSON object",
-            type_name(&value)
-        ));
-    };
-    let mut p = Vec::new();
-    let body = CallbackBody {
-        status: get_i32(&m, "status", &mut p),
-        header: get_headers(&m, "header", &mut p),
-        body: get_base64(&m, "body", &mut p),
-        retried: get_i32(&m, "retried", &mut p),
-        max_retries: get_i32(&m, "maxRetries", &mut p),
-        dlq_id: get_str(&m, "dlqId", &mut p).filter(|s| !s.is_empty()),
-        source_message_id: get_str(&m, "sourceMessageId", &mut p),
-        topic_name: get_str(&m, "topicName", &mut p),
-        endpoint_name: get_str(&m, "endpointName", &mut p),
-        url: get_str(&m, "url", &mut p),
-        method: get_str(&m, "method", &mut p),
-        source_header: get_headers(&m, "sourceHeader", &mut p),
-        source_body: get_base64(&m, "sourceBody", &mut p),
-        not_before: get_int(&m, "notBefore", &mut p),
-        created_at: get_int(&m, "createdAt", &mut p),
-        schedule_id: get_str(&m, "scheduleId", &mut p),
-        caller_ip: get_str(&m, "callerIP", &mut p).or_else(|| get_str(&m, "callerIp", &mut p)),
-    };
-    Ok(ParsedCallback { body, problems: p })
-}
-
-/// A header of the original message (`sourceHeader`), by name or with QStash's `Upstash-Forward-` prefix, any
-/// case; the first value.
-pub fn source_header<'b>(b: &'b CallbackBody, name: &str) -> Option<&'b str> {
-    let headers = b.source_header.as_ref()?.as_object()?;
-    let forwarded = format!("upstash-forward-{name}");
-    headers.iter().find_map(|(k, v)| {
-        if k.eq_ignore_ascii_case(name) || k.eq_ignore_ascii_case(&forwarded) {
-            v.as_array()?.iter().find_map(Value::as_str)
-        } else {
-            None
-        }
-    })
-}
-
-/// What a callback's signed body says about the original message's event: from the envelope (a current
-/// delivery: its URL names [`contract::CONTRACT_VERSION`] and its `sourceBody` is the envelope), else from the
-/// headers its publisher set (`sourceHeader`: `x-outbox-id`, `x-outbox-topic`, `x-outbox-key`, as relays before
-/// the signed contract sent them), else the topic from the URL's path. Never from a header of the callback
-/// request itself: those are not signed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SourceEvent {
-    /// The outbox id.
-    pub outbox_id: Option<i64>,
-    /// The topic.
-    pub topic: Option<String>,
-    /// The partition key.
-    pub partition_key: Option<String>,
-    /// The event's payload (for the dead letter): the envelope's payload, or the whole body of a legacy message.
-    pub payload: Option<Vec<u8>>,
-    /// The envelope's event headers and its schema version (as `x-schema-version`), for a redrive that must
-    /// re-create a pruned event.
-    pub headers: BTreeMap<String, String>,
-}
-
-/// Reads [`SourceEvent`] from a parsed callback body.
-pub fn source_event(b: &CallbackBody) -> SourceEvent {
-    let parse_id = |s: &str| s.trim().parse::<i64>().ok().filter(|id| *id > 0);
-    let url_query = b
-        .url
-        .as_deref()
-        .and_then(|u| u.split('#').next())
-        .and_then(|u| u.split_once('?'))
-        .map(|(_, q)| q);
-    let current = b.url.is_some()
-        && contract::contract_of_query(url_query) == Ok(contract::Contract::Current);
-    if current
-        && let Some(env) = b
-            .source_body
-            .as_deref()
-            .and_then(|body| contract::parse_envelope(body).ok())
-        && let [ev] = env.events.as_slice()
-    {
-        let mut headers = ev.headers.clone();
-        if let Some(v) = ev.schema_version {
-            headers.insert(contract::legacy::SCHEMA_VERSION.to_owned(), v.to_string());
-        }
-        return SourceEvent {
-            outbox_id: Some(ev.id),
-            topic: Some(env.topic.clone()),
-            partition_key: Some(ev.key.clone()),
-            payload: Some(ev.payload.get().as_bytes().to_vec()),
-            headers,
-        };
-    }
-    SourceEvent {
-        outbox_id: source_header(b, contract::legacy::OUTBOX_ID).and_then(parse_id),
-        topic: source_header(b, contract::legacy::OUTBOX_TOPIC)
-            .map(str::to_owned)
-            .or_else(|| topic_of_url(b.url.as_deref()?)),
-        partition_key: source_header(b, contract::legacy::OUTBOX_KEY)
-            .and_then(contract::decode_key),
-        payload: (!current).then(|| b.source_body.clone()).flatten(),
-        headers: BTreeMap::new(),
-    }
-}
-
-/// The last segment of a `/events/{topic}` URL.
-fn topic_of_url(url: &str) -> Option<String> {
-    let path = url.split(['?', '#']).next()?;
-    let (_, topic) = path.rsplit_once(contract::EVENTS_PATH)?;
-    crate::producer::validate_topic(topic).ok()?;
-    Some(topic.to_owned())
-}
 
 /// The original message's headers (`{name: [values]}`) plus the envelope's event headers (names not already
 /// there).
@@ -424,7 +144,7 @@ pub fn failure_from_callback(raw: &[u8]) -> QstashFailure {
 
 /// How a callback request ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum CbOutcome {
+enum CallbackOutcome {
     DeadLetter {
         recorded: FailureRecorded,
     },
@@ -447,24 +167,26 @@ enum CbOutcome {
     Database(String),
 }
 
-impl CbOutcome {
+impl CallbackOutcome {
     fn status(&self) -> StatusCode {
         match self {
-            CbOutcome::DeadLetter { .. }
-            | CbOutcome::Delivered { .. }
-            | CbOutcome::AttemptFailed { .. } => StatusCode::OK,
-            CbOutcome::Unauthorized(_) | CbOutcome::Tampered(_) => StatusCode::UNAUTHORIZED,
-            CbOutcome::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            CbOutcome::NotFound(_) => StatusCode::NOT_FOUND,
-            CbOutcome::Unusable(_) => nonretryable_status(),
-            CbOutcome::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
+            CallbackOutcome::DeadLetter { .. }
+            | CallbackOutcome::Delivered { .. }
+            | CallbackOutcome::AttemptFailed { .. } => StatusCode::OK,
+            CallbackOutcome::Unauthorized(_) | CallbackOutcome::Tampered(_) => {
+                StatusCode::UNAUTHORIZED
+            }
+            CallbackOutcome::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            CallbackOutcome::NotFound(_) => StatusCode::NOT_FOUND,
+            CallbackOutcome::Unusable(_) => nonretryable_status(),
+            CallbackOutcome::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
     fn into_response(self) -> Response<Body> {
         let status = self.status();
         let body = match self {
-            CbOutcome::DeadLetter {
+            CallbackOutcome::DeadLetter {
                 recorded:
                     FailureRecorded::Recorded {
                         dead_letter_id,
@@ -473,33 +195,35 @@ impl CbOutcome {
             } => {
                 json!({"status": "recorded", "dead_letter_id": dead_letter_id, "outbox_id": outbox_id})
             }
-            CbOutcome::DeadLetter {
+            CallbackOutcome::DeadLetter {
                 recorded: FailureRecorded::Duplicate,
             } => json!({"status": "duplicate"}),
-            CbOutcome::Delivered {
+            CallbackOutcome::Delivered {
                 outbox_id,
                 result: DeliveryRecorded::Recorded { key_advanced },
             } => {
                 json!({"status": "delivered", "outbox_id": outbox_id, "key_advanced": key_advanced})
             }
-            CbOutcome::Delivered {
+            CallbackOutcome::Delivered {
                 outbox_id,
                 result: DeliveryRecorded::UnknownEvent,
             } => json!({"status": "unknown_event", "outbox_id": outbox_id}),
-            CbOutcome::AttemptFailed {
+            CallbackOutcome::AttemptFailed {
                 outbox_id,
                 recorded,
             } => json!({"status": "attempt_failed", "outbox_id": outbox_id, "recorded": recorded}),
-            CbOutcome::Unauthorized(e) => {
+            CallbackOutcome::Unauthorized(e) => {
                 json!({"error": format!("signature rejected: {e}"), "check": e.check()})
             }
-            CbOutcome::Tampered(m) => {
+            CallbackOutcome::Tampered(m) => {
                 json!({"error": format!("request refused: {m}"), "check": "header_mismatch"})
             }
-            CbOutcome::TooLarge { size, max } => {
+            CallbackOutcome::TooLarge { size, max } => {
                 json!({"error": format!("body is {size} bytes; the limit is {max} (CALLBACK_MAX_BODY_BYTES)")})
             }
-            CbOutcome::NotFound(m) | CbOutcome::Unusable(m) | CbOutcome::Database(m) => {
+            CallbackOutcome::NotFound(m)
+            | CallbackOutcome::Unusable(m)
+            | CallbackOutcome::Database(m) => {
                 json!({"error": m})
             }
         };
@@ -553,7 +277,7 @@ pub async fn handle_callback(state: &ReceiverState, req: Request) -> Response<Bo
         let outcome = process(state, &req).await;
         let response_status = outcome.status().as_u16();
         match &outcome {
-            CbOutcome::DeadLetter { recorded } => match recorded {
+            CallbackOutcome::DeadLetter { recorded } => match recorded {
                 FailureRecorded::Recorded { dead_letter_id, .. } => tracing::error!(
                     response_status,
                     dead_letter_id,
@@ -563,26 +287,26 @@ pub async fn handle_callback(state: &ReceiverState, req: Request) -> Response<Bo
                     tracing::info!(response_status, "failure callback already recorded")
                 }
             },
-            CbOutcome::Delivered { result, .. } => {
+            CallbackOutcome::Delivered { result, .. } => {
                 tracing::info!(response_status, result = ?result, "delivery evidence recorded")
             }
-            CbOutcome::AttemptFailed { recorded, .. } => {
+            CallbackOutcome::AttemptFailed { recorded, .. } => {
                 tracing::warn!(response_status, recorded, "failed delivery attempt noted")
             }
-            CbOutcome::Unauthorized(e) => {
+            CallbackOutcome::Unauthorized(e) => {
                 tracing::warn!(response_status, check = e.check(), error = %e, "signature rejected")
             }
-            CbOutcome::Tampered(e) => {
+            CallbackOutcome::Tampered(e) => {
                 tracing::warn!(response_status, check = "header_mismatch", error = %e, "altered request refused")
             }
-            CbOutcome::TooLarge { size, max } => {
+            CallbackOutcome::TooLarge { size, max } => {
                 tracing::error!(response_status, size, max, "callback body over the size cap")
             }
-            CbOutcome::NotFound(m) => tracing::warn!(response_status, error = %m, "unknown path"),
-            CbOutcome::Unusable(m) => {
+            CallbackOutcome::NotFound(m) => tracing::warn!(response_status, error = %m, "unknown path"),
+            CallbackOutcome::Unusable(m) => {
                 tracing::error!(response_status, error = %m, "delivery callback unusable: evidence lost (the relay republishes after its evidence timeout)")
             }
-            CbOutcome::Database(m) => {
+            CallbackOutcome::Database(m) => {
                 tracing::warn!(response_status, error = %m, "database error (QStash retries the callback)")
             }
         }
@@ -595,7 +319,7 @@ pub async fn handle_callback(state: &ReceiverState, req: Request) -> Response<Bo
     .await
 }
 
-fn emit_metrics(outcome: &CbOutcome, elapsed: Duration) {
+fn emit_metrics(outcome: &CallbackOutcome, elapsed: Duration) {
     let one = |b: bool| if b { 1.0 } else { 0.0 };
     let rec = EmfRecord::new("failure-callback")
         .metric(
@@ -603,7 +327,7 @@ fn emit_metrics(outcome: &CbOutcome, elapsed: Duration) {
             Unit::Count,
             one(matches!(
                 outcome,
-                CbOutcome::DeadLetter {
+                CallbackOutcome::DeadLetter {
                     recorded: FailureRecorded::Recorded { .. }
                 }
             )),
@@ -613,7 +337,7 @@ fn emit_metrics(outcome: &CbOutcome, elapsed: Duration) {
             Unit::Count,
             one(matches!(
                 outcome,
-                CbOutcome::Delivered {
+                CallbackOutcome::Delivered {
                     result: DeliveryRecorded::Recorded { .. },
                     ..
                 }
@@ -624,7 +348,7 @@ fn emit_metrics(outcome: &CbOutcome, elapsed: Duration) {
             Unit::Count,
             one(matches!(
                 outcome,
-                CbOutcome::Unauthorized(_) | CbOutcome::Tampered(_)
+                CallbackOutcome::Unauthorized(_) | CallbackOutcome::Tampered(_)
             )),
         )
         .metric(
@@ -632,13 +356,15 @@ fn emit_metrics(outcome: &CbOutcome, elapsed: Duration) {
             Unit::Count,
             one(matches!(
                 outcome,
-                CbOutcome::Unusable(_) | CbOutcome::TooLarge { .. } | CbOutcome::NotFound(_)
+                CallbackOutcome::Unusable(_)
+                    | CallbackOutcome::TooLarge { .. }
+                    | CallbackOutcome::NotFound(_)
             )),
         )
         .metric(
             "TransientFailures",
             Unit::Count,
-            one(matches!(outcome, CbOutcome::Database(_))),
+            one(matches!(outcome, CallbackOutcome::Database(_))),
         )
         .metric(
             "HandlerLatency",
@@ -649,11 +375,11 @@ fn emit_metrics(outcome: &CbOutcome, elapsed: Duration) {
     rec.emit();
 }
 
-async fn process(state: &ReceiverState, req: &Request) -> CbOutcome {
+async fn process(state: &ReceiverState, req: &Request) -> CallbackOutcome {
     let span = tracing::Span::current();
     let raw: &[u8] = req.body().as_ref();
     if raw.len() > state.config.callback_max_body_bytes {
-        return CbOutcome::TooLarge {
+        return CallbackOutcome::TooLarge {
             size: raw.len(),
             max: state.config.callback_max_body_bytes,
         };
@@ -661,13 +387,13 @@ async fn process(state: &ReceiverState, req: &Request) -> CbOutcome {
     if let Err(e) =
         verify_request(&state.keys, req, state.url_source(), state.verify_options()).await
     {
-        return CbOutcome::Unauthorized(e);
+        return CallbackOutcome::Unauthorized(e);
     }
     let path = request_path(req);
     let kind = match (req.method(), callback_kind(path)) {
         (&Method::POST, Some(kind)) => kind,
         _ => {
-            return CbOutcome::NotFound(format!(
+            return CallbackOutcome::NotFound(format!(
                 "no route for {} {:?}: callbacks are POST /failure and POST /delivered",
                 req.method(),
                 path.chars().take(200).collect::<String>()
@@ -681,11 +407,11 @@ async fn process(state: &ReceiverState, req: &Request) -> CbOutcome {
     }
 }
 
-async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CbOutcome {
+async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOutcome {
     let span = tracing::Span::current();
     let f = failure_from_callback(raw);
     if let Err(e) = check_id_copy(req, f.outbox_id) {
-        return CbOutcome::Tampered(e);
+        return CallbackOutcome::Tampered(e);
     }
     if let Some(id) = f.outbox_id {
         span.record("outbox_id", id);
@@ -713,7 +439,7 @@ async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CbOutcome 
     }
     let mut conn = match state.pool.acquire().await {
         Ok(c) => c,
-        Err(e) => return CbOutcome::Database(format!("database unavailable: {e}")),
+        Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
     };
     match record_qstash_failure(
         &mut conn,
@@ -723,16 +449,16 @@ async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CbOutcome 
     )
     .await
     {
-        Ok(recorded) => CbOutcome::DeadLetter { recorded },
-        Err(e) => CbOutcome::Database(format!("could not record the dead letter: {e}")),
+        Ok(recorded) => CallbackOutcome::DeadLetter { recorded },
+        Err(e) => CallbackOutcome::Database(format!("could not record the dead letter: {e}")),
     }
 }
 
-async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> CbOutcome {
+async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOutcome {
     let span = tracing::Span::current();
     let parsed = match parse_callback(raw) {
         Ok(p) => p,
-        Err(e) => return CbOutcome::Unusable(format!("delivery callback unusable: {e}")),
+        Err(e) => return CallbackOutcome::Unusable(format!("delivery callback unusable: {e}")),
     };
     let b = &parsed.body;
     if let Some(m) = &b.source_message_id {
@@ -747,15 +473,15 @@ async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> CbOutcom
         } else {
             parsed.problems.join("; ")
         };
-        return CbOutcome::Unusable(format!("delivery callback unusable: {why}"));
+        return CallbackOutcome::Unusable(format!("delivery callback unusable: {why}"));
     };
     span.record("status", status);
     let source = source_event(b);
     if let Err(e) = check_id_copy(req, source.outbox_id) {
-        return CbOutcome::Tampered(e);
+        return CallbackOutcome::Tampered(e);
     }
     let Some(outbox_id) = source.outbox_id else {
-        return CbOutcome::Unusable(
+        return CallbackOutcome::Unusable(
             "delivery callback unusable: its signed body names no outbox event (no envelope in sourceBody, no \
              x-outbox-id in sourceHeader)"
                 .into(),
@@ -764,21 +490,23 @@ async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> CbOutcom
     span.record("outbox_id", outbox_id);
     let mut conn = match state.pool.acquire().await {
         Ok(c) => c,
-        Err(e) => return CbOutcome::Database(format!("database unavailable: {e}")),
+        Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
     };
     if (200..300).contains(&status) {
         match record_delivery(&mut conn, outbox_id, state.persistent).await {
-            Ok(result) => CbOutcome::Delivered { outbox_id, result },
-            Err(e) => CbOutcome::Database(format!("could not record delivery evidence: {e}")),
+            Ok(result) => CallbackOutcome::Delivered { outbox_id, result },
+            Err(e) => CallbackOutcome::Database(format!("could not record delivery evidence: {e}")),
         }
     } else {
         let description = attempt_description(b, status);
         match record_failed_attempt(&mut conn, outbox_id, &description, state.persistent).await {
-            Ok(recorded) => CbOutcome::AttemptFailed {
+            Ok(recorded) => CallbackOutcome::AttemptFailed {
                 outbox_id,
                 recorded,
             },
-            Err(e) => CbOutcome::Database(format!("could not record the failed attempt: {e}")),
+            Err(e) => {
+                CallbackOutcome::Database(format!("could not record the failed attempt: {e}"))
+            }
         }
     }
 }
