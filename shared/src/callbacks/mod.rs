@@ -30,12 +30,11 @@
 mod parse;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{Method, StatusCode};
 use lambda_http::{Body, Request, Response};
 use serde_json::{Map, Value, json};
-use tracing::Instrument;
 use tracing::field::Empty;
 
 use crate::contract;
@@ -44,7 +43,7 @@ use crate::metrics::{EmfRecord, Unit};
 use crate::ordering::{DeliveryRecorded, record_delivery, record_failed_attempt};
 use crate::receiver::ReceiverState;
 use crate::receiver::http::{
-    NONRETRYABLE_HEADER, json_response, nonretryable_status, request_path,
+    NONRETRYABLE_HEADER, RequestOutcome, json_response, nonretryable_status, request_path, respond,
 };
 use crate::receiver::verify_request;
 
@@ -142,28 +141,29 @@ pub fn failure_from_callback(raw: &[u8]) -> QstashFailure {
     }
 }
 
-/// How a callback request ended.
+/// How a callback request ended (the module table: one variant a row).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum CallbackOutcome {
-    DeadLetter {
-        recorded: FailureRecorded,
-    },
+    /// A failure callback, recorded as a dead letter (or recorded before).
+    DeadLetter { recorded: FailureRecorded },
+    /// A delivery callback with a 2xx status: the event's delivery evidence.
     Delivered {
         outbox_id: i64,
         result: DeliveryRecorded,
     },
-    AttemptFailed {
-        outbox_id: i64,
-        recorded: bool,
-    },
+    /// A delivery callback with another status, noted on the event.
+    AttemptFailed { outbox_id: i64, recorded: bool },
+    /// Missing or invalid signature.
     Unauthorized(crate::receiver::VerifyError),
+    /// An `x-outbox-id` header that disagrees with the signed body.
     Tampered(String),
-    TooLarge {
-        size: usize,
-        max: usize,
-    },
+    /// Body over `CALLBACK_MAX_BODY_BYTES`.
+    TooLarge { size: usize, max: usize },
+    /// Not `POST /failure` or `POST /delivered`.
     NotFound(String),
+    /// A delivery callback that names no event or status: the evidence is lost.
     Unusable(String),
+    /// The database failed; QStash retries the callback.
     Database(String),
 }
 
@@ -181,6 +181,109 @@ impl CallbackOutcome {
             CallbackOutcome::Unusable(_) => nonretryable_status(),
             CallbackOutcome::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
+    }
+}
+
+impl RequestOutcome for CallbackOutcome {
+    fn log(&self, _elapsed: Duration) {
+        let response_status = self.status().as_u16();
+        match self {
+            CallbackOutcome::DeadLetter { recorded } => match recorded {
+                FailureRecorded::Recorded { dead_letter_id, .. } => tracing::error!(
+                    response_status,
+                    dead_letter_id,
+                    "QStash gave up on an event: dead letter recorded"
+                ),
+                FailureRecorded::Duplicate => {
+                    tracing::info!(response_status, "failure callback already recorded")
+                }
+            },
+            CallbackOutcome::Delivered { result, .. } => {
+                tracing::info!(response_status, result = ?result, "delivery evidence recorded")
+            }
+            CallbackOutcome::AttemptFailed { recorded, .. } => {
+                tracing::warn!(response_status, recorded, "failed delivery attempt noted")
+            }
+            CallbackOutcome::Unauthorized(e) => {
+                tracing::warn!(response_status, check = e.check(), error = %e, "signature rejected")
+            }
+            CallbackOutcome::Tampered(e) => {
+                tracing::warn!(response_status, check = "header_mismatch", error = %e, "altered request refused")
+            }
+            CallbackOutcome::TooLarge { size, max } => {
+                tracing::error!(
+                    response_status,
+                    size,
+                    max,
+                    "callback body over the size cap"
+                )
+            }
+            CallbackOutcome::NotFound(m) => {
+                tracing::warn!(response_status, error = %m, "unknown path")
+            }
+            CallbackOutcome::Unusable(m) => {
+                tracing::error!(response_status, error = %m, "delivery callback unusable: evidence lost (the relay republishes after its evidence timeout)")
+            }
+            CallbackOutcome::Database(m) => {
+                tracing::warn!(response_status, error = %m, "database error (QStash retries the callback)")
+            }
+        }
+    }
+
+    fn metrics(&self, elapsed: Duration) -> EmfRecord {
+        let outcome = self;
+        let one = |b: bool| if b { 1.0 } else { 0.0 };
+        EmfRecord::new("failure-callback")
+            .metric(
+                "DeadLettersRecorded",
+                Unit::Count,
+                one(matches!(
+                    outcome,
+                    CallbackOutcome::DeadLetter {
+                        recorded: FailureRecorded::Recorded { .. }
+                    }
+                )),
+            )
+            .metric(
+                "DeliveryEvidence",
+                Unit::Count,
+                one(matches!(
+                    outcome,
+                    CallbackOutcome::Delivered {
+                        result: DeliveryRecorded::Recorded { .. },
+                        ..
+                    }
+                )),
+            )
+            .metric(
+                "RejectedSignatures",
+                Unit::Count,
+                one(matches!(
+                    outcome,
+                    CallbackOutcome::Unauthorized(_) | CallbackOutcome::Tampered(_)
+                )),
+            )
+            .metric(
+                "PermanentFailures",
+                Unit::Count,
+                one(matches!(
+                    outcome,
+                    CallbackOutcome::Unusable(_)
+                        | CallbackOutcome::TooLarge { .. }
+                        | CallbackOutcome::NotFound(_)
+                )),
+            )
+            .metric(
+                "TransientFailures",
+                Unit::Count,
+                one(matches!(outcome, CallbackOutcome::Database(_))),
+            )
+            .metric(
+                "HandlerLatency",
+                Unit::Milliseconds,
+                elapsed.as_secs_f64() * 1e3,
+            )
+            .property("status", outcome.status().as_u16())
     }
 
     fn into_response(self) -> Response<Body> {
@@ -261,7 +364,6 @@ pub fn callback_kind(path: &str) -> Option<CallbackKind> {
 /// The callback function: `POST /failure` and `POST /delivered` from QStash. Never fails: every error is an
 /// HTTP status (see the module table). Logs one line and prints one EMF record per request.
 pub async fn handle_callback(state: &ReceiverState, req: Request) -> Response<Body> {
-    let started = Instant::now();
     let span = tracing::info_span!(
         "callback",
         kind = Empty,
@@ -273,106 +375,7 @@ pub async fn handle_callback(state: &ReceiverState, req: Request) -> Response<Bo
         status = Empty,
         retried = Empty,
     );
-    async move {
-        let outcome = process(state, &req).await;
-        let response_status = outcome.status().as_u16();
-        match &outcome {
-            CallbackOutcome::DeadLetter { recorded } => match recorded {
-                FailureRecorded::Recorded { dead_letter_id, .. } => tracing::error!(
-                    response_status,
-                    dead_letter_id,
-                    "QStash gave up on an event: dead letter recorded"
-                ),
-                FailureRecorded::Duplicate => {
-                    tracing::info!(response_status, "failure callback already recorded")
-                }
-            },
-            CallbackOutcome::Delivered { result, .. } => {
-                tracing::info!(response_status, result = ?result, "delivery evidence recorded")
-            }
-            CallbackOutcome::AttemptFailed { recorded, .. } => {
-                tracing::warn!(response_status, recorded, "failed delivery attempt noted")
-            }
-            CallbackOutcome::Unauthorized(e) => {
-                tracing::warn!(response_status, check = e.check(), error = %e, "signature rejected")
-            }
-            CallbackOutcome::Tampered(e) => {
-                tracing::warn!(response_status, check = "header_mismatch", error = %e, "altered request refused")
-            }
-            CallbackOutcome::TooLarge { size, max } => {
-                tracing::error!(response_status, size, max, "callback body over the size cap")
-            }
-            CallbackOutcome::NotFound(m) => tracing::warn!(response_status, error = %m, "unknown path"),
-            CallbackOutcome::Unusable(m) => {
-                tracing::error!(response_status, error = %m, "delivery callback unusable: evidence lost (the relay republishes after its evidence timeout)")
-            }
-            CallbackOutcome::Database(m) => {
-                tracing::warn!(response_status, error = %m, "database error (QStash retries the callback)")
-            }
-        }
-        if state.emit_metrics {
-            emit_metrics(&outcome, started.elapsed());
-        }
-        outcome.into_response()
-    }
-    .instrument(span)
-    .await
-}
-
-fn emit_metrics(outcome: &CallbackOutcome, elapsed: Duration) {
-    let one = |b: bool| if b { 1.0 } else { 0.0 };
-    let rec = EmfRecord::new("failure-callback")
-        .metric(
-            "DeadLettersRecorded",
-            Unit::Count,
-            one(matches!(
-                outcome,
-                CallbackOutcome::DeadLetter {
-                    recorded: FailureRecorded::Recorded { .. }
-                }
-            )),
-        )
-        .metric(
-            "DeliveryEvidence",
-            Unit::Count,
-            one(matches!(
-                outcome,
-                CallbackOutcome::Delivered {
-                    result: DeliveryRecorded::Recorded { .. },
-                    ..
-                }
-            )),
-        )
-        .metric(
-            "RejectedSignatures",
-            Unit::Count,
-            one(matches!(
-                outcome,
-                CallbackOutcome::Unauthorized(_) | CallbackOutcome::Tampered(_)
-            )),
-        )
-        .metric(
-            "PermanentFailures",
-            Unit::Count,
-            one(matches!(
-                outcome,
-                CallbackOutcome::Unusable(_)
-                    | CallbackOutcome::TooLarge { .. }
-                    | CallbackOutcome::NotFound(_)
-            )),
-        )
-        .metric(
-            "TransientFailures",
-            Unit::Count,
-            one(matches!(outcome, CallbackOutcome::Database(_))),
-        )
-        .metric(
-            "HandlerLatency",
-            Unit::Milliseconds,
-            elapsed.as_secs_f64() * 1e3,
-        )
-        .property("status", outcome.status().as_u16());
-    rec.emit();
+    respond(span, state.emit_metrics, process(state, &req)).await
 }
 
 async fn process(state: &ReceiverState, req: &Request) -> CallbackOutcome {

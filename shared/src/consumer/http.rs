@@ -1,12 +1,11 @@
 //! The consumer's HTTP handler and the outcome → status mapping (see the table in the parent module).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use http::{HeaderValue, Method, StatusCode};
 use lambda_http::{Body, Request, Response};
 use serde_json::json;
-use tracing::Instrument;
 use tracing::field::Empty;
 
 use sqlx::Row;
@@ -19,7 +18,7 @@ use crate::metrics::{EmfRecord, Unit};
 use crate::once::{Once, OnceError, handle_once};
 use crate::ordering::{SequenceCheck, check_consumer_sequence};
 use crate::receiver::http::{
-    NONRETRYABLE_HEADER, json_response, nonretryable_status, request_path,
+    NONRETRYABLE_HEADER, RequestOutcome, json_response, nonretryable_status, request_path, respond,
 };
 use crate::receiver::{VerifyError, verify_request};
 
@@ -389,7 +388,6 @@ async fn legacy_delivery<'b>(
 /// The consumer function: `POST /events/{topic}` from QStash. Never fails: every error is an HTTP status
 /// (see [`Outcome`]). Logs one line and prints one EMF record per request.
 pub async fn handle_event(state: &ConsumerState, req: Request) -> Response<Body> {
-    let started = Instant::now();
     let span = tracing::info_span!(
         "consumer",
         outbox_id = Empty,
@@ -401,13 +399,31 @@ pub async fn handle_event(state: &ConsumerState, req: Request) -> Response<Body>
         correlation_id = Empty,
         traceparent = Empty,
     );
-    async move {
+    respond(span, state.receiver.emit_metrics, async {
         let (outcome, meta) = process(state, &req).await;
-        let elapsed = started.elapsed();
+        Handled { outcome, meta }
+    })
+    .await
+}
+
+/// A finished request: its outcome and, once it was known, the event it was about.
+struct Handled {
+    outcome: Outcome,
+    meta: Option<EventMeta>,
+}
+
+impl RequestOutcome for Handled {
+    fn log(&self, elapsed: Duration) {
+        let outcome = &self.outcome;
         let status = outcome.status().as_u16();
-        match &outcome {
+        match outcome {
             Outcome::Processed { .. } | Outcome::Duplicate { .. } => {
-                tracing::info!(status, outcome = outcome.metric(), latency_ms = elapsed.as_secs_f64() * 1e3, "event handled")
+                tracing::info!(
+                    status,
+                    outcome = outcome.metric(),
+                    latency_ms = elapsed.as_secs_f64() * 1e3,
+                    "event handled"
+                )
             }
             Outcome::Unauthorized(e) => {
                 tracing::warn!(status, check = e.check(), error = %e, "signature rejected")
@@ -425,47 +441,46 @@ pub async fn handle_event(state: &ConsumerState, req: Request) -> Response<Body>
                 tracing::warn!(status, error = %message, "transient failure (QStash retries)")
             }
         }
-        if state.receiver.emit_metrics {
-            emit_metrics(&outcome, meta.as_ref(), elapsed);
-        }
-        outcome.into_response()
     }
-    .instrument(span)
-    .await
-}
 
-fn emit_metrics(outcome: &Outcome, meta: Option<&EventMeta>, elapsed: Duration) {
-    let mut rec = EmfRecord::new("consumer");
-    for name in [
-        "Applied",
-        "Duplicates",
-        "RejectedSignatures",
-        "PermanentFailures",
-        "TransientFailures",
-    ] {
-        let v = if outcome.metric() == name { 1.0 } else { 0.0 };
-        rec = rec.metric(name, Unit::Count, v);
-    }
-    rec = rec
-        .metric(
-            "HandlerLatency",
-            Unit::Milliseconds,
-            elapsed.as_secs_f64() * 1e3,
-        )
-        .property("status", outcome.status().as_u16());
-    if let Some(m) = meta {
+    fn metrics(&self, elapsed: Duration) -> EmfRecord {
+        let outcome = &self.outcome;
+        let mut rec = EmfRecord::new("consumer");
+        for name in [
+            "Applied",
+            "Duplicates",
+            "RejectedSignatures",
+            "PermanentFailures",
+            "TransientFailures",
+        ] {
+            let v = if outcome.metric() == name { 1.0 } else { 0.0 };
+            rec = rec.metric(name, Unit::Count, v);
+        }
         rec = rec
-            .property("outbox_id", m.outbox_id)
-            .property("topic", m.topic.clone());
-        if let Some(id) = &m.message_id {
-            rec = rec.property("message_id", id.clone());
+            .metric(
+                "HandlerLatency",
+                Unit::Milliseconds,
+                elapsed.as_secs_f64() * 1e3,
+            )
+            .property("status", outcome.status().as_u16());
+        if let Some(m) = &self.meta {
+            rec = rec
+                .property("outbox_id", m.outbox_id)
+                .property("topic", m.topic.clone());
+            if let Some(id) = &m.message_id {
+                rec = rec.property("message_id", id.clone());
+            }
+            if let (Outcome::Processed { .. }, Some(created)) = (outcome, m.created_at) {
+                let ms = (Utc::now() - created).num_milliseconds().max(0) as f64;
+                rec = rec.metric("CommitToApplied", Unit::Milliseconds, ms);
+            }
         }
-        if let (Outcome::Processed { .. }, Some(created)) = (outcome, m.created_at) {
-            let ms = (Utc::now() - created).num_milliseconds().max(0) as f64;
-            rec = rec.metric("CommitToApplied", Unit::Milliseconds, ms);
-        }
+        rec
     }
-    rec.emit();
+
+    fn into_response(self) -> Response<Body> {
+        self.outcome.into_response()
+    }
 }
 
 async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<EventMeta>) {
