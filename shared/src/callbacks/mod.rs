@@ -115,25 +115,25 @@ pub fn failure_from_callback(raw: &[u8]) -> QstashFailure {
             ..Default::default()
         },
         Ok(parsed) => {
-            let b = &parsed.body;
+            let callback = &parsed.body;
             let parse_error = (!parsed.problems.is_empty()).then(|| parsed.problems.join("; "));
-            let keep_raw = parse_error.is_some() || b.dlq_id.is_none();
-            let source = source_event(b);
+            let keep_raw = parse_error.is_some() || callback.dlq_id.is_none();
+            let source = source_event(callback);
             QstashFailure {
-                dlq_id: b.dlq_id.clone(),
+                dlq_id: callback.dlq_id.clone(),
                 outbox_id: source.outbox_id,
                 topic: source.topic,
                 partition_key: source.partition_key,
-                source_message_id: b.source_message_id.clone(),
-                status: b.status,
-                response_body: b
+                source_message_id: callback.source_message_id.clone(),
+                status: callback.status,
+                response_body: callback
                     .body
                     .as_deref()
                     .map(|r| lossy_truncated(r, MAX_RESPONSE_BODY_CHARS)),
-                attempts: b.retried.map(|r| r.saturating_add(1)),
+                attempts: callback.retried.map(|r| r.saturating_add(1)),
                 source_body: source.payload,
-                source_headers: with_event_headers(b.source_header.clone(), &source.headers),
-                url: b.url.clone(),
+                source_headers: with_event_headers(callback.source_header.clone(), &source.headers),
+                url: callback.url.clone(),
                 raw_callback: keep_raw.then(|| raw.to_vec()),
                 parse_error,
             }
@@ -412,32 +412,32 @@ async fn process(state: &ReceiverState, req: &Request) -> CallbackOutcome {
 
 async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOutcome {
     let span = tracing::Span::current();
-    let f = failure_from_callback(raw);
-    if let Err(e) = check_id_copy(req, f.outbox_id) {
+    let failure = failure_from_callback(raw);
+    if let Err(e) = check_id_copy(req, failure.outbox_id) {
         return CallbackOutcome::Tampered(e);
     }
-    if let Some(id) = f.outbox_id {
+    if let Some(id) = failure.outbox_id {
         span.record("outbox_id", id);
     }
-    if let Some(t) = &f.topic {
+    if let Some(t) = &failure.topic {
         span.record("topic", t.as_str());
     }
-    if let Some(k) = &f.partition_key {
+    if let Some(k) = &failure.partition_key {
         span.record("key", k.as_str());
     }
-    if let Some(m) = &f.source_message_id {
+    if let Some(m) = &failure.source_message_id {
         span.record("message_id", m.as_str());
     }
-    if let Some(d) = &f.dlq_id {
+    if let Some(d) = &failure.dlq_id {
         span.record("dlq_id", d.as_str());
     }
-    if let Some(s) = f.status {
+    if let Some(s) = failure.status {
         span.record("status", s);
     }
-    if let Some(a) = f.attempts {
+    if let Some(a) = failure.attempts {
         span.record("retried", a - 1);
     }
-    if let Some(e) = &f.parse_error {
+    if let Some(e) = &failure.parse_error {
         tracing::error!(parse_error = %e, "failure callback body not fully parsed: stored raw");
     }
     let mut conn = match state.pool.acquire().await {
@@ -446,7 +446,7 @@ async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOu
     };
     match record_qstash_failure(
         &mut conn,
-        &f,
+        &failure,
         |topic| state.config.dead_head_policy(topic),
         state.persistent,
     )
@@ -463,14 +463,14 @@ async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> Callback
         Ok(p) => p,
         Err(e) => return CallbackOutcome::Unusable(format!("delivery callback unusable: {e}")),
     };
-    let b = &parsed.body;
-    if let Some(m) = &b.source_message_id {
+    let callback = &parsed.body;
+    if let Some(m) = &callback.source_message_id {
         span.record("message_id", m.as_str());
     }
-    if let Some(r) = b.retried {
+    if let Some(r) = callback.retried {
         span.record("retried", r);
     }
-    let Some(status) = b.status else {
+    let Some(status) = callback.status else {
         let why = if parsed.problems.is_empty() {
             "no status".to_owned()
         } else {
@@ -479,7 +479,7 @@ async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> Callback
         return CallbackOutcome::Unusable(format!("delivery callback unusable: {why}"));
     };
     span.record("status", status);
-    let source = source_event(b);
+    let source = source_event(callback);
     if let Err(e) = check_id_copy(req, source.outbox_id) {
         return CallbackOutcome::Tampered(e);
     }
@@ -501,7 +501,7 @@ async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> Callback
             Err(e) => CallbackOutcome::Database(format!("could not record delivery evidence: {e}")),
         }
     } else {
-        let description = attempt_description(b, status);
+        let description = attempt_description(callback, status);
         match record_failed_attempt(&mut conn, outbox_id, &description, state.persistent).await {
             Ok(recorded) => CallbackOutcome::AttemptFailed {
                 outbox_id,
@@ -516,21 +516,21 @@ async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> Callback
 
 /// `delivery attempt 2 of 6 failed with status 503: <body>` (the attempt number is `retried + 1`, the total
 /// `maxRetries + 1`).
-pub fn attempt_description(b: &CallbackBody, status: i32) -> String {
+pub fn attempt_description(callback: &CallbackBody, status: i32) -> String {
     let n = |v: Option<i32>| {
         v.map(|v| v.saturating_add(1).to_string())
             .unwrap_or_else(|| "?".into())
     };
-    let last = matches!((b.retried, b.max_retries), (Some(r), Some(m)) if r >= m);
-    let body = b
+    let last = matches!((callback.retried, callback.max_retries), (Some(r), Some(m)) if r >= m);
+    let body = callback
         .body
         .as_deref()
         .map(|r| lossy_truncated(r, ATTEMPT_BODY_CHARS))
         .unwrap_or_default();
     format!(
         "delivery attempt {} of {} failed with status {status}{}: {body}",
-        n(b.retried),
-        n(b.max_retries),
+        n(callback.retried),
+        n(callback.max_retries),
         if last {
             " (last attempt; QStash gives up)"
         } else {

@@ -250,11 +250,11 @@ fn current_delivery<'b>(req: &'b Request, topic: &str) -> Result<Delivery<'b>, O
 /// `x-outbox-id` has the delivery's (signed) topic and payload and is marked dispatched; key, sequence and
 /// metadata then come from the row, never from the headers. Ordered events record their evidence here (the row is in this database).
 async fn legacy_delivery<'b>(
-    rs: &ReceiverState,
+    receiver: &ReceiverState,
     req: &'b Request,
     topic: &str,
 ) -> Result<Delivery<'b>, Outcome> {
-    if rs.config.legacy_deliveries == LegacyDeliveries::Refuse {
+    if receiver.config.legacy_deliveries == LegacyDeliveries::Refuse {
         return Err(Outcome::Permanent(
             "delivery in the previous wire format (no contract version in its URL, identity in unsigned headers) \
              refused: LEGACY_DELIVERIES=refuse"
@@ -286,10 +286,10 @@ async fn legacy_delivery<'b>(
                 dispatched_at IS NOT NULL AS dispatched \
          FROM outbox WHERE id = $1",
     )
-    .persistent(rs.persistent)
+    .persistent(receiver.persistent)
     .bind(outbox_id)
     .bind(std::str::from_utf8(body).unwrap_or_default())
-    .fetch_optional(&rs.pool)
+    .fetch_optional(&receiver.pool)
     .await
     .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
         Some(code) if code.starts_with("22") => Outcome::Permanent(format!(
@@ -484,16 +484,16 @@ impl RequestOutcome for Handled {
 }
 
 async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<EventMeta>) {
-    let rs: &ReceiverState = &state.receiver;
+    let receiver: &ReceiverState = &state.receiver;
     let span = tracing::Span::current();
 
     // 1. Cap the body before doing any work on it.
     let size = req.body().len();
-    if size > rs.config.max_body_bytes {
+    if size > receiver.config.max_body_bytes {
         return (
             Outcome::TooLarge {
                 size,
-                max: rs.config.max_body_bytes,
+                max: receiver.config.max_body_bytes,
             },
             None,
         );
@@ -507,7 +507,14 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
     {
         span.record("message_id", id);
     }
-    if let Err(e) = verify_request(&rs.keys, req, rs.url_source(), rs.verify_options()).await {
+    if let Err(e) = verify_request(
+        &receiver.keys,
+        req,
+        receiver.url_source(),
+        receiver.verify_options(),
+    )
+    .await
+    {
         return (Outcome::Unauthorized(e), None);
     }
 
@@ -540,7 +547,7 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
     };
     let delivery = match contract::contract_of_query(req.uri().query()) {
         Ok(Contract::Current) => current_delivery(req, topic),
-        Ok(Contract::Legacy) => legacy_delivery(rs, req, topic).await,
+        Ok(Contract::Legacy) => legacy_delivery(receiver, req, topic).await,
         Ok(Contract::Newer(v)) => Err(Outcome::Transient {
             message: format!(
                 "delivery in wire contract {v}, newer than this consumer's {}: retry after the consumer is \
@@ -575,19 +582,19 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
     }
 
     // 4. Decode the typed payload (errors are permanent).
-    let prepared = match route.prepare(meta.clone(), payload, rs.persistent) {
+    let prepared = match route.prepare(meta.clone(), payload, receiver.persistent) {
         Ok(p) => p,
         Err(e) => return (handler_outcome(e), Some(meta)),
     };
 
     // 5. Dedupe row, sequence check (ordered topics), the handler — one transaction.
-    let consumer = rs.config.name.as_str();
-    let persistent = rs.persistent;
+    let consumer = receiver.config.name.as_str();
+    let persistent = receiver.persistent;
     let m = &meta;
     // The relay may ask for the ordered event's delivery evidence to be recorded here, in the transaction that
     // applies it (decision record 0007): last statement before commit, so the key's row is locked only briefly.
     let result = handle_once(
-        &rs.pool,
+        &receiver.pool,
         consumer,
         &meta.outbox_id.to_string(),
         persistent,
@@ -621,7 +628,7 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
         Ok(Once::Duplicate) if record_evidence => {
             // Applied before: the dedupe row is evidence too. Recording it again is idempotent and frees a key
             // whose evidence was never written (an event applied before the relay asked for it here).
-            match rs.pool.acquire().await {
+            match receiver.pool.acquire().await {
                 Ok(mut conn) => {
                     match crate::ordering::record_delivery(&mut conn, meta.outbox_id, persistent)
                         .await

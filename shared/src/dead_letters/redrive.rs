@@ -283,7 +283,7 @@ async fn lock_dead_letter(
     tx: &mut PgConnection,
     dead_letter_id: i64,
 ) -> Result<(DeadLetterRow, i64), RedriveError> {
-    let d: DeadLetterRow = sqlx::query_as(
+    let dead_letter: DeadLetterRow = sqlx::query_as(
         "SELECT id, source, outbox_id, topic, partition_key, seq, payload, headers, error, parse_error, raw_callback, \
                 redriven_at, resolved_at \
          FROM dead_letters WHERE id = $1 FOR UPDATE",
@@ -292,23 +292,26 @@ async fn lock_dead_letter(
     .fetch_optional(&mut *tx)
     .await?
     .ok_or(RedriveError::NotFound(dead_letter_id))?;
-    if let Some(at) = d.redriven_at {
-        return Err(RedriveError::AlreadyRedriven { id: d.id, at });
+    if let Some(at) = dead_letter.redriven_at {
+        return Err(RedriveError::AlreadyRedriven {
+            id: dead_letter.id,
+            at,
+        });
     }
-    let Some(outbox_id) = d.outbox_id else {
+    let Some(outbox_id) = dead_letter.outbox_id else {
         return Err(RedriveError::NoOutboxId {
-            id: d.id,
-            parse_error: d.parse_error.is_some() || d.raw_callback.is_some(),
+            id: dead_letter.id,
+            parse_error: dead_letter.parse_error.is_some() || dead_letter.raw_callback.is_some(),
         });
     };
-    if let Some(at) = d.resolved_at {
+    if let Some(at) = dead_letter.resolved_at {
         return Err(RedriveError::Delivered {
-            id: d.id,
+            id: dead_letter.id,
             outbox_id,
             at,
         });
     }
-    Ok((d, outbox_id))
+    Ok((dead_letter, outbox_id))
 }
 
 /// Step 2: locks the event's outbox row; `None` when it was pruned.
@@ -330,21 +333,21 @@ async fn lock_outbox_row(
 /// sequence), and unblocks the key when the event was its blocked head.
 async fn reset_outbox_row(
     tx: &mut PgConnection,
-    d: &DeadLetterRow,
+    dead_letter: &DeadLetterRow,
     outbox_id: i64,
     row: OutboxRow,
     opts: RedriveOptions,
 ) -> Result<Requeued, RedriveError> {
     if let Some(at) = row.delivered_at {
         return Err(RedriveError::Delivered {
-            id: d.id,
+            id: dead_letter.id,
             outbox_id,
             at,
         });
     }
     if row.dead_lettered_at.is_none() {
         return Err(RedriveError::NotDead {
-            id: d.id,
+            id: dead_letter.id,
             outbox_id,
             state: if row.dispatched_at.is_some() {
                 "dispatched"
@@ -358,7 +361,7 @@ async fn reset_outbox_row(
         Some(seq) => {
             ordered_position(
                 tx,
-                d.id,
+                dead_letter.id,
                 outbox_id,
                 &row.topic,
                 &row.partition_key,
@@ -377,7 +380,7 @@ async fn reset_outbox_row(
          WHERE id = $1 RETURNING redrive_count",
     )
     .bind(outbox_id)
-    .bind(redrive_note(d.id, row.last_error.as_deref().unwrap_or(&d.error)))
+    .bind(redrive_note(dead_letter.id, row.last_error.as_deref().unwrap_or(&dead_letter.error)))
     .bind(drop_seq)
     .fetch_one(&mut *tx)
     .await?;
@@ -402,32 +405,35 @@ async fn reset_outbox_row(
 /// continues from the event's earlier redrives.
 async fn reinsert_pruned_event(
     tx: &mut PgConnection,
-    d: &DeadLetterRow,
+    dead_letter: &DeadLetterRow,
     outbox_id: i64,
     opts: RedriveOptions,
 ) -> Result<Requeued, RedriveError> {
     let missing = |what| RedriveError::CannotRebuild {
-        id: d.id,
+        id: dead_letter.id,
         outbox_id,
         missing: what,
     };
-    let payload = d.payload.as_ref().ok_or_else(|| missing("JSON payload"))?;
-    let topic = d
+    let payload = dead_letter
+        .payload
+        .as_ref()
+        .ok_or_else(|| missing("JSON payload"))?;
+    let topic = dead_letter
         .topic
         .clone()
         .filter(|t| crate::producer::validate_topic(t).is_ok())
         .ok_or_else(|| missing("topic"))?;
-    let key = d
+    let key = dead_letter
         .partition_key
         .clone()
         .filter(|k| !k.is_empty())
         .ok_or_else(|| missing("partition key"))?;
-    let order = match d.seq {
+    let order = match dead_letter.seq {
         None => RedriveOrder::Unordered,
         Some(seq) if opts.out_of_order => RedriveOrder::OutOfOrder { former_seq: seq },
         Some(seq) => {
             return Err(RedriveError::OutOfOrder {
-                id: d.id,
+                id: dead_letter.id,
                 outbox_id,
                 topic,
                 key,
@@ -445,8 +451,11 @@ async fn reinsert_pruned_event(
     .fetch_one(&mut *tx)
     .await?;
     let redrive_count = i32::try_from(earlier + 1).unwrap_or(i32::MAX);
-    let headers = serde_json::to_value(event_headers_of(&d.source, d.headers.as_ref()))
-        .unwrap_or_else(|_| Value::Object(Default::default()));
+    let headers = serde_json::to_value(event_headers_of(
+        &dead_letter.source,
+        dead_letter.headers.as_ref(),
+    ))
+    .unwrap_or_else(|_| Value::Object(Default::default()));
     sqlx::query(
         "INSERT INTO outbox (id, topic, partition_key, seq, payload, headers, redrive_count, last_error) \
          OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3, NULL, $4, $5, $6, $7)",
@@ -457,7 +466,7 @@ async fn reinsert_pruned_event(
     .bind(payload)
     .bind(&headers)
     .bind(redrive_count)
-    .bind(redrive_note(d.id, &d.error))
+    .bind(redrive_note(dead_letter.id, &dead_letter.error))
     .execute(&mut *tx)
     .await?;
     Ok(Requeued {
