@@ -16,7 +16,16 @@
 //! The handler functions ([`handle_event`], [`crate::callbacks::handle_callback`]) are plain async functions of
 //! `(&State, lambda_http::Request)`: the Lambda binaries, the tests and a local HTTP adapter call them the same
 //! way. Decision records 0020–0023 explain the choices.
+//!
+//! | file | what |
+//! |---|---|
+//! | `http.rs` | [`handle_event`]: the steps above, and [`Outcome`] → status |
+//! | `delivery.rs` | what a delivery says about its event: the signed envelope, or a delivery in the previous format checked against its outbox row |
+//! | `registry.rs` | the typed handlers: [`Registry`], [`TopicRoute`], [`Handler`] |
+//!
+//! The state and HTTP helpers both receivers share are in [`crate::receiver`].
 
+mod delivery;
 mod http;
 mod registry;
 
