@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use outbox::config::{QstashConfig, RelayConfig, Vars};
 use outbox::dead_letters::{
-    self, Filter, ListQuery, RedriveError, RedriveOptions, RedriveOrder, Source,
+    self, Filter, ListQuery, PurgeError, RedriveError, RedriveOptions, RedriveOrder, Source,
 };
 use outbox::qstash::QstashClient;
 use outbox::relay::Relay;
@@ -715,7 +715,7 @@ async fn bulk_operations_need_a_filter_and_a_confirmation(pool: PgPool) {
     let e = dead_letters::purge(&pool, &Filter::default(), false, 100, |_| {})
         .await
         .unwrap_err();
-    assert!(matches!(e, RedriveError::FilterRequired), "{e}");
+    assert!(matches!(e, PurgeError::FilterRequired), "{e}");
 
     let mut out = Vec::new();
     let e = run(

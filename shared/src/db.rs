@@ -27,8 +27,8 @@ pub struct DbConfig {
     /// every query then uses an unnamed statement. (sqlx 0.9's `statement_cache_capacity(0)` leaks named
     /// statements instead, so it is not used.)
     pub persistent_statements: bool,
-    /// `DB_ASYNC_COMMIT` (default false here; the relay turns it on for its own pool, see
-    /// `docs/decisions/0006-relay-async-commit.md`).
+    /// `DB_ASYNC_COMMIT` (default false here; the relay and the callback function default to true for their own
+    /// pools, see `docs/decisions/0006-relay-async-commit.md`).
     pub async_commit: bool,
     /// `DB_MAX_LIFETIME_SECS` (default 1800): keep below any proxy idle timeout.
     pub max_lifetime: Duration,
@@ -56,7 +56,12 @@ impl DbConfig {
 
     /// Reads the `DB_*` variables over the defaults.
     pub fn from_vars(v: &Vars<'_>, application_name: &str) -> Result<Self, ConfigError> {
-        let d = Self::defaults(application_name);
+        Self::from_vars_over(v, Self::defaults(application_name))
+    }
+
+    /// Reads the `DB_*` variables over `d`: for a function whose defaults differ from [`DbConfig::defaults`]
+    /// (the relay and the callback function commit asynchronously unless `DB_ASYNC_COMMIT` says otherwise).
+    pub fn from_vars_over(v: &Vars<'_>, d: DbConfig) -> Result<Self, ConfigError> {
         Ok(DbConfig {
             max_connections: v.ranged_or("DB_MAX_CONNECTIONS", d.max_connections, 1, 100)?,
             acquire_timeout: v.duration_or("DB_ACQUIRE_TIMEOUT_MS", d.acquire_timeout)?,

@@ -10,15 +10,19 @@
 //! | **Per-key order** (sequence under a lock, one event per key in flight, delivery evidence) | [`ordering`] |
 //! | **Nothing fails silently** (one queryable dead-letter table) | [`dead_letters`] |
 //!
-//! The receiving side: [`receiver`] (the `Upstash-Signature` check), [`consumer`] (typed handlers per topic and
-//! the consumer function's HTTP handler), [`callbacks`] (QStash failure and delivery callbacks). An application
-//! brings its own topics, handlers and tables: see the repository's `examples/` (the consumer Lambda ships with
-//! one of them).
+//! The receiving side: [`receiver`] (the `Upstash-Signature` check, and what both receiver functions share: their
+//! state and the skeleton of a request), [`consumer`] (typed handlers per topic and the consumer function's HTTP
+//! handler), [`callbacks`] (QStash failure and delivery callbacks). An application brings its own topics, handlers
+//! and tables: see the repository's `examples/` (the consumer Lambda ships with one of them).
 //!
 //! Operating it: [`ops`] (the figures behind `outbox status`) and the operator half of [`dead_letters`] (list,
 //! show, redrive, purge).
 //!
 //! Everything else is plumbing: [`config`], [`secrets`], [`db`].
+//!
+//! Cargo features, both off by default: `local` (a local HTTP server in front of the Lambda handlers, for the local
+//! pipeline and tests) and `testing` (a QStash-compatible token signer and the dev signing keys in [`receiver`],
+//! for fixtures and tests; the Lambda binaries never enable it).
 
 pub mod callbacks;
 pub mod config;

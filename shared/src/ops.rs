@@ -24,7 +24,7 @@ pub struct Status {
     /// When the figures were read (database clock).
     pub at: DateTime<Utc>,
     /// (1) The backlog.
-    pub backlog: Backlog,
+    pub backlog: PendingEvents,
     /// (2) Throughput.
     pub throughput: Throughput,
     /// (3) Stuck leases.
@@ -37,9 +37,9 @@ pub struct Status {
     pub dead_letters: Vec<DeadLetterCounts>,
 }
 
-/// (1) Rows neither dispatched nor dead.
+/// (1) Events neither dispatched nor dead: how many, how old, and which keep failing.
 #[derive(Debug, Clone, Serialize)]
-pub struct Backlog {
+pub struct PendingEvents {
     /// How many.
     pub pending: i64,
     /// `max(now() - created_at)` over them, seconds (0 when none).
@@ -254,7 +254,7 @@ pub async fn status(pool: &PgPool) -> Result<Status, sqlx::Error> {
 
     Ok(Status {
         at,
-        backlog: Backlog {
+        backlog: PendingEvents {
             pending,
             oldest_pending_age_secs: oldest.max(0.0),
             flapping,

@@ -165,13 +165,28 @@ pub fn is_traceparent(s: &str) -> bool {
         && hex(parts[3], 2)
 }
 
+/// An event's payload as it was given; [`NewEvent::validated`] decides whether it is JSON.
+#[derive(Debug, Clone)]
+enum Payload {
+    /// Serialised by `serde_json` from a typed value ([`NewEvent::new`]): JSON by construction.
+    Serialized(String),
+    /// Text the caller says is JSON ([`NewEvent::from_json`], [`NewEvent::from_json_bytes`]): parsed when
+    /// enqueued.
+    Unchecked(String),
+    /// Bytes that are not UTF-8 ([`NewEvent::from_json_bytes`]), so not JSON text: refused when enqueued.
+    NotUtf8 {
+        /// How many leading bytes are valid UTF-8.
+        valid_up_to: usize,
+    },
+}
+
 /// One event to write.
 #[derive(Debug, Clone)]
 pub struct NewEvent {
     topic: String,
     ordering: TopicOrdering,
     key: String,
-    payload: Result<String, String>,
+    payload: Payload,
     headers: EventHeaders,
     delay: Option<Duration>,
 }
@@ -184,21 +199,28 @@ impl NewEvent {
         payload: &T,
     ) -> Result<Self, EnqueueError> {
         let json = serde_json::to_string(payload).map_err(EnqueueError::Serialize)?;
-        Ok(Self::build(topic, key.into(), Ok(json)))
+        Ok(Self::build(topic, key.into(), Payload::Serialized(json)))
     }
 
     /// An event whose payload is already JSON text; it is checked when enqueued.
     pub fn from_json(topic: &Topic, key: impl Into<String>, json: impl Into<String>) -> Self {
-        Self::build(topic, key.into(), Err(json.into()))
+        Self::build(topic, key.into(), Payload::Unchecked(json.into()))
     }
 
-    /// An event whose payload is raw bytes that must be UTF-8 JSON; checked when enqueued.
+    /// An event whose payload is raw bytes that must be UTF-8 JSON; checked when enqueued. Bytes that are not
+    /// UTF-8 are refused ([`InvalidEvent::NotUtf8`]), never repaired: replacing them would store a payload the
+    /// producer did not write.
     pub fn from_json_bytes(topic: &Topic, key: impl Into<String>, bytes: &[u8]) -> Self {
-        let text = String::from_utf8_lossy(bytes).into_owned();
-        Self::build(topic, key.into(), Err(text))
+        let payload = match std::str::from_utf8(bytes) {
+            Ok(text) => Payload::Unchecked(text.to_owned()),
+            Err(e) => Payload::NotUtf8 {
+                valid_up_to: e.valid_up_to(),
+            },
+        };
+        Self::build(topic, key.into(), payload)
     }
 
-    fn build(topic: &Topic, key: String, payload: Result<String, String>) -> Self {
+    fn build(topic: &Topic, key: String, payload: Payload) -> Self {
         NewEvent {
             topic: topic.name().to_owned(),
             ordering: topic.ordering(),
@@ -251,12 +273,17 @@ impl NewEvent {
             });
         }
         let json = match &self.payload {
-            Ok(json) => json.clone(),
-            Err(text) => {
+            Payload::Serialized(json) => json.clone(),
+            Payload::Unchecked(text) => {
                 if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text) {
                     return Err(InvalidEvent::NotJson(e.to_string()));
                 }
                 text.clone()
+            }
+            Payload::NotUtf8 { valid_up_to } => {
+                return Err(InvalidEvent::NotUtf8 {
+                    valid_up_to: *valid_up_to,
+                });
             }
         };
         if json.len() > max_payload {
@@ -318,6 +345,14 @@ pub enum InvalidEvent {
     /// The payload is not valid JSON.
     #[error("payload is not valid JSON: {0}")]
     NotJson(String),
+    /// The payload bytes are not UTF-8, so they cannot be JSON text.
+    #[error(
+        "payload is not UTF-8 (invalid bytes after the first {valid_up_to}), so it cannot be JSON text"
+    )]
+    NotUtf8 {
+        /// How many leading bytes are valid UTF-8.
+        valid_up_to: usize,
+    },
     /// The payload contains a NUL character.
     #[error("payload contains \\u0000, which Postgres jsonb cannot store")]
     NulInPayload,
@@ -568,6 +603,22 @@ mod tests {
         assert!(!is_traceparent(
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
         ));
+    }
+
+    #[test]
+    fn json_bytes_that_are_not_utf8_are_refused_not_repaired() {
+        const T: Topic = Topic::unordered("t");
+        // Latin-1 "café": the old lossy decoding turned it into valid JSON holding U+FFFD and stored that.
+        let latin1 = NewEvent::from_json_bytes(&T, "k", b"{\"name\":\"caf\xe9\"}");
+        assert_eq!(
+            latin1.validated(DEFAULT_MAX_PAYLOAD_BYTES),
+            Err(InvalidEvent::NotUtf8 { valid_up_to: 12 })
+        );
+        let utf8 = NewEvent::from_json_bytes(&T, "k", "{\"name\":\"café\"}".as_bytes());
+        assert_eq!(
+            utf8.validated(DEFAULT_MAX_PAYLOAD_BYTES).as_deref(),
+            Ok("{\"name\":\"café\"}")
+        );
     }
 
     #[test]

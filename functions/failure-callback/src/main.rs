@@ -4,13 +4,13 @@
 
 use lambda_http::{Error, Request, run, service_fn};
 use outbox::callbacks::handle_callback;
-use outbox::consumer::ReceiverState;
+use outbox::receiver::{Receiver, ReceiverState};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     outbox::telemetry::init_from_env();
     // Built once per Lambda environment: config, secrets (one read), a lazily connecting pool.
-    let state = ReceiverState::from_env("failure-callback")
+    let state = ReceiverState::from_env(Receiver::Callbacks)
         .await
         .inspect_err(|e| tracing::error!(error = %e, "failure-callback failed to start"))?;
     let state = &state;

@@ -14,7 +14,7 @@ use lambda_runtime::LambdaEvent;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::housekeeping::{self, Backlog, HousekeepingReport, Retention};
+use super::housekeeping::{self, BacklogGauges, HousekeepingReport, Retention};
 use super::{DrainSummary, Relay, RelayError};
 use crate::config::{ConfigError, EnvSource, ProcessEnv, QstashConfig, RelayConfig, Vars};
 use crate::db::DbConfig;
@@ -42,7 +42,7 @@ pub struct RelayState {
     persistent: bool,
     margin: Duration,
     emit_metrics: bool,
-    emulator_budget: Duration,
+    budget_without_deadline: Duration,
 }
 
 impl RelayState {
@@ -53,10 +53,11 @@ impl RelayState {
         let vars = Vars::new(env.as_ref());
         let qstash = QstashConfig::from_vars(&vars)?;
         let relay_cfg = RelayConfig::from_vars(&vars, qstash.retries)?;
-        let mut db = DbConfig::from_vars(&vars, "outbox-relay")?;
-        if vars.raw("DB_ASYNC_COMMIT").is_none() {
-            db.async_commit = true;
-        }
+        let relay_defaults = DbConfig {
+            async_commit: true, // decision record 0006
+            ..DbConfig::defaults("outbox-relay")
+        };
+        let mut db = DbConfig::from_vars_over(&vars, relay_defaults)?;
         db.max_connections = db
             .max_connections
             .max(relay_cfg.concurrency + u32::from(relay_cfg.listen_notify));
@@ -73,11 +74,13 @@ impl RelayState {
         let function_name = vars
             .raw("AWS_LAMBDA_FUNCTION_NAME")
             .unwrap_or_else(|| "relay".into());
-        let emulator_budget =
-            vars.duration_or("RELAY_EMULATOR_TIMEOUT_SECS", DEFAULT_EMULATOR_BUDGET)?;
+        let budget_without_deadline = vars.duration_or(
+            "RELAY_EMULATOR_TIMEOUT_SECS",
+            DEFAULT_BUDGET_WITHOUT_DEADLINE,
+        )?;
         Ok(RelayState {
             emit_metrics: true,
-            emulator_budget,
+            budget_without_deadline,
             margin: relay_cfg.deadline_margin,
             relay: Relay::new(pool, client, relay_cfg, qstash, db.persistent_statements),
             function_name,
@@ -98,7 +101,7 @@ impl RelayState {
             function_name: function_name.to_owned(),
             persistent,
             emit_metrics: true,
-            emulator_budget: DEFAULT_EMULATOR_BUDGET,
+            budget_without_deadline: DEFAULT_BUDGET_WITHOUT_DEADLINE,
         }
     }
 
@@ -122,7 +125,7 @@ pub struct InvocationSummary {
     /// Housekeeping.
     pub housekeeping: HousekeepingReport,
     /// Backlog at the end.
-    pub backlog: Backlog,
+    pub backlog: BacklogGauges,
     /// Wall time, ms.
     pub duration_ms: u64,
 }
@@ -141,19 +144,20 @@ fn trigger_of(payload: &Value) -> String {
         .unwrap_or_else(|| "schedule-input".into())
 }
 
-/// The invocation budget assumed when the runtime sends no usable deadline (`RELAY_EMULATOR_TIMEOUT_SECS`).
-pub const DEFAULT_EMULATOR_BUDGET: Duration = Duration::from_secs(30);
+/// The invocation budget assumed when the runtime sends no usable deadline, as local emulators do
+/// (`RELAY_EMULATOR_TIMEOUT_SECS`).
+pub const DEFAULT_BUDGET_WITHOUT_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The deadline (epoch ms) to drain to: the context's, unless it lies more than a day in the past, which no real
 /// Lambda invocation can see but `cargo lambda watch` always sends (a fixed `Lambda-Runtime-Deadline-Ms: 600000`,
-/// i.e. 1970); then `now + emulator_budget`, so local runs drain instead of stopping at once.
+/// i.e. 1970); then `now + budget_without_deadline`, so local runs drain instead of stopping at once.
 pub fn effective_deadline_ms(
     context_deadline_ms: u64,
     now_ms: u64,
-    emulator_budget: Duration,
+    budget_without_deadline: Duration,
 ) -> u64 {
     if context_deadline_ms.saturating_add(86_400_000) < now_ms {
-        now_ms.saturating_add(emulator_budget.as_millis() as u64)
+        now_ms.saturating_add(budget_without_deadline.as_millis() as u64)
     } else {
         context_deadline_ms
     }
@@ -180,11 +184,12 @@ pub async fn handle(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
-    let deadline_ms = effective_deadline_ms(context.deadline, now_ms, state.emulator_budget);
+    let deadline_ms =
+        effective_deadline_ms(context.deadline, now_ms, state.budget_without_deadline);
     if deadline_ms != context.deadline {
         tracing::warn!(
             context_deadline_ms = context.deadline,
-            budget_secs = state.emulator_budget.as_secs_f64(),
+            budget_secs = state.budget_without_deadline.as_secs_f64(),
             "the runtime sent no usable deadline (a local emulator): draining for RELAY_EMULATOR_TIMEOUT_SECS"
         );
     }
@@ -197,7 +202,7 @@ pub async fn handle(
         batch: cfg.housekeeping_batch,
         time_budget: Duration::from_secs(2),
     };
-    let hk = housekeeping::run(relay.pool(), retention, state.persistent)
+    let pruned = housekeeping::run(relay.pool(), retention, state.persistent)
         .await
         .map_err(|source| RelayError::Database {
             step: "housekeeping",
@@ -214,7 +219,7 @@ pub async fn handle(
         request_id: context.request_id.clone(),
         trigger: trigger_of(&payload),
         drain,
-        housekeeping: hk,
+        housekeeping: pruned,
         backlog,
         duration_ms: started.elapsed().as_millis() as u64,
     };

@@ -198,9 +198,10 @@ pub async fn run(
     Ok(report)
 }
 
-/// Backlog figures for the invocation summary and the alarms.
+/// What waits at the end of an invocation, and for how long: pending events, blocked ordered keys, ordered heads
+/// awaiting delivery evidence. The invocation summary's gauges, which the alarms read.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
-pub struct Backlog {
+pub struct BacklogGauges {
     /// Events neither dispatched nor dead.
     pub pending: i64,
     /// Age of the oldest of them, seconds (0 when none). Alarm on this, not on depth.
@@ -213,8 +214,8 @@ pub struct Backlog {
     pub oldest_awaiting_evidence_secs: f64,
 }
 
-/// Reads the backlog figures (index-only where possible).
-pub async fn backlog(pool: &PgPool, persistent: bool) -> Result<Backlog, sqlx::Error> {
+/// Reads the backlog gauges (index-only where possible).
+pub async fn backlog(pool: &PgPool, persistent: bool) -> Result<BacklogGauges, sqlx::Error> {
     let row: (i64, f64, i64, i64, f64) = sqlx::query_as(
         "SELECT \
             (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL), \
@@ -228,7 +229,7 @@ pub async fn backlog(pool: &PgPool, persistent: bool) -> Result<Backlog, sqlx::E
     .persistent(persistent)
     .fetch_one(pool)
     .await?;
-    Ok(Backlog {
+    Ok(BacklogGauges {
         pending: row.0,
         oldest_pending_age_secs: row.1.max(0.0),
         blocked_keys: row.2,

@@ -1,0 +1,540 @@
+//! The callback function (`functions/failure-callback`): QStash calls it
+//!
+//! * at `{CALLBACK_URL}/failure` once it gives up on a message (retries exhausted, or the consumer answered 489):
+//!   the body describes the message; it becomes a row in `dead_letters` ([`crate::dead_letters`]), linked to the
+//!   outbox event named in the signed body ([`source_event`]) — **guarantee 4, nothing fails silently**;
+//! * at `{CALLBACK_URL}/delivered` after every delivery attempt of an ordered event (`Upstash-Callback`): a 2xx
+//!   status is the delivery evidence that lets the relay publish the key's next event
+//!   ([`crate::ordering::record_delivery`]); another status is noted on the event
+//!   ([`crate::ordering::record_failed_attempt`]).
+//!
+//! Both are signed like any delivery (`sub` = the callback URL) and verified first. Any other path is 404.
+//!
+//! The body is parsed leniently ([`parse_callback`]): `body`/`sourceBody` are standard base64 (missing padding
+//! and the URL-safe alphabet tolerated), `header`/`sourceHeader` are maps of string arrays **or** strings,
+//! `notBefore`/`createdAt`/`status`/`retried`/`maxRetries` are numbers **or** numeric strings, and any field may
+//! be missing. `parse.rs` reads the body ([`parse_callback`], [`source_event`]); this file is the handler.
+//!
+//! | case | status |
+//! |---|---|
+//! | failure callback recorded (or already recorded: idempotent on `dlqId`) | 200 |
+//! | failure callback whose body cannot be parsed | 200 — stored raw with the parse error, never dropped |
+//! | delivery evidence / failed attempt recorded (or the event is unknown) | 200 |
+//! | delivery callback whose body cannot be parsed, or without status / an outbox id in its signed body | 489 + `Upstash-NonRetryable-Error` (safe: the relay republishes the head after `RELAY_EVIDENCE_TIMEOUT_SECS`) |
+//! | bad or missing signature | 401 |
+//! | an `x-outbox-id` header that disagrees with the signed body (the request was altered) | 401 |
+//! | body over `CALLBACK_MAX_BODY_BYTES` | 413 |
+//! | unknown path | 404 |
+//! | database error | 503 (QStash retries the callback) |
+
+mod parse;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use lambda_http::{Body, Request, Response};
+use serde_json::{Map, Value, json};
+use tracing::field::Empty;
+
+use crate::contract;
+use crate::dead_letters::{FailureRecorded, QstashFailure, record_qstash_failure};
+use crate::metrics::{EmfRecord, Unit};
+use crate::ordering::{DeliveryRecorded, record_delivery, record_failed_attempt};
+use crate::receiver::ReceiverState;
+use crate::receiver::http::{
+    NONRETRYABLE_HEADER, RequestOutcome, json_response, nonretryable_status, request_path, respond,
+};
+use crate::receiver::verify_request;
+
+pub use parse::{
+    CallbackBody, ParsedCallback, SourceEvent, parse_callback, source_event, source_header,
+};
+
+/// Longest response body kept in a dead letter or an attempt description.
+pub const MAX_RESPONSE_BODY_CHARS: usize = 65_536;
+/// How much of the response body goes into a failed attempt's description.
+pub const ATTEMPT_BODY_CHARS: usize = 500;
+
+/// The original message's headers (`{name: [values]}`) plus the envelope's event headers (names not already
+/// there).
+fn with_event_headers(source: Option<Value>, event: &BTreeMap<String, String>) -> Option<Value> {
+    if event.is_empty() {
+        return source;
+    }
+    let mut map = match source {
+        Some(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    for (k, v) in event {
+        if !map.keys().any(|e| e.eq_ignore_ascii_case(k)) {
+            map.insert(k.clone(), Value::Array(vec![Value::String(v.clone())]));
+        }
+    }
+    Some(Value::Object(map))
+}
+
+/// Refuses a callback request whose `x-outbox-id` header (relays before the signed contract forwarded one)
+/// disagrees with the outbox id of its signed body. When the signed body names no event (a garbage or truncated
+/// failure callback) the header is ignored, never used: the callback is still stored, unlinked.
+fn check_id_copy(req: &Request, signed: Option<i64>) -> Result<(), String> {
+    let (Some(copy), Some(signed)) = (req.headers().get(contract::OUTBOX_ID), signed) else {
+        return Ok(());
+    };
+    let copy = copy.to_str().unwrap_or("(not visible ASCII)").trim();
+    if signed.to_string() == copy {
+        Ok(())
+    } else {
+        Err(format!(
+            "header x-outbox-id is {:?} but the signed callback body names event {signed}: the request was \
+             altered after QStash signed it",
+            copy.chars().take(40).collect::<String>(),
+        ))
+    }
+}
+
+fn lossy_truncated(bytes: &[u8], max_chars: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    if text.chars().count() <= max_chars {
+        text.into_owned()
+    } else {
+        let mut s: String = text.chars().take(max_chars).collect();
+        s.push_str("…(truncated)");
+        s
+    }
+}
+
+/// The dead letter for a failure callback. A body that cannot be parsed (or only in part, or without a `dlqId`)
+/// keeps the raw bytes (and the natural id then derives from them, so a retried callback stays idempotent). The
+/// event's identity comes from the signed body only ([`source_event`]).
+pub fn failure_from_callback(raw: &[u8]) -> QstashFailure {
+    match parse_callback(raw) {
+        Err(e) => QstashFailure {
+            raw_callback: Some(raw.to_vec()),
+            parse_error: Some(e),
+            ..Default::default()
+        },
+        Ok(parsed) => {
+            let callback = &parsed.body;
+            let parse_error = (!parsed.problems.is_empty()).then(|| parsed.problems.join("; "));
+            let keep_raw = parse_error.is_some() || callback.dlq_id.is_none();
+            let source = source_event(callback);
+            QstashFailure {
+                dlq_id: callback.dlq_id.clone(),
+                outbox_id: source.outbox_id,
+                topic: source.topic,
+                partition_key: source.partition_key,
+                source_message_id: callback.source_message_id.clone(),
+                status: callback.status,
+                response_body: callback
+                    .body
+                    .as_deref()
+                    .map(|r| lossy_truncated(r, MAX_RESPONSE_BODY_CHARS)),
+                attempts: callback.retried.map(|r| r.saturating_add(1)),
+                source_body: source.payload,
+                source_headers: with_event_headers(callback.source_header.clone(), &source.headers),
+                url: callback.url.clone(),
+                raw_callback: keep_raw.then(|| raw.to_vec()),
+                parse_error,
+            }
+        }
+    }
+}
+
+/// How a callback request ended (the module table: one variant a row).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CallbackOutcome {
+    /// A failure callback, recorded as a dead letter (or recorded before).
+    DeadLetter { recorded: FailureRecorded },
+    /// A delivery callback with a 2xx status: the event's delivery evidence.
+    Delivered {
+        outbox_id: i64,
+        result: DeliveryRecorded,
+    },
+    /// A delivery callback with another status, noted on the event.
+    AttemptFailed { outbox_id: i64, recorded: bool },
+    /// Missing or invalid signature.
+    Unauthorized(crate::receiver::VerifyError),
+    /// An `x-outbox-id` header that disagrees with the signed body.
+    Tampered(String),
+    /// Body over `CALLBACK_MAX_BODY_BYTES`.
+    TooLarge { size: usize, max: usize },
+    /// Not `POST /failure` or `POST /delivered`.
+    NotFound(String),
+    /// A delivery callback that names no event or status: the evidence is lost.
+    Unusable(String),
+    /// The database failed; QStash retries the callback.
+    Database(String),
+}
+
+impl CallbackOutcome {
+    fn status(&self) -> StatusCode {
+        match self {
+            CallbackOutcome::DeadLetter { .. }
+            | CallbackOutcome::Delivered { .. }
+            | CallbackOutcome::AttemptFailed { .. } => StatusCode::OK,
+            CallbackOutcome::Unauthorized(_) | CallbackOutcome::Tampered(_) => {
+                StatusCode::UNAUTHORIZED
+            }
+            CallbackOutcome::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            CallbackOutcome::NotFound(_) => StatusCode::NOT_FOUND,
+            CallbackOutcome::Unusable(_) => nonretryable_status(),
+            CallbackOutcome::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+impl RequestOutcome for CallbackOutcome {
+    fn log(&self, _elapsed: Duration) {
+        let response_status = self.status().as_u16();
+        match self {
+            CallbackOutcome::DeadLetter { recorded } => match recorded {
+                FailureRecorded::Recorded { dead_letter_id, .. } => tracing::error!(
+                    response_status,
+                    dead_letter_id,
+                    "QStash gave up on an event: dead letter recorded"
+                ),
+                FailureRecorded::Duplicate => {
+                    tracing::info!(response_status, "failure callback already recorded")
+                }
+            },
+            CallbackOutcome::Delivered { result, .. } => {
+                tracing::info!(response_status, result = ?result, "delivery evidence recorded")
+            }
+            CallbackOutcome::AttemptFailed { recorded, .. } => {
+                tracing::warn!(response_status, recorded, "failed delivery attempt noted")
+            }
+            CallbackOutcome::Unauthorized(e) => {
+                tracing::warn!(response_status, check = e.check(), error = %e, "signature rejected")
+            }
+            CallbackOutcome::Tampered(e) => {
+                tracing::warn!(response_status, check = "header_mismatch", error = %e, "altered request refused")
+            }
+            CallbackOutcome::TooLarge { size, max } => {
+                tracing::error!(
+                    response_status,
+                    size,
+                    max,
+                    "callback body over the size cap"
+                )
+            }
+            CallbackOutcome::NotFound(m) => {
+                tracing::warn!(response_status, error = %m, "unknown path")
+            }
+            CallbackOutcome::Unusable(m) => {
+                tracing::error!(response_status, error = %m, "delivery callback unusable: evidence lost (the relay republishes after its evidence timeout)")
+            }
+            CallbackOutcome::Database(m) => {
+                tracing::warn!(response_status, error = %m, "database error (QStash retries the callback)")
+            }
+        }
+    }
+
+    fn metrics(&self, elapsed: Duration) -> EmfRecord {
+        let outcome = self;
+        let one = |b: bool| if b { 1.0 } else { 0.0 };
+        EmfRecord::new("failure-callback")
+            .metric(
+                "DeadLettersRecorded",
+                Unit::Count,
+                one(matches!(
+                    outcome,
+                    CallbackOutcome::DeadLetter {
+                        recorded: FailureRecorded::Recorded { .. }
+                    }
+                )),
+            )
+            .metric(
+                "DeliveryEvidence",
+                Unit::Count,
+                one(matches!(
+                    outcome,
+                    CallbackOutcome::Delivered {
+                        result: DeliveryRecorded::Recorded { .. },
+                        ..
+                    }
+                )),
+            )
+            .metric(
+                "RejectedSignatures",
+                Unit::Count,
+                one(matches!(
+                    outcome,
+                    CallbackOutcome::Unauthorized(_) | CallbackOutcome::Tampered(_)
+                )),
+            )
+            .metric(
+                "PermanentFailures",
+                Unit::Count,
+                one(matches!(
+                    outcome,
+                    CallbackOutcome::Unusable(_)
+                        | CallbackOutcome::TooLarge { .. }
+                        | CallbackOutcome::NotFound(_)
+                )),
+            )
+            .metric(
+                "TransientFailures",
+                Unit::Count,
+                one(matches!(outcome, CallbackOutcome::Database(_))),
+            )
+            .metric(
+                "HandlerLatency",
+                Unit::Milliseconds,
+                elapsed.as_secs_f64() * 1e3,
+            )
+            .property("status", outcome.status().as_u16())
+    }
+
+    fn into_response(self) -> Response<Body> {
+        let status = self.status();
+        let body = match self {
+            CallbackOutcome::DeadLetter {
+                recorded:
+                    FailureRecorded::Recorded {
+                        dead_letter_id,
+                        outbox_id,
+                    },
+            } => {
+                json!({"status": "recorded", "dead_letter_id": dead_letter_id, "outbox_id": outbox_id})
+            }
+            CallbackOutcome::DeadLetter {
+                recorded: FailureRecorded::Duplicate,
+            } => json!({"status": "duplicate"}),
+            CallbackOutcome::Delivered {
+                outbox_id,
+                result: DeliveryRecorded::Recorded { key_advanced },
+            } => {
+                json!({"status": "delivered", "outbox_id": outbox_id, "key_advanced": key_advanced})
+            }
+            CallbackOutcome::Delivered {
+                outbox_id,
+                result: DeliveryRecorded::UnknownEvent,
+            } => json!({"status": "unknown_event", "outbox_id": outbox_id}),
+            CallbackOutcome::AttemptFailed {
+                outbox_id,
+                recorded,
+            } => json!({"status": "attempt_failed", "outbox_id": outbox_id, "recorded": recorded}),
+            CallbackOutcome::Unauthorized(e) => {
+                json!({"error": format!("signature rejected: {e}"), "check": e.check()})
+            }
+            CallbackOutcome::Tampered(m) => {
+                json!({"error": format!("request refused: {m}"), "check": "header_mismatch"})
+            }
+            CallbackOutcome::TooLarge { size, max } => {
+                json!({"error": format!("body is {size} bytes; the limit is {max} (CALLBACK_MAX_BODY_BYTES)")})
+            }
+            CallbackOutcome::NotFound(m)
+            | CallbackOutcome::Unusable(m)
+            | CallbackOutcome::Database(m) => {
+                json!({"error": m})
+            }
+        };
+        let unusable = status == nonretryable_status();
+        let mut r = json_response(status, &body);
+        if unusable {
+            r.headers_mut()
+                .insert(NONRETRYABLE_HEADER, http::HeaderValue::from_static("true"));
+        }
+        r
+    }
+}
+
+/// Which callback a path is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallbackKind {
+    /// `/failure`.
+    Failure,
+    /// `/delivered`.
+    Delivered,
+}
+
+/// The callback kind of a path (a prefix in front is allowed), `None` for any other path.
+pub fn callback_kind(path: &str) -> Option<CallbackKind> {
+    let path = path.trim_end_matches('/');
+    if path.ends_with(contract::FAILURE_PATH) {
+        Some(CallbackKind::Failure)
+    } else if path.ends_with(contract::DELIVERED_PATH) {
+        Some(CallbackKind::Delivered)
+    } else {
+        None
+    }
+}
+
+/// The callback function: `POST /failure` and `POST /delivered` from QStash. Never fails: every error is an
+/// HTTP status (see the module table). Logs one line and prints one EMF record per request.
+pub async fn handle_callback(state: &ReceiverState, req: Request) -> Response<Body> {
+    let span = tracing::info_span!(
+        "callback",
+        kind = Empty,
+        outbox_id = Empty,
+        topic = Empty,
+        key = Empty,
+        message_id = Empty,
+        dlq_id = Empty,
+        status = Empty,
+        retried = Empty,
+    );
+    respond(span, state.emit_metrics, process(state, &req)).await
+}
+
+async fn process(state: &ReceiverState, req: &Request) -> CallbackOutcome {
+    let span = tracing::Span::current();
+    let raw: &[u8] = req.body().as_ref();
+    if raw.len() > state.config.callback_max_body_bytes {
+        return CallbackOutcome::TooLarge {
+            size: raw.len(),
+            max: state.config.callback_max_body_bytes,
+        };
+    }
+    if let Err(e) =
+        verify_request(&state.keys, req, state.url_source(), state.verify_options()).await
+    {
+        return CallbackOutcome::Unauthorized(e);
+    }
+    let path = request_path(req);
+    let kind = match (req.method(), callback_kind(path)) {
+        (&Method::POST, Some(kind)) => kind,
+        _ => {
+            return CallbackOutcome::NotFound(format!(
+                "no route for {} {:?}: callbacks are POST /failure and POST /delivered",
+                req.method(),
+                path.chars().take(200).collect::<String>()
+            ));
+        }
+    };
+    span.record("kind", format!("{kind:?}").to_ascii_lowercase());
+    match kind {
+        CallbackKind::Failure => failure(state, req, raw).await,
+        CallbackKind::Delivered => delivered(state, req, raw).await,
+    }
+}
+
+async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOutcome {
+    let span = tracing::Span::current();
+    let failure = failure_from_callback(raw);
+    if let Err(e) = check_id_copy(req, failure.outbox_id) {
+        return CallbackOutcome::Tampered(e);
+    }
+    if let Some(id) = failure.outbox_id {
+        span.record("outbox_id", id);
+    }
+    if let Some(t) = &failure.topic {
+        span.record("topic", t.as_str());
+    }
+    if let Some(k) = &failure.partition_key {
+        span.record("key", k.as_str());
+    }
+    if let Some(m) = &failure.source_message_id {
+        span.record("message_id", m.as_str());
+    }
+    if let Some(d) = &failure.dlq_id {
+        span.record("dlq_id", d.as_str());
+    }
+    if let Some(s) = failure.status {
+        span.record("status", s);
+    }
+    if let Some(a) = failure.attempts {
+        span.record("retried", a - 1);
+    }
+    if let Some(e) = &failure.parse_error {
+        tracing::error!(parse_error = %e, "failure callback body not fully parsed: stored raw");
+    }
+    let mut conn = match state.pool.acquire().await {
+        Ok(c) => c,
+        Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
+    };
+    match record_qstash_failure(
+        &mut conn,
+        &failure,
+        |topic| state.config.dead_head_policy(topic),
+        state.persistent,
+    )
+    .await
+    {
+        Ok(recorded) => CallbackOutcome::DeadLetter { recorded },
+        Err(e) => CallbackOutcome::Database(format!("could not record the dead letter: {e}")),
+    }
+}
+
+async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOutcome {
+    let span = tracing::Span::current();
+    let parsed = match parse_callback(raw) {
+        Ok(p) => p,
+        Err(e) => return CallbackOutcome::Unusable(format!("delivery callback unusable: {e}")),
+    };
+    let callback = &parsed.body;
+    if let Some(m) = &callback.source_message_id {
+        span.record("message_id", m.as_str());
+    }
+    if let Some(r) = callback.retried {
+        span.record("retried", r);
+    }
+    let Some(status) = callback.status else {
+        let why = if parsed.problems.is_empty() {
+            "no status".to_owned()
+        } else {
+            parsed.problems.join("; ")
+        };
+        return CallbackOutcome::Unusable(format!("delivery callback unusable: {why}"));
+    };
+    span.record("status", status);
+    let source = source_event(callback);
+    if let Err(e) = check_id_copy(req, source.outbox_id) {
+        return CallbackOutcome::Tampered(e);
+    }
+    let Some(outbox_id) = source.outbox_id else {
+        return CallbackOutcome::Unusable(
+            "delivery callback unusable: its signed body names no outbox event (no envelope in sourceBody, no \
+             x-outbox-id in sourceHeader)"
+                .into(),
+        );
+    };
+    span.record("outbox_id", outbox_id);
+    let mut conn = match state.pool.acquire().await {
+        Ok(c) => c,
+        Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
+    };
+    if (200..300).contains(&status) {
+        match record_delivery(&mut conn, outbox_id, state.persistent).await {
+            Ok(result) => CallbackOutcome::Delivered { outbox_id, result },
+            Err(e) => CallbackOutcome::Database(format!("could not record delivery evidence: {e}")),
+        }
+    } else {
+        let description = attempt_description(callback, status);
+        match record_failed_attempt(&mut conn, outbox_id, &description, state.persistent).await {
+            Ok(recorded) => CallbackOutcome::AttemptFailed {
+                outbox_id,
+                recorded,
+            },
+            Err(e) => {
+                CallbackOutcome::Database(format!("could not record the failed attempt: {e}"))
+            }
+        }
+    }
+}
+
+/// `delivery attempt 2 of 6 failed with status 503: <body>` (the attempt number is `retried + 1`, the total
+/// `maxRetries + 1`).
+pub fn attempt_description(callback: &CallbackBody, status: i32) -> String {
+    let n = |v: Option<i32>| {
+        v.map(|v| v.saturating_add(1).to_string())
+            .unwrap_or_else(|| "?".into())
+    };
+    let last = matches!((callback.retried, callback.max_retries), (Some(r), Some(m)) if r >= m);
+    let body = callback
+        .body
+        .as_deref()
+        .map(|r| lossy_truncated(r, ATTEMPT_BODY_CHARS))
+        .unwrap_or_default();
+    format!(
+        "delivery attempt {} of {} failed with status {status}{}: {body}",
+        n(callback.retried),
+        n(callback.max_retries),
+        if last {
+            " (last attempt; QStash gives up)"
+        } else {
+            ""
+        },
+    )
+}

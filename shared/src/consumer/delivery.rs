@@ -1,0 +1,266 @@
+//! What a delivery says about its event, read from signed data only: the envelope of a current delivery
+//! ([`current_delivery`]), or, for a delivery in the previous wire format, the outbox row its unsigned
+//! `x-outbox-id` names, checked against the signed body ([`legacy_delivery`]). Header copies that disagree with
+//! the signed values are an altered request ([`Outcome::Tampered`]).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use lambda_http::Request;
+use sqlx::Row;
+
+use super::ReceiverState;
+use super::http::Outcome;
+use super::registry::{DEFAULT_SCHEMA_VERSION, EventMeta};
+use crate::config::LegacyDeliveries;
+use crate::contract::{self, legacy};
+
+fn header<'r>(req: &'r Request, name: &'static str) -> Result<Option<&'r str>, String> {
+    match req.headers().get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|s| Some(s.trim()).filter(|s| !s.is_empty()))
+            .map_err(|_| format!("header {name} is not visible ASCII")),
+    }
+}
+
+/// What a delivery says about its event: from signed data only (or, for a delivery in the previous format,
+/// checked against the outbox row).
+pub(super) struct Delivery<'b> {
+    pub(super) meta: EventMeta,
+    /// The payload bytes the handler decodes.
+    pub(super) payload: &'b [u8],
+    /// Record the delivery evidence of this ordered event in the applying transaction (and on a duplicate).
+    pub(super) record_evidence: bool,
+}
+
+/// QStash's own informational headers (never used to decide a write).
+fn qstash_info(req: &Request) -> (Option<String>, u32) {
+    let message_id = header(req, "upstash-message-id")
+        .ok()
+        .flatten()
+        .map(str::to_owned);
+    let retried = header(req, "upstash-retried")
+        .ok()
+        .flatten()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    (message_id, retried)
+}
+
+/// A header copy that disagrees with the signed value: the request was altered after QStash signed it.
+fn check_copy(
+    req: &Request,
+    name: &'static str,
+    signed: Option<&str>,
+    same: impl Fn(&str, &str) -> bool,
+) -> Result<(), Outcome> {
+    let Some(copy) = header(req, name).map_err(Outcome::Tampered)? else {
+        return Ok(());
+    };
+    match signed {
+        Some(s) if same(copy, s) => Ok(()),
+        _ => Err(Outcome::Tampered(format!(
+            "header {name} is {:?} but the signed delivery says {:?}: the request was altered after QStash \
+             signed it",
+            copy.chars().take(100).collect::<String>(),
+            signed.map(|s| s.chars().take(100).collect::<String>())
+        ))),
+    }
+}
+
+/// A current (contract 2) delivery: everything from the signed envelope; header copies must agree with it.
+pub(super) fn current_delivery<'b>(req: &'b Request, topic: &str) -> Result<Delivery<'b>, Outcome> {
+    let env = contract::parse_envelope(req.body().as_ref()).map_err(Outcome::Permanent)?;
+    if env.topic != topic {
+        return Err(Outcome::Permanent(format!(
+            "the envelope's topic {:?} differs from the URL's topic {topic:?}",
+            env.topic.chars().take(100).collect::<String>()
+        )));
+    }
+    let [ev] = env.events.as_slice() else {
+        return Err(Outcome::Permanent(format!(
+            "the envelope holds {} events; this consumer applies one per delivery",
+            env.events.len()
+        )));
+    };
+    let schema_version = ev.schema_version.unwrap_or(DEFAULT_SCHEMA_VERSION);
+    let evidence = env.evidence.map(contract::Evidence::as_str);
+    let eq = |a: &str, b: &str| a == b;
+    check_copy(req, legacy::OUTBOX_ID, Some(&ev.id.to_string()), eq)?;
+    check_copy(req, legacy::OUTBOX_TOPIC, Some(topic), eq)?;
+    check_copy(req, legacy::OUTBOX_KEY, Some(&ev.key), |copy, key| {
+        contract::decode_key(copy).as_deref() == Some(key)
+    })?;
+    check_copy(
+        req,
+        legacy::OUTBOX_SEQ,
+        ev.seq.map(|s| s.to_string()).as_deref(),
+        eq,
+    )?;
+    check_copy(req, legacy::OUTBOX_EVIDENCE, evidence, eq)?;
+    check_copy(
+        req,
+        legacy::SCHEMA_VERSION,
+        Some(&schema_version.to_string()),
+        eq,
+    )?;
+    let (message_id, retried) = qstash_info(req);
+    Ok(Delivery {
+        meta: EventMeta {
+            outbox_id: ev.id,
+            topic: topic.to_owned(),
+            key: Some(ev.key.clone()),
+            seq: ev.seq,
+            schema_version,
+            created_at: ev.created_at,
+            traceparent: ev.headers.get(contract::TRACEPARENT).cloned(),
+            correlation_id: ev.headers.get(contract::CORRELATION_ID).cloned(),
+            message_id,
+            retried,
+        },
+        payload: ev.payload.get().as_bytes(),
+        record_evidence: ev.seq.is_some() && env.evidence == Some(contract::Evidence::Consumer),
+    })
+}
+
+/// A delivery in the previous format (no `contract` in its URL; published before the upgrade, QStash may still
+/// hold it for days). Its identity is in unsigned headers, so it is applied only when the outbox row named by
+/// `x-outbox-id` has the delivery's (signed) topic and payload and is marked dispatched; key, sequence and
+/// metadata then come from the row, never from the headers. Ordered events record their evidence here (the row is in this database).
+pub(super) async fn legacy_delivery<'b>(
+    receiver: &ReceiverState,
+    req: &'b Request,
+    topic: &str,
+) -> Result<Delivery<'b>, Outcome> {
+    if receiver.config.legacy_deliveries == LegacyDeliveries::Refuse {
+        return Err(Outcome::Permanent(
+            "delivery in the previous wire format (no contract version in its URL, identity in unsigned headers) \
+             refused: LEGACY_DELIVERIES=refuse"
+                .into(),
+        ));
+    }
+    let id_text = header(req, legacy::OUTBOX_ID)
+        .map_err(Outcome::Permanent)?
+        .ok_or_else(|| {
+            Outcome::Permanent(
+                "delivery without a contract version in its URL and without x-outbox-id: not an outbox event"
+                    .into(),
+            )
+        })?;
+    let outbox_id: i64 = id_text.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
+        Outcome::Permanent(format!(
+            "x-outbox-id {:?} is not a positive integer",
+            id_text.chars().take(40).collect::<String>()
+        ))
+    })?;
+    let body = req.body().as_ref();
+    if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() {
+        return Err(Outcome::Permanent(
+            "delivery in the previous wire format whose body is not JSON: it cannot be an outbox payload".into(),
+        ));
+    }
+    let row = sqlx::query(
+        "SELECT topic, partition_key, seq, headers, created_at, payload = $2::jsonb AS same_payload, \
+                dispatched_at IS NOT NULL AS dispatched \
+         FROM outbox WHERE id = $1",
+    )
+    .persistent(receiver.persistent)
+    .bind(outbox_id)
+    .bind(std::str::from_utf8(body).unwrap_or_default())
+    .fetch_optional(&receiver.pool)
+    .await
+    .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
+        Some(code) if code.starts_with("22") => Outcome::Permanent(format!(
+            "delivery in the previous wire format whose body Postgres refuses as jsonb ({e}): it cannot be an \
+             outbox payload"
+        )),
+        Some(code) if code == "42P01" => Outcome::Permanent(
+            "a delivery in the previous wire format can only be verified against the outbox table, which is not \
+             in this consumer's database"
+                .into(),
+        ),
+        _ => Outcome::Transient {
+            message: format!("database error while verifying a legacy delivery: {e}"),
+            retry_after: None,
+        },
+    })?;
+    let Some(row) = row else {
+        return Err(Outcome::Permanent(format!(
+            "delivery in the previous wire format names outbox id {outbox_id}, which is not in the outbox (pruned, \
+             or the header was altered): refused"
+        )));
+    };
+    let db = |e: sqlx::Error| Outcome::Transient {
+        message: format!("database error while verifying a legacy delivery: {e}"),
+        retry_after: None,
+    };
+    let row_topic: String = row.try_get("topic").map_err(db)?;
+    let same_payload: bool = row.try_get("same_payload").map_err(db)?;
+    if row_topic != topic || !same_payload {
+        return Err(Outcome::Tampered(format!(
+            "x-outbox-id {outbox_id} names an event whose topic or payload differs from this signed delivery: \
+             the header was altered after QStash signed it"
+        )));
+    }
+    // The previous relay marked an event dispatched once QStash accepted it, and published an ordered key's next
+    // event only after its predecessor was delivered. An event not yet dispatched therefore has no genuine
+    // old-format delivery in flight (or its relay died between publish and settle): a forged id naming another
+    // event with the same topic and payload would apply it out of turn. Retry later instead of deciding now.
+    let dispatched: bool = row.try_get("dispatched").map_err(db)?;
+    if !dispatched {
+        return Err(Outcome::Transient {
+            message: format!(
+                "delivery in the previous wire format for outbox id {outbox_id}, which the outbox does not show as \
+                 dispatched yet: retry later"
+            ),
+            retry_after: Some(Duration::from_secs(60)),
+        });
+    }
+    let key: String = row.try_get("partition_key").map_err(db)?;
+    let seq: Option<i64> = row.try_get("seq").map_err(db)?;
+    let headers: Option<sqlx::types::Json<crate::producer::EventHeaders>> =
+        row.try_get("headers").ok();
+    let headers = headers.map(|h| h.0).unwrap_or_default();
+    let created_at: DateTime<Utc> = row.try_get("created_at").map_err(db)?;
+    let schema_version = headers.schema_version.unwrap_or(DEFAULT_SCHEMA_VERSION);
+    let eq = |a: &str, b: &str| a == b;
+    check_copy(req, legacy::OUTBOX_TOPIC, Some(topic), eq)?;
+    check_copy(req, legacy::OUTBOX_KEY, Some(&key), |copy, key| {
+        contract::decode_key(copy).as_deref() == Some(key)
+    })?;
+    check_copy(
+        req,
+        legacy::OUTBOX_SEQ,
+        seq.map(|s| s.to_string()).as_deref(),
+        eq,
+    )?;
+    check_copy(
+        req,
+        legacy::SCHEMA_VERSION,
+        Some(&schema_version.to_string()),
+        eq,
+    )?;
+    tracing::info!(
+        outbox_id,
+        "delivery in the previous wire format verified against the outbox row"
+    );
+    let (message_id, retried) = qstash_info(req);
+    Ok(Delivery {
+        meta: EventMeta {
+            outbox_id,
+            topic: topic.to_owned(),
+            key: Some(key),
+            seq,
+            schema_version,
+            created_at: Some(created_at),
+            traceparent: headers.traceparent,
+            correlation_id: headers.correlation_id,
+            message_id,
+            retried,
+        },
+        payload: body,
+        record_evidence: seq.is_some(),
+    })
+}

@@ -1,0 +1,119 @@
+//! Guarantee 4 — **nothing fails silently.** Every event ends dispatched and consumed, or as a row in
+//! `dead_letters` with its payload, the error and the attempt count: one table, one query, one CLI command, and
+//! an alarm on every arrival (the relay's EMF metric `DeadLettered`).
+//!
+//! Two sources write here: the relay (retry budget exhausted, or a permanent publish error; written inside the
+//! relay's settle statement) and QStash (it gave up delivering and called the failure callback; written by
+//! [`record_qstash_failure`]). Both are idempotent on `(source, natural_id)`.
+//!
+//! The operator side (`outbox dead-letters …`): [`list`] (filters, paging by id cursor), [`get`] and
+//! [`event_state`] (show), [`redrive`] / [`redrive_matching`] (back through the outbox with the same id and a fresh
+//! QStash dedup id; ordered heads unblock their key, middle events only with [`RedriveOptions::out_of_order`] —
+//! decision record 0060) and [`purge`] (never touches the outbox; keeps dead letters of blocking heads — 0061).
+//!
+//! | file | concern |
+//! |---|---|
+//! | `record.rs` | a QStash failure callback becomes a dead letter ([`record_qstash_failure`]) |
+//! | `query.rs` | [`list`], [`get`], [`event_state`], [`count_unhandled`], [`event_headers_of`] |
+//! | `redrive.rs` | [`redrive`] one dead letter, in named steps |
+//! | `redrive_bulk.rs` | [`redrive_matching`]: every unhandled dead letter a filter matches |
+//! | `purge.rs` | [`purge`], [`count_purge`] |
+//!
+//! This file holds what they share: [`Source`] and the [`Filter`] every operator command takes.
+
+mod purge;
+mod query;
+mod record;
+mod redrive;
+mod redrive_bulk;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+pub use purge::{PurgeCounts, PurgeError, count_purge, purge};
+pub use query::{
+    DeadLetter, DeadLetterSummary, EventState, ListQuery, Page, count_unhandled, event_headers_of,
+    event_state, get, list,
+};
+pub use record::{FailureRecorded, QstashFailure, record_qstash_failure};
+pub use redrive::{RedriveError, RedriveOptions, RedriveOrder, Redriven, redrive};
+pub use redrive_bulk::{BulkOutcome, BulkReport, redrive_matching};
+
+/// Where a dead letter came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// The relay gave up publishing (retry budget exhausted, or QStash refused the message).
+    Relay,
+    /// QStash gave up delivering (failure callback).
+    Qstash,
+}
+
+impl Source {
+    /// The value stored in `dead_letters.source`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Relay => "relay",
+            Source::Qstash => "qstash",
+        }
+    }
+}
+
+impl std::str::FromStr for Source {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "relay" => Ok(Source::Relay),
+            "qstash" => Ok(Source::Qstash),
+            other => Err(format!(
+                "unknown dead-letter source {other:?}: expected relay or qstash"
+            )),
+        }
+    }
+}
+
+/// Which dead letters an operation applies to. Every set field must match; an empty filter matches everything
+/// (bulk redrive and purge refuse an empty filter).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Filter {
+    /// Topic.
+    pub topic: Option<String>,
+    /// Source.
+    pub source: Option<Source>,
+    /// Partition key.
+    pub key: Option<String>,
+    /// Recorded at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Recorded before.
+    pub until: Option<DateTime<Utc>>,
+}
+
+impl Filter {
+    /// True when no field is set.
+    pub fn is_empty(&self) -> bool {
+        self.topic.is_none()
+            && self.source.is_none()
+            && self.key.is_none()
+            && self.since.is_none()
+            && self.until.is_none()
+    }
+}
+
+/// The filter as SQL over `dead_letters d`, parameters `$1..$5`.
+pub(super) const FILTER_SQL: &str = "($1::text IS NULL OR d.topic = $1) AND ($2::text IS NULL OR d.source = $2) \
+     AND ($3::text IS NULL OR d.partition_key = $3) AND ($4::timestamptz IS NULL OR d.created_at >= $4) \
+     AND ($5::timestamptz IS NULL OR d.created_at < $5)";
+
+/// Not redriven and not resolved: still needs an operator.
+pub(super) const UNHANDLED_SQL: &str = "d.redriven_at IS NULL AND d.resolved_at IS NULL";
+
+pub(super) fn bind_filter<'q>(
+    q: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    f: &'q Filter,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    q.bind(f.topic.as_deref())
+        .bind(f.source.map(Source::as_str))
+        .bind(f.key.as_deref())
+        .bind(f.since)
+        .bind(f.until)
+}

@@ -1,0 +1,99 @@
+//! Purge: deletes dead letters an operator no longer needs. It never touches the outbox, and keeps the dead
+//! letters of events that block an ordered key (decision record 0061).
+
+use serde::Serialize;
+use sqlx::{PgConnection, Row};
+
+use super::{FILTER_SQL, Filter, UNHANDLED_SQL, bind_filter};
+
+/// The condition that keeps a dead letter from being purged: it is unhandled and its event blocks an ordered
+/// key (purging it would leave a blocked key with nothing to redrive).
+const BLOCKING_SQL: &str = "(d.redriven_at IS NULL AND d.resolved_at IS NULL AND d.outbox_id IS NOT NULL \
+     AND EXISTS (SELECT 1 FROM outbox_keys k WHERE k.blocked_id = d.outbox_id))";
+
+/// Why a purge did not run (or stopped: batches deleted before a database error stay deleted).
+#[derive(Debug, thiserror::Error)]
+pub enum PurgeError {
+    /// No filter field is set.
+    #[error(
+        "a purge needs at least one filter (--topic, --source, --key, --since, --until), so that it cannot delete \
+         every dead letter by accident"
+    )]
+    FilterRequired,
+    /// A database error.
+    #[error("database error: {0} (is Postgres reachable? the purge is safe to run again)")]
+    Database(#[from] sqlx::Error),
+}
+
+/// What a purge would do / did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PurgeCounts {
+    /// Dead letters deleted (or that would be).
+    pub deleted: i64,
+    /// Matching dead letters kept because their event blocks an ordered key (redrive them instead).
+    pub kept_blocking: i64,
+}
+
+/// Counts what [`purge`] would delete.
+pub async fn count_purge(
+    conn: &mut PgConnection,
+    filter: &Filter,
+    handled_only: bool,
+) -> Result<PurgeCounts, sqlx::Error> {
+    let sql = format!(
+        "SELECT count(*) FILTER (WHERE NOT {BLOCKING_SQL}), count(*) FILTER (WHERE {BLOCKING_SQL}) \
+         FROM dead_letters d WHERE {FILTER_SQL} AND (NOT $6 OR NOT ({UNHANDLED_SQL}))"
+    );
+    let row = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), filter)
+        .bind(handled_only)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(PurgeCounts {
+        deleted: row.try_get(0)?,
+        kept_blocking: row.try_get(1)?,
+    })
+}
+
+/// Deletes the dead letters matching `filter` (at least one field set; `handled_only`: only redriven or resolved
+/// ones), in batches of `batch`, calling `on_batch` with the running total. **The outbox rows are not touched**:
+/// a dead event stays in `outbox` (dead) until `outbox prune` removes it. Dead letters whose event blocks an
+/// ordered key are kept (counted in `kept_blocking`): redrive them instead.
+pub async fn purge(
+    pool: &sqlx::PgPool,
+    filter: &Filter,
+    handled_only: bool,
+    batch: u32,
+    mut on_batch: impl FnMut(i64),
+) -> Result<PurgeCounts, PurgeError> {
+    if filter.is_empty() {
+        return Err(PurgeError::FilterRequired);
+    }
+    let mut conn = pool.acquire().await?;
+    let kept = count_purge(&mut conn, filter, handled_only)
+        .await?
+        .kept_blocking;
+    let sql = format!(
+        "DELETE FROM dead_letters WHERE id IN (SELECT d.id FROM dead_letters d \
+         WHERE {FILTER_SQL} AND (NOT $6 OR NOT ({UNHANDLED_SQL})) AND NOT {BLOCKING_SQL} \
+         ORDER BY d.id LIMIT {} FOR UPDATE SKIP LOCKED)",
+        batch.clamp(1, 100_000)
+    );
+    let mut deleted = 0i64;
+    loop {
+        let n = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql.clone())), filter)
+            .bind(handled_only)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        if n == 0 {
+            break;
+        }
+        deleted += n as i64;
+        on_batch(deleted);
+    }
+    tracing::info!(deleted, kept_blocking = kept, "dead letters purged");
+    Ok(PurgeCounts {
+        deleted,
+        kept_blocking: kept,
+    })
+}

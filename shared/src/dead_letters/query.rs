@@ -1,0 +1,292 @@
+//! Querying, for `outbox dead-letters list` and `show` and the counts the CLI prints before a bulk operation:
+//! [`list`] (filters, paging by id cursor), [`get`], [`event_state`], [`count_unhandled`]; and
+//! [`event_headers_of`], which reads an event's headers back from what a dead letter stored.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::{PgConnection, Row};
+
+use super::{FILTER_SQL, Filter, UNHANDLED_SQL, bind_filter};
+use crate::contract;
+use crate::producer::{EventHeaders, is_traceparent};
+
+/// One line of `outbox dead-letters list`.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct DeadLetterSummary {
+    /// Row id (the handle for show/redrive).
+    pub id: i64,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+    /// `relay` or `qstash`.
+    pub source: String,
+    /// The outbox event, if known.
+    pub outbox_id: Option<i64>,
+    /// Topic, if known.
+    pub topic: Option<String>,
+    /// Partition key, if known.
+    pub partition_key: Option<String>,
+    /// Per-key sequence (ordered topics).
+    pub seq: Option<i64>,
+    /// Attempts made (relay: publish attempts; QStash: delivery attempts).
+    pub attempts: Option<i32>,
+    /// HTTP status (QStash's answer to a publish, or the consumer's answer to the last delivery).
+    pub status: Option<i32>,
+    /// Why it died.
+    pub error: String,
+    /// When it was redriven.
+    pub redriven_at: Option<DateTime<Utc>>,
+    /// When it turned out delivered after all.
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+impl DeadLetterSummary {
+    /// `unhandled`, `redriven` or `resolved`.
+    pub fn state(&self) -> &'static str {
+        state_of(self.redriven_at, self.resolved_at)
+    }
+}
+
+fn state_of(redriven: Option<DateTime<Utc>>, resolved: Option<DateTime<Utc>>) -> &'static str {
+    match (redriven, resolved) {
+        (Some(_), _) => "redriven",
+        (None, Some(_)) => "resolved",
+        (None, None) => "unhandled",
+    }
+}
+
+/// A page request for [`list`].
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    /// Which dead letters.
+    pub filter: Filter,
+    /// Also list dead letters already redriven or resolved.
+    pub include_handled: bool,
+    /// Only ids greater than this (the cursor of the previous page).
+    pub after: Option<i64>,
+    /// Page size.
+    pub limit: u32,
+}
+
+/// One page of dead letters, oldest first.
+#[derive(Debug, Clone, Serialize)]
+pub struct Page {
+    /// The dead letters.
+    pub items: Vec<DeadLetterSummary>,
+    /// Pass as `after` for the next page; `None` when this was the last page.
+    pub next_after: Option<i64>,
+}
+
+/// Lists dead letters by id (oldest first), one page at a time.
+pub async fn list(conn: &mut PgConnection, q: &ListQuery) -> Result<Page, sqlx::Error> {
+    let limit = q.limit.clamp(1, 10_000);
+    let sql = format!(
+        "SELECT d.id, d.created_at, d.source, d.outbox_id, d.topic, d.partition_key, d.seq, d.attempts, d.status, \
+                d.error, d.redriven_at, d.resolved_at \
+         FROM dead_letters d \
+         WHERE {FILTER_SQL} AND ($6 OR ({UNHANDLED_SQL})) AND d.id > $7 \
+         ORDER BY d.id LIMIT {}",
+        limit + 1
+    );
+    let rows = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), &q.filter)
+        .bind(q.include_handled)
+        .bind(q.after.unwrap_or(0))
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut items = rows
+        .iter()
+        .map(<DeadLetterSummary as sqlx::FromRow<_>>::from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    let more = items.len() > limit as usize;
+    items.truncate(limit as usize);
+    let next_after = if more {
+        items.last().map(|d| d.id)
+    } else {
+        None
+    };
+    Ok(Page { items, next_after })
+}
+
+/// Everything stored about one dead letter.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct DeadLetter {
+    /// Row id.
+    pub id: i64,
+    /// `relay` or `qstash`.
+    pub source: String,
+    /// `'<outbox id>/<lease token>'` (relay) or QStash's `dlqId`.
+    pub natural_id: String,
+    /// The outbox event, if known.
+    pub outbox_id: Option<i64>,
+    /// Topic.
+    pub topic: Option<String>,
+    /// Partition key.
+    pub partition_key: Option<String>,
+    /// Per-key sequence.
+    pub seq: Option<i64>,
+    /// The event payload, when it is JSON.
+    pub payload: Option<Value>,
+    /// The raw body when it is not JSON.
+    pub body: Option<Vec<u8>>,
+    /// Relay: the event's headers (`traceparent`, …); QStash: the original message's HTTP headers.
+    pub headers: Option<Value>,
+    /// Why it died.
+    pub error: String,
+    /// HTTP status.
+    pub status: Option<i32>,
+    /// The last response body (QStash's refusal, or the consumer's answer).
+    pub response_body: Option<String>,
+    /// Attempts made.
+    pub attempts: Option<i32>,
+    /// QStash's message id.
+    pub qstash_message_id: Option<String>,
+    /// QStash's DLQ id.
+    pub dlq_id: Option<String>,
+    /// A failure-callback body that could not be parsed, as received.
+    pub raw_callback: Option<Vec<u8>>,
+    /// Why it could not be parsed.
+    pub parse_error: Option<String>,
+    /// Recorded at.
+    pub created_at: DateTime<Utc>,
+    /// Redriven at.
+    pub redriven_at: Option<DateTime<Utc>>,
+    /// Resolved (delivered after all) at.
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+impl DeadLetter {
+    /// `unhandled`, `redriven` or `resolved`.
+    pub fn state(&self) -> &'static str {
+        state_of(self.redriven_at, self.resolved_at)
+    }
+}
+
+/// One dead letter by id.
+pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<DeadLetter>, sqlx::Error> {
+    sqlx::query_as::<_, DeadLetter>(
+        "SELECT id, source, natural_id, outbox_id, topic, partition_key, seq, payload, body, headers, error, status, \
+                response_body, attempts, qstash_message_id, dlq_id, raw_callback, parse_error, created_at, \
+                redriven_at, resolved_at \
+         FROM dead_letters WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await
+}
+
+/// The current state of a dead letter's outbox event (for `show`).
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct EventState {
+    /// Outbox id.
+    pub id: i64,
+    /// Per-key sequence now (NULL after an out-of-order redrive).
+    pub seq: Option<i64>,
+    /// Publish attempts of the current round.
+    pub attempts: i32,
+    /// Redrives so far.
+    pub redrive_count: i32,
+    /// Accepted by QStash at.
+    pub dispatched_at: Option<DateTime<Utc>>,
+    /// Delivery evidence at.
+    pub delivered_at: Option<DateTime<Utc>>,
+    /// Dead at.
+    pub dead_lettered_at: Option<DateTime<Utc>>,
+    /// Last error.
+    pub last_error: Option<String>,
+    /// The key's `done_seq` (ordered topics with an active key row).
+    pub key_done_seq: Option<i64>,
+    /// The event that blocks the key, if any.
+    pub key_blocked_by: Option<i64>,
+}
+
+impl EventState {
+    /// `pending`, `dispatched`, `delivered` or `dead`.
+    pub fn state(&self) -> &'static str {
+        if self.delivered_at.is_some() {
+            "delivered"
+        } else if self.dead_lettered_at.is_some() {
+            "dead"
+        } else if self.dispatched_at.is_some() {
+            "dispatched"
+        } else {
+            "pending"
+        }
+    }
+}
+
+/// The outbox row of an event and its key's state; `None` when the row is gone (pruned).
+pub async fn event_state(
+    conn: &mut PgConnection,
+    outbox_id: i64,
+) -> Result<Option<EventState>, sqlx::Error> {
+    sqlx::query_as::<_, EventState>(
+        "SELECT o.id, o.seq, o.attempts, o.redrive_count, o.dispatched_at, o.delivered_at, o.dead_lettered_at, \
+                o.last_error, k.done_seq AS key_done_seq, k.blocked_id AS key_blocked_by \
+         FROM outbox o LEFT JOIN outbox_keys k ON o.seq IS NOT NULL AND k.topic = o.topic \
+                                              AND k.partition_key = o.partition_key \
+         WHERE o.id = $1",
+    )
+    .bind(outbox_id)
+    .fetch_optional(&mut *conn)
+    .await
+}
+
+/// Counts the unhandled dead letters a filter matches (what a bulk redrive would try).
+pub async fn count_unhandled(conn: &mut PgConnection, filter: &Filter) -> Result<i64, sqlx::Error> {
+    let sql = format!("SELECT count(*) FROM dead_letters d WHERE {FILTER_SQL} AND {UNHANDLED_SQL}");
+    let row = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), filter)
+        .fetch_one(&mut *conn)
+        .await?;
+    row.try_get(0)
+}
+
+/// The event headers (`traceparent`, correlation id, schema version) of a dead letter, for re-inserting a pruned
+/// event: a relay dead letter stores the event's own headers; a QStash one the original HTTP headers
+/// (`{name: [values]}`, forwarded ones possibly prefixed `Upstash-Forward-`), to which the failure callback adds
+/// the signed envelope's headers and schema version.
+pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
+    let Some(h) = headers else {
+        return EventHeaders::default();
+    };
+    let mut out = if source == "relay" {
+        serde_json::from_value::<EventHeaders>(h.clone()).unwrap_or_default()
+    } else {
+        let find = |name: &str| -> Option<String> {
+            let forwarded = format!("upstash-forward-{name}");
+            h.as_object()?.iter().find_map(|(k, v)| {
+                if k.eq_ignore_ascii_case(name) || k.eq_ignore_ascii_case(&forwarded) {
+                    match v {
+                        Value::String(s) => Some(s.clone()),
+                        Value::Array(a) => a.iter().find_map(Value::as_str).map(str::to_owned),
+                        _ => None,
+                    }
+                } else {
+                    None
+                }
+            })
+        };
+        EventHeaders {
+            traceparent: find(contract::TRACEPARENT),
+            correlation_id: find(contract::CORRELATION_ID),
+            schema_version: find(contract::legacy::SCHEMA_VERSION)
+                .and_then(|v| v.trim().parse().ok()),
+        }
+    };
+    // Whatever does not pass the producer's rules is dropped rather than blocking the redrive.
+    if out
+        .traceparent
+        .as_deref()
+        .is_some_and(|t| !is_traceparent(t))
+    {
+        out.traceparent = None;
+    }
+    if out.correlation_id.as_deref().is_some_and(|c| {
+        c.is_empty() || c.len() > 256 || !c.bytes().all(|b| (0x21..=0x7e).contains(&b))
+    }) {
+        out.correlation_id = None;
+    }
+    if out.schema_version == Some(0) {
+        out.schema_version = None;
+    }
+    out
+}

@@ -1,0 +1,192 @@
+//! The signing keys: [`SigningKeys`] (current and next, `Debug` redacted) and the [`KeyRing`] a running function
+//! holds, which re-reads the secret when a token matches neither key, so a key rotation needs no redeploy.
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use secrecy::{ExposeSecret, SecretString};
+use subtle::ConstantTimeEq;
+
+use super::verify::{Claims, VerifyError, VerifyOptions, verify};
+use crate::config::ConfigError;
+use crate::secrets::{SecretField, SecretSource, Secrets};
+
+/// The current and next signing keys. `Debug` is redacted.
+#[derive(Clone)]
+pub struct SigningKeys {
+    pub(super) current: SecretString,
+    pub(super) next: Option<SecretString>,
+}
+
+impl std::fmt::Debug for SigningKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SigningKeys")
+            .field("current", &"[redacted]")
+            .field("next", &self.next.as_ref().map(|_| "[redacted]"))
+            .finish()
+    }
+}
+
+impl SigningKeys {
+    /// Keys from explicit values.
+    pub fn new(current: impl Into<String>, next: Option<String>) -> Self {
+        SigningKeys {
+            current: SecretString::from(current.into()),
+            next: next.filter(|n| !n.is_empty()).map(SecretString::from),
+        }
+    }
+
+    /// The keys from loaded secrets (`QSTASH_CURRENT_SIGNING_KEY` required, `QSTASH_NEXT_SIGNING_KEY` optional
+    /// here; the functions require both at startup).
+    pub fn from_secrets(secrets: &Secrets) -> Result<Self, ConfigError> {
+        Ok(SigningKeys {
+            current: secrets.get(SecretField::CurrentSigningKey)?.clone(),
+            next: secrets.get(SecretField::NextSigningKey).ok().cloned(),
+        })
+    }
+
+    fn same_as(&self, other: &SigningKeys) -> bool {
+        let eq = |a: &SecretString, b: &SecretString| -> bool {
+            bool::from(
+                a.expose_secret()
+                    .as_bytes()
+                    .ct_eq(b.expose_secret().as_bytes()),
+            )
+        };
+        eq(&self.current, &other.current)
+            && match (&self.next, &other.next) {
+                (Some(a), Some(b)) => eq(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+    }
+}
+
+/// The signing keys of a running function, re-read from the secret when a token matches neither key (QStash
+/// rotated them), at most once per refresh interval, so a key rotation needs no redeploy.
+pub struct KeyRing {
+    keys: RwLock<Arc<SigningKeys>>,
+    source: Option<SecretSource>,
+    refresh_interval: Duration,
+    last_refresh: tokio::sync::Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for KeyRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyRing")
+            .field("source", &self.source)
+            .field("refresh_interval", &self.refresh_interval)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The secret fields a receiver needs.
+pub const RECEIVER_SECRETS: [SecretField; 3] = [
+    SecretField::DatabaseUrl,
+    SecretField::CurrentSigningKey,
+    SecretField::NextSigningKey,
+];
+
+impl KeyRing {
+    /// Fixed keys, never re-read.
+    pub fn fixed(keys: SigningKeys) -> Self {
+        KeyRing {
+            keys: RwLock::new(Arc::new(keys)),
+            source: None,
+            refresh_interval: Duration::MAX,
+            last_refresh: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Keys already read from `source` (at startup): that read counts as the last refresh, so the next one
+    /// happens at the earliest `refresh_interval` later.
+    pub fn loaded(keys: SigningKeys, source: SecretSource, refresh_interval: Duration) -> Self {
+        KeyRing {
+            keys: RwLock::new(Arc::new(keys)),
+            source: Some(source),
+            refresh_interval,
+            last_refresh: tokio::sync::Mutex::new(Some(Instant::now())),
+        }
+    }
+
+    /// Keys from somewhere else, refreshable from `source` (the first refresh may happen at once).
+    pub fn refreshable(
+        keys: SigningKeys,
+        source: SecretSource,
+        refresh_interval: Duration,
+    ) -> Self {
+        KeyRing {
+            keys: RwLock::new(Arc::new(keys)),
+            source: Some(source),
+            refresh_interval,
+            last_refresh: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The keys in use.
+    pub fn keys(&self) -> Arc<SigningKeys> {
+        match self.keys.read() {
+            Ok(k) => Arc::clone(&k),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// [`verify`] with these keys; when neither key matches, re-reads the secret (rate-limited) and retries once.
+    pub async fn verify(
+        &self,
+        token: &str,
+        body: &[u8],
+        url: &str,
+        opts: VerifyOptions,
+    ) -> Result<Claims, VerifyError> {
+        let keys = self.keys();
+        match verify(token, body, url, &keys, opts) {
+            Err(VerifyError::Signature) if self.source.is_some() => {
+                match self.refresh_after_failure(&keys).await {
+                    Some(fresh) => verify(token, body, url, &fresh, opts),
+                    None => Err(VerifyError::Signature),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Re-reads the keys unless that happened less than the refresh interval ago. Returns keys worth trying:
+    /// new ones (from this call or a concurrent one), or `None`.
+    async fn refresh_after_failure(&self, tried: &Arc<SigningKeys>) -> Option<Arc<SigningKeys>> {
+        let source = self.source.as_ref()?;
+        let mut last = self.last_refresh.lock().await;
+        let current = self.keys();
+        if !Arc::ptr_eq(&current, tried) {
+            return Some(current); // another request refreshed while we waited
+        }
+        if last.is_some_and(|t| t.elapsed() < self.refresh_interval) {
+            return None;
+        }
+        *last = Some(Instant::now());
+        let fresh = match source.load(&[SecretField::CurrentSigningKey]).await {
+            Ok(secrets) => match SigningKeys::from_secrets(&secrets) {
+                Ok(k) => k,
+                Err(e) => {
+                    tracing::warn!(error = %e, "signing keys could not be re-read");
+                    return None;
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "signing keys could not be re-read");
+                return None;
+            }
+        };
+        if fresh.same_as(&current) {
+            tracing::info!("signing keys re-read after a signature mismatch: unchanged");
+            return None;
+        }
+        tracing::info!("signing keys re-read after a signature mismatch: new keys in use");
+        let fresh = Arc::new(fresh);
+        match self.keys.write() {
+            Ok(mut k) => *k = Arc::clone(&fresh),
+            Err(poisoned) => *poisoned.into_inner() = Arc::clone(&fresh),
+        }
+        Some(fresh)
+    }
+}

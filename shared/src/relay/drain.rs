@@ -1,0 +1,266 @@
+//! The drain loop: [`Relay::drain`] runs cycles (`RELAY_CONCURRENCY` workers) until the invocation's deadline,
+//! sums what they did into a [`DrainSummary`], and stops early when asked ([`StopHandle`]) or, for the CLI, when
+//! nothing is left. Optionally woken by `NOTIFY outbox_new` instead of polling.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use super::{CycleReport, Relay, RelayError, db};
+
+/// What one invocation's drain did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DrainSummary {
+    /// Cycles run.
+    pub cycles: u64,
+    /// Events claimed.
+    pub claimed: u64,
+    /// Accepted by QStash.
+    pub dispatched: u64,
+    /// Scheduled for another attempt.
+    pub retried: u64,
+    /// Dead-lettered by the relay.
+    pub dead_lettered: u64,
+    /// Settles that found the lease taken over.
+    pub fenced: u64,
+    /// Cycles that failed with a database error.
+    pub errors: u64,
+    /// Transient publish failures caused by configuration.
+    pub config_problems: u64,
+    /// Median `/v2/batch` latency, ms.
+    pub publish_p50_ms: f64,
+    /// 99th percentile `/v2/batch` latency, ms.
+    pub publish_p99_ms: f64,
+    /// Why the drain stopped.
+    pub stopped: &'static str,
+}
+
+impl Relay {
+    /// Runs cycles (`RELAY_CONCURRENCY` at once) until `deadline`: again at once while claims come back full,
+    /// otherwise after the poll interval (or a `NOTIFY`, when enabled). Never claims with less time left than
+    /// the lease, so every claim can be settled before the invocation ends.
+    pub async fn drain(&self, deadline: Instant) -> Result<DrainSummary, RelayError> {
+        self.drain_with(deadline, false).await
+    }
+
+    /// [`Relay::drain`], optionally stopping early once nothing is pending or awaiting delivery evidence (the
+    /// CLI's `outbox relay --until-empty` and the benchmarks).
+    pub async fn drain_with(
+        &self,
+        deadline: Instant,
+        stop_when_empty: bool,
+    ) -> Result<DrainSummary, RelayError> {
+        let wake = Arc::new(Notify::new());
+        let stop = Arc::new(Notify::new());
+        let totals = Totals::default();
+        let latencies = std::sync::Mutex::new(Vec::<Duration>::new());
+        let last_error: std::sync::Mutex<Option<RelayError>> = std::sync::Mutex::new(None);
+
+        let worker = |n: u32| {
+            let wake = wake.clone();
+            let totals = &totals;
+            let latencies = &latencies;
+            let last_error = &last_error;
+            async move {
+                let mut consecutive_errors = 0u32;
+                // Stagger workers a little so their claims do not collide on the same index pages.
+                if n > 0 {
+                    tokio::time::sleep(Duration::from_millis(5 * u64::from(n))).await;
+                }
+                loop {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left < self.cfg.lease || self.stop.requested() {
+                        break;
+                    }
+                    match self.run_cycle().await {
+                        Ok(r) => {
+                            consecutive_errors = 0;
+                            totals.add(&r);
+                            if let Ok(mut l) = latencies.lock() {
+                                l.extend(r.publish_latencies.iter().copied());
+                            }
+                            if r.full {
+                                continue;
+                            }
+                            if stop_when_empty
+                                && r.claimed == 0
+                                && self.is_empty().await.unwrap_or(false)
+                            {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            totals.errors.fetch_add(1, AtomicOrdering::Relaxed);
+                            consecutive_errors += 1;
+                            tracing::error!(error = %e, cause = ?std::error::Error::source(&e), "relay cycle failed");
+                            if consecutive_errors >= 3 {
+                                if let Ok(mut slot) = last_error.lock() {
+                                    *slot = Some(e);
+                                }
+                                break;
+                            }
+                        }
+                    }
+                    let left = deadline
+                        .saturating_duration_since(Instant::now())
+                        .saturating_sub(self.cfg.lease);
+                    let nap = self.cfg.poll_interval.min(left);
+                    if nap.is_zero() {
+                        break;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(nap) => {}
+                        _ = wake.notified() => {}
+                        _ = self.stop.notify.notified() => {}
+                    }
+                }
+            }
+        };
+        let workers = futures::future::join_all((0..self.cfg.concurrency.max(1)).map(worker));
+        if self.cfg.listen_notify {
+            let listener = self.listen(wake.clone(), stop.clone());
+            tokio::pin!(listener);
+            tokio::select! {
+                _ = workers => {}
+                _ = &mut listener => {}
+            }
+            stop.notify_waiters();
+        } else {
+            workers.await;
+        }
+        if let Ok(mut slot) = last_error.lock()
+            && let Some(e) = slot.take()
+        {
+            return Err(e);
+        }
+        let mut lat = latencies.into_inner().unwrap_or_default();
+        lat.sort();
+        let pct = |p: f64| -> f64 {
+            if lat.is_empty() {
+                return 0.0;
+            }
+            let i = ((lat.len() - 1) as f64 * p).round() as usize;
+            lat[i].as_secs_f64() * 1000.0
+        };
+        Ok(DrainSummary {
+            cycles: totals.cycles.load(AtomicOrdering::Relaxed),
+            claimed: totals.claimed.load(AtomicOrdering::Relaxed),
+            dispatched: totals.dispatched.load(AtomicOrdering::Relaxed),
+            retried: totals.retried.load(AtomicOrdering::Relaxed),
+            dead_lettered: totals.dead.load(AtomicOrdering::Relaxed),
+            fenced: totals.fenced.load(AtomicOrdering::Relaxed),
+            errors: totals.errors.load(AtomicOrdering::Relaxed),
+            config_problems: totals.config_problems.load(AtomicOrdering::Relaxed),
+            publish_p50_ms: pct(0.5),
+            publish_p99_ms: pct(0.99),
+            stopped: if stop_when_empty && Instant::now() < deadline {
+                "empty"
+            } else {
+                "deadline"
+            },
+        })
+    }
+
+    /// True when no event is pending and no ordered head awaits delivery evidence.
+    pub async fn is_empty(&self) -> Result<bool, RelayError> {
+        let busy: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL) \
+                 OR EXISTS (SELECT 1 FROM outbox_keys WHERE inflight_id IS NOT NULL)",
+        )
+        .persistent(self.persistent)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db("emptiness check"))?;
+        Ok(!busy)
+    }
+
+    /// Wakes idle workers on `NOTIFY outbox_new` (optional; see the README on poolers and the commit lock).
+    /// Returns only if listening fails, after which the workers fall back to polling.
+    async fn listen(&self, wake: Arc<Notify>, stop: Arc<Notify>) {
+        let mut listener = match sqlx::postgres::PgListener::connect_with(&self.pool).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "LISTEN unavailable; polling only");
+                return std::future::pending().await;
+            }
+        };
+        if let Err(e) = listener.listen(crate::producer::NOTIFY_CHANNEL).await {
+            tracing::warn!(error = %e, "LISTEN failed; polling only");
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::select! {
+                n = listener.recv() => match n {
+                    Ok(_) => wake.notify_waiters(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "LISTEN connection lost; polling only");
+                        return std::future::pending().await;
+                    }
+                },
+                _ = stop.notified() => return,
+            }
+        }
+    }
+}
+
+/// The flag behind [`StopHandle`], shared by the relay and its handles.
+#[derive(Default)]
+pub(super) struct StopSignal {
+    flag: std::sync::atomic::AtomicBool,
+    notify: Notify,
+}
+
+impl StopSignal {
+    fn requested(&self) -> bool {
+        self.flag.load(AtomicOrdering::SeqCst)
+    }
+}
+
+/// Asks a [`Relay`]'s drains to stop after their current cycle.
+#[derive(Clone)]
+pub struct StopHandle(pub(super) Arc<StopSignal>);
+
+impl StopHandle {
+    /// Requests the stop (idempotent).
+    pub fn stop(&self) {
+        self.0.flag.store(true, AtomicOrdering::SeqCst);
+        self.0.notify.notify_waiters();
+    }
+
+    /// Whether a stop was requested.
+    pub fn is_stopped(&self) -> bool {
+        self.0.requested()
+    }
+}
+
+#[derive(Default)]
+struct Totals {
+    cycles: AtomicU64,
+    claimed: AtomicU64,
+    dispatched: AtomicU64,
+    retried: AtomicU64,
+    dead: AtomicU64,
+    fenced: AtomicU64,
+    errors: AtomicU64,
+    config_problems: AtomicU64,
+}
+
+impl Totals {
+    fn add(&self, r: &CycleReport) {
+        if r.claimed > 0 {
+            self.cycles.fetch_add(1, AtomicOrdering::Relaxed);
+        }
+        self.claimed.fetch_add(r.claimed, AtomicOrdering::Relaxed);
+        self.dispatched
+            .fetch_add(r.settled.dispatched, AtomicOrdering::Relaxed);
+        self.retried
+            .fetch_add(r.settled.retried, AtomicOrdering::Relaxed);
+        self.dead.fetch_add(r.settled.dead, AtomicOrdering::Relaxed);
+        self.fenced.fetch_add(r.fenced, AtomicOrdering::Relaxed);
+        self.config_problems
+            .fetch_add(r.config_problems, AtomicOrdering::Relaxed);
+    }
+}
