@@ -189,3 +189,9 @@ pub async fn run_with<F, Fut>(
         let _ = counts.send(c);
     }
 }
+
+/// Whether an `orders` payload is one of the demo's poison orders (a placement with a negative amount, which the
+/// consumer refuses as permanent): `outbox-dev dev` tells the dead letters it expects from the others.
+pub fn is_poison(payload: &serde_json::Value) -> bool {
+    payload["type"] == "OrderPlaced" && payload["amount_cents"].as_i64().is_some_and(|a| a < 0)
+}
