@@ -1,6 +1,7 @@
 //! The README's first command, `outbox-dev dev`, started from the test suite for a few seconds against a fresh
-//! database: events must flow end to end (produced, dispatched, applied), the demo's poison orders must end in
-//! the dead letters, and the shutdown must drain cleanly.
+//! database: events must flow end to end (produced, dispatched, applied), the demo's poison orders (and nothing
+//! else) must end in the dead letters, and the shutdown must drain cleanly. What its console looks like with
+//! stdout redirected is `devtools/tests/dev_console.rs` (the real binary).
 
 use outbox_devtools::dev::{DevArgs, run};
 use outbox_testkit::db::url_of;
@@ -19,6 +20,9 @@ async fn the_local_pipeline_runs_end_to_end(pool: PgPool) {
         duration_secs: Some(4),
         drain_secs: 60,
         json: true,
+        verbose: false,
+        log_file: None,
+        progress_secs: 1,
     })
     .await
     .expect("outbox-dev dev runs");
@@ -40,6 +44,22 @@ async fn the_local_pipeline_runs_end_to_end(pool: PgPool) {
     assert_eq!(
         p.dead_lettered, summary.demo_poison as i64,
         "each poison order is a dead letter: {p:?}"
+    );
+    assert!(
+        summary
+            .dead_letters_by_cause
+            .iter()
+            .all(|c| c.demo_poison && c.cause.contains("consumer_status=489")),
+        "only the demo's poison orders are dead letters: {:?}",
+        summary.dead_letters_by_cause
+    );
+    assert_eq!(
+        summary
+            .dead_letters_by_cause
+            .iter()
+            .map(|c| c.count)
+            .sum::<u64>(),
+        summary.demo_poison
     );
     let charges: i64 = sqlx::query_scalar("SELECT count(*) FROM charges")
         .fetch_one(&pool)

@@ -1,7 +1,17 @@
 //! `outbox-dev dev`: the whole pipeline on one machine, with live progress. Ctrl-C stops the demo producer, lets
 //! the relay and the dev server finish what is in flight (bounded by `--drain-secs`), then stops every component
 //! after its current step: nothing that was committed is lost (a second Ctrl-C skips the wait).
+//!
+//! stdout carries the progress only ([`console`]): a table redrawn in place on a terminal, plain lines otherwise,
+//! and the summary as the last line. Every component's log lines go to a file named in the first lines
+//! ([`logs`]); `--verbose` shows them on stderr too.
 
+mod console;
+pub mod dead_letters;
+pub mod logs;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -12,9 +22,12 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 
 use orders_example::demo::{self, DemoCounts, DemoOptions};
-use outbox_cli::util::{connect, one_line, printable};
+use outbox_cli::util::connect;
 use outbox_testkit::db::with_database;
 use outbox_testkit::stack::{LocalStack, StackOptions};
+
+use console::{Console, Frame, Style};
+use dead_letters::{CauseCount, Tally};
 
 /// Arguments of `outbox-dev dev`.
 #[derive(Args, Debug, Clone)]
@@ -53,9 +66,22 @@ pub struct DevArgs {
     /// On shutdown, wait at most this long for in-flight events.
     #[arg(long, default_value_t = 30)]
     pub drain_secs: u64,
-    /// Print progress as JSON lines instead of a table.
+    /// Print progress as JSON lines instead of a table (the last line is the summary as JSON).
     #[arg(long)]
     pub json: bool,
+    /// Also show the log lines, on stderr. Every component's logs (relay, consumer and callback handlers, QStash
+    /// dev server, demo producer) always go to the log file named at start; stdout keeps the progress. With
+    /// --verbose the live table gives way to plain progress lines (every --progress-secs) between the log lines.
+    #[arg(long, short)]
+    pub verbose: bool,
+    /// The log file [default: target/outbox-dev/dev-<UTC time>-<pid>.log in the cargo target directory of this
+    /// binary, else under the temp directory]. RUST_LOG sets its level (default info); LOG_FORMAT=json for JSON.
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+    /// Seconds between two progress lines when stdout is not a terminal (or with --json or --verbose); on a
+    /// terminal the table is redrawn every second.
+    #[arg(long, default_value_t = 5)]
+    pub progress_secs: u64,
 }
 
 /// Figures of the pipeline at one moment.
@@ -92,10 +118,20 @@ pub struct DevSummary {
     pub demo_orders: u64,
     /// Demo poison orders.
     pub demo_poison: u64,
+    /// Demo cancellations.
+    pub demo_cancellations: u64,
+    /// Demo orders whose transaction failed (nothing written).
+    pub demo_failed: u64,
+    /// The demo producer ran.
+    pub demo: bool,
+    /// The dead letters by cause, most frequent first (the demo's poison orders apart).
+    pub dead_letters_by_cause: Vec<CauseCount>,
     /// Everything in flight finished before shutdown.
     pub drained: bool,
     /// Seconds run.
     pub seconds: f64,
+    /// The log file.
+    pub log_file: PathBuf,
 }
 
 /// Reads the progress figures.
@@ -142,26 +178,35 @@ async fn prepare_database(args: &DevArgs) -> anyhow::Result<String> {
     Ok(with_database(&args.database_url, "outbox_local"))
 }
 
-async fn new_dead_letters(
-    pool: &PgPool,
-    after: i64,
-) -> anyhow::Result<Vec<(i64, String, Option<String>, Option<String>, String)>> {
-    Ok(sqlx::query_as(
-        "SELECT id, source, topic, partition_key, error FROM dead_letters WHERE id > $1 ORDER BY id LIMIT 20",
-    )
-    .bind(after)
-    .fetch_all(pool)
-    .await?)
+/// How stdout shows progress: JSON when asked, a live table on a terminal, plain lines otherwise.
+fn style(args: &DevArgs) -> Style {
+    let terminal =
+        std::io::stdout().is_terminal() && std::env::var_os("TERM").is_none_or(|t| t != "dumb");
+    if args.json {
+        Style::Json
+    } else if terminal && !args.verbose {
+        Style::Live
+    } else {
+        Style::Lines
+    }
 }
 
 /// Runs the local pipeline until Ctrl-C (or `--duration-secs`).
 pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
-    if std::env::var_os("RUST_LOG").is_none() {
-        // Keep the terminal for the progress lines; warnings and errors still show.
-        outbox::telemetry::init_with_default(outbox::telemetry::LogFormat::Pretty, "warn");
-    } else {
-        outbox::telemetry::init_from_env();
-    }
+    let log_file = args.log_file.clone().unwrap_or_else(logs::default_path);
+    logs::install(&log_file, args.verbose)?;
+    let mut console = Console::new(style(&args));
+    console.line("outbox-dev dev — the whole pipeline, locally");
+    console.line(&format!(
+        "  log file          {}{}",
+        logs::display(&log_file),
+        if args.verbose {
+            "   (shown on stderr too)"
+        } else {
+            "   (--verbose shows it here too)"
+        }
+    ));
+    tracing::info!(log_file = %log_file.display(), "outbox-dev dev starting");
     let url = prepare_database(&args).await?;
     let mut opts = StackOptions::new(&url)?;
     opts.dev.port = if args.qstash_port != 0
@@ -184,42 +229,45 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
     }
     let stack = LocalStack::start(opts).await?;
     let keys = stack.dev.signing_keys();
-    println!("outbox-dev dev — the whole pipeline, locally");
-    println!("  database          {}", redact(&url));
-    println!(
-        "  QStash dev server {}  (token {})",
-        stack.dev.url(),
-        stack.dev.token()
-    );
-    println!(
-        "  signing keys      current {}  next {}",
-        keys.current, keys.next
-    );
-    println!(
-        "  consumer          {}/events/{{topic}}",
-        stack.consumer_url
-    );
-    println!(
-        "  failure callback  {}/failure   delivery callback {}/delivered",
-        stack.callback_url, stack.callback_url
-    );
-    println!(
-        "  demo producer     {}",
-        if args.no_demo {
-            "off".to_string()
-        } else {
-            format!("{} orders/s, 1 in {} poison", args.rate, args.poison_every)
-        }
-    );
+    for line in [
+        format!("  database          {}", redact(&url)),
+        format!(
+            "  QStash dev server {}  (token {})",
+            stack.dev.url(),
+            stack.dev.token()
+        ),
+        format!(
+            "  signing keys      current {}  next {}",
+            keys.current, keys.next
+        ),
+        format!(
+            "  consumer          {}/events/{{topic}}",
+            stack.consumer_url
+        ),
+        format!(
+            "  failure callback  {}/failure   delivery callback {}/delivered",
+            stack.callback_url, stack.callback_url
+        ),
+        format!(
+            "  demo producer     {}",
+            if args.no_demo {
+                "off".to_string()
+            } else {
+                format!("{} orders/s, 1 in {} poison", args.rate, args.poison_every)
+            }
+        ),
+    ] {
+        console.line(&line);
+    }
     if args.faults {
-        println!(
-            "  fault injection   ON (publish 5xx 10%, lost responses 5%, duplicate deliveries 10%, network errors 5%, shuffled waitlist)"
+        console.line(
+            "  fault injection   ON (publish 5xx 10%, lost responses 5%, duplicate deliveries 10%, network errors 5%, shuffled waitlist)",
         );
     }
-    println!(
+    console.line(&format!(
         "  inspect           outbox status --database-url {}   (Ctrl-C to stop)\n",
         redact(&url)
-    );
+    ));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (counts_tx, counts_rx) = watch::channel(DemoCounts::default());
@@ -236,103 +284,125 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
     });
 
     let started = Instant::now();
-    let mut last = Progress::default();
-    let mut last_dead_id = 0i64;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let every = if console.style() == Style::Live {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(args.progress_secs.max(1))
+    };
+    let mut reporter = Reporter {
+        stack: &stack,
+        started,
+        last: Progress::default(),
+        last_at: started,
+        tally: Tally::default(),
+    };
+    let mut tick = tokio::time::interval(every);
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let stop_at = args.duration_secs.map(|s| started + Duration::from_secs(s));
+    let running = if args.duration_secs.is_some() {
+        "running — Ctrl-C to stop early"
+    } else {
+        "running — Ctrl-C to stop"
+    };
     loop {
+        let until_stop = stop_at.map(|t| t.saturating_duration_since(Instant::now()));
         tokio::select! {
             _ = tick.tick() => {}
             _ = &mut ctrl_c => break,
+            _ = tokio::time::sleep(until_stop.unwrap_or(Duration::MAX)), if until_stop.is_some() => break,
         }
-        last = report(&stack, &args, started, last, &mut last_dead_id).await?;
+        reporter.report(&mut console, running).await?;
         if stop_at.is_some_and(|t| Instant::now() >= t) {
             break;
         }
     }
 
-    println!(
-        "\nstopping: demo producer off; waiting up to {} s for in-flight events (Ctrl-C again to skip)",
+    let stopping = format!(
+        "stopping: demo producer off; draining for up to {} s (Ctrl-C again to skip)",
         args.drain_secs
     );
+    if console.style() != Style::Live {
+        console.line(&stopping);
+    }
     let _ = stop_tx.send(true);
     if let Some(t) = demo_task {
         let _ = t.await;
     }
-    let drained = tokio::select! {
-        d = stack.wait_quiet(Duration::from_secs(args.drain_secs)) => d,
-        _ = tokio::signal::ctrl_c() => false,
+    let drained = {
+        let quiet = stack.wait_quiet(Duration::from_secs(args.drain_secs));
+        tokio::pin!(quiet);
+        let skip = tokio::signal::ctrl_c();
+        tokio::pin!(skip);
+        loop {
+            tokio::select! {
+                d = &mut quiet => break d,
+                _ = &mut skip => break false,
+                _ = tick.tick() => reporter.report(&mut console, &stopping).await?,
+            }
+        }
     };
-    last = report(&stack, &args, started, last, &mut last_dead_id).await?;
+    let end = if drained {
+        "stopped cleanly: everything committed was dispatched and delivered (or dead-lettered)."
+    } else {
+        "stopped before the pipeline was idle: events still pending in the outbox will be relayed on the next run \
+         with --existing-db; messages the dev server had not delivered yet are gone with it."
+    };
+    reporter.report(&mut console, "stopped").await?;
+    let last = reporter.last;
+    let causes = reporter.tally.causes();
     stack.stop().await;
     let c = *counts_rx.borrow();
     let summary = DevSummary {
         progress: last,
         demo_orders: c.orders,
         demo_poison: c.poison,
+        demo_cancellations: c.cancellations,
+        demo_failed: c.failed,
+        demo: !args.no_demo,
+        dead_letters_by_cause: causes,
         drained,
         seconds: started.elapsed().as_secs_f64(),
+        log_file: log_file.clone(),
     };
-    if drained {
-        println!(
-            "stopped cleanly: everything committed was dispatched and delivered (or dead-lettered)."
-        );
-    } else {
-        println!(
-            "stopped before the pipeline was idle: {} event(s) still pending in the outbox will be relayed on the next run \
-             with --existing-db; messages the dev server had not delivered yet are gone with it.",
-            last.pending
-        );
-    }
+    tracing::info!(summary = %serde_json::to_string(&summary)?, "outbox-dev dev stopped");
+    console.line(end);
+    console.line(&format!("  logs: {}", logs::display(&log_file)));
+    console.line(&console::summary_line(&summary));
     if args.json {
-        println!("{}", serde_json::to_string(&summary)?);
+        console.line(&serde_json::to_string(&summary)?);
     }
     Ok(summary)
 }
 
-async fn report(
-    stack: &LocalStack,
-    args: &DevArgs,
+/// Reads the figures and the new dead letters and shows them.
+struct Reporter<'a> {
+    stack: &'a LocalStack,
     started: Instant,
-    prev: Progress,
-    last_dead: &mut i64,
-) -> anyhow::Result<Progress> {
-    let mut p = progress(&stack.pool).await?;
-    p.qstash_attempts = stack.dev.handle().stats().attempts;
-    let t = started.elapsed().as_secs_f64();
-    if args.json {
-        println!("{}", serde_json::json!({"t": t, "progress": p}));
-    } else {
-        println!(
-            "t={t:>5.0}s enqueued {:>6} (+{:<4}) dispatched {:>6} (+{:<4}) applied {:>6} (+{:<4}) retried {:>4} dead-lettered {:>3} \
-             | pending {:>4} oldest {:>5.1}s awaiting-evidence {:>3} blocked-keys {}",
-            p.enqueued,
-            p.enqueued - prev.enqueued,
-            p.dispatched,
-            p.dispatched - prev.dispatched,
-            p.applied,
-            p.applied - prev.applied,
-            p.retried,
-            p.dead_lettered,
-            p.pending,
-            p.oldest_pending_secs,
-            p.awaiting_evidence,
-            p.blocked_keys
-        );
+    last: Progress,
+    last_at: Instant,
+    tally: Tally,
+}
+
+impl Reporter<'_> {
+    async fn report(&mut self, console: &mut Console, state: &str) -> anyhow::Result<()> {
+        let mut now = progress(&self.stack.pool).await?;
+        now.qstash_attempts = self.stack.dev.handle().stats().attempts;
+        let new_dead = self.tally.update(&self.stack.pool).await?;
+        let causes = self.tally.causes();
+        console.frame(&Frame {
+            t: self.started.elapsed().as_secs_f64(),
+            now,
+            before: self.last,
+            since: self.last_at.elapsed().as_secs_f64(),
+            new_dead: &new_dead,
+            causes: &causes,
+            state,
+        })?;
+        self.last = now;
+        self.last_at = Instant::now();
+        Ok(())
     }
-    for (id, source, topic, key, error) in new_dead_letters(&stack.pool, *last_dead).await? {
-        *last_dead = id;
-        println!(
-            "  dead letter #{id} [{}] {}/{}: {}",
-            printable(&source),
-            printable(&topic.unwrap_or_default()),
-            printable(&key.unwrap_or_default()),
-            one_line(&error, 160)
-        );
-    }
-    Ok(p)
 }
 
 fn redact(url: &str) -> String {

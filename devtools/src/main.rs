@@ -19,6 +19,11 @@ struct Cli {
 enum Command {
     /// Run the whole pipeline locally: migrations, the QStash-compatible dev server, the consumer and
     /// failure-callback handlers on local ports, the relay, and a demo producer, with live progress.
+    ///
+    /// stdout shows the progress only: on a terminal, a table redrawn in place; when stdout is a file or a pipe,
+    /// plain lines every --progress-secs with no escape codes. Either way the last line is the summary (events
+    /// enqueued, applied, dead-lettered by cause with the demo's poison orders apart, left pending). Log lines
+    /// of every component go to the log file named in the first lines; --verbose shows them on stderr as well.
     Dev(dev::DevArgs),
     /// Benchmarks (figures and one JSON line; never assertions).
     #[command(subcommand)]

@@ -2,7 +2,14 @@
 //! in business transactions — the order row and its `orders` event commit together — plus cancellations of
 //! earlier orders (same key: they must be applied after their placement), `audit` events, and now and then a
 //! poison order (negative amount) that the consumer rejects as permanent, so it visibly ends in the dead letters.
+//!
+//! Only poison orders end in the dead letters: an order is cancelled only when its own transaction is known to
+//! have committed (a failed transaction wrote nothing, so there is nothing to cancel and the consumer would
+//! rightly refuse the cancellation), and a cancellation event is written only when its transaction did cancel a
+//! stored order.
 
+use std::collections::BTreeSet;
+use std::future::Future;
 use std::time::Duration;
 
 use outbox::producer::{EnqueueError, enqueue_batch};
@@ -34,15 +41,27 @@ pub struct DemoCounts {
     pub cancellations: u64,
     /// Events enqueued in total.
     pub events: u64,
+    /// Orders whose transaction failed (nothing was written; never cancelled later).
+    pub failed: u64,
 }
 
-/// Places one order (and maybe cancels an earlier one) in one transaction.
+/// What one committed order transaction wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed {
+    /// Events enqueued.
+    pub events: u64,
+    /// The earlier order was found and cancelled (its cancellation event is among the events).
+    pub cancelled: bool,
+}
+
+/// Places one order (and maybe cancels an earlier one) in one transaction. The cancellation event is written
+/// only if the transaction found the earlier order and cancelled it: the events say what the transaction did.
 pub async fn place_order(
     pool: &PgPool,
     n: u64,
     poison: bool,
     cancel: Option<u64>,
-) -> Result<u64, EnqueueError> {
+) -> Result<Placed, EnqueueError> {
     let order_id = format!("order-{n}");
     let (customer, amount) = {
         let mut r = rand::rng();
@@ -83,33 +102,65 @@ pub async fn place_order(
             },
         )?,
     ];
+    let mut cancelled = false;
     if let Some(c) = cancel {
-        let cancelled = format!("order-{c}");
-        sqlx::query("UPDATE orders SET status = 'cancelled', updated_at = now() WHERE id = $1")
-            .bind(&cancelled)
-            .execute(&mut *tx)
-            .await?;
-        events.push(order_event(&OrderEvent::OrderCancelled(OrderCancelled {
-            order_id: cancelled,
-            reason: Some("customer changed their mind".into()),
-        }))?);
+        let order = format!("order-{c}");
+        let found = sqlx::query(
+            "UPDATE orders SET status = 'cancelled', updated_at = now() \
+             WHERE id = $1 AND status <> 'cancelled'",
+        )
+        .bind(&order)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if found == 1 {
+            cancelled = true;
+            events.push(order_event(&OrderEvent::OrderCancelled(OrderCancelled {
+                order_id: order,
+                reason: Some("customer changed their mind".into()),
+            }))?);
+        }
     }
     let written = enqueue_batch(&mut tx, &events).await?.len() as u64;
     tx.commit().await?;
-    Ok(written)
+    Ok(Placed {
+        events: written,
+        cancelled,
+    })
 }
 
 /// Runs until `stop` turns true; reports counts through `counts`.
 pub async fn run(
     pool: PgPool,
     opts: DemoOptions,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     counts: watch::Sender<DemoCounts>,
 ) {
+    run_with(opts, stop, counts, |n, poison, cancel| {
+        let pool = pool.clone();
+        async move { place_order(&pool, n, poison, cancel).await }
+    })
+    .await
+}
+
+/// [`run`] with each order's transaction run by `place` (normally [`place_order`] on the pool; tests make one
+/// fail). Order `n` is poison when `n` is a multiple of `poison_every`; every 10th order cancels the order
+/// placed 3 before it, if that order's transaction committed and it was not poison.
+pub async fn run_with<F, Fut>(
+    opts: DemoOptions,
+    mut stop: watch::Receiver<bool>,
+    counts: watch::Sender<DemoCounts>,
+    mut place: F,
+) where
+    F: FnMut(u64, bool, Option<u64>) -> Fut,
+    Fut: Future<Output = Result<Placed, EnqueueError>>,
+{
     let period = Duration::from_secs_f64(1.0 / opts.orders_per_sec.max(0.1));
     let mut tick = tokio::time::interval(period);
     let mut c = DemoCounts::default();
     let mut n = 0u64;
+    // Good orders whose transaction committed and that a later order may still cancel.
+    let mut committed = BTreeSet::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -117,22 +168,30 @@ pub async fn run(
         }
         n += 1;
         let poison = opts.poison_every > 0 && n.is_multiple_of(opts.poison_every);
-        // Every 10th order cancels the order placed 3 before it (if that one was not poison).
-        let cancel = (n.is_multiple_of(10)
-            && n > 3
-            && (opts.poison_every == 0 || !(n - 3).is_multiple_of(opts.poison_every)))
-        .then(|| n - 3);
-        match place_order(&pool, n, poison, cancel).await {
-            Ok(events) => {
+        let cancel = (n.is_multiple_of(10) && n > 3 && committed.contains(&(n - 3))).then(|| n - 3);
+        match place(n, poison, cancel).await {
+            Ok(placed) => {
+                if !poison {
+                    committed.insert(n);
+                }
                 c.orders += 1;
-                c.events += events;
+                c.events += placed.events;
                 c.poison += u64::from(poison);
-                c.cancellations += u64::from(cancel.is_some());
-                let _ = counts.send(c);
+                c.cancellations += u64::from(placed.cancelled);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "demo producer: transaction failed (nothing was written)")
+                c.failed += 1;
+                tracing::warn!(order = n, error = %e, "demo producer: transaction failed (nothing was written; the order will not be cancelled)")
             }
         }
+        // Order m cancels order m - 3: nothing at or below n - 3 can be cancelled any more.
+        committed.retain(|&k| k + 3 > n);
+        let _ = counts.send(c);
     }
+}
+
+/// Whether an `orders` payload is one of the demo's poison orders (a placement with a negative amount, which the
+/// consumer refuses as permanent): `outbox-dev dev` tells the dead letters it expects from the others.
+pub fn is_poison(payload: &serde_json::Value) -> bool {
+    payload["type"] == "OrderPlaced" && payload["amount_cents"].as_i64().is_some_and(|a| a < 0)
 }

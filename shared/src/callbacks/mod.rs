@@ -186,46 +186,47 @@ impl CallbackOutcome {
 
 impl RequestOutcome for CallbackOutcome {
     fn log(&self, _elapsed: Duration) {
-        let response_status = self.status().as_u16();
+        // `answered`: the status this function answers QStash. The span's `consumer_status` is another party's:
+        // the consumer's answer to the delivery attempt, as QStash reports it.
+        let answered = self.status().as_u16();
         match self {
             CallbackOutcome::DeadLetter { recorded } => match recorded {
                 FailureRecorded::Recorded { dead_letter_id, .. } => tracing::error!(
-                    response_status,
+                    answered,
                     dead_letter_id,
                     "QStash gave up on an event: dead letter recorded"
                 ),
                 FailureRecorded::Duplicate => {
-                    tracing::info!(response_status, "failure callback already recorded")
+                    tracing::info!(answered, "failure callback already recorded")
                 }
             },
             CallbackOutcome::Delivered { result, .. } => {
-                tracing::info!(response_status, result = ?result, "delivery evidence recorded")
+                tracing::info!(answered, result = ?result, "delivery evidence recorded")
             }
             CallbackOutcome::AttemptFailed { recorded, .. } => {
-                tracing::warn!(response_status, recorded, "failed delivery attempt noted")
-            }
-            CallbackOutcome::Unauthorized(e) => {
-                tracing::warn!(response_status, check = e.check(), error = %e, "signature rejected")
-            }
-            CallbackOutcome::Tampered(e) => {
-                tracing::warn!(response_status, check = "header_mismatch", error = %e, "altered request refused")
-            }
-            CallbackOutcome::TooLarge { size, max } => {
-                tracing::error!(
-                    response_status,
-                    size,
-                    max,
-                    "callback body over the size cap"
+                tracing::warn!(
+                    answered,
+                    recorded,
+                    "QStash reported a failed delivery attempt: noted on the event"
                 )
             }
+            CallbackOutcome::Unauthorized(e) => {
+                tracing::warn!(answered, check = e.check(), error = %e, "signature rejected")
+            }
+            CallbackOutcome::Tampered(e) => {
+                tracing::warn!(answered, check = "header_mismatch", error = %e, "altered request refused")
+            }
+            CallbackOutcome::TooLarge { size, max } => {
+                tracing::error!(answered, size, max, "callback body over the size cap")
+            }
             CallbackOutcome::NotFound(m) => {
-                tracing::warn!(response_status, error = %m, "unknown path")
+                tracing::warn!(answered, error = %m, "unknown path")
             }
             CallbackOutcome::Unusable(m) => {
-                tracing::error!(response_status, error = %m, "delivery callback unusable: evidence lost (the relay republishes after its evidence timeout)")
+                tracing::error!(answered, error = %m, "delivery callback unusable: evidence lost (the relay republishes after its evidence timeout)")
             }
             CallbackOutcome::Database(m) => {
-                tracing::warn!(response_status, error = %m, "database error (QStash retries the callback)")
+                tracing::warn!(answered, error = %m, "database error (QStash retries the callback)")
             }
         }
     }
@@ -283,7 +284,7 @@ impl RequestOutcome for CallbackOutcome {
                 Unit::Milliseconds,
                 elapsed.as_secs_f64() * 1e3,
             )
-            .property("status", outcome.status().as_u16())
+            .property("answered", outcome.status().as_u16())
     }
 
     fn into_response(self) -> Response<Body> {
@@ -372,7 +373,7 @@ pub async fn handle_callback(state: &ReceiverState, req: Request) -> Response<Bo
         key = Empty,
         message_id = Empty,
         dlq_id = Empty,
-        status = Empty,
+        consumer_status = Empty,
         retried = Empty,
     );
     respond(span, state.emit_metrics, process(state, &req)).await
@@ -432,7 +433,7 @@ async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOu
         span.record("dlq_id", d.as_str());
     }
     if let Some(s) = failure.status {
-        span.record("status", s);
+        span.record("consumer_status", s);
     }
     if let Some(a) = failure.attempts {
         span.record("retried", a - 1);
@@ -478,7 +479,7 @@ async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> Callback
         };
         return CallbackOutcome::Unusable(format!("delivery callback unusable: {why}"));
     };
-    span.record("status", status);
+    span.record("consumer_status", status);
     let source = source_event(callback);
     if let Err(e) = check_id_copy(req, source.outbox_id) {
         return CallbackOutcome::Tampered(e);

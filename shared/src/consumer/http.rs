@@ -163,30 +163,32 @@ struct Handled {
 impl RequestOutcome for Handled {
     fn log(&self, elapsed: Duration) {
         let outcome = &self.outcome;
-        let status = outcome.status().as_u16();
+        // `answered`: the status this function answers QStash (the callback function's lines, for the same attempt,
+        // name it `consumer_status`).
+        let answered = outcome.status().as_u16();
         match outcome {
             Outcome::Processed { .. } | Outcome::Duplicate { .. } => {
                 tracing::info!(
-                    status,
+                    answered,
                     outcome = outcome.metric(),
                     latency_ms = elapsed.as_secs_f64() * 1e3,
                     "event handled"
                 )
             }
             Outcome::Unauthorized(e) => {
-                tracing::warn!(status, check = e.check(), error = %e, "signature rejected")
+                tracing::warn!(answered, check = e.check(), error = %e, "signature rejected")
             }
             Outcome::Tampered(e) => {
-                tracing::warn!(status, check = "header_mismatch", error = %e, "altered request refused")
+                tracing::warn!(answered, check = "header_mismatch", error = %e, "altered request refused")
             }
             Outcome::Permanent(e) => {
-                tracing::error!(status, error = %e, "event refused permanently (QStash dead-letters it)")
+                tracing::error!(answered, error = %e, "event refused permanently (QStash dead-letters it)")
             }
             Outcome::TooLarge { size, max } => {
-                tracing::warn!(status, size, max, "body over the size cap")
+                tracing::warn!(answered, size, max, "body over the size cap")
             }
             Outcome::Transient { message, .. } => {
-                tracing::warn!(status, error = %message, "transient failure (QStash retries)")
+                tracing::warn!(answered, error = %message, "transient failure (QStash retries)")
             }
         }
     }
@@ -210,7 +212,7 @@ impl RequestOutcome for Handled {
                 Unit::Milliseconds,
                 elapsed.as_secs_f64() * 1e3,
             )
-            .property("status", outcome.status().as_u16());
+            .property("answered", outcome.status().as_u16());
         if let Some(m) = &self.meta {
             rec = rec
                 .property("outbox_id", m.outbox_id)
