@@ -96,6 +96,22 @@ async fn total(pool: &PgPool, sql: &str) -> i64 {
         .unwrap()
 }
 
+/// How long event B of the replay tests waits: far longer than any run takes to get A through, so B is surely
+/// still pending when A's delivery is replayed under B's id; [`fall_due`] then makes it due.
+const B_DELAY: Duration = Duration::from_secs(3600);
+
+/// Makes a delayed event due now, and its key when it heads an ordered one (the relay parks a key until its
+/// head is due).
+async fn fall_due(pool: &PgPool, id: i64) {
+    for sql in [
+        "UPDATE outbox SET available_at = now() WHERE id = $1",
+        "UPDATE outbox_keys k SET available_at = now() FROM outbox o \
+         WHERE o.id = $1 AND (k.topic, k.partition_key) = (o.topic, o.partition_key) AND k.available_at > now()",
+    ] {
+        sqlx::query(sql).bind(id).execute(pool).await.unwrap();
+    }
+}
+
 /// Waits until `sql` (one `$1` parameter) returns a row.
 async fn eventually<T>(pool: &PgPool, sql: &str, id: i64, what: &str) -> T
 where
@@ -439,11 +455,7 @@ async fn a_replayed_delivery_naming_another_pending_event_is_refused_and_that_ev
     let stack = stack(&pool, EvidenceMode::Callback).await;
     // A is delivered now; B waits (a delayed event: still pending in the outbox when the replay comes).
     let a = enqueue(&pool, &[audit("actor-a", "a")]).await[0];
-    let b = enqueue(
-        &pool,
-        &[audit("actor-b", "b").delay(Duration::from_secs(8))],
-    )
-    .await[0];
+    let b = enqueue(&pool, &[audit("actor-b", "b").delay(B_DELAY)]).await[0];
     eventually::<i64>(
         &pool,
         "SELECT outbox_id FROM audit_log WHERE outbox_id = $1",
@@ -465,10 +477,7 @@ async fn a_replayed_delivery_naming_another_pending_event_is_refused_and_that_ev
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert!(
-        pending,
-        "B must still be pending when the replay comes (the test was too slow)"
-    );
+    assert!(pending, "B must still be pending when the replay comes");
 
     // The attacker replays A's delivery with x-outbox-id rewritten to B: refused, nothing written.
     let (status, answer) = replay_with_outbox_id(&stack.consumer_url, &delivery, b).await;
@@ -498,6 +507,7 @@ async fn a_replayed_delivery_naming_another_pending_event_is_refused_and_that_ev
     );
 
     // B is published when due and applied normally, with its own payload.
+    fall_due(&pool, b).await;
     assert!(
         stack.wait_quiet(Duration::from_secs(60)).await,
         "the pipeline did not drain"
@@ -524,11 +534,7 @@ async fn a_replayed_delivery_callback_naming_another_pending_event_is_refused_an
     let stack = stack(&pool, EvidenceMode::Callback).await;
     // Two orders, each the head of its own key: A's is delivered now (with a delivery callback), B's waits.
     let a = enqueue(&pool, &[placed("order-a", 100)]).await[0];
-    let b = enqueue(
-        &pool,
-        &[placed("order-b", 200).delay(Duration::from_secs(8))],
-    )
-    .await[0];
+    let b = enqueue(&pool, &[placed("order-b", 200).delay(B_DELAY)]).await[0];
     eventually::<bool>(
         &pool,
         "SELECT true FROM outbox WHERE id = $1 AND delivered_at IS NOT NULL",
@@ -559,6 +565,7 @@ async fn a_replayed_delivery_callback_naming_another_pending_event_is_refused_an
     .unwrap();
     assert!(untouched, "B and its key are untouched");
 
+    fall_due(&pool, b).await;
     assert!(
         stack.wait_quiet(Duration::from_secs(60)).await,
         "the pipeline did not drain"

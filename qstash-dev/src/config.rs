@@ -49,7 +49,10 @@ pub enum TimestampFormat {
     String,
 }
 
-/// Fault injection. All rates are probabilities in `[0, 1]`, drawn from one RNG seeded by [`Config::seed`].
+/// Fault injection. All rates are probabilities in `[0, 1]`. Each decision is a pure function of
+/// [`Config::seed`], the kind of fault, whose it is (a message's deduplication id or content, a publish request's
+/// content) and which try it is (the attempt, the how-many-th request with that content), so the same seed and
+/// workload inject the same faults per message however concurrent requests interleave (decision record 0114).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Faults {
@@ -125,7 +128,8 @@ pub struct Config {
     pub max_retries: u32,
     /// Flow-control waitlist order.
     pub waitlist_order: WaitlistOrder,
-    /// Seed for the waitlist shuffle and fault injection.
+    /// Seed for fault injection (reproducible per message, 0114) and the waitlist shuffle (which depends on the
+    /// order in which messages reach the waitlist too).
     pub seed: u64,
     /// `false` = accept-only mode: publishes are validated, deduplicated, counted and then dropped; nothing is
     /// stored or delivered. For pure-accept benchmarks.

@@ -14,6 +14,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::NonRetryableMode;
 use crate::core::{Effects, Job, Outcome, RETRY_AFTER_MAX, now_ms};
+use crate::draw::FaultKind;
 use crate::duration::parse_retry_after;
 use crate::sign;
 use crate::state::{AttemptRec, Shared};
@@ -62,7 +63,11 @@ pub(crate) async fn worker(shared: Arc<Shared>, client: HttpClient) {
         if !job.duplicate {
             let dup = outcome.success()
                 && shared.delivery_faults_active()
-                && shared.draw_fault(|f| f.duplicate_delivery_rate);
+                && shared.draw_delivery(
+                    FaultKind::DuplicateDelivery,
+                    job.data.fault_id,
+                    u64::from(job.retried),
+                );
             shared.complete(&job, outcome, dup);
         }
         shared.jobs.finish();
@@ -144,9 +149,11 @@ async fn attempt(shared: &Shared, client: &HttpClient, job: &Job) -> (Outcome, O
     let mut outcome = Outcome::default();
     let faulty = shared.delivery_faults_active()
         && !(job.retried >= job.data.max_retries && shared.spares_final_attempt());
+    // Which try: the attempt number, and whether this is an injected duplicate of it (0114).
+    let n = (u64::from(job.retried) << 1) | u64::from(job.duplicate);
     let (net_fault, lost_fault) = (
-        faulty && shared.draw_fault(|f| f.delivery_network_error_rate),
-        faulty && shared.draw_fault(|f| f.delivery_lost_response_rate),
+        faulty && shared.draw_delivery(FaultKind::DeliveryNetworkError, data.fault_id, n),
+        faulty && shared.draw_delivery(FaultKind::DeliveryLostResponse, data.fault_id, n),
     );
     if net_fault {
         outcome.error = Some("injected fault: network error (request not sent)".into());

@@ -35,25 +35,28 @@
 //!   `types`.
 //! - `api`: the QStash API (`/v2/...`, a file per section: publish, messages, DLQ, queues, flow control, keys)
 //!   and the gate every route sits behind (Host/Origin check, token). Uses `state`, `view`, `core`, `options`,
-//!   `host`, `duration`, `error`.
+//!   `host`, `duration`, `error`, `draw`.
 //! - `inspect`: the `/__dev/` inspection and control API. Uses `state`, `view`, `config`, `types`, `error`.
 //! - `deliver`: the delivery engine: the timer task, the worker pool with its HTTP client, one signed attempt.
-//!   Uses `state`, `core`, `config`, `duration`, `sign`.
+//!   Uses `state`, `core`, `config`, `duration`, `sign`, `draw`.
 //! - `state`: `Shared`, what the tasks and handlers share (the core behind its mutex, the job queue, the attempt
-//!   log, faults, signing keys), and the per-connection `ConnCtx`. Uses `core`, `config`, `sign`, `types`.
+//!   log, faults, signing keys), and the per-connection `ConnCtx`. Uses `core`, `config`, `sign`, `types`,
+//!   `draw`.
 //! - `view`: QStash's JSON view of a message. Uses `core`.
 //! - `core`: the message state machine (publish, dedup and ids, timers, queues, flow control, outcomes and
-//!   retries, callbacks, DLQ, headers); no I/O, never awaits. Uses `options`, `expr`, `config`, `types`.
+//!   retries, callbacks, DLQ, headers); no I/O, never awaits. Uses `options`, `expr`, `config`, `types`,
+//!   `draw`.
 //! - `options`: publish options from `Upstash-*` headers and query parameters. Uses `duration`, `expr`, `error`.
 //! - `types`: the public views ([`Stats`], [`DeliveryAttempt`], [`DlqEntryInfo`]). Uses `config`.
 //! - `config`: [`Config`] and [`Faults`]. Uses `sign`.
-//! - `sign`, `expr`, `duration`, `host`, `error`: signing, Retry-Delay expressions, durations, the Host check
-//!   (0113) and [`ApiError`]. They use no other module.
+//! - `sign`, `expr`, `duration`, `host`, `error`, `draw`: signing, Retry-Delay expressions, durations, the Host
+//!   check (0113), [`ApiError`] and the reproducible fault draws (0114). They use no other module.
 
 mod api;
 mod config;
 mod core;
 mod deliver;
+mod draw;
 mod duration;
 mod error;
 pub mod expr;

@@ -1,7 +1,7 @@
 //! Guarantee 1 at write time, and the producer side of per-key order.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use outbox::producer::{
@@ -141,7 +141,9 @@ async fn per_key_sequence_follows_commit_order(pool: PgPool) {
     t1.commit().await.unwrap();
     assert_eq!((e2.seq, e1.seq), (Some(1), Some(2)));
 
-    // Concurrent: a second enqueue on the same key blocks until the first transaction ends.
+    // Concurrent: a second enqueue on the same key blocks until the first transaction ends. Shown by state, not
+    // by time: the second producer is seen waiting on a lock, and its enqueue returns only after the first
+    // producer has started to commit.
     let mut first = pool.begin().await.unwrap();
     let a = enqueue(
         &mut first,
@@ -149,7 +151,9 @@ async fn per_key_sequence_follows_commit_order(pool: PgPool) {
     )
     .await
     .unwrap();
+    let committing = Arc::new(AtomicBool::new(false));
     let pool2 = pool.clone();
+    let committing2 = committing.clone();
     let second = tokio::spawn(async move {
         let mut tx = pool2.begin().await.unwrap();
         let b = enqueue(
@@ -158,30 +162,49 @@ async fn per_key_sequence_follows_commit_order(pool: PgPool) {
         )
         .await
         .unwrap();
+        let after_first = committing2.load(AtomicOrdering::SeqCst);
         tx.commit().await.unwrap();
-        b
+        (b, after_first)
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // However long the second producer takes to get there; the limit only stops a hung test.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            !second.is_finished(),
+            "second producer must wait for the first one's commit"
+        );
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if waiting == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second producer never waited on the key's row lock ({waiting} lock waiters)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         !second.is_finished(),
         "second producer must wait for the first one's commit"
     );
-    let waiting: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        waiting, 1,
-        "the second producer waits on the key's row lock"
-    );
+    committing.store(true, AtomicOrdering::SeqCst);
     first.commit().await.unwrap();
-    let b = second.await.unwrap();
+    let (b, after_first) = second.await.unwrap();
+    assert!(
+        after_first,
+        "the second enqueue returned before the first producer committed"
+    );
     assert_eq!((a.seq, b.seq), (Some(3), Some(4)));
 
-    // Many producers with random timing: sort by commit order, the sequence must be 5, 6, 7, …
-    let commits = Arc::new(AtomicUsize::new(0));
+    // Many producers with random timing: sort by commit order, the sequence must be 5, 6, 7, … Commit order is
+    // recorded under a lock held across the commit, so a task that is slow to count its commit cannot be
+    // overtaken by one that committed after it.
+    let commits = Arc::new(tokio::sync::Mutex::new(0usize));
     let mut tasks = Vec::new();
     for i in 0..8 {
         let pool = pool.clone();
@@ -205,11 +228,10 @@ async fn per_key_sequence_follows_commit_order(pool: PgPool) {
             .await
             .unwrap();
             tokio::time::sleep(Duration::from_millis(post)).await;
+            let mut n = commits.lock().await;
             tx.commit().await.unwrap();
-            (
-                commits.fetch_add(1, AtomicOrdering::SeqCst),
-                ev.seq.unwrap(),
-            )
+            *n += 1;
+            (*n, ev.seq.unwrap())
         }));
     }
     let mut results = Vec::new();

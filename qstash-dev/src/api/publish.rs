@@ -12,38 +12,62 @@ use serde::de::{MapAccess, Visitor};
 use serde_json::{Value, json};
 
 use super::{S, json_response, read_body};
-use crate::core::{Accepted, Counters, Effects, NewMessage};
+use crate::core::{Accepted, Core, Counters, Effects, NewMessage};
+use crate::draw::Fingerprint;
 use crate::error::ApiError;
 use crate::options::{OptionsBuilder, PublishOptions, check_url, split_query};
-use crate::state::{ConnCtx, Shared};
+use crate::state::{ConnCtx, PublishDraw, Shared};
 
 fn caller_ip(ctx: Option<&ConnCtx>) -> Arc<str> {
     Arc::from(ctx.map(|c| c.peer.ip().to_string()).unwrap_or_default())
 }
 
-/// Decisions taken for one publish-type request before it is processed.
-struct PublishFaults {
-    drop_response: bool,
-}
-
-fn publish_prelude(s: &Shared) -> Result<PublishFaults, ApiError> {
-    Counters::inc(&s.counters.publish_requests);
-    if s.draw_fault(|f| f.publish_5xx_rate) {
+/// Draws a publish-type request's faults on `key`, what it publishes ([`request_key`], [`batch_key`]), which is
+/// why the body is read and validated first. `Err` is the injected 5xx: nothing is stored.
+fn publish_prelude(s: &Shared, key: u64) -> Result<PublishDraw, ApiError> {
+    let draw = s.draw_publish(key);
+    if draw.fail_5xx {
         Counters::inc(&s.counters.injected_publish_errors);
         return Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "injected fault: internal server error (nothing was stored)",
         ));
     }
-    Ok(PublishFaults {
-        drop_response: s.draw_fault(|f| f.publish_drop_response_rate),
-    })
+    Ok(draw)
+}
+
+/// The fault key of a single publish / enqueue (decision record 0114): the message's identity (its
+/// deduplication id, else its content), or, when the request is invalid, its target and body.
+fn request_key(target: &str, body: &[u8], item: &Result<NewMessage, ApiError>) -> u64 {
+    match item {
+        Ok(m) => m.identity,
+        Err(_) => raw_key(target, body),
+    }
+}
+
+/// The fault key of a request that does not say what it publishes: its target and body.
+fn raw_key(target: &str, body: &[u8]) -> u64 {
+    Fingerprint::new(b"request")
+        .bytes(target.as_bytes())
+        .bytes(body)
+        .finish()
+}
+
+/// The fault key of a batch: its items' identities in order (an invalid item counts by its error).
+fn batch_key(items: &[Result<NewMessage, ApiError>]) -> u64 {
+    items
+        .iter()
+        .fold(Fingerprint::new(b"batch"), |f, item| match item {
+            Ok(m) => f.u64(m.identity),
+            Err(e) => f.bytes(e.message.as_bytes()),
+        })
+        .finish()
 }
 
 /// Applies the response delay and the drop-response fault.
 async fn publish_epilogue(
     s: &Shared,
-    pf: &PublishFaults,
+    pf: &PublishDraw,
     ctx: Option<ConnCtx>,
     resp: Response,
 ) -> Response {
@@ -153,12 +177,14 @@ fn finish_message(
             ));
         }
     }
+    let identity = Core::message_identity(&url, &body, &opts);
     Ok(NewMessage {
         url,
         body,
         opts,
         queue,
         caller_ip,
+        identity,
     })
 }
 
@@ -177,27 +203,35 @@ fn publish_one(s: &Shared, item: Result<NewMessage, ApiError>) -> Response {
     }
 }
 
+/// The target of a publish-type request as the client wrote it (path and query).
+fn target(parts: &http::request::Parts) -> &str {
+    parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("")
+}
+
 pub(super) async fn publish(State(s): S, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let ctx = parts.extensions.get::<ConnCtx>().cloned();
-    let pf = match publish_prelude(&s) {
+    Counters::inc(&s.counters.publish_requests);
+    let body = read_body(&s, body).await;
+    let item = body.as_ref().map_err(Clone::clone).and_then(|body| {
+        let dest = parts.uri.path().strip_prefix("/v2/publish/").unwrap_or("");
+        build_from_request(
+            dest,
+            parts.uri.query(),
+            &parts.headers,
+            body.clone(),
+            None,
+            caller_ip(ctx.as_ref()),
+        )
+    });
+    let raw = body.as_deref().unwrap_or_default();
+    let pf = match publish_prelude(&s, request_key(target(&parts), raw, &item)) {
         Ok(pf) => pf,
         Err(e) => return e.into_response(),
     };
-    let resp = match read_body(&s, body).await {
+    let resp = match body {
         Err(e) => e.into_response(),
-        Ok(body) => {
-            let dest = parts.uri.path().strip_prefix("/v2/publish/").unwrap_or("");
-            let item = build_from_request(
-                dest,
-                parts.uri.query(),
-                &parts.headers,
-                body,
-                None,
-                caller_ip(ctx.as_ref()),
-            );
-            publish_one(&s, item)
-        }
+        Ok(_) => publish_one(&s, item),
     };
     publish_epilogue(&s, &pf, ctx, resp).await
 }
@@ -205,29 +239,32 @@ pub(super) async fn publish(State(s): S, req: Request) -> Response {
 pub(super) async fn enqueue(State(s): S, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let ctx = parts.extensions.get::<ConnCtx>().cloned();
-    let pf = match publish_prelude(&s) {
+    Counters::inc(&s.counters.publish_requests);
+    let body = read_body(&s, body).await;
+    let item = body.as_ref().map_err(Clone::clone).and_then(|body| {
+        let rest = parts.uri.path().strip_prefix("/v2/enqueue/").unwrap_or("");
+        let (queue, dest) = rest.split_once('/').unwrap_or((rest, ""));
+        let queue = url::form_urlencoded::parse(format!("q={queue}").as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default();
+        build_from_request(
+            dest,
+            parts.uri.query(),
+            &parts.headers,
+            body.clone(),
+            Some(queue),
+            caller_ip(ctx.as_ref()),
+        )
+    });
+    let raw = body.as_deref().unwrap_or_default();
+    let pf = match publish_prelude(&s, request_key(target(&parts), raw, &item)) {
         Ok(pf) => pf,
         Err(e) => return e.into_response(),
     };
-    let resp = match read_body(&s, body).await {
+    let resp = match body {
         Err(e) => e.into_response(),
-        Ok(body) => {
-            let rest = parts.uri.path().strip_prefix("/v2/enqueue/").unwrap_or("");
-            let (queue, dest) = rest.split_once('/').unwrap_or((rest, ""));
-            let queue = url::form_urlencoded::parse(format!("q={queue}").as_bytes())
-                .next()
-                .map(|(_, v)| v.into_owned())
-                .unwrap_or_default();
-            let item = build_from_request(
-                dest,
-                parts.uri.query(),
-                &parts.headers,
-                body,
-                Some(queue),
-                caller_ip(ctx.as_ref()),
-            );
-            publish_one(&s, item)
-        }
+        Ok(_) => publish_one(&s, item),
     };
     publish_epilogue(&s, &pf, ctx, resp).await
 }
@@ -345,32 +382,48 @@ fn build_batch_item(item: BatchItem<'_>, caller_ip: &Arc<str>) -> Result<NewMess
 pub(super) async fn batch(State(s): S, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let ctx = parts.extensions.get::<ConnCtx>().cloned();
-    let pf = match publish_prelude(&s) {
+    Counters::inc(&s.counters.publish_requests);
+    let body = read_body(&s, body).await;
+    let built = body
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|body| parse_batch(body, &caller_ip(ctx.as_ref())));
+    let key = match &built {
+        Ok(items) => batch_key(items),
+        Err(_) => raw_key(target(&parts), body.as_deref().unwrap_or_default()),
+    };
+    let pf = match publish_prelude(&s, key) {
         Ok(pf) => pf,
         Err(e) => return e.into_response(),
     };
-    let resp = match read_body(&s, body).await {
-        Err(e) => e.into_response(),
-        Ok(body) => batch_inner(&s, &body, caller_ip(ctx.as_ref())),
+    let resp = match (body, built) {
+        (Err(e), _) => e.into_response(),
+        (Ok(_), Err(e)) => {
+            Counters::inc(&s.counters.rejected);
+            e.into_response()
+        }
+        (Ok(_), Ok(built)) => publish_batch(&s, built),
     };
     publish_epilogue(&s, &pf, ctx, resp).await
 }
 
-fn batch_inner(s: &Shared, body: &[u8], caller_ip: Arc<str>) -> Response {
-    let items: Vec<BatchItem<'_>> = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => {
-            Counters::inc(&s.counters.rejected);
-            return ApiError::bad_request(format!(
-                "invalid batch body: expected a JSON array of messages: {e}"
-            ))
-            .into_response();
-        }
-    };
-    let built: Vec<Result<NewMessage, ApiError>> = items
+/// Parses and validates a batch body: `Err` when it is not a JSON array of messages, else one result per item.
+fn parse_batch(
+    body: &[u8],
+    caller_ip: &Arc<str>,
+) -> Result<Vec<Result<NewMessage, ApiError>>, ApiError> {
+    let items: Vec<BatchItem<'_>> = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "invalid batch body: expected a JSON array of messages: {e}"
+        ))
+    })?;
+    Ok(items
         .into_iter()
-        .map(|i| build_batch_item(i, &caller_ip))
-        .collect();
+        .map(|i| build_batch_item(i, caller_ip))
+        .collect())
+}
+
+fn publish_batch(s: &Shared, built: Vec<Result<NewMessage, ApiError>>) -> Response {
     let mut out = Vec::with_capacity(built.len());
     let mut fx = Effects::default();
     {

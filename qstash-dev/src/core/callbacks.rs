@@ -14,6 +14,7 @@ use super::{
     now_ms,
 };
 use crate::config::TimestampFormat;
+use crate::draw::Fingerprint;
 use crate::options::CallbackSpec;
 use crate::types::AttemptKind;
 
@@ -93,6 +94,15 @@ impl Core {
             redact: None,
             caller_ip: parent.caller_ip.clone(),
             source_message_id: Some(parent.id.clone()),
+            // One callback per attempt of the parent, one failure callback per parent.
+            fault_id: Fingerprint::new(match kind {
+                AttemptKind::Callback => b"callback".as_slice(),
+                AttemptKind::FailureCallback => b"failure-callback",
+                AttemptKind::Destination => b"destination",
+            })
+            .u64(parent.fault_id)
+            .u64(u64::from(retried))
+            .finish(),
         });
         if let Some(h) = hold
             && let Some(hold) = self.holds.get_mut(&h)

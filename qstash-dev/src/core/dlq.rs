@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{Core, Counters, Effects, MsgData, Outcome, now_ms};
+use crate::draw::Fingerprint;
 use crate::options::PublishOptions;
 use crate::types::{AttemptKind, DlqEntryInfo};
 
@@ -159,6 +160,7 @@ impl Core {
             redact: old.redact.clone(),
             caller_ip: old.caller_ip.clone(),
             source_message_id: old.source_message_id.clone(),
+            fault_id: Fingerprint::new(b"dlq-retry").u64(old.fault_id).finish(),
         });
         if self.settings.deliver {
             self.insert_and_schedule(data, wait, None, fx);

@@ -35,6 +35,10 @@ pub(crate) struct MsgData {
     pub redact: Option<String>,
     pub caller_ip: Arc<str>,
     pub source_message_id: Option<Arc<str>>,
+    /// The subject of this message's delivery fault draws (decision record 0114): derived from its identity
+    /// (deduplication id or content) and how many messages with that identity came before, or from its parent's
+    /// for callbacks and DLQ retries. Unlike `id`, the same in every run of the same workload.
+    pub fault_id: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +99,9 @@ pub(crate) struct NewMessage {
     pub opts: PublishOptions,
     pub queue: Option<String>,
     pub caller_ip: Arc<str>,
+    /// [`Core::message_identity`](super::Core::message_identity) of the message (its publish request's fault
+    /// key, and the root of its `fault_id`).
+    pub identity: u64,
 }
 
 /// Result of one publish.

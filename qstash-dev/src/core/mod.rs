@@ -29,6 +29,7 @@ use rand::rngs::StdRng;
 use tokio::time::Instant;
 
 use crate::config::{Config, TimestampFormat, WaitlistOrder};
+use crate::draw::{Fingerprint, Occurrences};
 use crate::types::AttemptKind;
 
 // What the rest of the crate uses.
@@ -45,6 +46,9 @@ use self::ids::IdGen;
 use self::message::{Msg, MsgState};
 use self::queue::Hold;
 use self::timers::{TimerEntry, TimerKind};
+
+/// Message identities whose count [`Core`] keeps for fault ids (see [`Occurrences`]).
+const IDENTITIES_KEPT: usize = 1 << 18;
 
 /// Longest wait we schedule (keeps `Instant` arithmetic far from overflow).
 const MAX_WAIT: Duration = Duration::from_secs(400 * 86_400);
@@ -110,6 +114,8 @@ pub(crate) struct Core {
     hold_seq: u64,
     rng: StdRng,
     ids: IdGen,
+    /// How many messages with each identity were published (the `n` of their fault ids).
+    identities: Occurrences,
 }
 
 impl Core {
@@ -129,6 +135,7 @@ impl Core {
             hold_seq: 0,
             rng: StdRng::seed_from_u64(cfg.seed),
             ids: IdGen::new(),
+            identities: Occurrences::new(IDENTITIES_KEPT),
         }
     }
 
@@ -146,6 +153,7 @@ impl Core {
         self.timers.clear();
         self.holds.clear();
         self.rng = StdRng::seed_from_u64(seed);
+        self.identities.clear();
     }
 
     pub fn new_id(&mut self) -> Arc<str> {
@@ -196,7 +204,13 @@ impl Core {
             opts,
             queue,
             caller_ip,
+            identity,
         } = item;
+        let n = self.identities.next(identity);
+        let fault_id = Fingerprint::new(b"message")
+            .u64(identity)
+            .u64(u64::from(n))
+            .finish();
         let (wait, not_before_ms) = if let Some(nb) = opts.not_before {
             let nb_ms = u64::try_from(nb.saturating_mul(1000)).unwrap_or(0);
             (Duration::from_millis(nb_ms.saturating_sub(created)), nb_ms)
@@ -231,6 +245,7 @@ impl Core {
             redact: opts.redact,
             caller_ip,
             source_message_id: None,
+            fault_id,
         });
         self.insert_and_schedule(data, wait, None, fx);
     }

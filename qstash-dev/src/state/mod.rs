@@ -13,12 +13,11 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 
 use crate::config::{Config, Faults};
 use crate::core::{Core, Counters, Effects, Job, Outcome};
+use crate::draw::{FaultKind, Occurrences, uniform};
 use crate::types::{DeliveryAttempt, DlqEntryInfo, Stats};
 
 pub(crate) use self::attempts::AttemptRec;
@@ -47,7 +46,21 @@ pub struct SigningKeys {
 
 struct FaultState {
     faults: Faults,
-    rng: StdRng,
+    /// How many publish requests with each key arrived while a publish fault was configured (the `n` of their
+    /// draws, so that a client's retry of a failed request draws afresh).
+    requests: Occurrences,
+}
+
+/// Publish request keys whose count is kept (see [`Occurrences`]).
+const REQUEST_KEYS_KEPT: usize = 1 << 18;
+
+/// The publish-side fault decisions for one request.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PublishDraw {
+    /// Answer 500, store nothing.
+    pub fail_5xx: bool,
+    /// Process, then close the connection without a response.
+    pub drop_response: bool,
 }
 
 /// Per-connection context handed to handlers (peer and local address; a switch that drops the connection).
@@ -97,7 +110,7 @@ impl Shared {
             }),
             faults: Mutex::new(FaultState {
                 faults: cfg.faults.clone(),
-                rng: StdRng::seed_from_u64(cfg.seed ^ 0x5eed_fa17),
+                requests: Occurrences::new(REQUEST_KEYS_KEPT),
             }),
             delivery_faults: std::sync::atomic::AtomicBool::new(Self::has_delivery_faults(
                 &cfg.faults,
@@ -171,14 +184,41 @@ impl Shared {
         log.buf.push_back(a);
     }
 
-    /// Draws one fault decision with probability `rate(faults)`.
-    pub fn draw_fault(&self, rate: impl Fn(&Faults) -> f64) -> bool {
+    /// Draws one delivery fault decision about message `fault_id`, try `n` (decision record 0114).
+    pub fn draw_delivery(&self, kind: FaultKind, fault_id: u64, n: u64) -> bool {
+        let p = {
+            let st = lock(&self.faults);
+            match kind {
+                FaultKind::DeliveryNetworkError => st.faults.delivery_network_error_rate,
+                FaultKind::DeliveryLostResponse => st.faults.delivery_lost_response_rate,
+                FaultKind::DuplicateDelivery => st.faults.duplicate_delivery_rate,
+                FaultKind::Publish5xx | FaultKind::PublishDropResponse => 0.0,
+            }
+        };
+        p > 0.0 && uniform(self.cfg.seed, kind, fault_id, n) < p
+    }
+
+    /// Draws the publish faults of a request with this key: the `n`-th request with the key draws with `n`, so
+    /// a retry draws afresh and the same sequence of requests draws the same way in every run (0114).
+    pub fn draw_publish(&self, key: u64) -> PublishDraw {
         let mut st = lock(&self.faults);
-        let p = rate(&st.faults);
-        if p <= 0.0 {
-            return false;
+        let (p5xx, pdrop) = (
+            st.faults.publish_5xx_rate,
+            st.faults.publish_drop_response_rate,
+        );
+        if p5xx <= 0.0 && pdrop <= 0.0 {
+            return PublishDraw::default();
         }
-        st.rng.random::<f64>() < p
+        let n = u64::from(st.requests.next(key));
+        drop(st);
+        let seed = self.cfg.seed;
+        let fail_5xx = p5xx > 0.0 && uniform(seed, FaultKind::Publish5xx, key, n) < p5xx;
+        PublishDraw {
+            fail_5xx,
+            drop_response: !fail_5xx
+                && pdrop > 0.0
+                && uniform(seed, FaultKind::PublishDropResponse, key, n) < pdrop,
+        }
     }
 
     /// [`Faults::spare_final_attempt`].
@@ -305,10 +345,7 @@ impl Shared {
         self.core().reset(self.cfg.seed);
         self.clear_attempts();
         self.counters.reset();
-        {
-            let mut f = lock(&self.faults);
-            f.rng = StdRng::seed_from_u64(self.cfg.seed ^ 0x5eed_fa17);
-        }
+        lock(&self.faults).requests.clear();
         self.idle_changed();
     }
 
