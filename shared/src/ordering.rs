@@ -98,7 +98,8 @@ pub async fn record_delivery(
             RETURNING id, topic, partition_key, seq
         ),
         resolved AS (
-            UPDATE dead_letters d SET resolved_at = coalesce(d.resolved_at, now())
+            UPDATE dead_letters d SET resolved_at = coalesce(d.resolved_at, now()),
+                                   resolution = coalesce(d.resolution, 'delivered')
             FROM ev WHERE d.outbox_id = ev.id
         ),
         advanced AS (
