@@ -1,5 +1,5 @@
-//! Operator figures: `outbox status`. The seed article's three queries — (1) backlog depth, oldest pending age
-//! and "flapping" rows, (2) dispatched per minute over the last hour, (3) stuck leases — plus blocked ordered
+//! Operator figures: `outbox status`. The three status queries — (1) backlog depth, oldest pending age and
+//! "flapping" rows, (2) dispatched per minute over the last hour, (3) stuck leases — plus blocked ordered
 //! keys, ordered heads awaiting delivery evidence, and dead-letter counts by topic and source.
 //!
 //! Every query runs on an index that covers only live rows (`outbox_pending_created_idx`, the BRIN on
@@ -15,7 +15,8 @@ use sqlx::PgPool;
 /// How many rows each list shows.
 pub const LIST_LIMIT: i64 = 10;
 
-/// Attempts above which a pending row counts as "flapping" (the seed article's threshold).
+/// Attempts above which a pending row counts as "flapping": it keeps failing transiently and coming back after
+/// backoff, which a healthy backlog does not (glossary: `docs/glossary.md`).
 pub const FLAPPING_ATTEMPTS: i32 = 3;
 
 /// Everything `outbox status` shows.
@@ -161,7 +162,7 @@ impl Status {
 /// Reads every figure (a handful of short read-only queries).
 pub async fn status(pool: &PgPool) -> Result<Status, sqlx::Error> {
     let mut conn = pool.acquire().await?;
-    // (1) The seed article's first query, on the partial index of pending rows.
+    // (1) Backlog depth, oldest pending age and flapping rows, on the partial index of pending rows.
     let (at, pending, oldest, flapping): (DateTime<Utc>, i64, f64, i64) = sqlx::query_as(
         "SELECT now(), count(*), coalesce(extract(epoch FROM max(now() - created_at))::float8, 0), \
                 count(*) FILTER (WHERE attempts > $1) \

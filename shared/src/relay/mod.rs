@@ -1,7 +1,9 @@
 //! Guarantee 1 in transit — **no event is lost between the outbox and QStash** — and the relay side of
 //! per-key order.
 //!
-//! One cycle is three short steps, never a lock held across the network (pitfall P6):
+//! One cycle is three short steps, never a lock held across the network (publishing inside the claim's
+//! transaction would keep row locks and an old snapshot open for a network round trip, and leave the transaction
+//! idle when the Lambda times out):
 //!
 //! 1. **Claim** ([`claim`]) in one committed statement per kind of topic: due rows (unordered) or key heads
 //!    (ordered, see [`crate::ordering`]) get a lease with a fencing token, and their attempt is counted.

@@ -1,7 +1,8 @@
 //! Settling a claim: one statement for the whole cycle — dispatched rows, retries with per-row jittered
 //! backoff, dead letters into `dead_letters`, and the ordered keys' state — every write fenced on the row's lease
 //! token. A relay whose lease was taken over (it was too slow, another relay re-claimed) changes nothing: its
-//! rows no longer carry its token, so the statement matches zero rows for them (pitfall P5).
+//! rows no longer carry its token, so the statement matches zero rows for them. Without the fence, such a
+//! "zombie" relay would overwrite the newer attempt's outcome (mark dispatched what failed, or the reverse).
 
 use std::time::Duration;
 
