@@ -112,13 +112,11 @@ pub struct Progress {
 /// What `outbox-dev dev` ended with.
 #[derive(Debug, Clone, Serialize)]
 pub struct DevSummary {
-    /// The last figures.
     pub progress: Progress,
     /// Demo producer counts.
     pub demo_orders: u64,
     /// Demo poison orders.
     pub demo_poison: u64,
-    /// Demo cancellations.
     pub demo_cancellations: u64,
     /// Demo orders whose transaction failed (nothing written).
     pub demo_failed: u64,
@@ -128,9 +126,7 @@ pub struct DevSummary {
     pub dead_letters_by_cause: Vec<CauseCount>,
     /// Everything in flight finished before shutdown.
     pub drained: bool,
-    /// Seconds run.
     pub seconds: f64,
-    /// The log file.
     pub log_file: PathBuf,
 }
 

@@ -41,7 +41,6 @@ pub struct Status {
 /// (1) Events neither dispatched nor dead: how many, how old, and which keep failing.
 #[derive(Debug, Clone, Serialize)]
 pub struct PendingEvents {
-    /// How many.
     pub pending: i64,
     /// `max(now() - created_at)` over them, seconds (0 when none).
     pub oldest_pending_age_secs: f64,
@@ -56,17 +55,13 @@ pub struct PendingEvents {
 pub struct EventLine {
     /// Outbox id.
     pub id: i64,
-    /// Topic.
     pub topic: String,
-    /// Partition key.
     pub partition_key: String,
     /// Attempts so far.
     pub attempts: i32,
-    /// Written at.
     pub created_at: DateTime<Utc>,
     /// Lease end (stuck leases).
     pub locked_until: Option<DateTime<Utc>>,
-    /// Last error.
     pub last_error: Option<String>,
 }
 
@@ -92,7 +87,6 @@ pub struct MinuteCount {
 /// by the next relay cycle; many of them, or old ones, mean no relay is running.
 #[derive(Debug, Clone, Serialize)]
 pub struct StuckLeases {
-    /// How many.
     pub count: i64,
     /// Oldest lease end first.
     pub oldest: Vec<EventLine>,
@@ -101,7 +95,6 @@ pub struct StuckLeases {
 /// Ordered keys blocked by a dead head.
 #[derive(Debug, Clone, Serialize)]
 pub struct BlockedKeys {
-    /// How many.
     pub count: i64,
     /// Longest blocked first.
     pub keys: Vec<BlockedKey>,
@@ -110,9 +103,7 @@ pub struct BlockedKeys {
 /// One blocked key.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct BlockedKey {
-    /// Topic.
     pub topic: String,
-    /// Partition key.
     pub partition_key: String,
     /// Blocked since.
     pub since: DateTime<Utc>,
@@ -129,7 +120,6 @@ pub struct BlockedKey {
 /// Ordered heads accepted by QStash without delivery evidence yet.
 #[derive(Debug, Clone, Serialize)]
 pub struct AwaitingEvidence {
-    /// How many.
     pub count: i64,
     /// Longest wait, seconds (0 when none).
     pub oldest_secs: f64,
@@ -144,7 +134,6 @@ pub struct DeadLetterCounts {
     pub source: String,
     /// Not redriven and not resolved: needs an operator.
     pub unresolved: i64,
-    /// Redriven.
     pub redriven: i64,
     /// Delivered after all.
     pub resolved: i64,

@@ -16,6 +16,8 @@
 //!    dead head blocks the key or is skipped, per topic ([`crate::config::DeadHeadPolicy`]).
 //! 3. **Consumer: sequence check.** [`check_consumer_sequence`] runs inside the consumer's dedupe transaction and
 //!    refuses an event older than one already applied.
+//!
+//! *Head*, *dead head* and *delivery evidence* are defined in the repository's `docs/glossary.md`.
 
 use sqlx::{PgConnection, Row};
 

@@ -22,7 +22,6 @@ pub struct DeadLetterSummary {
     pub source: String,
     /// The outbox event, if known.
     pub outbox_id: Option<i64>,
-    /// Topic, if known.
     pub topic: Option<String>,
     /// Partition key, if known.
     pub partition_key: Option<String>,
@@ -58,7 +57,6 @@ fn state_of(redriven: Option<DateTime<Utc>>, resolved: Option<DateTime<Utc>>) ->
 /// A page request for [`list`].
 #[derive(Debug, Clone, Default)]
 pub struct ListQuery {
-    /// Which dead letters.
     pub filter: Filter,
     /// Also list dead letters already redriven or resolved.
     pub include_handled: bool,
@@ -71,7 +69,6 @@ pub struct ListQuery {
 /// One page of dead letters, oldest first.
 #[derive(Debug, Clone, Serialize)]
 pub struct Page {
-    /// The dead letters.
     pub items: Vec<DeadLetterSummary>,
     /// Pass as `after` for the next page; `None` when this was the last page.
     pub next_after: Option<i64>,
@@ -110,7 +107,6 @@ pub async fn list(conn: &mut PgConnection, q: &ListQuery) -> Result<Page, sqlx::
 /// Everything stored about one dead letter.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct DeadLetter {
-    /// Row id.
     pub id: i64,
     /// `relay` or `qstash`.
     pub source: String,
@@ -118,9 +114,7 @@ pub struct DeadLetter {
     pub natural_id: String,
     /// The outbox event, if known.
     pub outbox_id: Option<i64>,
-    /// Topic.
     pub topic: Option<String>,
-    /// Partition key.
     pub partition_key: Option<String>,
     /// Per-key sequence.
     pub seq: Option<i64>,
@@ -136,7 +130,6 @@ pub struct DeadLetter {
     pub status: Option<i32>,
     /// The last response body (QStash's refusal, or the consumer's answer).
     pub response_body: Option<String>,
-    /// Attempts made.
     pub attempts: Option<i32>,
     /// QStash's message id.
     pub qstash_message_id: Option<String>,
@@ -146,9 +139,7 @@ pub struct DeadLetter {
     pub raw_callback: Option<Vec<u8>>,
     /// Why it could not be parsed.
     pub parse_error: Option<String>,
-    /// Recorded at.
     pub created_at: DateTime<Utc>,
-    /// Redriven at.
     pub redriven_at: Option<DateTime<Utc>>,
     /// Resolved (delivered after all) at.
     pub resolved_at: Option<DateTime<Utc>>,
@@ -183,15 +174,12 @@ pub struct EventState {
     pub seq: Option<i64>,
     /// Publish attempts of the current round.
     pub attempts: i32,
-    /// Redrives so far.
     pub redrive_count: i32,
     /// Accepted by QStash at.
     pub dispatched_at: Option<DateTime<Utc>>,
     /// Delivery evidence at.
     pub delivered_at: Option<DateTime<Utc>>,
-    /// Dead at.
     pub dead_lettered_at: Option<DateTime<Utc>>,
-    /// Last error.
     pub last_error: Option<String>,
     /// The key's `done_seq` (ordered topics with an active key row).
     pub key_done_seq: Option<i64>,

@@ -34,9 +34,7 @@ RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.h
 pub struct ClaimedEvent {
     /// Outbox id.
     pub id: i64,
-    /// Topic.
     pub topic: String,
-    /// Partition key.
     pub partition_key: String,
     /// Per-key sequence (ordered topics).
     pub seq: Option<i64>,

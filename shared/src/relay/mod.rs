@@ -17,6 +17,8 @@
 //! claimed again; a publish whose response was lost is retried with the same deduplication id (QStash returns
 //! the first message id inside its 10-minute window; after it, the consumer's dedupe absorbs the duplicate).
 //! [`Relay::drain`] repeats cycles until the invocation's deadline; the retry budget ends in `dead_letters`.
+//!
+//! *Lease*, *fencing token* and *dead letter* are defined in the repository's `docs/glossary.md`.
 
 pub mod backoff;
 pub mod claim;
@@ -49,7 +51,6 @@ pub enum RelayError {
     Database {
         /// Which step.
         step: &'static str,
-        /// The cause.
         #[source]
         source: sqlx::Error,
     },
@@ -62,7 +63,6 @@ fn db(step: &'static str) -> impl FnOnce(sqlx::Error) -> RelayError {
 /// What one cycle did.
 #[derive(Debug, Clone, Default)]
 pub struct CycleReport {
-    /// Events claimed.
     pub claimed: u64,
     /// Rows changed by the settle.
     pub settled: SettleCounts,

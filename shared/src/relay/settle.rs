@@ -20,12 +20,10 @@ pub enum Settlement {
     Retry {
         /// Backoff.
         delay: Duration,
-        /// Why.
         error: String,
     },
     /// Give up: a dead letter.
     Dead {
-        /// Why.
         error: String,
         /// HTTP status from QStash, if any.
         status: Option<u16>,
@@ -41,18 +39,15 @@ pub struct SettleItem {
     pub id: i64,
     /// The lease token the relay claimed it with.
     pub lease_token: i64,
-    /// The outcome.
     pub settlement: Settlement,
 }
 
 /// Counts of rows actually changed (fenced-out rows are not counted).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SettleCounts {
-    /// Marked dispatched.
     pub dispatched: u64,
     /// Scheduled for retry.
     pub retried: u64,
-    /// Dead-lettered.
     pub dead: u64,
 }
 
