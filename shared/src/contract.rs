@@ -230,9 +230,7 @@ pub struct WireEvent<'a> {
     pub key: &'a str,
     /// Per-key sequence.
     pub seq: Option<i64>,
-    /// Creation time.
     pub created_at: DateTime<Utc>,
-    /// Schema version.
     pub schema_version: Option<u32>,
     /// Headers `(name, value)`.
     pub headers: &'a [(&'a str, &'a str)],

@@ -20,6 +20,9 @@
 //!
 //! Everything else is plumbing: [`config`], [`secrets`], [`db`].
 //!
+//! The terms used throughout (head, dead head, middle event, delivery evidence, lease, fencing token, flapping,
+//! dead letter, redrive, dedupe row, signed contract) are defined in the repository's `docs/glossary.md`.
+//!
 //! Cargo features, both off by default: `local` (a local HTTP server in front of the Lambda handlers, for the local
 //! pipeline and tests) and `testing` (a QStash-compatible token signer and the dev signing keys in [`receiver`],
 //! for fixtures and tests; the Lambda binaries never enable it).

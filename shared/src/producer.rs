@@ -328,20 +328,10 @@ pub enum InvalidEvent {
     EmptyKey,
     /// The partition key is too long.
     #[error("partition key is {len} bytes; the maximum is {max}")]
-    KeyTooLong {
-        /// Its length.
-        len: usize,
-        /// The limit.
-        max: usize,
-    },
+    KeyTooLong { len: usize, max: usize },
     /// The JSON payload is larger than the configured maximum.
     #[error("payload is {size} bytes; the maximum is {max}")]
-    PayloadTooLarge {
-        /// Its size.
-        size: usize,
-        /// The limit.
-        max: usize,
-    },
+    PayloadTooLarge { size: usize, max: usize },
     /// The payload is not valid JSON.
     #[error("payload is not valid JSON: {0}")]
     NotJson(String),
@@ -361,7 +351,6 @@ pub enum InvalidEvent {
     InvalidHeader {
         /// Which header.
         name: &'static str,
-        /// Why.
         reason: String,
     },
     /// The delay is longer than [`MAX_DELAY`].
@@ -377,7 +366,6 @@ pub enum EnqueueError {
     Invalid {
         /// Its position in the batch (`None` for a single enqueue).
         index: Option<usize>,
-        /// What is wrong.
         problem: InvalidEvent,
     },
     /// A typed payload could not be serialised.
@@ -416,7 +404,7 @@ impl Default for Producer {
     }
 }
 
-/// The channel of the optional wake-up hint (see the README: off by default).
+/// The channel of the optional wake-up hint (off by default; `docs/configuration.md` says why).
 pub const NOTIFY_CHANNEL: &str = "outbox_new";
 
 const ENQUEUE_SQL: &str = r#"

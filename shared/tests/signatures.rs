@@ -1049,7 +1049,7 @@ async fn token_for_another_host_replayed_with_forwarded_host_is_refused_unless_t
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Real QStash tokens (qstash-api.md §7.1): verified with "now" injected.
+// Real QStash tokens (from the public QStash SDKs' tests): verified with "now" injected.
 
 const DART_KEY: &str = "sig_7dskHhQGd7zBn4pUmfcuuhoVv8dV";
 const DART_TOKEN: &str = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJhdWQiOiIiLCJib2R5IjoicFpHbTFBdjBJRUJLQVJjeno3ZXhrTllzWmI4THphTXJWN0ozMmEyZkZHND0iLCJleHAiOjE2NjU2MTUwMzgsImlhdCI6MTY2NTYxNDczOCwiaXNzIjoiVXBzdGFzaCIsImp0aSI6Imp3dF82ZDRCUXd6RzRDb0hadGU4VkNoSk54SnVuMTVDIiwibmJmIjoxNjY1NjE0NzM4LCJzdWIiOiJodHRwczovL3JlYmF6LXFzdGFzaC5yZXF1ZXN0Y2F0Y2hlci5jb20vdGVzdCJ9.y0_9NlMBUmO9dlPxG0PlnyekjfO88oIKfgmJfcoYo8k";

@@ -24,7 +24,6 @@ use crate::{
 /// Demo settings.
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
-    /// Orders per second.
     pub orders_per_sec: f64,
     /// One order in `poison_every` is poison (0 = never).
     pub poison_every: u64,
@@ -37,7 +36,6 @@ pub struct DemoCounts {
     pub orders: u64,
     /// Poison orders.
     pub poison: u64,
-    /// Cancellations.
     pub cancellations: u64,
     /// Events enqueued in total.
     pub events: u64,

@@ -60,7 +60,6 @@ pub struct EventMeta {
     pub created_at: Option<DateTime<Utc>>,
     /// The producer's W3C trace context.
     pub traceparent: Option<String>,
-    /// The correlation id.
     pub correlation_id: Option<String>,
     /// QStash's message id (`Upstash-Message-Id`; changes on republish: never a dedupe key).
     pub message_id: Option<String>,
@@ -73,7 +72,6 @@ pub struct EventMeta {
 pub struct Event<P> {
     /// Ids, key, sequence, version, trace context.
     pub meta: EventMeta,
-    /// The decoded payload.
     pub payload: P,
     /// The pool's prepared-statement switch (`DB_PERSISTENT_STATEMENTS`): pass it to `.persistent(..)` on every
     /// query the handler runs (false behind RDS Proxy / PgBouncer).

@@ -22,7 +22,6 @@ pub struct DeadLetterSummary {
     pub source: String,
     /// The outbox event, if known.
     pub outbox_id: Option<i64>,
-    /// Topic, if known.
     pub topic: Option<String>,
     /// Partition key, if known.
     pub partition_key: Option<String>,
@@ -71,7 +70,6 @@ fn state_of(
 /// A page request for [`list`].
 #[derive(Debug, Clone, Default)]
 pub struct ListQuery {
-    /// Which dead letters.
     pub filter: Filter,
     /// Also list dead letters already redriven or resolved.
     pub include_handled: bool,
@@ -84,7 +82,6 @@ pub struct ListQuery {
 /// One page of dead letters, oldest first.
 #[derive(Debug, Clone, Serialize)]
 pub struct Page {
-    /// The dead letters.
     pub items: Vec<DeadLetterSummary>,
     /// Pass as `after` for the next page; `None` when this was the last page.
     pub next_after: Option<i64>,
@@ -123,7 +120,6 @@ pub async fn list(conn: &mut PgConnection, q: &ListQuery) -> Result<Page, sqlx::
 /// Everything stored about one dead letter.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct DeadLetter {
-    /// Row id.
     pub id: i64,
     /// `relay` or `qstash`.
     pub source: String,
@@ -131,9 +127,7 @@ pub struct DeadLetter {
     pub natural_id: String,
     /// The outbox event, if known.
     pub outbox_id: Option<i64>,
-    /// Topic.
     pub topic: Option<String>,
-    /// Partition key.
     pub partition_key: Option<String>,
     /// Per-key sequence.
     pub seq: Option<i64>,
@@ -149,7 +143,6 @@ pub struct DeadLetter {
     pub status: Option<i32>,
     /// The last response body (QStash's refusal, or the consumer's answer).
     pub response_body: Option<String>,
-    /// Attempts made.
     pub attempts: Option<i32>,
     /// QStash's message id.
     pub qstash_message_id: Option<String>,
@@ -159,9 +152,7 @@ pub struct DeadLetter {
     pub raw_callback: Option<Vec<u8>>,
     /// Why it could not be parsed.
     pub parse_error: Option<String>,
-    /// Recorded at.
     pub created_at: DateTime<Utc>,
-    /// Redriven at.
     pub redriven_at: Option<DateTime<Utc>>,
     /// Resolved at: the event turned out done after all (see `resolution`).
     pub resolved_at: Option<DateTime<Utc>>,
@@ -202,15 +193,12 @@ pub struct EventState {
     pub seq: Option<i64>,
     /// Publish attempts of the current round.
     pub attempts: i32,
-    /// Redrives so far.
     pub redrive_count: i32,
     /// Accepted by QStash at.
     pub dispatched_at: Option<DateTime<Utc>>,
     /// Delivery evidence at.
     pub delivered_at: Option<DateTime<Utc>>,
-    /// Dead at.
     pub dead_lettered_at: Option<DateTime<Utc>>,
-    /// Last error.
     pub last_error: Option<String>,
     /// The key's `done_seq` (ordered topics with an active key row).
     pub key_done_seq: Option<i64>,

@@ -1,7 +1,9 @@
 //! Guarantee 1 in transit — **no event is lost between the outbox and QStash** — and the relay side of
 //! per-key order.
 //!
-//! One cycle is three short steps, never a lock held across the network (pitfall P6):
+//! One cycle is three short steps, never a lock held across the network (publishing inside the claim's
+//! transaction would keep row locks and an old snapshot open for a network round trip, and leave the transaction
+//! idle when the Lambda times out):
 //!
 //! 1. **Claim** ([`claim`]) in one committed statement per kind of topic: due rows (unordered) or key heads
 //!    (ordered, see [`crate::ordering`]) get a lease with a fencing token, and their attempt is counted.
@@ -15,6 +17,8 @@
 //! claimed again; a publish whose response was lost is retried with the same deduplication id (QStash returns
 //! the first message id inside its 10-minute window; after it, the consumer's dedupe absorbs the duplicate).
 //! [`Relay::drain`] repeats cycles until the invocation's deadline; the retry budget ends in `dead_letters`.
+//!
+//! *Lease*, *fencing token* and *dead letter* are defined in the repository's `docs/glossary.md`.
 
 pub mod backoff;
 pub mod claim;
@@ -47,7 +51,6 @@ pub enum RelayError {
     Database {
         /// Which step.
         step: &'static str,
-        /// The cause.
         #[source]
         source: sqlx::Error,
     },
@@ -60,7 +63,6 @@ fn db(step: &'static str) -> impl FnOnce(sqlx::Error) -> RelayError {
 /// What one cycle did.
 #[derive(Debug, Clone, Default)]
 pub struct CycleReport {
-    /// Events claimed.
     pub claimed: u64,
     /// Rows changed by the settle.
     pub settled: SettleCounts,
