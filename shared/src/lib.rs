@@ -30,6 +30,7 @@ pub mod consumer;
 pub mod contract;
 pub mod db;
 pub mod dead_letters;
+pub mod headers;
 #[cfg(feature = "local")]
 pub mod local;
 pub mod metrics;

@@ -240,10 +240,11 @@ pub async fn count_unhandled(conn: &mut PgConnection, filter: &Filter) -> Result
     row.try_get(0)
 }
 
-/// The event headers (`traceparent`, correlation id, schema version) of a dead letter, for re-inserting a pruned
-/// event: a relay dead letter stores the event's own headers; a QStash one the original HTTP headers
-/// (`{name: [values]}`, forwarded ones possibly prefixed `Upstash-Forward-`), to which the failure callback adds
-/// the signed envelope's headers and schema version.
+/// The event headers (`traceparent`, correlation id, schema version, user headers) of a dead letter, for
+/// re-inserting a pruned event: a relay dead letter stores the event's own headers; a QStash one the original HTTP
+/// headers (`{name: [values]}`, forwarded ones possibly prefixed `Upstash-Forward-`), to which the failure
+/// callback adds the signed envelope's headers and schema version. User headers are recovered from a relay dead
+/// letter only: in a QStash one they are mixed with the message's HTTP headers.
 pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
     let Some(h) = headers else {
         return EventHeaders::default();
@@ -270,6 +271,8 @@ pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
             correlation_id: find(contract::CORRELATION_ID),
             schema_version: find(contract::legacy::SCHEMA_VERSION)
                 .and_then(|v| v.trim().parse().ok()),
+            // The original message's headers do not say which names were the producer's own.
+            user: Default::default(),
         }
     };
     // Whatever does not pass the producer's rules is dropped rather than blocking the redrive.
@@ -288,5 +291,13 @@ pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
     if out.schema_version == Some(0) {
         out.schema_version = None;
     }
+    out.user = std::mem::take(&mut out.user)
+        .into_iter()
+        .filter_map(|(name, value)| {
+            let name = crate::headers::normalize_name(&name).ok()?;
+            crate::headers::check_value(&value).ok()?;
+            Some((name, value))
+        })
+        .collect();
     out
 }
