@@ -18,6 +18,8 @@
 //! Operating it: [`ops`] (the figures behind `outbox status`) and the operator half of [`dead_letters`] (list,
 //! show, redrive, purge).
 //!
+//! An application's own metadata on an event (a tenant, a causation id) travels as user headers: [`headers`].
+//!
 //! Everything else is plumbing: [`config`], [`secrets`], [`db`].
 //!
 //! Cargo features, both off by default: `local` (a local HTTP server in front of the Lambda handlers, for the local

@@ -29,6 +29,10 @@
 //! The handler runs inside [`crate::once::handle_once`]'s transaction: everything it writes through `conn`
 //! commits together with the dedupe row, or not at all. It must not have other side effects that cannot roll
 //! back (or must make them idempotent on `event.meta.outbox_id`).
+//!
+//! The producer's own metadata ([`crate::NewEvent::header`]: a tenant, a causation id, …) is read with
+//! `event.header("tenant")` or `event.headers()`. It comes from the signed envelope, never from request headers,
+//! so a handler may decide from it as from the payload (decision record 0026).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
