@@ -301,3 +301,26 @@ pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
         .collect();
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relay_dead_letter_gives_back_the_user_headers_that_pass_the_rules() {
+        let stored = serde_json::json!({
+            "correlation_id": "req-9",
+            "user": {"tenant": "acme", "x-outbox-id": "7", "bad": "a\nb"},
+        });
+        let h = event_headers_of("relay", Some(&stored));
+        assert_eq!(h.correlation_id.as_deref(), Some("req-9"));
+        assert_eq!(
+            h.user.into_iter().collect::<Vec<_>>(),
+            [("tenant".to_owned(), "acme".to_owned())],
+            "a reserved name or a control character is dropped, not re-inserted"
+        );
+        // A QStash dead letter mixes them with the message's HTTP headers: none are recovered.
+        let qstash = serde_json::json!({"Content-Type": ["application/json"], "tenant": ["acme"]});
+        assert!(event_headers_of("qstash", Some(&qstash)).user.is_empty());
+    }
+}
