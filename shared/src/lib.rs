@@ -18,6 +18,8 @@
 //! Operating it: [`ops`] (the figures behind `outbox status`) and the operator half of [`dead_letters`] (list,
 //! show, redrive, purge).
 //!
+//! An application's own metadata on an event (a tenant, a causation id) travels as user headers: [`headers`].
+//!
 //! Everything else is plumbing: [`config`], [`secrets`], [`db`].
 //!
 //! The terms used throughout (head, dead head, middle event, delivery evidence, lease, fencing token, flapping,
@@ -33,6 +35,7 @@ pub mod consumer;
 pub mod contract;
 pub mod db;
 pub mod dead_letters;
+pub mod headers;
 #[cfg(feature = "local")]
 pub mod local;
 pub mod metrics;

@@ -710,6 +710,33 @@ fn corpus() -> Vec<Case> {
         delivery(i, &tampered, &[("upstash-signature", &token_with(KEY, &c))]),
         Want::Rejected("body_hash"),
     );
+    // A user header decides things in a handler (a tenant): it is inside the signed body, so rewriting it breaks
+    // the signature.
+    let i = next();
+    let with_tenant = Delivery::new(TOPIC, i, audit_payload(i).as_bytes())
+        .key(&format!("user-{i}"))
+        .header("tenant", "acme");
+    let b = with_tenant.body();
+    let c = claims(&sub(), &b);
+    let forged = String::from_utf8(b.clone())
+        .unwrap()
+        .replace("\"acme\"", "\"globex\"")
+        .into_bytes();
+    assert_ne!(forged, b);
+    push(
+        "envelope user header rewritten (tenant)",
+        delivery(i, &forged, &[("upstash-signature", &token_with(KEY, &c))]),
+        Want::Rejected("body_hash"),
+    );
+    let i = next();
+    let with_tenant = Delivery::new(TOPIC, i, audit_payload(i).as_bytes())
+        .key(&format!("user-{i}"))
+        .header("tenant", "acme");
+    push(
+        "envelope with a user header, untouched",
+        with_tenant.request(),
+        Want::Applied,
+    );
     let i = next();
     let (b, c) = claims_for(i);
     let reserialised =

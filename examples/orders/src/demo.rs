@@ -98,7 +98,9 @@ pub async fn place_order(
                 action: "order.placed".into(),
                 details: serde_json::json!({"order_id": order_id, "amount_cents": amount}),
             },
-        )?,
+        )?
+        // The application's own metadata: what caused this audit entry (read with `event.header(..)`).
+        .header("causation-id", order_id.as_str()),
     ];
     let mut cancelled = false;
     if let Some(c) = cancel {

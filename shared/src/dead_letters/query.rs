@@ -247,10 +247,11 @@ pub async fn count_unhandled(conn: &mut PgConnection, filter: &Filter) -> Result
     row.try_get(0)
 }
 
-/// The event headers (`traceparent`, correlation id, schema version) of a dead letter, for re-inserting a pruned
-/// event: a relay dead letter stores the event's own headers; a QStash one the original HTTP headers
-/// (`{name: [values]}`, forwarded ones possibly prefixed `Upstash-Forward-`), to which the failure callback adds
-/// the signed envelope's headers and schema version.
+/// The event headers (`traceparent`, correlation id, schema version, user headers) of a dead letter, for
+/// re-inserting a pruned event: a relay dead letter stores the event's own headers; a QStash one the original HTTP
+/// headers (`{name: [values]}`, forwarded ones possibly prefixed `Upstash-Forward-`), to which the failure
+/// callback adds the signed envelope's headers and schema version. User headers are recovered from a relay dead
+/// letter only: in a QStash one they are mixed with the message's HTTP headers.
 pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
     let Some(h) = headers else {
         return EventHeaders::default();
@@ -277,6 +278,8 @@ pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
             correlation_id: find(contract::CORRELATION_ID),
             schema_version: find(contract::legacy::SCHEMA_VERSION)
                 .and_then(|v| v.trim().parse().ok()),
+            // The original message's headers do not say which names were the producer's own.
+            user: Default::default(),
         }
     };
     // Whatever does not pass the producer's rules is dropped rather than blocking the redrive.
@@ -295,5 +298,36 @@ pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
     if out.schema_version == Some(0) {
         out.schema_version = None;
     }
+    out.user = std::mem::take(&mut out.user)
+        .into_iter()
+        .filter_map(|(name, value)| {
+            let name = crate::headers::normalize_name(&name).ok()?;
+            crate::headers::check_value(&value).ok()?;
+            Some((name, value))
+        })
+        .collect();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relay_dead_letter_gives_back_the_user_headers_that_pass_the_rules() {
+        let stored = serde_json::json!({
+            "correlation_id": "req-9",
+            "user": {"tenant": "acme", "x-outbox-id": "7", "bad": "a\nb"},
+        });
+        let h = event_headers_of("relay", Some(&stored));
+        assert_eq!(h.correlation_id.as_deref(), Some("req-9"));
+        assert_eq!(
+            h.user.into_iter().collect::<Vec<_>>(),
+            [("tenant".to_owned(), "acme".to_owned())],
+            "a reserved name or a control character is dropped, not re-inserted"
+        );
+        // A QStash dead letter mixes them with the message's HTTP headers: none are recovered.
+        let qstash = serde_json::json!({"Content-Type": ["application/json"], "tenant": ["acme"]});
+        assert!(event_headers_of("qstash", Some(&qstash)).user.is_empty());
+    }
 }

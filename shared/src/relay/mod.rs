@@ -153,16 +153,26 @@ impl Relay {
 
     /// The QStash message for a claimed event (the relay half of [`crate::contract`]): everything that decides a
     /// write is in the signed envelope body and the signed destination URL; `x-outbox-id` and `traceparent` are
-    /// informational header copies.
+    /// informational header copies. The application's own headers travel in the envelope only (decision record
+    /// 0026).
     pub fn message_for(&self, ev: &ClaimedEvent) -> Message {
         let id = ev.id.to_string();
-        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(2);
+        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(2 + ev.headers.user.len());
         if let Some(tp) = &ev.headers.traceparent {
             headers.push((contract::TRACEPARENT, tp));
         }
         if let Some(c) = &ev.headers.correlation_id {
             headers.push((contract::CORRELATION_ID, c));
         }
+        // The producer refused reserved names; a row written by hand could still hold one, and it must not
+        // shadow the pipeline's own entries in the envelope.
+        headers.extend(
+            ev.headers
+                .user
+                .iter()
+                .filter(|(name, _)| !crate::headers::is_reserved(name))
+                .map(|(n, v)| (n.as_str(), v.as_str())),
+        );
         let cb = &self.qstash.callback_url;
         let ordered = ev.seq.is_some();
         let by_consumer = ordered && self.cfg.ordered_evidence == EvidenceMode::Consumer;
