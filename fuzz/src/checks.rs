@@ -122,9 +122,18 @@ static QUIET_PANICS: Once = Once::new();
 /// and query, `name: value` header lines, separated by NUL bytes; the rest is the body.
 pub fn function_url(data: &[u8]) {
     // lambda_http panics on some inputs; the adapter catches that (AdapterError::Panicked). libFuzzer's hook
-    // would abort on the caught panic, so a silent hook replaces it: an uncaught panic still ends the run (the
-    // fuzz target's own catch aborts, the test harness fails the test), only without the hook's message.
-    QUIET_PANICS.call_once(|| std::panic::set_hook(Box::new(|_| {})));
+    // would abort on the caught panic, so this hook only prints, and stays quiet about lambda_http's own: an
+    // uncaught panic still ends the run (the fuzz target's catch aborts, the test harness fails the test).
+    QUIET_PANICS.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            if !info
+                .location()
+                .is_some_and(|l| l.file().contains("lambda_http"))
+            {
+                eprintln!("{info}");
+            }
+        }))
+    });
     let mut parts = data.splitn(4, |b| *b == 0);
     let (Some(m), Some(pq), Some(hs)) = (parts.next(), parts.next(), parts.next()) else {
         return;
