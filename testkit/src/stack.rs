@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use lambda_runtime::{Context as LambdaContext, LambdaEvent};
 use outbox::callbacks::handle_callback;
-use outbox::config::{ConsumerConfig, QstashConfig, RelayConfig, Vars};
+use outbox::config::{ConsumerConfig, ProcessEnv, QstashConfig, RelayConfig, Vars};
 use outbox::consumer::{ConsumerState, ReceiverState, Registry, handle_event};
 use outbox::db::DbConfig;
 use outbox::qstash::QstashClient;
@@ -49,6 +49,9 @@ pub struct StackOptions {
     pub registry: Registry,
     /// Print the EMF metric lines (one per consumer request, one per relay invocation; noisy on a terminal).
     pub consumer_metrics: bool,
+    /// Named prepared statements in every component (`DB_PERSISTENT_STATEMENTS` from the environment, default
+    /// true): false behind PgBouncer in transaction mode or RDS Proxy.
+    pub persistent_statements: bool,
     /// Keep a copy of every request the consumer and the callback receiver get, with the status they answered
     /// ([`LocalStack::recorded_requests`]): tests replay real signed deliveries from it. Off by default (it
     /// keeps every body in memory).
@@ -76,6 +79,8 @@ impl StackOptions {
                 port: 0,
                 ..qstash_dev::Config::default()
             },
+            persistent_statements: DbConfig::from_vars(&Vars::new(&ProcessEnv), "outbox-local")?
+                .persistent_statements,
             relay,
             qstash_retries: 3,
             qstash_batch_size: 100,
@@ -262,9 +267,14 @@ impl LocalStack {
         outbox::install_crypto_provider();
         let pool = pool_for(&opts.database_url, "outbox-local", 8, false)?;
         for migrator in &opts.migrators {
-            migrator
-                .run(&pool)
-                .await
+            // The library's own migrations go into the process's outbox schema (OUTBOX_SCHEMA); the
+            // application's run where its connection puts them.
+            let applied = if std::ptr::eq(*migrator, &outbox::MIGRATOR) {
+                outbox::migrate(&pool, outbox::schema::current()).await
+            } else {
+                migrator.run(&pool).await
+            };
+            applied
                 .context("applying migrations (is Postgres reachable and DATABASE_URL right?)")?;
         }
         let dev = DevServer::start(opts.dev.clone())
@@ -297,6 +307,7 @@ impl LocalStack {
                 pool_for(&opts.database_url, "outbox-local-consumer", 16, false)?,
                 ring(),
             )
+            .with_persistent(opts.persistent_statements)
             .with_metrics(opts.consumer_metrics),
             opts.registry,
         ));
@@ -306,6 +317,7 @@ impl LocalStack {
                 pool_for(&opts.database_url, "outbox-local-callbacks", 8, true)?,
                 ring(),
             )
+            .with_persistent(opts.persistent_statements)
             .with_metrics(opts.consumer_metrics),
         );
         let recorder: Option<Recorder> = opts.record_requests.then(Default::default);
@@ -347,10 +359,12 @@ impl LocalStack {
             opts.relay.concurrency + 1,
             true,
         )?;
-        let relay = Relay::new(relay_pool, client, opts.relay, qstash, true);
+        let persistent = opts.persistent_statements;
+        let relay = Relay::new(relay_pool, client, opts.relay, qstash, persistent);
         let relay_stop = relay.stop_handle();
-        let relay_state =
-            Arc::new(RelayState::new(relay, "relay", true).with_metrics(opts.consumer_metrics));
+        let relay_state = Arc::new(
+            RelayState::new(relay, "relay", persistent).with_metrics(opts.consumer_metrics),
+        );
         let last_summary = Arc::new(std::sync::Mutex::new(None));
         let relay_task = {
             let state = relay_state.clone();

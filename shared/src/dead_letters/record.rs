@@ -107,8 +107,8 @@ pub async fn record_qstash_failure(
         .as_deref()
         .and_then(|b| serde_json::from_slice(b).ok());
     let row = sqlx::query(
-        r#"
-        INSERT INTO dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, body, headers,
+        crate::schema::q(r#"
+        INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, body, headers,
                                   error, status, response_body, attempts, qstash_message_id, dlq_id,
                                   raw_callback, parse_error, resolved_at)
         SELECT 'qstash', $1, coalesce(o.id, $13), coalesce(o.topic, $14), coalesce(o.partition_key, $15), o.seq,
@@ -116,10 +116,10 @@ pub async fn record_qstash_failure(
                $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12,
                CASE WHEN o.delivered_at IS NOT NULL THEN now() END
         FROM (SELECT 1) one
-        LEFT JOIN outbox o ON o.id = $13
+        LEFT JOIN {schema}.outbox o ON o.id = $13
         ON CONFLICT (source, natural_id) DO NOTHING
         RETURNING id, outbox_id, topic, seq, resolved_at IS NOT NULL AS resolved
-        "#,
+        "#),
     )
     .persistent(persistent)
     .bind(failure.natural_id())
@@ -151,8 +151,8 @@ pub async fn record_qstash_failure(
     if let (Some(id), false) = (outbox_id, resolved) {
         let error = failure.error_text();
         sqlx::query(
-            "UPDATE outbox SET dead_lettered_at = now(), last_error = left($2, 2000), locked_until = NULL \
-             WHERE id = $1 AND delivered_at IS NULL",
+            crate::schema::q("UPDATE {schema}.outbox SET dead_lettered_at = now(), last_error = left($2, 2000), locked_until = NULL \
+             WHERE id = $1 AND delivered_at IS NULL"),
         )
         .persistent(persistent)
         .bind(id)
