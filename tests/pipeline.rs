@@ -3,7 +3,7 @@
 //! through its Lambda handler, and the real consumer and callback handlers behind the local function-URL adapter.
 //! Every guarantee is checked at once: nothing lost, nothing applied twice, per-key order, nothing silent.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use orders_example::demo::place_order;
@@ -73,10 +73,9 @@ async fn run_scenario(pool: PgPool, mode: EvidenceMode) {
         duplicate_delivery_rate: 0.25,
         delivery_network_error_rate: 0.05,
         delivery_lost_response_rate: 0.05,
-        // Faults QStash rides out: with 10 % of attempts failing, one of ~170 messages lost all four attempts about
-        // once in a hundred runs (a CI run saw it: QStash dead-lettered an event whose lost response hid that it
-        // was applied, so applied + dead exceeded the events by one). Exhausted retries have their own tests.
-        spare_final_attempt: true,
+        // With 10 % of attempts failing, about one run in a hundred has a message lose all four attempts: QStash
+        // gives up on it. If a lost response hid that the consumer applied it, its dead letter is resolved as
+        // "applied"; if no attempt reached the consumer, it is an unresolved dead letter. Both are checked below.
         ..Default::default()
     };
     // Small batches: enough publish requests (~90) that the seeded publish faults are sure to hit some of them
@@ -85,6 +84,10 @@ async fn run_scenario(pool: PgPool, mode: EvidenceMode) {
     opts.relay.lease = Duration::from_secs(2);
     opts.relay.poll_interval = Duration::from_millis(20);
     opts.invocation = Duration::from_secs(5);
+    // A delivery callback can fail every attempt too (about one run in a hundred): the relay then republishes the
+    // head after the evidence timeout and the consumer's "duplicate" answer is the evidence. Longer than QStash's
+    // scaled retries of one message (~10 s at this time scale), short enough for the run.
+    opts.relay.evidence_timeout = Duration::from_secs(15);
     let stack = LocalStack::start(opts).await.unwrap();
 
     // 80 orders: every 20th is poison; every 10th cancels the order placed 3 before it (same key, so the
@@ -128,51 +131,117 @@ async fn run_scenario(pool: PgPool, mode: EvidenceMode) {
         "the faults must actually have happened (seed {seed}): {stats:?}"
     );
 
-    // No side effect twice: one charge per good order, one audit row per audit event, despite duplicates.
-    let good = orders as i64 - poison.len() as i64;
-    assert_eq!(scalar("SELECT count(*) FROM charges").await, good);
+    // No loss, and nothing both applied and left for an operator: every event is applied (its dedupe row) or an
+    // unresolved dead letter, never neither, never both; a dead letter resolved as "applied" has its dedupe row.
+    let lost = scalar(
+        "SELECT count(*) FROM outbox o WHERE NOT EXISTS (SELECT 1 FROM processed_messages p \
+           WHERE p.message_id = o.id::text) AND NOT EXISTS (SELECT 1 FROM dead_letters d \
+           WHERE d.outbox_id = o.id AND d.resolved_at IS NULL AND d.redriven_at IS NULL)",
+    )
+    .await;
     assert_eq!(
-        scalar("SELECT count(DISTINCT order_id) FROM charges").await,
-        good
+        lost, 0,
+        "events neither applied nor dead-lettered (of {events})"
     );
-    assert_eq!(scalar("SELECT count(*) FROM shipments").await, good);
+    let both = scalar(
+        "SELECT count(*) FROM outbox o WHERE EXISTS (SELECT 1 FROM processed_messages p \
+           WHERE p.message_id = o.id::text) AND EXISTS (SELECT 1 FROM dead_letters d \
+           WHERE d.outbox_id = o.id AND d.resolved_at IS NULL)",
+    )
+    .await;
     assert_eq!(
-        scalar("SELECT count(*) FROM audit_log").await,
-        orders as i64
+        both, 0,
+        "applied events must not be left as unresolved dead letters"
     );
-    // No loss: every event applied or dead-lettered.
-    let applied = scalar("SELECT count(*) FROM processed_messages").await;
-    let dead = scalar("SELECT count(*) FROM dead_letters").await;
-    assert_eq!(
-        applied + dead,
-        events,
-        "applied {applied} + dead {dead} != enqueued {events}"
-    );
-    // Nothing silent: exactly the poison orders are dead letters, from QStash, with the consumer's 489.
-    let dead_keys: Vec<(String, String, Option<i32>)> = sqlx::query_as(
-        "SELECT partition_key, source, status FROM dead_letters ORDER BY partition_key",
+    let applied_unbacked = scalar(
+        "SELECT count(*) FROM dead_letters d WHERE d.resolution = 'applied' AND NOT EXISTS \
+           (SELECT 1 FROM processed_messages p WHERE p.message_id = d.outbox_id::text)",
+    )
+    .await;
+    assert_eq!(applied_unbacked, 0);
+
+    // Nothing silent: the poison orders are exactly the dead letters with the consumer's 489, from QStash. Any
+    // other unresolved dead letter is a message whose every attempt hit an injected fault before reaching the
+    // consumer (rare; see the fault rates above): not applied (checked above), and its key is left out of the
+    // domain checks below, since its later events wait behind it.
+    let exhausted: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT topic, partition_key, error FROM dead_letters \
+         WHERE resolved_at IS NULL AND status IS DISTINCT FROM 489 ORDER BY id",
     )
     .fetch_all(&pool)
     .await
     .unwrap();
-    let mut expected = poison.clone();
+    if !exhausted.is_empty() {
+        eprintln!(
+            "seed {seed}: QStash gave up on {} message(s) hit by faults on every attempt: {exhausted:?}",
+            exhausted.len()
+        );
+    }
+    let exhausted_orders: HashSet<String> = exhausted
+        .iter()
+        .filter(|d| d.0 == "orders")
+        .map(|d| d.1.clone())
+        .collect();
+    let exhausted_audit = exhausted.iter().filter(|d| d.0 == "audit").count() as i64;
+    let rejected: Vec<(String, String)> = sqlx::query_as(
+        "SELECT partition_key, source FROM dead_letters WHERE status = 489 ORDER BY partition_key",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut expected: Vec<String> = poison
+        .iter()
+        .filter(|o| !exhausted_orders.contains(*o))
+        .cloned()
+        .collect();
     expected.sort();
     assert_eq!(
-        dead_keys.iter().map(|d| d.0.clone()).collect::<Vec<_>>(),
+        rejected.iter().map(|d| d.0.clone()).collect::<Vec<_>>(),
         expected
     );
-    assert!(
-        dead_keys
-            .iter()
-            .all(|d| d.1 == "qstash" && d.2 == Some(489)),
-        "{dead_keys:?}"
+    assert!(rejected.iter().all(|d| d.1 == "qstash"), "{rejected:?}");
+    let resolved_applied =
+        scalar("SELECT count(*) FROM dead_letters WHERE resolution = 'applied'").await;
+    eprintln!(
+        "seed {seed}: {resolved_applied} dead letter(s) of applied events (every response lost)"
     );
+
+    // No side effect twice: one charge per good order, one audit row per audit event, despite duplicates.
+    let kept = |order: &String| !exhausted_orders.contains(order);
+    let good = (1..=orders)
+        .map(|n| format!("order-{n}"))
+        .filter(|o| !poison.contains(o) && kept(o))
+        .count() as i64;
+    let (charges, distinct, shipments): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM charges WHERE order_id <> ALL($1)), \
+                (SELECT count(DISTINCT order_id) FROM charges WHERE order_id <> ALL($1)), \
+                (SELECT count(*) FROM shipments WHERE order_id <> ALL($1))",
+    )
+    .bind(exhausted_orders.iter().cloned().collect::<Vec<_>>())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((charges, distinct, shipments), (good, good, good));
     assert_eq!(
-        scalar("SELECT count(*) FROM outbox_keys WHERE blocked_at IS NOT NULL").await,
-        poison.len() as i64
+        scalar("SELECT count(*) FROM audit_log").await,
+        orders as i64 - exhausted_audit
     );
+    let blocked: Vec<String> = sqlx::query_scalar(
+        "SELECT partition_key FROM outbox_keys WHERE blocked_at IS NOT NULL ORDER BY partition_key",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut expected_blocked: Vec<String> = poison
+        .iter()
+        .cloned()
+        .chain(exhausted_orders.iter().cloned())
+        .collect();
+    expected_blocked.sort();
+    expected_blocked.dedup();
+    assert_eq!(blocked, expected_blocked, "blocked keys: the dead heads");
     // Order: every cancellation was applied after its placement.
-    for order in &cancelled {
+    for order in cancelled.iter().filter(|o| kept(o)) {
         let (charge, shipment): (String, String) = sqlx::query_as(
             "SELECT c.status, s.status FROM charges c JOIN shipments s USING (order_id) WHERE order_id = $1",
         )
@@ -248,5 +317,98 @@ async fn run_scenario(pool: PgPool, mode: EvidenceMode) {
             "the consumer records the evidence: no callbacks"
         ),
     }
+    stack.stop().await;
+}
+
+/// Every response lost on the way back (timeouts, dropped connections after the consumer committed): QStash
+/// gives up on events the consumer applied. Each such dead letter ends resolved — "applied" where only the
+/// consumer's dedupe row knows (the unordered `audit` events), "applied" or "delivered" for ordered events whose
+/// evidence came another way — nothing is left for an operator, no key is blocked, and once responses come back
+/// the next events of the same keys are applied after them.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn events_applied_behind_lost_responses_end_resolved_and_block_nothing(pool: PgPool) {
+    let mut opts = StackOptions::new(&url_of(&pool)).unwrap();
+    opts.dev.time_scale = 0.002;
+    opts.qstash_retries = 1;
+    opts.relay.lease = Duration::from_secs(2);
+    opts.relay.poll_interval = Duration::from_millis(20);
+    opts.invocation = Duration::from_secs(5);
+    opts.dev.faults = Faults {
+        delivery_lost_response_rate: 1.0,
+        ..Default::default()
+    };
+    let stack = LocalStack::start(opts).await.unwrap();
+    for n in 1..=5 {
+        place_order(&stack.pool, n, false, None).await.unwrap();
+    }
+    assert!(
+        stack.wait_quiet(Duration::from_secs(60)).await,
+        "the pipeline did not drain"
+    );
+    let scalar = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let events = scalar("SELECT count(*) FROM outbox").await;
+    assert_eq!(
+        scalar("SELECT count(*) FROM processed_messages").await,
+        events,
+        "the consumer applied every event"
+    );
+    assert_eq!(
+        scalar("SELECT count(*) FROM dead_letters").await,
+        events,
+        "QStash gave up on every message (no response ever reached it)"
+    );
+    assert_eq!(
+        scalar("SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL").await,
+        0,
+        "no dead letter of an applied event is left unresolved"
+    );
+    assert_eq!(
+        scalar(
+            "SELECT count(*) FROM dead_letters WHERE topic = 'audit' AND resolution IS DISTINCT FROM 'applied'"
+        )
+        .await,
+        0,
+        "unordered events: only the dedupe row knows"
+    );
+    assert_eq!(
+        outbox::ops::status(&pool)
+            .await
+            .unwrap()
+            .unresolved_dead_letters(),
+        0
+    );
+    assert_eq!(
+        scalar("SELECT count(*) FROM outbox_keys WHERE blocked_at IS NOT NULL").await,
+        0,
+        "no key waits behind a head that was applied"
+    );
+
+    // Responses come back: cancelling orders 1..=5 (same keys) goes through, after their placements.
+    stack.dev.handle().set_faults(Faults::default()).unwrap();
+    for n in 6..=10 {
+        place_order(&stack.pool, n, false, Some(n - 5))
+            .await
+            .unwrap();
+    }
+    assert!(
+        stack.wait_quiet(Duration::from_secs(60)).await,
+        "the pipeline did not drain"
+    );
+    assert_eq!(
+        scalar("SELECT count(*) FROM charges WHERE status = 'refunded'").await,
+        5
+    );
+    assert_eq!(
+        scalar("SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL").await,
+        0
+    );
     stack.stop().await;
 }

@@ -441,7 +441,13 @@ async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         writeln!(out, "  redriven at   {} UTC", time(t))?;
     }
     if let Some(t) = d.resolved_at {
-        writeln!(out, "  resolved at   {} UTC (delivered after all)", time(t))?;
+        let how = match d.resolution.as_deref() {
+            Some("applied") => {
+                "applied: the consumer's dedupe row shows it applied; QStash gave up because every response was lost"
+            }
+            _ => "delivered after all",
+        };
+        writeln!(out, "  resolved at   {} UTC ({how})", time(t))?;
     }
     if let Some(r) = &d.response_body {
         writeln!(out, "  response      {}", util::one_line(r, 2000))?;

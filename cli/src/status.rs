@@ -178,18 +178,19 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
     } else {
         writeln!(
             out,
-            "  {:<24} {:<7} {:>10} {:>9} {:>9}  OLDEST UNRESOLVED",
-            "TOPIC", "SOURCE", "UNRESOLVED", "REDRIVEN", "RESOLVED"
+            "  {:<24} {:<7} {:>10} {:>9} {:>9} {:>8}  OLDEST UNRESOLVED",
+            "TOPIC", "SOURCE", "UNRESOLVED", "REDRIVEN", "RESOLVED", "APPLIED"
         )?;
         for d in &s.dead_letters {
             writeln!(
                 out,
-                "  {:<24} {:<7} {:>10} {:>9} {:>9}  {}",
+                "  {:<24} {:<7} {:>10} {:>9} {:>9} {:>8}  {}",
                 util::one_line(d.topic.as_deref().unwrap_or("(unknown)"), 24),
                 util::one_line(&d.source, 7),
                 d.unresolved,
                 d.redriven,
                 d.resolved,
+                d.applied,
                 d.oldest_unresolved
                     .map(|t| format!("{} ago", age((at - t).as_seconds_f64())))
                     .unwrap_or_else(|| "-".into())

@@ -118,7 +118,7 @@ async fn status_figures_match_a_hand_built_state(pool: PgPool) {
     .await;
 
     // Dead letters: orders/qstash 1 unresolved + 1 redriven, orders/relay 1 resolved, audit/relay 1 unresolved,
-    // an unparseable callback (no topic) 1 unresolved.
+    // an unparseable callback (no topic) 1 unresolved, audit/qstash 1 applied.
     let _dl0 = dead_letter(
         &pool,
         "qstash",
@@ -135,6 +135,14 @@ async fn status_figures_match_a_hand_built_state(pool: PgPool) {
     )
     .await;
     dead_letter(&pool, "relay", Some(dead_audit), "").await;
+    // QStash gave up on an event the consumer had applied (every response lost): counted apart, not unresolved.
+    dead_letter(
+        &pool,
+        "qstash",
+        None,
+        "topic = 'audit', resolved_at = now(), resolution = 'applied'",
+    )
+    .await;
     dead_letter(
         &pool,
         "qstash",
@@ -204,15 +212,17 @@ async fn status_figures_match_a_hand_built_state(pool: PgPool) {
     assert_eq!(b.reason.as_deref(), Some("boom reason"));
     assert_eq!(s.awaiting_evidence.count, 1);
     assert!((20.0..60.0).contains(&s.awaiting_evidence.oldest_secs));
-    let row =
-        |topic: Option<&str>, source: &str, unresolved, redriven, resolved| DeadLetterCounts {
+    let row = |topic: Option<&str>, source: &str, unresolved, redriven, resolved, applied| {
+        DeadLetterCounts {
             topic: topic.map(str::to_owned),
             source: source.into(),
             unresolved,
             redriven,
             resolved,
+            applied,
             oldest_unresolved: None,
-        };
+        }
+    };
     let mut counts = s.dead_letters.clone();
     for c in &mut counts {
         assert_eq!(c.oldest_unresolved.is_some(), c.unresolved > 0, "{c:?}");
@@ -221,10 +231,11 @@ async fn status_figures_match_a_hand_built_state(pool: PgPool) {
     assert_eq!(
         counts,
         vec![
-            row(Some("audit"), "relay", 1, 0, 0),
-            row(Some("orders"), "qstash", 1, 1, 0),
-            row(None, "qstash", 1, 0, 0),
-            row(Some("orders"), "relay", 0, 0, 1),
+            row(Some("audit"), "relay", 1, 0, 0, 0),
+            row(Some("orders"), "qstash", 1, 1, 0, 0),
+            row(None, "qstash", 1, 0, 0, 0),
+            row(Some("audit"), "qstash", 0, 0, 0, 1),
+            row(Some("orders"), "relay", 0, 0, 1, 0),
         ]
     );
     assert_eq!(s.unresolved_dead_letters(), 3);
@@ -252,7 +263,7 @@ async fn status_figures_match_a_hand_built_state(pool: PgPool) {
     assert_eq!(v["stuck_leases"]["oldest"][0]["id"], u3);
     assert_eq!(v["blocked_keys"]["keys"][0]["dead_letter_id"], dl1);
     assert_eq!(v["awaiting_evidence"]["count"], 1);
-    assert_eq!(v["dead_letters"].as_array().unwrap().len(), 4);
+    assert_eq!(v["dead_letters"].as_array().unwrap().len(), 5);
 
     let mut out = Vec::new();
     run(
@@ -275,8 +286,9 @@ async fn status_figures_match_a_hand_built_state(pool: PgPool) {
         "orders/k1  since 3m",
         &format!("by event #{o1} (dead letter #{dl1}), 2 waiting behind it: boom reason"),
         "awaiting delivery evidence 1",
-        "audit                    relay            1         0         0",
-        "(unknown)                qstash           1         0         0",
+        "audit                    relay            1         0         0        0",
+        "(unknown)                qstash           1         0         0        0",
+        "audit                    qstash           0         0         0        1",
         "is a relay running?",
         "outbox dead-letters redrive <dead letter id>",
         "3 unresolved dead letter(s)",

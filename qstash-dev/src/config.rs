@@ -71,10 +71,6 @@ pub struct Faults {
     /// Share of delivery attempts whose request reaches the destination but whose response is treated as lost
     /// (a network error after the destination did the work: it will be retried).
     pub delivery_lost_response_rate: f64,
-    /// Inject no delivery fault (network error, lost response) into an attempt with no retries left, so injected
-    /// faults alone never exhaust a message's retries and send it to the DLQ. For tests of faults that QStash
-    /// rides out; off by default (every attempt draws).
-    pub spare_final_attempt: bool,
 }
 
 impl Faults {

@@ -147,8 +147,7 @@ async fn attempt(shared: &Shared, client: &HttpClient, job: &Job) -> (Outcome, O
     };
 
     let mut outcome = Outcome::default();
-    let faulty = shared.delivery_faults_active()
-        && !(job.retried >= job.data.max_retries && shared.spares_final_attempt());
+    let faulty = shared.delivery_faults_active();
     // Which try: the attempt number, and whether this is an injected duplicate of it (0114).
     let n = (u64::from(job.retried) << 1) | u64::from(job.duplicate);
     let (net_fault, lost_fault) = (

@@ -835,40 +835,6 @@ async fn fault_delivery_network_error_and_lost_response() {
     );
     assert_eq!(h.attempts_for(&id)[0].status, Some(200));
     assert_eq!(h.dlq_entries().len(), 2);
-
-    // spare_final_attempt: the same faults on every attempt but the last, which goes through.
-    for lost in [false, true] {
-        h.set_faults(Faults {
-            delivery_network_error_rate: if lost { 0.0 } else { 1.0 },
-            delivery_lost_response_rate: if lost { 1.0 } else { 0.0 },
-            spare_final_attempt: true,
-            ..Default::default()
-        })
-        .unwrap();
-        let path = if lost { "/spared-lost" } else { "/spared-net" };
-        let id = api
-            .publish_ok(&sink.url(path), &[("Upstash-Retries", "2")], "x")
-            .await;
-        h.wait_idle(WAIT).await.unwrap();
-        let a = h.attempts_for(&id);
-        assert_eq!(a.len(), 3, "{path}");
-        assert!(
-            a[..2]
-                .iter()
-                .all(|a| a.error.as_deref().is_some_and(|e| e.contains("injected"))),
-            "{path}"
-        );
-        assert_eq!(
-            (a[2].retried, a[2].status, &a[2].error),
-            (2, Some(200), &None)
-        );
-        assert_eq!(
-            sink.received_at(path).len(),
-            if lost { 3 } else { 1 },
-            "{path}"
-        );
-    }
-    assert_eq!(h.dlq_entries().len(), 2, "nothing more in the DLQ");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

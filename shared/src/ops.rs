@@ -145,8 +145,11 @@ pub struct DeadLetterCounts {
     pub unresolved: i64,
     /// Redriven.
     pub redriven: i64,
-    /// Delivered after all.
+    /// Delivered after all: delivery evidence came after the dead letter.
     pub resolved: i64,
+    /// Applied after all: QStash gave up, but the consumer's dedupe row shows the event applied (every response
+    /// was lost on the way back). Needs no operator.
+    pub applied: i64,
     /// The oldest unresolved one.
     pub oldest_unresolved: Option<DateTime<Utc>>,
 }
@@ -244,7 +247,9 @@ pub async fn status(pool: &PgPool) -> Result<Status, sqlx::Error> {
         crate::schema::q("SELECT topic, source, \
                 count(*) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NULL) AS unresolved, \
                 count(*) FILTER (WHERE redriven_at IS NOT NULL) AS redriven, \
-                count(*) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NOT NULL) AS resolved, \
+                count(*) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NOT NULL \
+                                   AND resolution IS DISTINCT FROM 'applied') AS resolved, \
+                count(*) FILTER (WHERE redriven_at IS NULL AND resolution = 'applied') AS applied, \
                 min(created_at) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NULL) AS oldest_unresolved \
          FROM {schema}.dead_letters GROUP BY topic, source \
          ORDER BY count(*) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NULL) DESC, topic NULLS LAST, source"),

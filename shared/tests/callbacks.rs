@@ -912,3 +912,164 @@ fn callback_parser_tolerates_qstash_variants() {
     assert!(parse_callback(b"").is_err());
     assert!(parse_callback(b"null").is_err());
 }
+
+async fn key_state(pool: &PgPool, key: &str) -> (Option<i64>, Option<i64>) {
+    sqlx::query_as(
+        "SELECT done_seq, blocked_id FROM outbox_keys WHERE topic = 'orders' AND partition_key = $1",
+    )
+    .bind(key)
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+    .map(|(d, b): (i64, Option<i64>)| (Some(d), b))
+    .unwrap_or((None, None))
+}
+
+async fn dead_letter_state(pool: &PgPool, outbox_id: i64) -> (bool, Option<String>) {
+    sqlx::query_as(
+        "SELECT resolved_at IS NOT NULL, resolution FROM dead_letters WHERE outbox_id = $1",
+    )
+    .bind(outbox_id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// QStash gives up on a message whose every response was lost after the consumer committed: the consumer's
+/// dedupe row shows the event applied, so the dead letter is stored resolved ("applied"), the event counts as
+/// delivered and its ordered key moves on instead of blocking behind a head that is done.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn a_dead_letter_for_an_event_the_consumer_applied_is_resolved_and_frees_its_key(
+    pool: PgPool,
+) {
+    let (id, seq) = enqueue_order(&pool, "o-1").await;
+    // A second event keeps the key row alive once the head is done (an idle key is released).
+    enqueue_order(&pool, "o-1").await;
+    // The consumer's transaction committed (its dedupe row), then every response was lost.
+    sqlx::query("INSERT INTO processed_messages (consumer, message_id) VALUES ('consumer', $1)")
+        .bind(id.to_string())
+        .execute(&pool)
+        .await
+        .unwrap();
+    let st = state(&pool);
+    let r = handle_callback(
+        &st,
+        post(
+            "/failure",
+            failure_body(&order_delivery(id, "o-1", seq), "9-0")
+                .to_string()
+                .as_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(parts(&r).0, 200);
+    assert_eq!(
+        dead_letter_state(&pool, id).await,
+        (true, Some("applied".into()))
+    );
+    assert!(delivered(&pool, id).await, "applied means delivered");
+    assert!(!dead_lettered(&pool, id).await);
+    let (done, blocked) = key_state(&pool, "o-1").await;
+    assert_eq!(blocked, None, "a head the consumer applied blocks nothing");
+    assert_eq!(done, Some(seq), "the key moved past its head");
+    // Not an operator's job: list counts it as handled, redrive refuses it.
+    let mut conn = pool.acquire().await.unwrap();
+    let page = outbox::dead_letters::list(
+        &mut conn,
+        &outbox::dead_letters::ListQuery {
+            limit: 10,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(page.items.is_empty(), "{:?}", page.items);
+    assert_eq!(
+        outbox::ops::status(&pool)
+            .await
+            .unwrap()
+            .unresolved_dead_letters(),
+        0
+    );
+    drop(conn);
+
+    // Another consumer's dedupe row is not this consumer's: a dead letter for o-2 stays unresolved.
+    let (other, oseq) = enqueue_order(&pool, "o-2").await;
+    sqlx::query(
+        "INSERT INTO processed_messages (consumer, message_id) VALUES ('someone-else', $1)",
+    )
+    .bind(other.to_string())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let r = handle_callback(
+        &st,
+        post(
+            "/failure",
+            failure_body(&order_delivery(other, "o-2", oseq), "10-0")
+                .to_string()
+                .as_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(parts(&r).0, 200);
+    assert_eq!(dead_letter_state(&pool, other).await, (false, None));
+    assert!(dead_lettered(&pool, other).await);
+}
+
+/// The reverse order of the usual one: the dead letter comes first and blocks the key, then late delivery
+/// evidence (a delivery callback with a 2xx that QStash sent after all) shows the head was delivered: the dead
+/// letter is resolved ("delivered") and the key moves on.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn late_delivery_evidence_resolves_a_dead_letter_and_unblocks_its_key(pool: PgPool) {
+    let (id, seq) = enqueue_order(&pool, "o-1").await;
+    // A second event keeps the key row alive once the head is done (an idle key is released).
+    enqueue_order(&pool, "o-1").await;
+    let st = state(&pool);
+    let r = handle_callback(
+        &st,
+        post(
+            "/failure",
+            failure_body(&order_delivery(id, "o-1", seq), "11-0")
+                .to_string()
+                .as_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(parts(&r).0, 200);
+    assert_eq!(dead_letter_state(&pool, id).await, (false, None));
+    assert_eq!(
+        key_state(&pool, "o-1").await.1,
+        Some(id),
+        "the dead head blocks"
+    );
+
+    let r = handle_callback(
+        &st,
+        post(
+            "/delivered",
+            delivery_body(id, "o-1", 200, 3).to_string().as_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(parts(&r).0, 200, "{}", parts(&r).1);
+    assert_eq!(
+        dead_letter_state(&pool, id).await,
+        (true, Some("delivered".into()))
+    );
+    assert!(delivered(&pool, id).await);
+    assert!(!dead_lettered(&pool, id).await);
+    let (done, blocked) = key_state(&pool, "o-1").await;
+    assert_eq!(
+        (done, blocked),
+        (Some(seq), None),
+        "the key moved past its head"
+    );
+    assert_eq!(
+        outbox::ops::status(&pool)
+            .await
+            .unwrap()
+            .unresolved_dead_letters(),
+        0
+    );
+}

@@ -242,6 +242,8 @@ async fn failure(State(s): State<Inner>, body: Bytes) -> StatusCode {
         &mut conn,
         &f,
         |_| outbox::config::DeadHeadPolicy::Block,
+        // The sink keeps no dedupe rows; no dead letter of its is ever "applied".
+        "consumer",
         true,
     )
     .await

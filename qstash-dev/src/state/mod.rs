@@ -221,11 +221,6 @@ impl Shared {
         }
     }
 
-    /// [`Faults::spare_final_attempt`].
-    pub fn spares_final_attempt(&self) -> bool {
-        lock(&self.faults).faults.spare_final_attempt
-    }
-
     pub fn faults(&self) -> Faults {
         lock(&self.faults).faults.clone()
     }

@@ -449,6 +449,7 @@ async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOu
         &mut conn,
         &failure,
         |topic| state.config.dead_head_policy(topic),
+        &state.config.name,
         state.persistent,
     )
     .await

@@ -36,22 +36,35 @@ pub struct DeadLetterSummary {
     pub error: String,
     /// When it was redriven.
     pub redriven_at: Option<DateTime<Utc>>,
-    /// When it turned out delivered after all.
+    /// When it turned out done after all (see `resolution`).
     pub resolved_at: Option<DateTime<Utc>>,
+    /// How it turned out done: `delivered` (delivery evidence came later) or `applied` (QStash gave up, but the
+    /// consumer's dedupe row shows the event applied: every response was lost on the way back).
+    pub resolution: Option<String>,
 }
 
 impl DeadLetterSummary {
-    /// `unhandled`, `redriven` or `resolved`.
+    /// `unhandled`, `redriven`, `resolved` (delivered after all) or `applied` (the consumer applied it although
+    /// QStash gave up). Only `unhandled` needs an operator.
     pub fn state(&self) -> &'static str {
-        state_of(self.redriven_at, self.resolved_at)
+        state_of(
+            self.redriven_at,
+            self.resolved_at,
+            self.resolution.as_deref(),
+        )
     }
 }
 
-fn state_of(redriven: Option<DateTime<Utc>>, resolved: Option<DateTime<Utc>>) -> &'static str {
-    match (redriven, resolved) {
-        (Some(_), _) => "redriven",
-        (None, Some(_)) => "resolved",
-        (None, None) => "unhandled",
+fn state_of(
+    redriven: Option<DateTime<Utc>>,
+    resolved: Option<DateTime<Utc>>,
+    resolution: Option<&str>,
+) -> &'static str {
+    match (redriven, resolved, resolution) {
+        (Some(_), _, _) => "redriven",
+        (None, Some(_), Some("applied")) => "applied",
+        (None, Some(_), _) => "resolved",
+        (None, None, _) => "unhandled",
     }
 }
 
@@ -83,7 +96,7 @@ pub async fn list(conn: &mut PgConnection, q: &ListQuery) -> Result<Page, sqlx::
     let schema = crate::schema::current().quoted();
     let sql = format!(
         "SELECT d.id, d.created_at, d.source, d.outbox_id, d.topic, d.partition_key, d.seq, d.attempts, d.status, \
-                d.error, d.redriven_at, d.resolved_at \
+                d.error, d.redriven_at, d.resolved_at, d.resolution \
          FROM {schema}.dead_letters d \
          WHERE {FILTER_SQL} AND ($6 OR ({UNHANDLED_SQL})) AND d.id > $7 \
          ORDER BY d.id LIMIT {}",
@@ -151,14 +164,20 @@ pub struct DeadLetter {
     pub created_at: DateTime<Utc>,
     /// Redriven at.
     pub redriven_at: Option<DateTime<Utc>>,
-    /// Resolved (delivered after all) at.
+    /// Resolved at: the event turned out done after all (see `resolution`).
     pub resolved_at: Option<DateTime<Utc>>,
+    /// `delivered` (delivery evidence came later) or `applied` (the consumer's dedupe row shows it applied).
+    pub resolution: Option<String>,
 }
 
 impl DeadLetter {
-    /// `unhandled`, `redriven` or `resolved`.
+    /// `unhandled`, `redriven`, `resolved` or `applied`, as [`DeadLetterSummary::state`].
     pub fn state(&self) -> &'static str {
-        state_of(self.redriven_at, self.resolved_at)
+        state_of(
+            self.redriven_at,
+            self.resolved_at,
+            self.resolution.as_deref(),
+        )
     }
 }
 
@@ -167,7 +186,7 @@ pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<DeadLetter>,
     sqlx::query_as::<_, DeadLetter>(
         crate::schema::q("SELECT id, source, natural_id, outbox_id, topic, partition_key, seq, payload, body, headers, error, status, \
                 response_body, attempts, qstash_message_id, dlq_id, raw_callback, parse_error, created_at, \
-                redriven_at, resolved_at \
+                redriven_at, resolved_at, resolution \
          FROM {schema}.dead_letters WHERE id = $1"),
     )
     .bind(id)
@@ -235,9 +254,7 @@ pub async fn event_state(
 /// Counts the unhandled dead letters a filter matches (what a bulk redrive would try).
 pub async fn count_unhandled(conn: &mut PgConnection, filter: &Filter) -> Result<i64, sqlx::Error> {
     let schema = crate::schema::current().quoted();
-    let sql = format!(
-        "SELECT count(*) FROM {schema}.dead_letters d WHERE {FILTER_SQL} AND {UNHANDLED_SQL}"
-    );
+    let sql = format!("SELECT count(*) FROM {schema}.dead_letters d WHERE {FILTER_SQL} AND {UNHANDLED_SQL}");
     let row = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), filter)
         .fetch_one(&mut *conn)
         .await?;

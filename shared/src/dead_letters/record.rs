@@ -61,6 +61,13 @@ impl QstashFailure {
     fn error_text(&self) -> String {
         match (self.status, self.parse_error.as_deref()) {
             (_, Some(e)) => format!("QStash failure callback could not be parsed: {e}"),
+            // QStash reports status 0 when no attempt got a response (network errors, timeouts).
+            (Some(0), None) => format!(
+                "QStash gave up after {} attempt(s); no response (network errors or timeouts)",
+                self.attempts
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| "?".into())
+            ),
             (Some(s), None) => format!(
                 "QStash gave up after {} attempt(s); last status {s}",
                 self.attempts
@@ -86,13 +93,23 @@ pub enum FailureRecorded {
     Duplicate,
 }
 
-/// Records a QStash failure callback as a dead letter, idempotently, and marks the outbox event dead (unless it
-/// was delivered after all, in which case the dead letter is stored already resolved). For an ordered head the
-/// topic's dead-head policy is applied. Runs in one transaction.
+/// Records a QStash failure callback as a dead letter, idempotently, and marks the outbox event dead; for an
+/// ordered head the topic's dead-head policy is applied. Runs in one transaction.
+///
+/// Two cases are not failures, and the dead letter is stored already resolved, so it is not counted as
+/// unresolved, cannot be redriven, and does not block its key:
+/// - `delivered`: delivery evidence for the event arrived first.
+/// - `applied`: the dedupe row of `consumer` (the `CONSUMER_NAME` namespace in `processed_messages`) shows the
+///   event applied. QStash gives up on a message whose every response was lost after the consumer committed
+///   (timeouts, a dropped connection); the event is done all the same, and is recorded as delivered here, which
+///   also moves an ordered key on. This needs the consumer's dedupe table in the outbox's database, as this
+///   project deploys it; with a consumer elsewhere the dead letter stays unresolved and a redrive of it is
+///   answered "duplicate" by that consumer.
 pub async fn record_qstash_failure(
     conn: &mut PgConnection,
     failure: &QstashFailure,
     policy_for_topic: impl Fn(&str) -> DeadHeadPolicy,
+    consumer: &str,
     persistent: bool,
 ) -> Result<FailureRecorded, sqlx::Error> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
@@ -110,15 +127,22 @@ pub async fn record_qstash_failure(
         crate::schema::q(r#"
         INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, body, headers,
                                   error, status, response_body, attempts, qstash_message_id, dlq_id,
-                                  raw_callback, parse_error, resolved_at)
+                                  raw_callback, parse_error, resolved_at, resolution)
         SELECT 'qstash', $1, coalesce(o.id, $13), coalesce(o.topic, $14), coalesce(o.partition_key, $15), o.seq,
                coalesce(o.payload, $2::jsonb), CASE WHEN o.id IS NULL AND $2::jsonb IS NULL THEN $3::bytea END,
                $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12,
-               CASE WHEN o.delivered_at IS NOT NULL THEN now() END
+               CASE WHEN o.delivered_at IS NOT NULL OR applied.yes THEN now() END,
+               CASE WHEN o.delivered_at IS NOT NULL THEN 'delivered' WHEN applied.yes THEN 'applied' END
         FROM (SELECT 1) one
         LEFT JOIN {schema}.outbox o ON o.id = $13
+        CROSS JOIN LATERAL (
+            SELECT $13::bigint IS NOT NULL AND EXISTS (
+                SELECT 1 FROM {schema}.processed_messages pm
+                WHERE pm.consumer = $16 AND pm.message_id = $13::bigint::text
+            ) AS yes
+        ) applied
         ON CONFLICT (source, natural_id) DO NOTHING
-        RETURNING id, outbox_id, topic, seq, resolved_at IS NOT NULL AS resolved
+        RETURNING id, outbox_id, topic, seq, resolution
         "#),
     )
     .persistent(persistent)
@@ -137,6 +161,7 @@ pub async fn record_qstash_failure(
     .bind(failure.outbox_id)
     .bind(failure.topic.as_deref())
     .bind(failure.partition_key.as_deref())
+    .bind(consumer)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(row) = row else {
@@ -147,22 +172,35 @@ pub async fn record_qstash_failure(
     let outbox_id: Option<i64> = row.try_get("outbox_id")?;
     let topic: Option<String> = row.try_get("topic")?;
     let seq: Option<i64> = row.try_get("seq")?;
-    let resolved: bool = row.try_get("resolved")?;
-    if let (Some(id), false) = (outbox_id, resolved) {
-        let error = failure.error_text();
-        sqlx::query(
-            crate::schema::q("UPDATE {schema}.outbox SET dead_lettered_at = now(), last_error = left($2, 2000), locked_until = NULL \
-             WHERE id = $1 AND delivered_at IS NULL"),
-        )
-        .persistent(persistent)
-        .bind(id)
-        .bind(&error)
-        .execute(&mut *tx)
-        .await?;
-        if let (Some(topic), Some(_)) = (topic, seq) {
-            ordering::apply_dead_head(&mut tx, id, policy_for_topic(&topic), &error, persistent)
-                .await?;
+    let resolution: Option<String> = row.try_get("resolution")?;
+    match (outbox_id, resolution.as_deref()) {
+        // Applied: done, as if its delivery evidence had come (marks it delivered, moves an ordered key on).
+        (Some(id), Some("applied")) => {
+            ordering::record_delivery(&mut tx, id, persistent).await?;
         }
+        (Some(id), None) => {
+            let error = failure.error_text();
+            sqlx::query(
+                crate::schema::q("UPDATE {schema}.outbox SET dead_lettered_at = now(), last_error = left($2, 2000), locked_until = NULL \
+                 WHERE id = $1 AND delivered_at IS NULL"),
+            )
+            .persistent(persistent)
+            .bind(id)
+            .bind(&error)
+            .execute(&mut *tx)
+            .await?;
+            if let (Some(topic), Some(_)) = (topic, seq) {
+                ordering::apply_dead_head(
+                    &mut tx,
+                    id,
+                    policy_for_topic(&topic),
+                    &error,
+                    persistent,
+                )
+                .await?;
+            }
+        }
+        _ => {}
     }
     tx.commit().await?;
     Ok(FailureRecorded::Recorded {
