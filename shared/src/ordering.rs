@@ -242,8 +242,8 @@ pub async fn check_consumer_sequence(
     seq: i64,
     persistent: bool,
 ) -> Result<SequenceCheck, sqlx::Error> {
-    let row = sqlx::query(
-        crate::schema::q(r#"
+    let row = sqlx::query(crate::schema::q(
+        r#"
         WITH up AS (
             INSERT INTO {schema}.consumer_sequences AS c (consumer, topic, partition_key, last_seq)
             VALUES ($1, $2, $3, $4)
@@ -255,8 +255,8 @@ pub async fn check_consumer_sequence(
         SELECT (SELECT count(*) FROM up) AS applied,
                (SELECT last_seq FROM {schema}.consumer_sequences
                  WHERE consumer = $1 AND topic = $2 AND partition_key = $3) AS last_seq
-        "#),
-    )
+        "#,
+    ))
     .persistent(persistent)
     .bind(consumer)
     .bind(topic)

@@ -248,6 +248,34 @@ fn serve_callbacks(
     ))
 }
 
+/// Whether every migration of `migrator` is recorded as applied in `table`. Unnamed statements in one
+/// transaction: behind PgBouncer in transaction mode, sqlx's unnamed statement (parse, then bind in a second
+/// round trip) only stays on one server connection inside a transaction.
+async fn all_applied(pool: &PgPool, table: &str, migrator: &Migrator) -> anyhow::Result<bool> {
+    let mut tx = pool
+        .begin()
+        .await
+        .context("reaching Postgres (is it running and DATABASE_URL right?)")?;
+    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .persistent(false)
+        .bind(table)
+        .fetch_one(&mut *tx)
+        .await?;
+    if exists.is_none() {
+        return Ok(false);
+    }
+    let versions: Vec<i64> = migrator.iter().map(|m| m.version).collect();
+    let applied: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(DISTINCT version) FROM {table} WHERE success AND version = ANY($1)"
+    )))
+    .persistent(false)
+    .bind(&versions)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(applied == versions.len() as i64)
+}
+
 fn pool_for(url: &str, name: &str, max: u32, async_commit: bool) -> anyhow::Result<PgPool> {
     let mut cfg = DbConfig::defaults(name);
     cfg.max_connections = max;
@@ -269,7 +297,19 @@ impl LocalStack {
         for migrator in &opts.migrators {
             // The library's own migrations go into the process's outbox schema (OUTBOX_SCHEMA); the
             // application's run where its connection puts them.
-            let applied = if std::ptr::eq(*migrator, &outbox::MIGRATOR) {
+            let library = std::ptr::eq(*migrator, &outbox::MIGRATOR);
+            let table = if library {
+                outbox::schema::current().table("_sqlx_migrations")
+            } else {
+                "_sqlx_migrations".to_owned()
+            };
+            // Nothing to apply, nothing to run: the migrator takes a session-level advisory lock and prepares
+            // named statements, neither of which works through PgBouncer in transaction mode (a database the
+            // stack reaches through one was migrated directly beforehand).
+            if all_applied(&pool, &table, migrator).await? {
+                continue;
+            }
+            let applied = if library {
                 outbox::migrate(&pool, outbox::schema::current()).await
             } else {
                 migrator.run(&pool).await

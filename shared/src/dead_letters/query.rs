@@ -254,7 +254,9 @@ pub async fn event_state(
 /// Counts the unhandled dead letters a filter matches (what a bulk redrive would try).
 pub async fn count_unhandled(conn: &mut PgConnection, filter: &Filter) -> Result<i64, sqlx::Error> {
     let schema = crate::schema::current().quoted();
-    let sql = format!("SELECT count(*) FROM {schema}.dead_letters d WHERE {FILTER_SQL} AND {UNHANDLED_SQL}");
+    let sql = format!(
+        "SELECT count(*) FROM {schema}.dead_letters d WHERE {FILTER_SQL} AND {UNHANDLED_SQL}"
+    );
     let row = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), filter)
         .fetch_one(&mut *conn)
         .await?;
