@@ -1,4 +1,4 @@
-//! `outbox status`: the seed article's three queries (backlog depth, oldest age and flapping rows; throughput per
+//! `outbox status`: the three status queries (backlog depth, oldest pending age and flapping rows; dispatched per
 //! minute over the last hour; stuck leases), blocked ordered keys, heads awaiting delivery evidence, and
 //! dead-letter counts by topic and source — a table for people, `--json` for scripts. The figures come from
 //! `outbox::ops::status`.

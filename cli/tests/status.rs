@@ -1,4 +1,4 @@
-//! `outbox status` against a hand-built state: every figure (the seed article's three queries, blocked keys,
+//! `outbox status` against a hand-built state: every figure (the three status queries, blocked keys,
 //! evidence, dead letters by topic and source) must match what was built, in the library, the JSON and the table.
 
 use outbox::ops::{DeadLetterCounts, status};

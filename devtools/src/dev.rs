@@ -2,8 +2,8 @@
 //! the relay and the dev server finish what is in flight (bounded by `--drain-secs`), then stops every component
 //! after its current step: nothing that was committed is lost (a second Ctrl-C skips the wait).
 //!
-//! stdout carries the progress only ([`console`]): a table redrawn in place on a terminal, plain lines otherwise,
-//! and the summary as the last line. Every component's log lines go to a file named in the first lines
+//! stdout carries the progress only (the `console` module): a table redrawn in place on a terminal, plain lines
+//! otherwise, and the summary as the last line. Every component's log lines go to a file named in the first lines
 //! ([`logs`]); `--verbose` shows them on stderr too.
 
 mod console;
@@ -74,7 +74,7 @@ pub struct DevArgs {
     /// --verbose the live table gives way to plain progress lines (every --progress-secs) between the log lines.
     #[arg(long, short)]
     pub verbose: bool,
-    /// The log file [default: target/outbox-dev/dev-<UTC time>-<pid>.log in the cargo target directory of this
+    /// The log file [default: target/outbox-dev/dev-{UTC time}-{pid}.log in the cargo target directory of this
     /// binary, else under the temp directory]. RUST_LOG sets its level (default info); LOG_FORMAT=json for JSON.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
@@ -112,13 +112,11 @@ pub struct Progress {
 /// What `outbox-dev dev` ended with.
 #[derive(Debug, Clone, Serialize)]
 pub struct DevSummary {
-    /// The last figures.
     pub progress: Progress,
     /// Demo producer counts.
     pub demo_orders: u64,
     /// Demo poison orders.
     pub demo_poison: u64,
-    /// Demo cancellations.
     pub demo_cancellations: u64,
     /// Demo orders whose transaction failed (nothing written).
     pub demo_failed: u64,
@@ -128,9 +126,7 @@ pub struct DevSummary {
     pub dead_letters_by_cause: Vec<CauseCount>,
     /// Everything in flight finished before shutdown.
     pub drained: bool,
-    /// Seconds run.
     pub seconds: f64,
-    /// The log file.
     pub log_file: PathBuf,
 }
 

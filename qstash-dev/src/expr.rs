@@ -121,6 +121,16 @@ impl RetryDelayExpr {
     pub fn eval(&self, retried: f64) -> f64 {
         eval(&self.root, retried)
     }
+
+    /// The wait before a retry, from the expression's milliseconds with `retried` bound (0 for the first retry):
+    /// NaN and negative values wait nothing, values above `max` or too large for a `Duration` wait `max`.
+    pub fn delay(&self, retried: u32, max: std::time::Duration) -> std::time::Duration {
+        let ms = self.eval(f64::from(retried));
+        let ms = if ms.is_nan() || ms < 0.0 { 0.0 } else { ms };
+        std::time::Duration::try_from_secs_f64(ms / 1000.0)
+            .unwrap_or(max)
+            .min(max)
+    }
 }
 
 fn eval(node: &Node, retried: f64) -> f64 {

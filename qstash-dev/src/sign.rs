@@ -116,7 +116,7 @@ mod tests {
 
     #[test]
     fn known_answer_vector_from_qstash_dart() {
-        // Token from rebaz94/qstash_dart test/receiver_test.dart (research spec §7.1 vector 1), nbf = iat.
+        // Token from rebaz94/qstash_dart test/receiver_test.dart (its first vector), nbf = iat.
         let want = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJhdWQiOiIiLCJib2R5IjoicFpHbTFBdjBJRUJLQVJjeno3ZXhrTllzWmI4THphTXJWN0ozMmEyZkZHND0iLCJleHAiOjE2NjU2MTUwMzgsImlhdCI6MTY2NTYxNDczOCwiaXNzIjoiVXBzdGFzaCIsImp0aSI6Imp3dF82ZDRCUXd6RzRDb0hadGU4VkNoSk54SnVuMTVDIiwibmJmIjoxNjY1NjE0NzM4LCJzdWIiOiJodHRwczovL3JlYmF6LXFzdGFzaC5yZXF1ZXN0Y2F0Y2hlci5jb20vdGVzdCJ9.y0_9NlMBUmO9dlPxG0PlnyekjfO88oIKfgmJfcoYo8k";
         let claims = claims_json(
             "https://rebaz-qstash.requestcatcher.com/test",

@@ -119,7 +119,6 @@ pub struct DlqEntryInfo {
     pub kind: AttemptKind,
     /// Target URL.
     pub url: String,
-    /// Method.
     pub method: String,
     /// Body as published.
     pub body: Vec<u8>,
@@ -135,10 +134,8 @@ pub struct DlqEntryInfo {
     pub error: Option<String>,
     /// When it entered the DLQ (unix ms).
     pub created_at_unix_ms: u64,
-    /// Queue, if any.
     pub queue_name: Option<String>,
     /// Flow-control key, if any.
     pub flow_control_key: Option<String>,
-    /// Labels.
     pub labels: Vec<String>,
 }

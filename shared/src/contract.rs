@@ -17,10 +17,13 @@
 //! ```json
 //! {"contract":2,"topic":"invoices","evidence":"consumer","events":[
 //!   {"id":42,"key":"customer-7","seq":3,"created_at":"2026-11-30T12:00:00.000000Z","schema_version":2,
-//!    "headers":{"traceparent":"00-…-01","x-correlation-id":"req-9"},"payload":{"invoice_id":"i-1"}}]}
+//!    "headers":{"traceparent":"00-…-01","x-correlation-id":"req-9","tenant":"acme"},"payload":{"invoice_id":"i-1"}}]}
 //! ```
 //!
-//! `evidence`, `seq`, `schema_version` and `headers` are omitted when they do not apply. `events` holds one event
+//! `evidence`, `seq`, `schema_version` and `headers` are omitted when they do not apply. `headers` holds the trace
+//! context, the correlation id and the application's own headers ([`crate::headers`]: names the pipeline owns
+//! are refused there, so the two never collide); the latter travel only here, never as request headers
+//! (decision record 0026). `events` holds one event
 //! today. Two request headers stay as **informational copies** (`x-outbox-id` for QStash's console and logs,
 //! `traceparent` for tracing proxies). A receiver refuses a request whose `x-outbox-*` or `x-schema-version` copy
 //! disagrees with the signed value; `traceparent` is not compared (tracing proxies rewrite it; the envelope's value
@@ -182,7 +185,8 @@ pub struct EnvelopeEvent<'a> {
     /// The payload schema version (absent: 1).
     #[serde(default)]
     pub schema_version: Option<u32>,
-    /// Trace context, correlation id.
+    /// Trace context, correlation id, and the application's own headers (every name not in
+    /// [`crate::headers::RESERVED_NAMES`] / [`crate::headers::RESERVED_PREFIXES`]).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// The payload, as the producer wrote it.
@@ -230,9 +234,7 @@ pub struct WireEvent<'a> {
     pub key: &'a str,
     /// Per-key sequence.
     pub seq: Option<i64>,
-    /// Creation time.
     pub created_at: DateTime<Utc>,
-    /// Schema version.
     pub schema_version: Option<u32>,
     /// Headers `(name, value)`.
     pub headers: &'a [(&'a str, &'a str)],
@@ -395,7 +397,11 @@ mod tests {
             .unwrap()
             .with_timezone(&Utc);
         let odd_key = "k \"quoted\" \\ \u{1b}[31m ü \u{202e} \n";
-        let headers = [(TRACEPARENT, "00-x"), (CORRELATION_ID, "c\"1")];
+        let headers = [
+            (TRACEPARENT, "00-x"),
+            (CORRELATION_ID, "c\"1"),
+            ("tenant", "ac\"me ü"),
+        ];
         let body = write_envelope(
             "invoices",
             Some(Evidence::Consumer),
@@ -419,6 +425,10 @@ mod tests {
         assert_eq!(
             e.headers.get(CORRELATION_ID).map(String::as_str),
             Some("c\"1")
+        );
+        assert_eq!(
+            e.headers.get("tenant").map(String::as_str),
+            Some("ac\"me ü")
         );
         assert_eq!(e.payload.get(), r#"{"a": [1, 2, {"b": "ü\n"}]}"#);
 

@@ -18,7 +18,12 @@
 //! Operating it: [`ops`] (the figures behind `outbox status`) and the operator half of [`dead_letters`] (list,
 //! show, redrive, purge).
 //!
+//! An application's own metadata on an event (a tenant, a causation id) travels as user headers: [`headers`].
+//!
 //! Everything else is plumbing: [`config`], [`secrets`], [`db`].
+//!
+//! The terms used throughout (head, dead head, middle event, delivery evidence, lease, fencing token, flapping,
+//! dead letter, redrive, dedupe row, signed contract) are defined in the repository's `docs/glossary.md`.
 //!
 //! Cargo features, both off by default: `local` (a local HTTP server in front of the Lambda handlers, for the local
 //! pipeline and tests) and `testing` (a QStash-compatible token signer and the dev signing keys in [`receiver`],
@@ -30,6 +35,7 @@ pub mod consumer;
 pub mod contract;
 pub mod db;
 pub mod dead_letters;
+pub mod headers;
 #[cfg(feature = "local")]
 pub mod local;
 pub mod metrics;

@@ -97,6 +97,42 @@ pub fn function_url_event(
     })
 }
 
+/// Why an HTTP request could not become the Lambda request a function URL would have produced.
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    /// `lambda_http` refused the event.
+    #[error("could not build the Lambda event: {0}")]
+    Refused(String),
+    /// `lambda_http` panicked on the event (it does on some header values a client can send, such as a
+    /// list-valued `X-Forwarded-Proto`); the request is answered 400 instead of taking the listener down.
+    #[error("could not build the Lambda event: lambda_http cannot represent this request ({0})")]
+    Panicked(String),
+}
+
+/// The request `lambda_http` gives a handler for this HTTP request in a function-URL Lambda: the event JSON of
+/// [`function_url_event`], parsed by `lambda_http::request::from_str`.
+pub fn lambda_request(
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+    source_ip: &str,
+) -> Result<Request, AdapterError> {
+    let event = function_url_event(method, uri, headers, body, source_ip).to_string();
+    match std::panic::catch_unwind(|| lambda_http::request::from_str(&event)) {
+        Ok(Ok(request)) => Ok(request),
+        Ok(Err(e)) => Err(AdapterError::Refused(e.to_string())),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".into());
+            Err(AdapterError::Panicked(what))
+        }
+    }
+}
+
 /// Converts the handler's response to an HTTP response (status, headers, body bytes).
 pub fn into_http(resp: Response<Body>) -> AxumResponse {
     let (parts, body) = resp.into_parts();
@@ -140,20 +176,18 @@ where
                         return r;
                     }
                 };
-                let event = function_url_event(
+                match lambda_request(
                     &parts.method,
                     &parts.uri,
                     &parts.headers,
                     &bytes,
                     &peer.ip().to_string(),
-                );
-                match lambda_http::request::from_str(&event.to_string()) {
+                ) {
                     Ok(request) => into_http(handler(request).await),
                     Err(e) => {
-                        let mut r = AxumResponse::new(AxumBody::from(format!(
-                            "{{\"error\":\"could not build the Lambda event: {e}\"}}"
-                        )));
-                        *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                        let body = serde_json::json!({ "error": e.to_string() }).to_string();
+                        let mut r = AxumResponse::new(AxumBody::from(body));
+                        *r.status_mut() = StatusCode::BAD_REQUEST;
                         r
                     }
                 }
@@ -196,5 +230,18 @@ mod tests {
         assert_eq!(ev["isBase64Encoded"], true);
         let req = lambda_http::request::from_str(&ev.to_string()).unwrap();
         assert_eq!(req.body().as_ref(), raw);
+    }
+
+    /// Found by the `function_url` fuzz target: `lambda_http` panics on a list-valued `X-Forwarded-Proto`. The
+    /// adapter turns that into an error (answered 400), not a panic.
+    #[test]
+    fn a_request_lambda_http_panics_on_is_an_error() {
+        let mut headers = HeaderMap::new();
+        headers.insert("host", "a.example".parse().unwrap());
+        headers.append("x-forwarded-proto", "https, http".parse().unwrap());
+        headers.append("x-forwarded-proto", "http".parse().unwrap());
+        let uri: Uri = "/events/orders?contract=2".parse().unwrap();
+        let r = lambda_request(&Method::POST, &uri, &headers, b"{}", "127.0.0.1");
+        assert!(matches!(r, Err(AdapterError::Panicked(_))), "{r:?}");
     }
 }

@@ -11,11 +11,8 @@ pub const NAMESPACE: &str = "Outbox";
 /// Units used here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unit {
-    /// A count.
     Count,
-    /// Seconds.
     Seconds,
-    /// Milliseconds.
     Milliseconds,
 }
 

@@ -17,7 +17,8 @@
 //! committed): the caller answers 5xx, and the redelivery finds the row and answers "duplicate".
 //!
 //! Keep `processed_messages` rows longer than any redelivery horizon (QStash retries span a day, redrives can be
-//! later): the relay's housekeeping prunes them after `PROCESSED_TTL_HOURS` (default 7 days).
+//! later): the relay's housekeeping prunes them after `PROCESSED_TTL_HOURS` (default 7 days). *Dedupe row* and
+//! the other terms are defined in the repository's `docs/glossary.md`.
 
 use sqlx::{PgConnection, PgPool};
 

@@ -1,5 +1,5 @@
-//! Operator figures: `outbox status`. The seed article's three queries — (1) backlog depth, oldest pending age
-//! and "flapping" rows, (2) dispatched per minute over the last hour, (3) stuck leases — plus blocked ordered
+//! Operator figures: `outbox status`. The three status queries — (1) backlog depth, oldest pending age and
+//! "flapping" rows, (2) dispatched per minute over the last hour, (3) stuck leases — plus blocked ordered
 //! keys, ordered heads awaiting delivery evidence, and dead-letter counts by topic and source.
 //!
 //! Every query runs on an index that covers only live rows (`outbox_pending_created_idx`, the BRIN on
@@ -15,7 +15,8 @@ use sqlx::PgPool;
 /// How many rows each list shows.
 pub const LIST_LIMIT: i64 = 10;
 
-/// Attempts above which a pending row counts as "flapping" (the seed article's threshold).
+/// Attempts above which a pending row counts as "flapping": it keeps failing transiently and coming back after
+/// backoff, which a healthy backlog does not (glossary: `docs/glossary.md`).
 pub const FLAPPING_ATTEMPTS: i32 = 3;
 
 /// Everything `outbox status` shows.
@@ -40,7 +41,6 @@ pub struct Status {
 /// (1) Events neither dispatched nor dead: how many, how old, and which keep failing.
 #[derive(Debug, Clone, Serialize)]
 pub struct PendingEvents {
-    /// How many.
     pub pending: i64,
     /// `max(now() - created_at)` over them, seconds (0 when none).
     pub oldest_pending_age_secs: f64,
@@ -55,17 +55,13 @@ pub struct PendingEvents {
 pub struct EventLine {
     /// Outbox id.
     pub id: i64,
-    /// Topic.
     pub topic: String,
-    /// Partition key.
     pub partition_key: String,
     /// Attempts so far.
     pub attempts: i32,
-    /// Written at.
     pub created_at: DateTime<Utc>,
     /// Lease end (stuck leases).
     pub locked_until: Option<DateTime<Utc>>,
-    /// Last error.
     pub last_error: Option<String>,
 }
 
@@ -91,7 +87,6 @@ pub struct MinuteCount {
 /// by the next relay cycle; many of them, or old ones, mean no relay is running.
 #[derive(Debug, Clone, Serialize)]
 pub struct StuckLeases {
-    /// How many.
     pub count: i64,
     /// Oldest lease end first.
     pub oldest: Vec<EventLine>,
@@ -100,7 +95,6 @@ pub struct StuckLeases {
 /// Ordered keys blocked by a dead head.
 #[derive(Debug, Clone, Serialize)]
 pub struct BlockedKeys {
-    /// How many.
     pub count: i64,
     /// Longest blocked first.
     pub keys: Vec<BlockedKey>,
@@ -109,9 +103,7 @@ pub struct BlockedKeys {
 /// One blocked key.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct BlockedKey {
-    /// Topic.
     pub topic: String,
-    /// Partition key.
     pub partition_key: String,
     /// Blocked since.
     pub since: DateTime<Utc>,
@@ -128,7 +120,6 @@ pub struct BlockedKey {
 /// Ordered heads accepted by QStash without delivery evidence yet.
 #[derive(Debug, Clone, Serialize)]
 pub struct AwaitingEvidence {
-    /// How many.
     pub count: i64,
     /// Longest wait, seconds (0 when none).
     pub oldest_secs: f64,
@@ -143,7 +134,6 @@ pub struct DeadLetterCounts {
     pub source: String,
     /// Not redriven and not resolved: needs an operator.
     pub unresolved: i64,
-    /// Redriven.
     pub redriven: i64,
     /// Delivered after all: delivery evidence came after the dead letter.
     pub resolved: i64,
@@ -164,7 +154,7 @@ impl Status {
 /// Reads every figure (a handful of short read-only queries).
 pub async fn status(pool: &PgPool) -> Result<Status, sqlx::Error> {
     let mut conn = pool.acquire().await?;
-    // (1) The seed article's first query, on the partial index of pending rows.
+    // (1) Backlog depth, oldest pending age and flapping rows, on the partial index of pending rows.
     let (at, pending, oldest, flapping): (DateTime<Utc>, i64, f64, i64) = sqlx::query_as(
         crate::schema::q("SELECT now(), count(*), coalesce(extract(epoch FROM max(now() - created_at))::float8, 0), \
                 count(*) FILTER (WHERE attempts > $1) \

@@ -16,6 +16,8 @@
 //!    dead head blocks the key or is skipped, per topic ([`crate::config::DeadHeadPolicy`]).
 //! 3. **Consumer: sequence check.** [`check_consumer_sequence`] runs inside the consumer's dedupe transaction and
 //!    refuses an event older than one already applied.
+//!
+//! *Head*, *dead head* and *delivery evidence* are defined in the repository's `docs/glossary.md`.
 
 use sqlx::{PgConnection, Row};
 
@@ -25,7 +27,8 @@ use crate::config::DeadHeadPolicy;
 /// (`SKIP LOCKED`: two relays never hold the same key), find each key's head (`seq = done_seq + 1`), lease key
 /// and head with one fencing token, count the attempt. `$1` is the lease in seconds. The batch size is a
 /// literal spliced in once at start: with a `LIMIT $n` parameter Postgres may switch to a generic plan that
-/// ignores the limit (the seed article's `claim_outbox` function ran ~3.5× slower for that reason).
+/// ignores the limit (a `claim_outbox` SQL function written with a `LIMIT` parameter ran ~3.5× slower for that
+/// reason).
 ///
 /// The head row itself only gets its attempt, token and `locked_until` (no indexed column), so with the table's
 /// fill factor the update can stay on its page without touching any index (a HOT update); the key row carries

@@ -19,10 +19,15 @@
 //! payload, a payload that is not JSON (or holds `\u0000`, which `jsonb` rejects) or a malformed header is an
 //! [`InvalidEvent`] naming the event's index.
 //!
+//! An event can carry the application's own metadata as headers ([`NewEvent::header`]: a tenant, a causation
+//! id, …); the handler reads them with [`crate::consumer::Event::header`]. Their rules are in
+//! [`crate::headers`].
+//!
 //! Ordered topics allocate a per-key sequence in the same statement; see [`crate::ordering`] for why the
 //! sequence follows commit order.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -105,7 +110,7 @@ pub fn validate_topic(name: &str) -> Result<(), InvalidEvent> {
     }
 }
 
-/// Metadata carried with an event and forwarded to the consumer as HTTP headers.
+/// Metadata carried with an event to the consumer, stored as the outbox row's `headers` (`jsonb`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct EventHeaders {
     /// W3C trace context of the producing span (`traceparent`).
@@ -117,6 +122,10 @@ pub struct EventHeaders {
     /// Schema version of the payload (≥ 1).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub schema_version: Option<u32>,
+    /// The application's own headers ([`NewEvent::header`]), by lower-case name. Kept apart from the fields
+    /// above (stored under `user`), so a row written before they existed reads as "none".
+    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
+    pub user: BTreeMap<String, String>,
 }
 
 impl EventHeaders {
@@ -188,6 +197,8 @@ pub struct NewEvent {
     key: String,
     payload: Payload,
     headers: EventHeaders,
+    /// [`NewEvent::header`] calls in order, checked when enqueued.
+    user_headers: Vec<(String, String)>,
     delay: Option<Duration>,
 }
 
@@ -227,6 +238,7 @@ impl NewEvent {
             key,
             payload,
             headers: EventHeaders::default(),
+            user_headers: Vec::new(),
             delay: None,
         }
     }
@@ -246,6 +258,17 @@ impl NewEvent {
     /// Sets the payload schema version (≥ 1).
     pub fn schema_version(mut self, version: u32) -> Self {
         self.headers.schema_version = Some(version);
+        self
+    }
+
+    /// Attaches one of the application's own headers (a tenant, a causation id, the payload's media type, …):
+    /// it travels inside the signed delivery and the handler reads it with
+    /// [`crate::consumer::Event::header`], so it may decide things there. The name is case-insensitive (stored
+    /// lower-cased). Checked when enqueued against the rules in [`crate::headers`]: names the pipeline owns
+    /// (`x-outbox-*`, `upstash-*`, `traceparent`, `content-type`, …) are refused, never overridden, and so is a
+    /// name set twice.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.user_headers.push((name.into(), value.into()));
         self
     }
 
@@ -328,20 +351,10 @@ pub enum InvalidEvent {
     EmptyKey,
     /// The partition key is too long.
     #[error("partition key is {len} bytes; the maximum is {max}")]
-    KeyTooLong {
-        /// Its length.
-        len: usize,
-        /// The limit.
-        max: usize,
-    },
+    KeyTooLong { len: usize, max: usize },
     /// The JSON payload is larger than the configured maximum.
     #[error("payload is {size} bytes; the maximum is {max}")]
-    PayloadTooLarge {
-        /// Its size.
-        size: usize,
-        /// The limit.
-        max: usize,
-    },
+    PayloadTooLarge { size: usize, max: usize },
     /// The payload is not valid JSON.
     #[error("payload is not valid JSON: {0}")]
     NotJson(String),
@@ -361,12 +374,35 @@ pub enum InvalidEvent {
     InvalidHeader {
         /// Which header.
         name: &'static str,
-        /// Why.
         reason: String,
     },
     /// The delay is longer than [`MAX_DELAY`].
     #[error("delay of {0:?} is longer than the maximum of 365 days")]
     DelayTooLong(Duration),
+    /// A user header ([`NewEvent::header`]) breaks a rule of [`crate::headers`].
+    #[error("header {name:?} refused: {rule}")]
+    Header {
+        /// The header name as given (at most 80 characters of it).
+        name: String,
+        /// The rule it breaks.
+        rule: crate::headers::HeaderRule,
+    },
+    /// More user headers than [`crate::headers::MAX_HEADERS`].
+    #[error("{count} headers; the maximum is {max}")]
+    TooManyHeaders {
+        /// How many were set.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The user headers' names and values together exceed [`crate::headers::MAX_TOTAL_BYTES`].
+    #[error("headers total {size} bytes of names and values; the maximum is {max}")]
+    HeadersTooLarge {
+        /// Their size.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
 }
 
 /// An enqueue failure. Nothing was written in any case.
@@ -377,7 +413,6 @@ pub enum EnqueueError {
     Invalid {
         /// Its position in the batch (`None` for a single enqueue).
         index: Option<usize>,
-        /// What is wrong.
         problem: InvalidEvent,
     },
     /// A typed payload could not be serialised.
@@ -416,7 +451,7 @@ impl Default for Producer {
     }
 }
 
-/// The channel of the optional wake-up hint (see the README: off by default).
+/// The channel of the optional wake-up hint (off by default; `docs/configuration.md` says why).
 pub const NOTIFY_CHANNEL: &str = "outbox_new";
 
 const ENQUEUE_SQL: &str = r#"
@@ -524,17 +559,25 @@ impl Producer {
             Vec::with_capacity(n),
         );
         for (i, e) in events.iter().enumerate() {
-            let json =
-                e.validated(self.max_payload_bytes)
-                    .map_err(|problem| EnqueueError::Invalid {
-                        index: batch.then_some(i),
-                        problem,
-                    })?;
+            let invalid = |problem| EnqueueError::Invalid {
+                index: batch.then_some(i),
+                problem,
+            };
+            let json = e.validated(self.max_payload_bytes).map_err(invalid)?;
+            let user = crate::headers::validate(&e.user_headers).map_err(invalid)?;
             topics.push(e.topic.as_str());
             keys.push(e.key.as_str());
             ordered.push(e.ordering == TopicOrdering::PerKey);
             payloads.push(json);
-            headers.push(serde_json::to_string(&e.headers).map_err(EnqueueError::Serialize)?);
+            let row_headers = if user.is_empty() {
+                serde_json::to_string(&e.headers)
+            } else {
+                serde_json::to_string(&EventHeaders {
+                    user,
+                    ..e.headers.clone()
+                })
+            };
+            headers.push(row_headers.map_err(EnqueueError::Serialize)?);
             delays.push(e.delay.map(|d| d.as_secs_f64()).unwrap_or(0.0));
         }
         let rows = sqlx::query(crate::schema::q(ENQUEUE_SQL))

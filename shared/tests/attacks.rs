@@ -15,11 +15,11 @@
 use lambda_http::Request;
 use orders_example::{self as example, LineItem, OrderCancelled, OrderEvent, OrderPlaced};
 use outbox::config::{ConsumerConfig, LegacyDeliveries};
-use outbox::consumer::{ConsumerState, handle_event};
+use outbox::consumer::{ConsumerState, Event, Handler, HandlerError, Registry, handle_event};
 use outbox::producer::{NewEvent, Topic};
 use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 fn placed(order_id: &str, amount_cents: i64) -> OrderEvent {
     OrderEvent::OrderPlaced(OrderPlaced {
@@ -199,6 +199,90 @@ fn assert_refused_as_altered(r: &lambda_http::Response<lambda_http::Body>, what:
 
 // ---------------------------------------------------------------------------------------------------------
 // Current deliveries replayed with rewritten headers.
+
+/// Records the application headers its handler sees (topic `tenanted`), in `seen_headers`.
+struct RecordHeaders;
+
+impl Handler<Value> for RecordHeaders {
+    async fn handle(&self, conn: &mut PgConnection, e: &Event<Value>) -> Result<(), HandlerError> {
+        assert_eq!(
+            e.header("Tenant"),
+            e.headers().get("tenant").map(String::as_str)
+        );
+        sqlx::query("INSERT INTO seen_headers (outbox_id, headers) VALUES ($1, $2)")
+            .bind(e.meta.outbox_id)
+            .bind(serde_json::to_value(e.headers()).unwrap())
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+}
+
+async fn seen_headers(pool: &PgPool, id: i64) -> Value {
+    sqlx::query_scalar("SELECT headers FROM seen_headers WHERE outbox_id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn user_headers_come_from_the_signed_envelope_never_from_request_headers(pool: PgPool) {
+    // A handler may decide from a user header (the tenant): a replay with request headers naming another tenant,
+    // or adding one, must not change what it sees.
+    sqlx::query("CREATE TABLE seen_headers (outbox_id bigint PRIMARY KEY, headers jsonb NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let st = consumer(&pool, Registry::new().on("tenanted", RecordHeaders));
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let genuine = Delivery::new("tenanted", 1001, br#"{"n":1}"#)
+        .header("traceparent", tp)
+        .header("x-correlation-id", "req-9")
+        .header("tenant", "acme");
+    let r = handle_event(
+        &st,
+        genuine
+            .clone()
+            .request_header("tenant", "globex")
+            .request_header("upstash-forward-tenant", "globex")
+            .request_header("role", "admin")
+            .request(),
+    )
+    .await;
+    assert_eq!(parts(&r).0, 200, "{:?}", parts(&r));
+    assert_eq!(
+        seen_headers(&pool, 1001).await,
+        json!({"tenant": "acme"}),
+        "the envelope's tenant only; the pipeline's own entries are not user headers"
+    );
+
+    // No user header in the envelope: request headers do not add any.
+    let bare = Delivery::new("tenanted", 1002, br#"{"n":2}"#).request_header("tenant", "globex");
+    assert_eq!(parts(&handle_event(&st, bare.request()).await).0, 200);
+    assert_eq!(seen_headers(&pool, 1002).await, json!({}));
+
+    // A delivery in the previous wire format carries none, whatever its request headers and its row say (ids of
+    // the fake deliveries above are far from the outbox's).
+    let mut tx = pool.begin().await.unwrap();
+    let ev = outbox::enqueue(
+        &mut tx,
+        NewEvent::new(&Topic::unordered("tenanted"), "k", &json!({"n": 3}))
+            .unwrap()
+            .header("tenant", "acme"),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let old = row(&pool, ev.id).await;
+    mark_dispatched(&pool, &[&old]).await;
+    let r = handle_event(&st, legacy_delivery_of(&old, &[("tenant", "globex")])).await;
+    assert_eq!(
+        parts(&r),
+        (200, json!({"status":"processed","outbox_id":ev.id}))
+    );
+    assert_eq!(seen_headers(&pool, ev.id).await, json!({}));
+}
 
 #[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn replayed_delivery_with_another_outbox_id_header_is_refused(pool: PgPool) {

@@ -446,6 +446,70 @@ async fn invalid_inputs_are_named_errors_and_write_nothing(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn user_headers_are_stored_on_the_row_or_refused_naming_header_and_rule(pool: PgPool) {
+    let mut conn = pool.acquire().await.unwrap();
+    let ev = enqueue(
+        &mut conn,
+        NewEvent::new(&AUDIT, "k", &json!({"a": 1}))
+            .unwrap()
+            .correlation_id("req-9")
+            .header("Tenant", "acme")
+            .header("causation-id", "order-7"),
+    )
+    .await
+    .unwrap();
+    let headers: serde_json::Value = sqlx::query_scalar("SELECT headers FROM outbox WHERE id = $1")
+        .bind(ev.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        headers,
+        json!({"correlation_id": "req-9", "user": {"tenant": "acme", "causation-id": "order-7"}}),
+        "stored beside the pipeline's own fields, names lower-cased"
+    );
+
+    // A reserved name in a batch: the event and the header are named, nothing is written.
+    let batch = [
+        NewEvent::new(&ORDERS, "k", &1)
+            .unwrap()
+            .header("tenant", "a"),
+        NewEvent::new(&ORDERS, "k", &2)
+            .unwrap()
+            .header("X-Outbox-Seq", "1"),
+    ];
+    let err = enqueue_batch(&mut conn, &batch).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("event #1 rejected: header \"X-Outbox-Seq\" refused: the name is reserved"),
+        "{msg}"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM outbox WHERE seq IS NOT NULL").await,
+        0
+    );
+    let (index, problem) = invalid(
+        enqueue(
+            &mut conn,
+            NewEvent::new(&AUDIT, "k", &1)
+                .unwrap()
+                .header("tenant", "a\r\nx-outbox-id: 1"),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(index, None);
+    assert_eq!(
+        problem,
+        InvalidEvent::Header {
+            name: "tenant".into(),
+            rule: outbox::headers::HeaderRule::ControlCharacter
+        }
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM outbox").await, 1);
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn delay_sets_available_at(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
     let ev = enqueue(

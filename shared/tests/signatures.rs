@@ -710,6 +710,33 @@ fn corpus() -> Vec<Case> {
         delivery(i, &tampered, &[("upstash-signature", &token_with(KEY, &c))]),
         Want::Rejected("body_hash"),
     );
+    // A user header decides things in a handler (a tenant): it is inside the signed body, so rewriting it breaks
+    // the signature.
+    let i = next();
+    let with_tenant = Delivery::new(TOPIC, i, audit_payload(i).as_bytes())
+        .key(&format!("user-{i}"))
+        .header("tenant", "acme");
+    let b = with_tenant.body();
+    let c = claims(&sub(), &b);
+    let forged = String::from_utf8(b.clone())
+        .unwrap()
+        .replace("\"acme\"", "\"globex\"")
+        .into_bytes();
+    assert_ne!(forged, b);
+    push(
+        "envelope user header rewritten (tenant)",
+        delivery(i, &forged, &[("upstash-signature", &token_with(KEY, &c))]),
+        Want::Rejected("body_hash"),
+    );
+    let i = next();
+    let with_tenant = Delivery::new(TOPIC, i, audit_payload(i).as_bytes())
+        .key(&format!("user-{i}"))
+        .header("tenant", "acme");
+    push(
+        "envelope with a user header, untouched",
+        with_tenant.request(),
+        Want::Applied,
+    );
     let i = next();
     let (b, c) = claims_for(i);
     let reserialised =
@@ -1049,7 +1076,7 @@ async fn token_for_another_host_replayed_with_forwarded_host_is_refused_unless_t
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Real QStash tokens (qstash-api.md §7.1): verified with "now" injected.
+// Real QStash tokens (from the public QStash SDKs' tests): verified with "now" injected.
 
 const DART_KEY: &str = "sig_7dskHhQGd7zBn4pUmfcuuhoVv8dV";
 const DART_TOKEN: &str = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJhdWQiOiIiLCJib2R5IjoicFpHbTFBdjBJRUJLQVJjeno3ZXhrTllzWmI4THphTXJWN0ozMmEyZkZHND0iLCJleHAiOjE2NjU2MTUwMzgsImlhdCI6MTY2NTYxNDczOCwiaXNzIjoiVXBzdGFzaCIsImp0aSI6Imp3dF82ZDRCUXd6RzRDb0hadGU4VkNoSk54SnVuMTVDIiwibmJmIjoxNjY1NjE0NzM4LCJzdWIiOiJodHRwczovL3JlYmF6LXFzdGFzaC5yZXF1ZXN0Y2F0Y2hlci5jb20vdGVzdCJ9.y0_9NlMBUmO9dlPxG0PlnyekjfO88oIKfgmJfcoYo8k";

@@ -16,7 +16,6 @@ use sqlx::{PgPool, Row};
 pub struct OldEvent {
     /// Outbox id.
     pub id: i64,
-    /// Topic.
     pub topic: String,
     /// Partition key.
     pub key: String,
@@ -26,7 +25,6 @@ pub struct OldEvent {
     pub payload: String,
     /// When the producer wrote it.
     pub created_at: DateTime<Utc>,
-    /// `traceparent` header.
     pub traceparent: Option<String>,
     /// `x-correlation-id` header.
     pub correlation_id: Option<String>,

@@ -129,7 +129,6 @@ fn template_dimension_value(v: &Value) -> Option<FunctionDimension> {
 /// only when all three are equal: `Pending` with the dimension `Function` is not `Pending` without it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct MetricId {
-    /// The namespace.
     pub namespace: String,
     /// The metric name.
     pub name: String,
@@ -198,7 +197,6 @@ pub fn emf_metrics(line: &Value) -> Vec<MetricId> {
 /// A metric drawn (or read) with a statistic over a period.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlottedMetric {
-    /// The metric.
     pub metric: MetricId,
     /// `Sum`, `Maximum`, `p99`, ...
     pub stat: String,
@@ -417,7 +415,6 @@ pub struct AlarmReads {
     pub alarm: String,
     /// The metrics it reads.
     pub metrics: Vec<PlottedMetric>,
-    /// Its `Threshold`.
     pub threshold: Value,
 }
 

@@ -35,7 +35,6 @@ pub struct StackOptions {
     pub migrators: Vec<&'static Migrator>,
     /// Dev server settings (port 0 = any free port).
     pub dev: qstash_dev::Config,
-    /// Relay settings.
     pub relay: RelayConfig,
     /// `Upstash-Retries` the relay asks for.
     pub qstash_retries: u32,
@@ -124,7 +123,6 @@ pub enum Receiver {
 /// A request a local receiver got, as it arrived, and the status it answered ([`StackOptions::record_requests`]).
 #[derive(Debug, Clone)]
 pub struct RecordedRequest {
-    /// Which receiver.
     pub receiver: Receiver,
     /// HTTP method.
     pub method: String,

@@ -12,11 +12,9 @@ use sqlx::PgPool;
 /// One dead letter, as read for the console.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
-    /// Row id.
     pub id: i64,
     /// `relay` (publishing gave up) or `qstash` (delivery gave up).
     pub source: String,
-    /// Topic.
     pub topic: Option<String>,
     /// Partition key.
     pub key: Option<String>,
@@ -26,7 +24,6 @@ pub struct DeadLetter {
     pub status: Option<i32>,
     /// The body of that answer.
     pub response_body: Option<String>,
-    /// Attempts made.
     pub attempts: Option<i32>,
     /// The event was one of the demo's poison orders.
     pub demo_poison: bool,
@@ -139,7 +136,6 @@ pub struct CauseCount {
     pub cause: String,
     /// These are the demo's poison orders (expected).
     pub demo_poison: bool,
-    /// How many.
     pub count: u64,
     /// The cause in short, for the live table.
     #[serde(skip)]

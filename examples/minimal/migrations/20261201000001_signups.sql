@@ -2,6 +2,7 @@
 -- (what the handler does). Its version must not be one of the outbox's (migrations/).
 CREATE TABLE signups (
     id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant      text        NOT NULL,                 -- travels to the handler as the event's `tenant` header
     email       text        NOT NULL,
     welcomed_at timestamptz
 );

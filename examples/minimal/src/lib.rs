@@ -24,18 +24,20 @@ pub struct SignedUp {
 }
 
 /// Producer: the row and its event commit together, or neither does.
-pub async fn sign_up(pool: &PgPool, email: &str) -> Result<i64, EnqueueError> {
+pub async fn sign_up(pool: &PgPool, tenant: &str, email: &str) -> Result<i64, EnqueueError> {
     let mut tx = pool.begin().await?;
-    let user_id: i64 = sqlx::query_scalar("INSERT INTO signups (email) VALUES ($1) RETURNING id")
-        .bind(email)
-        .fetch_one(&mut *tx)
-        .await?;
+    let user_id: i64 =
+        sqlx::query_scalar("INSERT INTO signups (tenant, email) VALUES ($1, $2) RETURNING id")
+            .bind(tenant)
+            .bind(email)
+            .fetch_one(&mut *tx)
+            .await?;
     let payload = SignedUp {
         user_id,
         email: email.to_owned(),
     };
-    let event = NewEvent::new(&SIGNUPS, user_id.to_string(), &payload)?;
-    // Headers go on the event here, before it is enqueued (`.traceparent(..)`, `.correlation_id(..)`, …).
+    // Your own metadata travels as headers, signed like the payload (also `.traceparent(..)`, …).
+    let event = NewEvent::new(&SIGNUPS, user_id.to_string(), &payload)?.header("tenant", tenant);
     enqueue(&mut tx, event).await?;
     tx.commit().await?;
     Ok(user_id)
@@ -50,13 +52,18 @@ impl Handler<SignedUp> for SendWelcome {
         conn: &mut PgConnection,
         event: &Event<SignedUp>,
     ) -> Result<(), HandlerError> {
-        let welcomed = sqlx::query("UPDATE signups SET welcomed_at = now() WHERE id = $1")
-            .persistent(event.persistent)
-            .bind(event.payload.user_id)
-            .execute(conn)
-            .await?; // a database error: retried, or dead-lettered when the data is at fault
+        let Some(tenant) = event.header("tenant") else {
+            return Err(HandlerError::permanent("no tenant header")); // 489: dead letter, no retries
+        };
+        let welcomed =
+            sqlx::query("UPDATE signups SET welcomed_at = now() WHERE id = $1 AND tenant = $2")
+                .persistent(event.persistent)
+                .bind(event.payload.user_id)
+                .bind(tenant)
+                .execute(conn)
+                .await?; // a database error: retried, or dead-lettered when the data is at fault
         if welcomed.rows_affected() == 0 {
-            return Err(HandlerError::permanent("no such signup")); // 489: dead letter, no retries
+            return Err(HandlerError::permanent("no such signup for this tenant"));
         }
         Ok(())
     }

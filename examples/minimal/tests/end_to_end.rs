@@ -1,7 +1,8 @@
 //! The minimal example through the whole pipeline, as the whole-system tests run the example application: its
 //! producer writes a signup and its event, the relay (through its Lambda handler) publishes it to the
 //! QStash-compatible dev server, which delivers it, signed, to the consumer handler serving this example's
-//! registry, which welcomes the signup once.
+//! registry, which welcomes the signup once. The signup's tenant reaches the handler as an event header: the
+//! handler welcomes a signup only under the tenant the header names.
 
 use std::time::Duration;
 
@@ -19,8 +20,12 @@ async fn a_signup_is_welcomed_once_through_the_whole_pipeline(pool: PgPool) {
     opts.dev.faults.duplicate_delivery_rate = 1.0;
     let stack = LocalStack::start(opts).await.unwrap();
 
-    let ada = sign_up(&stack.pool, "ada@example.com").await.unwrap();
-    let grace = sign_up(&stack.pool, "grace@example.com").await.unwrap();
+    let ada = sign_up(&stack.pool, "acme", "ada@example.com")
+        .await
+        .unwrap();
+    let grace = sign_up(&stack.pool, "globex", "grace@example.com")
+        .await
+        .unwrap();
     assert!(
         stack.wait_quiet(Duration::from_secs(60)).await,
         "the pipeline did not drain"

@@ -24,7 +24,6 @@ use crate::{
 /// Demo settings.
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
-    /// Orders per second.
     pub orders_per_sec: f64,
     /// One order in `poison_every` is poison (0 = never).
     pub poison_every: u64,
@@ -40,7 +39,6 @@ pub struct DemoCounts {
     pub orders: u64,
     /// Poison orders.
     pub poison: u64,
-    /// Cancellations.
     pub cancellations: u64,
     /// Events enqueued in total.
     pub events: u64,
@@ -115,7 +113,9 @@ pub async fn place_order_with(
                 action: "order.placed".into(),
                 details: serde_json::json!({"order_id": order_id, "amount_cents": amount}),
             },
-        )?,
+        )?
+        // The application's own metadata: what caused this audit entry (read with `event.header(..)`).
+        .header("causation-id", order_id.as_str()),
     ];
     let mut cancelled = false;
     if let Some(c) = cancel {

@@ -66,9 +66,7 @@ pub struct OrderPlaced {
 /// An order was cancelled: refund the charge and cancel the shipment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OrderCancelled {
-    /// The order id.
     pub order_id: String,
-    /// Why.
     #[serde(default)]
     pub reason: Option<String>,
 }
@@ -77,16 +75,13 @@ pub struct OrderCancelled {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type")]
 pub enum OrderEvent {
-    /// See [`OrderPlaced`].
     OrderPlaced(OrderPlaced),
-    /// See [`OrderCancelled`].
     OrderCancelled(OrderCancelled),
 }
 
 /// `OrderPlaced` at schema version 1 (no currency).
 #[derive(Debug, Clone, Deserialize)]
 pub struct OrderPlacedV1 {
-    /// The order id.
     pub order_id: String,
     /// Who pays.
     pub customer_id: String,

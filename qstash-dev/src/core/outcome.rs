@@ -39,13 +39,7 @@ impl Outcome {
 impl Core {
     fn backoff(&self, next_retried: u32, expr: Option<&RetryDelayExpr>) -> Duration {
         match expr {
-            Some(e) => {
-                let ms = e.eval(f64::from(next_retried.saturating_sub(1)));
-                let ms = if ms.is_nan() || ms < 0.0 { 0.0 } else { ms };
-                Duration::try_from_secs_f64(ms / 1000.0)
-                    .unwrap_or(MAX_BACKOFF)
-                    .min(MAX_BACKOFF)
-            }
+            Some(e) => e.delay(next_retried.saturating_sub(1), MAX_BACKOFF),
             None => {
                 let secs = (2.5 * f64::from(next_retried)).exp().min(86_400.0);
                 Duration::try_from_secs_f64(secs).unwrap_or(MAX_BACKOFF)

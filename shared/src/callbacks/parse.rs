@@ -231,11 +231,8 @@ pub fn source_header<'b>(b: &'b CallbackBody, name: &str) -> Option<&'b str> {
 /// request itself: those are not signed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SourceEvent {
-    /// The outbox id.
     pub outbox_id: Option<i64>,
-    /// The topic.
     pub topic: Option<String>,
-    /// The partition key.
     pub partition_key: Option<String>,
     /// The event's payload (for the dead letter): the envelope's payload, or the whole body of a legacy message.
     pub payload: Option<Vec<u8>>,

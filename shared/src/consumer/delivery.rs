@@ -117,6 +117,7 @@ pub(super) fn current_delivery<'b>(req: &'b Request, topic: &str) -> Result<Deli
             created_at: ev.created_at,
             traceparent: ev.headers.get(contract::TRACEPARENT).cloned(),
             correlation_id: ev.headers.get(contract::CORRELATION_ID).cloned(),
+            headers: crate::headers::user_headers_of(&ev.headers),
             message_id,
             retried,
         },
@@ -257,6 +258,8 @@ pub(super) async fn legacy_delivery<'b>(
             created_at: Some(created_at),
             traceparent: headers.traceparent,
             correlation_id: headers.correlation_id,
+            // The previous relay published no user headers (its producers could not set any).
+            headers: Default::default(),
             message_id,
             retried,
         },

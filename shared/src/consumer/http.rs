@@ -24,34 +24,22 @@ use crate::receiver::{VerifyError, verify_request};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Applied now (200).
-    Processed {
-        /// The event.
-        outbox_id: i64,
-    },
+    Processed { outbox_id: i64 },
     /// Applied before (200).
-    Duplicate {
-        /// The event.
-        outbox_id: i64,
-    },
+    Duplicate { outbox_id: i64 },
     /// Missing or invalid signature (401); nothing was read or written.
     Unauthorized(VerifyError),
     /// A valid signature, but a header copy or a legacy header disagrees with the signed data: the request was
     /// altered after QStash signed it (401, counted as a rejected signature); nothing was written.
     Tampered(String),
     /// Body over the cap (413), refused before verification.
-    TooLarge {
-        /// The body size.
-        size: usize,
-        /// The cap.
-        max: usize,
-    },
+    TooLarge { size: usize, max: usize },
     /// Retrying cannot help (489 + `Upstash-NonRetryable-Error: true`).
     Permanent(String),
     /// Retrying may help (503, `Retry-After` when known).
     Transient {
         /// What failed.
         message: String,
-        /// When to retry.
         retry_after: Option<Duration>,
     },
 }

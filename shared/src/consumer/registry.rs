@@ -29,6 +29,10 @@
 //! The handler runs inside [`crate::once::handle_once`]'s transaction: everything it writes through `conn`
 //! commits together with the dedupe row, or not at all. It must not have other side effects that cannot roll
 //! back (or must make them idempotent on `event.meta.outbox_id`).
+//!
+//! The producer's own metadata ([`crate::NewEvent::header`]: a tenant, a causation id, …) is read with
+//! `event.header("tenant")` or `event.headers()`. It comes from the signed envelope, never from request headers,
+//! so a handler may decide from it as from the payload (decision record 0026).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -43,7 +47,7 @@ use sqlx::PgConnection;
 /// The schema version assumed when an event carries no `x-schema-version` header.
 pub const DEFAULT_SCHEMA_VERSION: u32 = 1;
 
-/// Everything about an event except its payload (from the forwarded `x-outbox-*` headers and QStash's own).
+/// Everything about an event except its payload (from the signed envelope, and QStash's own headers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventMeta {
     /// The outbox id: the dedupe key.
@@ -60,8 +64,11 @@ pub struct EventMeta {
     pub created_at: Option<DateTime<Utc>>,
     /// The producer's W3C trace context.
     pub traceparent: Option<String>,
-    /// The correlation id.
     pub correlation_id: Option<String>,
+    /// The application's own headers ([`crate::NewEvent::header`]) by lower-case name, from the signed envelope
+    /// (never from request headers, so a handler may decide things from them). Empty for a delivery in the
+    /// previous wire format. Read them with [`Event::header`].
+    pub headers: BTreeMap<String, String>,
     /// QStash's message id (`Upstash-Message-Id`; changes on republish: never a dedupe key).
     pub message_id: Option<String>,
     /// QStash's retry counter (`Upstash-Retried`, 0 on the first attempt).
@@ -73,11 +80,38 @@ pub struct EventMeta {
 pub struct Event<P> {
     /// Ids, key, sequence, version, trace context.
     pub meta: EventMeta,
-    /// The decoded payload.
     pub payload: P,
     /// The pool's prepared-statement switch (`DB_PERSISTENT_STATEMENTS`): pass it to `.persistent(..)` on every
     /// query the handler runs (false behind RDS Proxy / PgBouncer).
     pub persistent: bool,
+}
+
+impl EventMeta {
+    /// The application's header `name` (case-insensitive), as the producer set it with
+    /// [`crate::NewEvent::header`].
+    pub fn header(&self, name: &str) -> Option<&str> {
+        match self.headers.get(name) {
+            Some(v) => Some(v),
+            None => self
+                .headers
+                .get(&name.to_ascii_lowercase())
+                .map(String::as_str),
+        }
+    }
+}
+
+impl<P> Event<P> {
+    /// The application's header `name` (case-insensitive), as the producer set it with
+    /// [`crate::NewEvent::header`]: `event.header("tenant")`. Signed like the payload, so safe to decide on.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.meta.header(name)
+    }
+
+    /// All of the application's headers, by lower-case name (the pipeline's own — trace context, correlation
+    /// id — are in [`EventMeta`]'s fields instead).
+    pub fn headers(&self) -> &BTreeMap<String, String> {
+        &self.meta.headers
+    }
 }
 
 /// Why a handler did not apply an event. The transaction is rolled back in both cases.

@@ -19,7 +19,8 @@
 //! | `redrive_bulk.rs` | [`redrive_matching`]: every unhandled dead letter a filter matches |
 //! | `purge.rs` | [`purge`], [`count_purge`] |
 //!
-//! This file holds what they share: [`Source`] and the [`Filter`] every operator command takes.
+//! This file holds what they share: [`Source`] and the [`Filter`] every operator command takes. *Dead letter*,
+//! *redrive* and *middle event* are defined in the repository's `docs/glossary.md`.
 
 mod purge;
 mod query;
@@ -76,9 +77,7 @@ impl std::str::FromStr for Source {
 /// (bulk redrive and purge refuse an empty filter).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Filter {
-    /// Topic.
     pub topic: Option<String>,
-    /// Source.
     pub source: Option<Source>,
     /// Partition key.
     pub key: Option<String>,

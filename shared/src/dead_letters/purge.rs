@@ -20,7 +20,6 @@ pub enum PurgeError {
          every dead letter by accident"
     )]
     FilterRequired,
-    /// A database error.
     #[error("database error: {0} (is Postgres reachable? the purge is safe to run again)")]
     Database(#[from] sqlx::Error),
 }

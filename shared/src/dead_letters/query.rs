@@ -22,7 +22,6 @@ pub struct DeadLetterSummary {
     pub source: String,
     /// The outbox event, if known.
     pub outbox_id: Option<i64>,
-    /// Topic, if known.
     pub topic: Option<String>,
     /// Partition key, if known.
     pub partition_key: Option<String>,
@@ -71,7 +70,6 @@ fn state_of(
 /// A page request for [`list`].
 #[derive(Debug, Clone, Default)]
 pub struct ListQuery {
-    /// Which dead letters.
     pub filter: Filter,
     /// Also list dead letters already redriven or resolved.
     pub include_handled: bool,
@@ -84,7 +82,6 @@ pub struct ListQuery {
 /// One page of dead letters, oldest first.
 #[derive(Debug, Clone, Serialize)]
 pub struct Page {
-    /// The dead letters.
     pub items: Vec<DeadLetterSummary>,
     /// Pass as `after` for the next page; `None` when this was the last page.
     pub next_after: Option<i64>,
@@ -124,7 +121,6 @@ pub async fn list(conn: &mut PgConnection, q: &ListQuery) -> Result<Page, sqlx::
 /// Everything stored about one dead letter.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct DeadLetter {
-    /// Row id.
     pub id: i64,
     /// `relay` or `qstash`.
     pub source: String,
@@ -132,9 +128,7 @@ pub struct DeadLetter {
     pub natural_id: String,
     /// The outbox event, if known.
     pub outbox_id: Option<i64>,
-    /// Topic.
     pub topic: Option<String>,
-    /// Partition key.
     pub partition_key: Option<String>,
     /// Per-key sequence.
     pub seq: Option<i64>,
@@ -150,7 +144,6 @@ pub struct DeadLetter {
     pub status: Option<i32>,
     /// The last response body (QStash's refusal, or the consumer's answer).
     pub response_body: Option<String>,
-    /// Attempts made.
     pub attempts: Option<i32>,
     /// QStash's message id.
     pub qstash_message_id: Option<String>,
@@ -160,9 +153,7 @@ pub struct DeadLetter {
     pub raw_callback: Option<Vec<u8>>,
     /// Why it could not be parsed.
     pub parse_error: Option<String>,
-    /// Recorded at.
     pub created_at: DateTime<Utc>,
-    /// Redriven at.
     pub redriven_at: Option<DateTime<Utc>>,
     /// Resolved at: the event turned out done after all (see `resolution`).
     pub resolved_at: Option<DateTime<Utc>>,
@@ -203,15 +194,12 @@ pub struct EventState {
     pub seq: Option<i64>,
     /// Publish attempts of the current round.
     pub attempts: i32,
-    /// Redrives so far.
     pub redrive_count: i32,
     /// Accepted by QStash at.
     pub dispatched_at: Option<DateTime<Utc>>,
     /// Delivery evidence at.
     pub delivered_at: Option<DateTime<Utc>>,
-    /// Dead at.
     pub dead_lettered_at: Option<DateTime<Utc>>,
-    /// Last error.
     pub last_error: Option<String>,
     /// The key's `done_seq` (ordered topics with an active key row).
     pub key_done_seq: Option<i64>,
@@ -263,10 +251,11 @@ pub async fn count_unhandled(conn: &mut PgConnection, filter: &Filter) -> Result
     row.try_get(0)
 }
 
-/// The event headers (`traceparent`, correlation id, schema version) of a dead letter, for re-inserting a pruned
-/// event: a relay dead letter stores the event's own headers; a QStash one the original HTTP headers
-/// (`{name: [values]}`, forwarded ones possibly prefixed `Upstash-Forward-`), to which the failure callback adds
-/// the signed envelope's headers and schema version.
+/// The event headers (`traceparent`, correlation id, schema version, user headers) of a dead letter, for
+/// re-inserting a pruned event: a relay dead letter stores the event's own headers; a QStash one the original HTTP
+/// headers (`{name: [values]}`, forwarded ones possibly prefixed `Upstash-Forward-`), to which the failure
+/// callback adds the signed envelope's headers and schema version. User headers are recovered from a relay dead
+/// letter only: in a QStash one they are mixed with the message's HTTP headers.
 pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
     let Some(h) = headers else {
         return EventHeaders::default();
@@ -293,6 +282,8 @@ pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
             correlation_id: find(contract::CORRELATION_ID),
             schema_version: find(contract::legacy::SCHEMA_VERSION)
                 .and_then(|v| v.trim().parse().ok()),
+            // The original message's headers do not say which names were the producer's own.
+            user: Default::default(),
         }
     };
     // Whatever does not pass the producer's rules is dropped rather than blocking the redrive.
@@ -311,5 +302,36 @@ pub fn event_headers_of(source: &str, headers: Option<&Value>) -> EventHeaders {
     if out.schema_version == Some(0) {
         out.schema_version = None;
     }
+    out.user = std::mem::take(&mut out.user)
+        .into_iter()
+        .filter_map(|(name, value)| {
+            let name = crate::headers::normalize_name(&name).ok()?;
+            crate::headers::check_value(&value).ok()?;
+            Some((name, value))
+        })
+        .collect();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relay_dead_letter_gives_back_the_user_headers_that_pass_the_rules() {
+        let stored = serde_json::json!({
+            "correlation_id": "req-9",
+            "user": {"tenant": "acme", "x-outbox-id": "7", "bad": "a\nb"},
+        });
+        let h = event_headers_of("relay", Some(&stored));
+        assert_eq!(h.correlation_id.as_deref(), Some("req-9"));
+        assert_eq!(
+            h.user.into_iter().collect::<Vec<_>>(),
+            [("tenant".to_owned(), "acme".to_owned())],
+            "a reserved name or a control character is dropped, not re-inserted"
+        );
+        // A QStash dead letter mixes them with the message's HTTP headers: none are recovered.
+        let qstash = serde_json::json!({"Content-Type": ["application/json"], "tenant": ["acme"]});
+        assert!(event_headers_of("qstash", Some(&qstash)).user.is_empty());
+    }
 }

@@ -84,7 +84,6 @@ impl QstashFailure {
 pub enum FailureRecorded {
     /// A new dead letter.
     Recorded {
-        /// Its row id.
         dead_letter_id: i64,
         /// The outbox event it belongs to, if known.
         outbox_id: Option<i64>,

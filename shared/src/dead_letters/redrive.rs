@@ -28,7 +28,6 @@ pub enum RedriveOrder {
     /// An ordered event, still in order: it is its key's head again (the key's block, if it was this event's,
     /// is cleared and everything behind it follows in order), or it waits behind earlier events of its key.
     InOrder {
-        /// Its sequence.
         seq: i64,
         /// The key was blocked by this event and is free again.
         key_unblocked: bool,
@@ -43,13 +42,10 @@ pub enum RedriveOrder {
 /// What a successful redrive did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Redriven {
-    /// The dead letter.
     pub dead_letter_id: i64,
     /// The event (same id: the consumer's dedupe key).
     pub outbox_id: i64,
-    /// Topic.
     pub topic: String,
-    /// Partition key.
     pub partition_key: String,
     /// Order semantics.
     pub order: RedriveOrder,
@@ -78,7 +74,6 @@ pub enum RedriveError {
     AlreadyRedriven {
         /// Dead letter.
         id: i64,
-        /// When.
         at: DateTime<Utc>,
     },
     /// The event was delivered after all.
@@ -89,9 +84,7 @@ pub enum RedriveError {
     Delivered {
         /// Dead letter.
         id: i64,
-        /// Event.
         outbox_id: i64,
-        /// When.
         at: DateTime<Utc>,
     },
     /// Not linked to an event.
@@ -114,7 +107,6 @@ pub enum RedriveError {
     CannotRebuild {
         /// Dead letter.
         id: i64,
-        /// Event.
         outbox_id: i64,
         /// What is missing: `JSON payload`, `topic`, `partition key`.
         missing: &'static str,
@@ -127,7 +119,6 @@ pub enum RedriveError {
     NotDead {
         /// Dead letter.
         id: i64,
-        /// Event.
         outbox_id: i64,
         /// `pending` or `dispatched`.
         state: &'static str,
@@ -142,13 +133,9 @@ pub enum RedriveError {
     OutOfOrder {
         /// Dead letter.
         id: i64,
-        /// Event.
         outbox_id: i64,
-        /// Topic.
         topic: String,
-        /// Key.
         key: String,
-        /// Its sequence.
         seq: i64,
         /// Why it is a middle event.
         why: String,
@@ -159,7 +146,6 @@ pub enum RedriveError {
          touch every dead letter by accident"
     )]
     FilterRequired,
-    /// A database error.
     #[error("database error: {0} (is Postgres reachable? the operation is safe to retry)")]
     Database(#[from] sqlx::Error),
 }

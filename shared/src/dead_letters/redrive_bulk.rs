@@ -11,23 +11,18 @@ use super::{FILTER_SQL, Filter, UNHANDLED_SQL, bind_filter};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum BulkOutcome {
-    /// Redriven.
     Redriven(Redriven),
     /// Left as it is (with why): a middle event without `out_of_order`, an event that is live again, a dead letter
     /// that cannot be redriven.
     Skipped {
-        /// Dead letter.
         dead_letter_id: i64,
         /// A middle ordered event (would need `--out-of-order`).
         out_of_order: bool,
-        /// Why.
         reason: String,
     },
     /// A database error on this item (the others go on).
     Failed {
-        /// Dead letter.
         dead_letter_id: i64,
-        /// The error.
         error: String,
     },
 }
@@ -35,13 +30,11 @@ pub enum BulkOutcome {
 /// Totals of a bulk redrive.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct BulkReport {
-    /// Redriven.
     pub redriven: u64,
     /// Skipped (of which `out_of_order` would need `--out-of-order`).
     pub skipped: u64,
     /// Middle events skipped.
     pub out_of_order: u64,
-    /// Failed.
     pub failed: u64,
 }
 

@@ -59,7 +59,6 @@ pub enum PublishOutcome {
         status: Option<u16>,
         /// The server's retry hint.
         retry_after: Option<Duration>,
-        /// What happened.
         error: String,
         /// A token/base-URL problem rather than anything about the message.
         config_problem: bool,

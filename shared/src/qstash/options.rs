@@ -97,7 +97,6 @@ pub struct PublishOptions {
     pub failure_callback_forward: Vec<(HeaderName, String)>,
     /// `Upstash-Forward-<name>` headers (delivered to the destination as `<name>`).
     pub forward: Vec<(HeaderName, String)>,
-    /// Flow control.
     pub flow_control: Option<FlowControl>,
     /// `Upstash-Label`.
     pub label: Option<String>,

@@ -43,7 +43,6 @@ pub enum VerifyError {
     /// `exp` has passed.
     #[error("token expired at {exp} (now {now}, clock tolerance {tolerance} s)")]
     Expired {
-        /// The `exp` claim.
         exp: i64,
         /// The verifier's clock.
         now: i64,
@@ -53,7 +52,6 @@ pub enum VerifyError {
     /// `nbf` is in the future.
     #[error("token not valid before {nbf} (now {now}, clock tolerance {tolerance} s)")]
     NotYetValid {
-        /// The `nbf` claim.
         nbf: i64,
         /// The verifier's clock.
         now: i64,

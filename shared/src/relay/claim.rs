@@ -1,7 +1,8 @@
 //! Claiming: one short, committed statement per kind of topic. Never holds a row lock across the network: the
 //! claim commits before anything is published, and its lease (`available_at = locked_until = now() + lease`)
 //! keeps other relays away until it expires. Attempts are counted here, at claim time, so an event that kills
-//! the relay still uses up its budget (pitfall P9).
+//! the relay still uses up its budget (counted only on failure, an event that crashes the relay would be retried
+//! forever, since no failure is ever recorded for it).
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
@@ -33,9 +34,7 @@ RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.h
 pub struct ClaimedEvent {
     /// Outbox id.
     pub id: i64,
-    /// Topic.
     pub topic: String,
-    /// Partition key.
     pub partition_key: String,
     /// Per-key sequence (ordered topics).
     pub seq: Option<i64>,

@@ -14,9 +14,7 @@ use super::{CycleReport, Relay, RelayError, db};
 /// What one invocation's drain did.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct DrainSummary {
-    /// Cycles run.
     pub cycles: u64,
-    /// Events claimed.
     pub claimed: u64,
     /// Accepted by QStash.
     pub dispatched: u64,
@@ -177,7 +175,7 @@ impl Relay {
         Ok(!busy)
     }
 
-    /// Wakes idle workers on `NOTIFY outbox_new` (optional; see the README on poolers and the commit lock).
+    /// Wakes idle workers on `NOTIFY outbox_new` (optional; `docs/configuration.md` says why it is off by default: poolers and the commit lock).
     /// Returns only if listening fails, after which the workers fall back to polling.
     async fn listen(&self, wake: Arc<Notify>, stop: Arc<Notify>) {
         let mut listener = match sqlx::postgres::PgListener::connect_with(&self.pool).await {

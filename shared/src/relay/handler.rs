@@ -28,14 +28,12 @@ pub enum StartupError {
     /// Configuration or secrets.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The HTTP client.
     #[error(transparent)]
     Client(#[from] QstashClientError),
 }
 
 /// Everything the relay keeps across invocations.
 pub struct RelayState {
-    /// The relay.
     pub relay: Relay,
     /// Name used in metrics and logs.
     pub function_name: String,
@@ -119,10 +117,8 @@ pub struct InvocationSummary {
     pub request_id: String,
     /// What triggered it (`source` of the event, or `schedule-input`).
     pub trigger: String,
-    /// The drain.
     #[serde(flatten)]
     pub drain: DrainSummary,
-    /// Housekeeping.
     pub housekeeping: HousekeepingReport,
     /// Backlog at the end.
     pub backlog: BacklogGauges,

@@ -1,7 +1,9 @@
 //! Guarantee 1 in transit — **no event is lost between the outbox and QStash** — and the relay side of
 //! per-key order.
 //!
-//! One cycle is three short steps, never a lock held across the network (pitfall P6):
+//! One cycle is three short steps, never a lock held across the network (publishing inside the claim's
+//! transaction would keep row locks and an old snapshot open for a network round trip, and leave the transaction
+//! idle when the Lambda times out):
 //!
 //! 1. **Claim** ([`claim`]) in one committed statement per kind of topic: due rows (unordered) or key heads
 //!    (ordered, see [`crate::ordering`]) get a lease with a fencing token, and their attempt is counted.
@@ -15,6 +17,8 @@
 //! claimed again; a publish whose response was lost is retried with the same deduplication id (QStash returns
 //! the first message id inside its 10-minute window; after it, the consumer's dedupe absorbs the duplicate).
 //! [`Relay::drain`] repeats cycles until the invocation's deadline; the retry budget ends in `dead_letters`.
+//!
+//! *Lease*, *fencing token* and *dead letter* are defined in the repository's `docs/glossary.md`.
 
 pub mod backoff;
 pub mod claim;
@@ -47,7 +51,6 @@ pub enum RelayError {
     Database {
         /// Which step.
         step: &'static str,
-        /// The cause.
         #[source]
         source: sqlx::Error,
     },
@@ -60,7 +63,6 @@ fn db(step: &'static str) -> impl FnOnce(sqlx::Error) -> RelayError {
 /// What one cycle did.
 #[derive(Debug, Clone, Default)]
 pub struct CycleReport {
-    /// Events claimed.
     pub claimed: u64,
     /// Rows changed by the settle.
     pub settled: SettleCounts,
@@ -151,16 +153,26 @@ impl Relay {
 
     /// The QStash message for a claimed event (the relay half of [`crate::contract`]): everything that decides a
     /// write is in the signed envelope body and the signed destination URL; `x-outbox-id` and `traceparent` are
-    /// informational header copies.
+    /// informational header copies. The application's own headers travel in the envelope only (decision record
+    /// 0026).
     pub fn message_for(&self, ev: &ClaimedEvent) -> Message {
         let id = ev.id.to_string();
-        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(2);
+        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(2 + ev.headers.user.len());
         if let Some(tp) = &ev.headers.traceparent {
             headers.push((contract::TRACEPARENT, tp));
         }
         if let Some(c) = &ev.headers.correlation_id {
             headers.push((contract::CORRELATION_ID, c));
         }
+        // The producer refused reserved names; a row written by hand could still hold one, and it must not
+        // shadow the pipeline's own entries in the envelope.
+        headers.extend(
+            ev.headers
+                .user
+                .iter()
+                .filter(|(name, _)| !crate::headers::is_reserved(name))
+                .map(|(n, v)| (n.as_str(), v.as_str())),
+        );
         let cb = &self.qstash.callback_url;
         let ordered = ev.seq.is_some();
         let by_consumer = ordered && self.cfg.ordered_evidence == EvidenceMode::Consumer;

@@ -1,7 +1,8 @@
 //! Settling a claim: one statement for the whole cycle — dispatched rows, retries with per-row jittered
 //! backoff, dead letters into `dead_letters`, and the ordered keys' state — every write fenced on the row's lease
 //! token. A relay whose lease was taken over (it was too slow, another relay re-claimed) changes nothing: its
-//! rows no longer carry its token, so the statement matches zero rows for them (pitfall P5).
+//! rows no longer carry its token, so the statement matches zero rows for them. Without the fence, such a
+//! "zombie" relay would overwrite the newer attempt's outcome (mark dispatched what failed, or the reverse).
 
 use std::time::Duration;
 
@@ -19,12 +20,10 @@ pub enum Settlement {
     Retry {
         /// Backoff.
         delay: Duration,
-        /// Why.
         error: String,
     },
     /// Give up: a dead letter.
     Dead {
-        /// Why.
         error: String,
         /// HTTP status from QStash, if any.
         status: Option<u16>,
@@ -40,18 +39,15 @@ pub struct SettleItem {
     pub id: i64,
     /// The lease token the relay claimed it with.
     pub lease_token: i64,
-    /// The outcome.
     pub settlement: Settlement,
 }
 
 /// Counts of rows actually changed (fenced-out rows are not counted).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SettleCounts {
-    /// Marked dispatched.
     pub dispatched: u64,
     /// Scheduled for retry.
     pub retried: u64,
-    /// Dead-lettered.
     pub dead: u64,
 }
 
