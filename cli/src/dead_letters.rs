@@ -10,7 +10,7 @@ use outbox::dead_letters::{
     self, BulkOutcome, Filter, ListQuery, RedriveOptions, RedriveOrder, Redriven, Source,
 };
 
-use crate::util::{self, DbArgs, connect};
+use crate::util::{self, DbArgs};
 
 const REDRIVE_ABOUT: &str = "Redrive one dead letter (by id) or every unhandled one matching the filters.
 
@@ -308,7 +308,7 @@ pub async fn run(
 }
 
 async fn list(a: ListArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let pool = connect(&a.db.database_url).await?;
+    let pool = a.db.connect().await?;
     let mut conn = pool.acquire().await?;
     let page = dead_letters::list(
         &mut conn,
@@ -387,7 +387,7 @@ async fn list(a: ListArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let pool = connect(&a.db.database_url).await?;
+    let pool = a.db.connect().await?;
     let mut conn = pool.acquire().await?;
     let Some(d) = dead_letters::get(&mut conn, a.id).await? else {
         bail!(
@@ -580,7 +580,7 @@ async fn redrive(a: RedriveArgs, out: &mut dyn Write, confirm: Confirm) -> anyho
     let opts = RedriveOptions {
         out_of_order: a.out_of_order,
     };
-    let pool = connect(&a.db.database_url).await?;
+    let pool = a.db.connect().await?;
     if let Some(id) = a.id {
         let mut conn = pool.acquire().await?;
         let r = dead_letters::redrive(&mut conn, id, opts).await?;
@@ -717,7 +717,7 @@ async fn purge(a: PurgeArgs, out: &mut dyn Write, confirm: Confirm) -> anyhow::R
              every dead letter by accident"
         );
     }
-    let pool = connect(&a.db.database_url).await?;
+    let pool = a.db.connect().await?;
     let counts = {
         let mut conn = pool.acquire().await?;
         dead_letters::count_purge(&mut conn, &filter, a.handled_only).await?

@@ -15,7 +15,7 @@ use outbox::relay::housekeeping;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::util::{DbArgs, connect};
+use crate::util::DbArgs;
 
 /// Arguments of `outbox prune`.
 #[derive(Args, Debug, Clone)]
@@ -137,7 +137,7 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
         );
     }
     let dead_ttl = Duration::from_secs_f64(args.dead_letters_days * 86_400.0);
-    let pool: PgPool = connect(&args.db.database_url).await?;
+    let pool: PgPool = args.db.connect().await?;
     let b = args.batch;
     let j = args.json;
     let p = &pool;

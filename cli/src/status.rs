@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Args;
 use outbox::ops::{self, Status};
 
-use crate::util::{self, DbArgs, connect};
+use crate::util::{self, DbArgs};
 
 /// Arguments of `outbox status`.
 #[derive(Args, Debug)]
@@ -26,7 +26,7 @@ pub struct StatusArgs {
 
 /// `outbox status`.
 pub async fn run(args: StatusArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let pool = connect(&args.db.database_url).await?;
+    let pool = args.db.connect().await?;
     let status = ops::status(&pool)
         .await
         .context("reading the status figures (is the schema migrated? run `outbox migrate`)")?;

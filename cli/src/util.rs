@@ -19,6 +19,22 @@ pub struct DbArgs {
     pub database_url: String,
 }
 
+impl DbArgs {
+    /// The outbox's schema: `OUTBOX_SCHEMA` from the environment (default `public`), as the functions read it,
+    /// validated and fixed for this process (every library statement names it).
+    pub fn schema(&self) -> anyhow::Result<outbox::schema::Schema> {
+        let schema = outbox::schema::from_process_env().context("OUTBOX_SCHEMA")?;
+        outbox::schema::install(&schema)?;
+        Ok(schema)
+    }
+
+    /// [`DbArgs::schema`], then [`connect`].
+    pub async fn connect(&self) -> anyhow::Result<PgPool> {
+        self.schema()?;
+        connect(&self.database_url).await
+    }
+}
+
 /// A small pool for CLI work.
 pub async fn connect(url: &str) -> anyhow::Result<PgPool> {
     PgPoolOptions::new()
@@ -42,22 +58,24 @@ pub struct MigrateArgs {
     pub with_example: bool,
 }
 
-/// `outbox migrate`: the library's migrations, then (`--with-example`) the example application's.
+/// `outbox migrate`: the library's migrations (in the outbox's schema, see [`outbox::migrate`]), then
+/// (`--with-example`) the example application's (in the connection's own search path, `public` by default).
 pub async fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
+    let schema = args.db.schema()?;
     let pool = connect(&args.db.database_url).await?;
-    outbox::MIGRATOR
-        .run(&pool)
+    outbox::migrate(&pool, &schema)
         .await
-        .context("applying migrations")?;
+        .with_context(|| format!("applying migrations in schema {schema}"))?;
     if args.with_example {
         orders_example::MIGRATOR
             .run(&pool)
             .await
             .context("applying the example application's migrations")?;
     }
-    let rows: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version",
-    )
+    let rows: Vec<(i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT version, description FROM {} WHERE success ORDER BY version",
+        schema.table("_sqlx_migrations")
+    )))
     .fetch_all(&pool)
     .await?;
     for (v, d) in &rows {

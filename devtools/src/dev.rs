@@ -133,15 +133,17 @@ pub struct DevSummary {
 /// Reads the progress figures.
 pub async fn progress(pool: &PgPool) -> anyhow::Result<Progress> {
     let (enqueued, dispatched, applied, retried, dead): (i64, i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM outbox), \
-                (SELECT count(*) FROM outbox WHERE dispatched_at IS NOT NULL), \
-                (SELECT count(*) FROM processed_messages), \
-                (SELECT coalesce(sum(attempts - 1), 0)::bigint FROM outbox WHERE attempts > 1), \
-                (SELECT count(*) FROM dead_letters)",
+        outbox::schema::q("SELECT (SELECT count(*) FROM {schema}.outbox), \
+                (SELECT count(*) FROM {schema}.outbox WHERE dispatched_at IS NOT NULL), \
+                (SELECT count(*) FROM {schema}.processed_messages), \
+                (SELECT coalesce(sum(attempts - 1), 0)::bigint FROM {schema}.outbox WHERE attempts > 1), \
+                (SELECT count(*) FROM {schema}.dead_letters)"),
     )
+    // Unnamed: a once-a-second read, and safe behind PgBouncer in transaction mode.
+    .persistent(false)
     .fetch_one(pool)
     .await?;
-    let b = housekeeping::backlog(pool, true).await?;
+    let b = housekeeping::backlog(pool, false).await?;
     Ok(Progress {
         enqueued,
         dispatched,
@@ -203,8 +205,12 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
         }
     ));
     tracing::info!(log_file = %log_file.display(), "outbox-dev dev starting");
+    // OUTBOX_SCHEMA is checked here, at the edge: a bad name stops the command instead of falling back to public.
+    let schema = outbox::schema::from_process_env()?;
+    outbox::schema::install(&schema)?;
     let url = prepare_database(&args).await?;
     let mut opts = StackOptions::new(&url)?;
+    let opts_persistent = opts.persistent_statements;
     opts.dev.port = if args.qstash_port != 0
         && std::net::TcpListener::bind(("127.0.0.1", args.qstash_port)).is_ok()
     {
@@ -273,6 +279,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
             DemoOptions {
                 orders_per_sec: args.rate,
                 poison_every: args.poison_every,
+                persistent_statements: opts_persistent,
             },
             stop_rx.clone(),
             counts_tx,

@@ -11,6 +11,7 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::config::{ConfigError, Vars};
+use crate::schema::Schema;
 
 /// Pool settings, from `DB_*` environment variables.
 #[derive(Debug, Clone)]
@@ -36,6 +37,9 @@ pub struct DbConfig {
     pub idle_timeout: Duration,
     /// `application_name` shown in `pg_stat_activity`.
     pub application_name: String,
+    /// `OUTBOX_SCHEMA` (default `public`): the schema of the outbox's own tables, named in every library
+    /// statement (see [`crate::schema`]). Fixed for the process when the pool is built.
+    pub schema: Schema,
 }
 
 impl DbConfig {
@@ -51,6 +55,7 @@ impl DbConfig {
             max_lifetime: Duration::from_secs(1800),
             idle_timeout: Duration::from_secs(300),
             application_name: application_name.to_owned(),
+            schema: crate::schema::current().clone(),
         }
     }
 
@@ -76,6 +81,14 @@ impl DbConfig {
             max_lifetime: v.duration_or("DB_MAX_LIFETIME_SECS", d.max_lifetime)?,
             idle_timeout: v.duration_or("DB_IDLE_TIMEOUT_SECS", d.idle_timeout)?,
             application_name: v.raw("DB_APPLICATION_NAME").unwrap_or(d.application_name),
+            schema: match v.raw(crate::schema::ENV_VAR) {
+                Some(name) => Schema::new(name.trim()).map_err(|e| ConfigError::InvalidVar {
+                    name: crate::schema::ENV_VAR,
+                    value: name.clone(),
+                    reason: e.to_string(),
+                })?,
+                None => d.schema,
+            },
         })
     }
 
@@ -111,8 +124,14 @@ impl DbConfig {
             .options(settings))
     }
 
-    /// A lazily connecting pool: building it does no I/O, the first query connects.
+    /// A lazily connecting pool: building it does no I/O, the first query connects. Fixes the process's outbox
+    /// schema to [`DbConfig::schema`] ([`crate::schema::install`]); a different one already in use is an error.
     pub fn pool(&self, url: &SecretString) -> Result<PgPool, ConfigError> {
+        crate::schema::install(&self.schema).map_err(|e| ConfigError::InvalidVar {
+            name: crate::schema::ENV_VAR,
+            value: self.schema.name().to_owned(),
+            reason: e.to_string(),
+        })?;
         let opts = self.connect_options(url)?;
         Ok(ping_when_idle(
             PgPoolOptions::new()
@@ -165,6 +184,17 @@ mod tests {
         assert!(!c.persistent_statements);
         let env: HashMap<&'static str, &'static str> = [("DB_MAX_CONNECTIONS", "0")].into();
         assert!(DbConfig::from_vars(&Vars::new(&env), "relay").is_err());
+        let env: HashMap<&'static str, &'static str> = [("OUTBOX_SCHEMA", "outbox")].into();
+        let c = DbConfig::from_vars(&Vars::new(&env), "relay").unwrap();
+        assert_eq!(c.schema.name(), "outbox");
+        let env: HashMap<&'static str, &'static str> = [("OUTBOX_SCHEMA", "Out box")].into();
+        let err = DbConfig::from_vars(&Vars::new(&env), "relay")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("OUTBOX_SCHEMA") && err.contains("lower-case"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -46,6 +46,7 @@ pub mod producer;
 pub mod qstash;
 pub mod receiver;
 pub mod relay;
+pub mod schema;
 pub mod secrets;
 pub mod telemetry;
 
@@ -64,6 +65,50 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
     ignore_missing: true,
     ..sqlx::migrate!("../migrations")
 };
+
+/// Applies [`MIGRATOR`] in `schema`: creates the schema if needed, then runs the migrations on a connection of
+/// its own whose `search_path` is only that schema, so the plain SQL files (which name no schema, and stay
+/// copyable into a team's own migration tool) create their tables there, and sqlx's `_sqlx_migrations`
+/// bookkeeping goes there too: an application's own sqlx migrations in `public` never see the outbox's versions.
+/// The connection is closed afterwards rather than returned to `pool`, so no pooled connection keeps the changed
+/// `search_path`. For `public` this is what `MIGRATOR.run(pool)` always did.
+pub async fn migrate(
+    pool: &sqlx::PgPool,
+    schema: &schema::Schema,
+) -> Result<(), sqlx::migrate::MigrateError> {
+    use std::borrow::Cow;
+    let migrator = sqlx::migrate::Migrator {
+        migrations: MIGRATOR.migrations.clone(),
+        ignore_missing: MIGRATOR.ignore_missing,
+        locking: MIGRATOR.locking,
+        no_tx: MIGRATOR.no_tx,
+        table_name: Cow::Owned(schema.table("_sqlx_migrations")),
+        create_schemas: Cow::Borrowed(&[]),
+    };
+    let mut conn = pool.acquire().await?.detach();
+    // Only when missing: CREATE SCHEMA needs the CREATE privilege on the database even with IF NOT EXISTS, which
+    // a role that owns an existing schema (or uses public) may not have.
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .bind(schema.name())
+            .fetch_one(&mut conn)
+            .await?;
+    if !exists {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE SCHEMA IF NOT EXISTS {}",
+            schema.quoted()
+        )))
+        .execute(&mut conn)
+        .await?;
+    }
+    sqlx::query("SELECT set_config('search_path', $1, false)")
+        .bind(schema.quoted())
+        .execute(&mut conn)
+        .await?;
+    let result = migrator.run(&mut conn).await;
+    let _ = sqlx::Connection::close(conn).await;
+    result
+}
 
 /// Installs rustls' ring provider as the process default (idempotent). reqwest is built without a provider
 /// so that one TLS stack (ring) serves sqlx, reqwest and the AWS SDK.

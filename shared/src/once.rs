@@ -44,8 +44,7 @@ pub enum OnceError<E> {
 }
 
 /// The dedupe insert (step 2 of the module docs).
-pub const DEDUPE_SQL: &str =
-    "INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+pub const DEDUPE_SQL: &str = "INSERT INTO {schema}.processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
 
 /// Runs `work` at most once per `(consumer, message_id)`: dedupe row first, then the work in the same
 /// transaction, then commit. `persistent` is the pool's prepared-statement switch (`DbConfig`).
@@ -76,7 +75,7 @@ where
     F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
 {
     let mut tx = pool.begin().await.map_err(OnceError::Database)?;
-    let inserted = sqlx::query(DEDUPE_SQL)
+    let inserted = sqlx::query(crate::schema::q(DEDUPE_SQL))
         .persistent(persistent)
         .bind(consumer)
         .bind(message_id)

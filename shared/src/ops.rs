@@ -156,17 +156,17 @@ pub async fn status(pool: &PgPool) -> Result<Status, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     // (1) Backlog depth, oldest pending age and flapping rows, on the partial index of pending rows.
     let (at, pending, oldest, flapping): (DateTime<Utc>, i64, f64, i64) = sqlx::query_as(
-        "SELECT now(), count(*), coalesce(extract(epoch FROM max(now() - created_at))::float8, 0), \
+        crate::schema::q("SELECT now(), count(*), coalesce(extract(epoch FROM max(now() - created_at))::float8, 0), \
                 count(*) FILTER (WHERE attempts > $1) \
-         FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL",
+         FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL"),
     )
     .bind(FLAPPING_ATTEMPTS)
     .fetch_one(&mut *conn)
     .await?;
     let flapping_rows: Vec<EventLine> = sqlx::query_as(
-        "SELECT id, topic, partition_key, attempts, created_at, locked_until, last_error FROM outbox \
+        crate::schema::q("SELECT id, topic, partition_key, attempts, created_at, locked_until, last_error FROM {schema}.outbox \
          WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND attempts > $1 \
-         ORDER BY attempts DESC, id LIMIT $2",
+         ORDER BY attempts DESC, id LIMIT $2"),
     )
     .bind(FLAPPING_ATTEMPTS)
     .bind(LIST_LIMIT)
@@ -177,10 +177,10 @@ pub async fn status(pool: &PgPool) -> Result<Status, sqlx::Error> {
     let start = (at - TimeDelta::minutes(59))
         .duration_trunc(TimeDelta::minutes(1))
         .unwrap_or(at);
-    let minutes: Vec<(DateTime<Utc>, i64)> = sqlx::query_as(
-        "SELECT date_trunc('minute', dispatched_at) AS m, count(*) FROM outbox \
+    let minutes: Vec<(DateTime<Utc>, i64)> = sqlx::query_as(crate::schema::q(
+        "SELECT date_trunc('minute', dispatched_at) AS m, count(*) FROM {schema}.outbox \
          WHERE dispatched_at >= $1 GROUP BY 1 ORDER BY 1",
-    )
+    ))
     .bind(start)
     .fetch_all(&mut *conn)
     .await?;
@@ -197,16 +197,16 @@ pub async fn status(pool: &PgPool) -> Result<Status, sqlx::Error> {
     let last_hour = per_minute.iter().map(|m| m.dispatched).sum();
 
     // (3) Stuck leases, oldest first.
-    let stuck_count: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox \
+    let stuck_count: i64 = sqlx::query_scalar(crate::schema::q(
+        "SELECT count(*) FROM {schema}.outbox \
          WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND locked_until < now()",
-    )
+    ))
     .fetch_one(&mut *conn)
     .await?;
     let stuck: Vec<EventLine> = sqlx::query_as(
-        "SELECT id, topic, partition_key, attempts, created_at, locked_until, last_error FROM outbox \
+        crate::schema::q("SELECT id, topic, partition_key, attempts, created_at, locked_until, last_error FROM {schema}.outbox \
          WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND locked_until < now() \
-         ORDER BY locked_until, id LIMIT $1",
+         ORDER BY locked_until, id LIMIT $1"),
     )
     .bind(LIST_LIMIT)
     .fetch_all(&mut *conn)
@@ -214,35 +214,35 @@ pub async fn status(pool: &PgPool) -> Result<Status, sqlx::Error> {
 
     // Ordered keys (one small row per active key).
     let (blocked_count, awaiting, awaiting_oldest): (i64, i64, f64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE blocked_at IS NOT NULL), count(*) FILTER (WHERE inflight_id IS NOT NULL), \
+        crate::schema::q("SELECT count(*) FILTER (WHERE blocked_at IS NOT NULL), count(*) FILTER (WHERE inflight_id IS NOT NULL), \
                 coalesce(extract(epoch FROM now() - min(inflight_since))::float8, 0) \
-         FROM outbox_keys",
+         FROM {schema}.outbox_keys"),
     )
     .fetch_one(&mut *conn)
     .await?;
     let blocked: Vec<BlockedKey> = sqlx::query_as(
-        "SELECT k.topic, k.partition_key, k.blocked_at AS since, k.blocked_reason AS reason, \
+        crate::schema::q("SELECT k.topic, k.partition_key, k.blocked_at AS since, k.blocked_reason AS reason, \
                 k.blocked_id AS blocking_event, \
-                (SELECT max(d.id) FROM dead_letters d WHERE d.outbox_id = k.blocked_id \
+                (SELECT max(d.id) FROM {schema}.dead_letters d WHERE d.outbox_id = k.blocked_id \
                    AND d.redriven_at IS NULL AND d.resolved_at IS NULL) AS dead_letter_id, \
-                (SELECT s.last_seq - k.done_seq - 1 FROM outbox_sequences s \
+                (SELECT s.last_seq - k.done_seq - 1 FROM {schema}.outbox_sequences s \
                   WHERE s.topic = k.topic AND s.partition_key = k.partition_key) AS waiting \
-         FROM outbox_keys k WHERE k.blocked_at IS NOT NULL ORDER BY k.blocked_at, k.topic, k.partition_key LIMIT $1",
+         FROM {schema}.outbox_keys k WHERE k.blocked_at IS NOT NULL ORDER BY k.blocked_at, k.topic, k.partition_key LIMIT $1"),
     )
     .bind(LIST_LIMIT)
     .fetch_all(&mut *conn)
     .await?;
 
     let dead_letters: Vec<DeadLetterCounts> = sqlx::query_as(
-        "SELECT topic, source, \
+        crate::schema::q("SELECT topic, source, \
                 count(*) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NULL) AS unresolved, \
                 count(*) FILTER (WHERE redriven_at IS NOT NULL) AS redriven, \
                 count(*) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NOT NULL \
                                    AND resolution IS DISTINCT FROM 'applied') AS resolved, \
                 count(*) FILTER (WHERE redriven_at IS NULL AND resolution = 'applied') AS applied, \
                 min(created_at) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NULL) AS oldest_unresolved \
-         FROM dead_letters GROUP BY topic, source \
-         ORDER BY count(*) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NULL) DESC, topic NULLS LAST, source",
+         FROM {schema}.dead_letters GROUP BY topic, source \
+         ORDER BY count(*) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NULL) DESC, topic NULLS LAST, source"),
     )
     .fetch_all(&mut *conn)
     .await?;

@@ -36,9 +36,9 @@ use crate::config::DeadHeadPolicy;
 /// open, or the key went idle) are pushed back by a second so they cannot fill every claim; idle ones are
 /// deleted by [`release_idle_key`] and housekeeping.
 pub const CLAIM_HEADS_SQL: &str = r#"
-WITH tok AS (SELECT nextval('outbox_lease_token_seq') AS t),
+WITH tok AS (SELECT nextval('{schema}.outbox_lease_token_seq') AS t),
 keys AS (
-    UPDATE outbox_keys k
+    UPDATE {schema}.outbox_keys k
     SET (available_at, lease_token, locked_until) = (
         SELECT CASE WHEN h.id IS NULL THEN now() + interval '1 second'
                     WHEN h.available_at > now() THEN h.available_at
@@ -47,17 +47,17 @@ keys AS (
                CASE WHEN h.id IS NOT NULL AND h.available_at <= now()
                     THEN now() + make_interval(secs => $1) ELSE k.locked_until END
         FROM (SELECT 1) one
-        LEFT JOIN outbox h ON h.topic = k.topic AND h.partition_key = k.partition_key AND h.seq = k.done_seq + 1
+        LEFT JOIN {schema}.outbox h ON h.topic = k.topic AND h.partition_key = k.partition_key AND h.seq = k.done_seq + 1
                           AND h.dead_lettered_at IS NULL AND h.delivered_at IS NULL)
     WHERE k.ctid = ANY (ARRAY(
-        SELECT ctid FROM outbox_keys
+        SELECT ctid FROM {schema}.outbox_keys
         WHERE blocked_at IS NULL AND available_at <= now()
         ORDER BY available_at
         LIMIT {limit}
         FOR UPDATE SKIP LOCKED))
     RETURNING k.topic, k.partition_key, k.done_seq, k.lease_token
 )
-UPDATE outbox o
+UPDATE {schema}.outbox o
 SET attempts = o.attempts + 1,
     lease_token = k.lease_token,
     locked_until = now() + make_interval(secs => $1)
@@ -90,9 +90,9 @@ pub async fn record_delivery(
     persistent: bool,
 ) -> Result<DeliveryRecorded, sqlx::Error> {
     let row = sqlx::query(
-        r#"
+        crate::schema::q(r#"
         WITH ev AS (
-            UPDATE outbox
+            UPDATE {schema}.outbox
             SET delivered_at = coalesce(delivered_at, now()),
                 dispatched_at = coalesce(dispatched_at, now()),
                 dead_lettered_at = NULL,
@@ -101,12 +101,12 @@ pub async fn record_delivery(
             RETURNING id, topic, partition_key, seq
         ),
         resolved AS (
-            UPDATE dead_letters d SET resolved_at = coalesce(d.resolved_at, now()),
+            UPDATE {schema}.dead_letters d SET resolved_at = coalesce(d.resolved_at, now()),
                                    resolution = coalesce(d.resolution, 'delivered')
             FROM ev WHERE d.outbox_id = ev.id
         ),
         advanced AS (
-            UPDATE outbox_keys k
+            UPDATE {schema}.outbox_keys k
             SET done_seq = ev.seq, available_at = now(), inflight_id = NULL, inflight_since = NULL,
                 lease_token = NULL, locked_until = NULL,
                 blocked_at = NULL, blocked_id = NULL, blocked_reason = NULL
@@ -117,11 +117,11 @@ pub async fn record_delivery(
             RETURNING k.topic, k.partition_key, k.done_seq
         )
         SELECT (SELECT count(*) FROM ev) AS found, a.topic, a.partition_key, a.done_seq,
-               EXISTS (SELECT 1 FROM outbox n
+               EXISTS (SELECT 1 FROM {schema}.outbox n
                        WHERE n.topic = a.topic AND n.partition_key = a.partition_key AND n.seq = a.done_seq + 1)
                    AS has_next
         FROM (SELECT 1) one LEFT JOIN advanced a ON true
-        "#,
+        "#),
     )
     .persistent(persistent)
     .bind(outbox_id)
@@ -160,16 +160,16 @@ pub async fn release_idle_key(
     persistent: bool,
 ) -> Result<bool, sqlx::Error> {
     let deleted = sqlx::query(
-        r#"
-        DELETE FROM outbox_keys k
+        crate::schema::q(r#"
+        DELETE FROM {schema}.outbox_keys k
         WHERE k.topic = $1 AND k.partition_key = $2 AND k.done_seq = $3
           AND k.blocked_at IS NULL AND k.inflight_id IS NULL
           AND (k.locked_until IS NULL OR k.locked_until < now())
           AND EXISTS (
-              SELECT 1 FROM outbox_sequences s
+              SELECT 1 FROM {schema}.outbox_sequences s
               WHERE s.topic = k.topic AND s.partition_key = k.partition_key AND s.last_seq = k.done_seq
               FOR UPDATE SKIP LOCKED)
-        "#,
+        "#),
     )
     .persistent(persistent)
     .bind(topic)
@@ -194,26 +194,26 @@ pub async fn apply_dead_head(
     let sql = match policy {
         DeadHeadPolicy::Block => {
             r#"
-            UPDATE outbox_keys k
+            UPDATE {schema}.outbox_keys k
             SET blocked_at = now(), blocked_id = o.id, blocked_reason = left($2, 1000),
                 inflight_id = NULL, inflight_since = NULL, lease_token = NULL, locked_until = NULL
-            FROM outbox o
+            FROM {schema}.outbox o
             WHERE o.id = $1 AND o.seq IS NOT NULL AND k.topic = o.topic AND k.partition_key = o.partition_key
               AND k.done_seq = o.seq - 1
             "#
         }
         DeadHeadPolicy::Skip => {
             r#"
-            UPDATE outbox_keys k
+            UPDATE {schema}.outbox_keys k
             SET done_seq = o.seq, available_at = now(),
                 inflight_id = NULL, inflight_since = NULL, lease_token = NULL, locked_until = NULL
-            FROM outbox o
+            FROM {schema}.outbox o
             WHERE o.id = $1 AND o.seq IS NOT NULL AND k.topic = o.topic AND k.partition_key = o.partition_key
               AND k.done_seq = o.seq - 1 AND $2::text IS NOT NULL
             "#
         }
     };
-    let n = sqlx::query(sql)
+    let n = sqlx::query(crate::schema::q(sql))
         .persistent(persistent)
         .bind(outbox_id)
         .bind(reason)
@@ -245,10 +245,10 @@ pub async fn check_consumer_sequence(
     seq: i64,
     persistent: bool,
 ) -> Result<SequenceCheck, sqlx::Error> {
-    let row = sqlx::query(
+    let row = sqlx::query(crate::schema::q(
         r#"
         WITH up AS (
-            INSERT INTO consumer_sequences AS c (consumer, topic, partition_key, last_seq)
+            INSERT INTO {schema}.consumer_sequences AS c (consumer, topic, partition_key, last_seq)
             VALUES ($1, $2, $3, $4)
             ON CONFLICT (consumer, topic, partition_key)
             DO UPDATE SET last_seq = excluded.last_seq, updated_at = now()
@@ -256,10 +256,10 @@ pub async fn check_consumer_sequence(
             RETURNING last_seq
         )
         SELECT (SELECT count(*) FROM up) AS applied,
-               (SELECT last_seq FROM consumer_sequences
+               (SELECT last_seq FROM {schema}.consumer_sequences
                  WHERE consumer = $1 AND topic = $2 AND partition_key = $3) AS last_seq
         "#,
-    )
+    ))
     .persistent(persistent)
     .bind(consumer)
     .bind(topic)
@@ -287,7 +287,7 @@ pub async fn record_failed_attempt(
     persistent: bool,
 ) -> Result<bool, sqlx::Error> {
     let n = sqlx::query(
-        "UPDATE outbox SET last_error = left($2, 2000) WHERE id = $1 AND delivered_at IS NULL AND dead_lettered_at IS NULL",
+        crate::schema::q("UPDATE {schema}.outbox SET last_error = left($2, 2000) WHERE id = $1 AND delivered_at IS NULL AND dead_lettered_at IS NULL"),
     )
     .persistent(persistent)
     .bind(outbox_id)

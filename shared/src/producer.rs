@@ -467,7 +467,7 @@ counts AS (
 ),
 -- Ordered topics: take the next sequence numbers under the key's row lock, held until commit (crate::ordering).
 alloc AS (
-    INSERT INTO outbox_sequences AS s (topic, partition_key, last_seq)
+    INSERT INTO {schema}.outbox_sequences AS s (topic, partition_key, last_seq)
     SELECT topic, partition_key, n FROM counts ORDER BY topic, partition_key
     ON CONFLICT (topic, partition_key) DO UPDATE SET last_seq = s.last_seq + excluded.last_seq
     RETURNING s.topic, s.partition_key, s.last_seq
@@ -478,11 +478,11 @@ first_seq AS (
 ),
 -- Re-activate an idle key for the relay; an active key row is left alone (never locked by producers).
 activate AS (
-    INSERT INTO outbox_keys (topic, partition_key, done_seq)
+    INSERT INTO {schema}.outbox_keys (topic, partition_key, done_seq)
     SELECT topic, partition_key, before_seq FROM first_seq ORDER BY topic, partition_key
     ON CONFLICT (topic, partition_key) DO NOTHING
 )
-INSERT INTO outbox (topic, partition_key, seq, payload, headers, available_at)
+INSERT INTO {schema}.outbox (topic, partition_key, seq, payload, headers, available_at)
 SELECT i.topic, i.partition_key,
        CASE WHEN i.ordered THEN f.before_seq
             + row_number() OVER (PARTITION BY i.topic, i.partition_key, i.ordered ORDER BY i.ord) END,
@@ -580,7 +580,7 @@ impl Producer {
             headers.push(row_headers.map_err(EnqueueError::Serialize)?);
             delays.push(e.delay.map(|d| d.as_secs_f64()).unwrap_or(0.0));
         }
-        let rows = sqlx::query(ENQUEUE_SQL)
+        let rows = sqlx::query(crate::schema::q(ENQUEUE_SQL))
             .persistent(self.persistent_statements)
             .bind(&topics)
             .bind(&keys)

@@ -29,6 +29,7 @@ use sqlx::migrate::Migrator;
 
 pub mod db;
 pub mod moto;
+pub mod pgbouncer;
 pub mod previous_relay;
 pub mod receiving;
 pub mod sam;

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use lambda_runtime::{Context as LambdaContext, LambdaEvent};
 use outbox::callbacks::handle_callback;
-use outbox::config::{ConsumerConfig, QstashConfig, RelayConfig, Vars};
+use outbox::config::{ConsumerConfig, ProcessEnv, QstashConfig, RelayConfig, Vars};
 use outbox::consumer::{ConsumerState, ReceiverState, Registry, handle_event};
 use outbox::db::DbConfig;
 use outbox::qstash::QstashClient;
@@ -48,6 +48,9 @@ pub struct StackOptions {
     pub registry: Registry,
     /// Print the EMF metric lines (one per consumer request, one per relay invocation; noisy on a terminal).
     pub consumer_metrics: bool,
+    /// Named prepared statements in every component (`DB_PERSISTENT_STATEMENTS` from the environment, default
+    /// true): false behind PgBouncer in transaction mode or RDS Proxy.
+    pub persistent_statements: bool,
     /// Keep a copy of every request the consumer and the callback receiver get, with the status they answered
     /// ([`LocalStack::recorded_requests`]): tests replay real signed deliveries from it. Off by default (it
     /// keeps every body in memory).
@@ -75,6 +78,8 @@ impl StackOptions {
                 port: 0,
                 ..qstash_dev::Config::default()
             },
+            persistent_statements: DbConfig::from_vars(&Vars::new(&ProcessEnv), "outbox-local")?
+                .persistent_statements,
             relay,
             qstash_retries: 3,
             qstash_batch_size: 100,
@@ -241,6 +246,34 @@ fn serve_callbacks(
     ))
 }
 
+/// Whether every migration of `migrator` is recorded as applied in `table`. Unnamed statements in one
+/// transaction: behind PgBouncer in transaction mode, sqlx's unnamed statement (parse, then bind in a second
+/// round trip) only stays on one server connection inside a transaction.
+async fn all_applied(pool: &PgPool, table: &str, migrator: &Migrator) -> anyhow::Result<bool> {
+    let mut tx = pool
+        .begin()
+        .await
+        .context("reaching Postgres (is it running and DATABASE_URL right?)")?;
+    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .persistent(false)
+        .bind(table)
+        .fetch_one(&mut *tx)
+        .await?;
+    if exists.is_none() {
+        return Ok(false);
+    }
+    let versions: Vec<i64> = migrator.iter().map(|m| m.version).collect();
+    let applied: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(DISTINCT version) FROM {table} WHERE success AND version = ANY($1)"
+    )))
+    .persistent(false)
+    .bind(&versions)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(applied == versions.len() as i64)
+}
+
 fn pool_for(url: &str, name: &str, max: u32, async_commit: bool) -> anyhow::Result<PgPool> {
     let mut cfg = DbConfig::defaults(name);
     cfg.max_connections = max;
@@ -260,9 +293,26 @@ impl LocalStack {
         outbox::install_crypto_provider();
         let pool = pool_for(&opts.database_url, "outbox-local", 8, false)?;
         for migrator in &opts.migrators {
-            migrator
-                .run(&pool)
-                .await
+            // The library's own migrations go into the process's outbox schema (OUTBOX_SCHEMA); the
+            // application's run where its connection puts them.
+            let library = std::ptr::eq(*migrator, &outbox::MIGRATOR);
+            let table = if library {
+                outbox::schema::current().table("_sqlx_migrations")
+            } else {
+                "_sqlx_migrations".to_owned()
+            };
+            // Nothing to apply, nothing to run: the migrator takes a session-level advisory lock and prepares
+            // named statements, neither of which works through PgBouncer in transaction mode (a database the
+            // stack reaches through one was migrated directly beforehand).
+            if all_applied(&pool, &table, migrator).await? {
+                continue;
+            }
+            let applied = if library {
+                outbox::migrate(&pool, outbox::schema::current()).await
+            } else {
+                migrator.run(&pool).await
+            };
+            applied
                 .context("applying migrations (is Postgres reachable and DATABASE_URL right?)")?;
         }
         let dev = DevServer::start(opts.dev.clone())
@@ -295,6 +345,7 @@ impl LocalStack {
                 pool_for(&opts.database_url, "outbox-local-consumer", 16, false)?,
                 ring(),
             )
+            .with_persistent(opts.persistent_statements)
             .with_metrics(opts.consumer_metrics),
             opts.registry,
         ));
@@ -304,6 +355,7 @@ impl LocalStack {
                 pool_for(&opts.database_url, "outbox-local-callbacks", 8, true)?,
                 ring(),
             )
+            .with_persistent(opts.persistent_statements)
             .with_metrics(opts.consumer_metrics),
         );
         let recorder: Option<Recorder> = opts.record_requests.then(Default::default);
@@ -345,10 +397,12 @@ impl LocalStack {
             opts.relay.concurrency + 1,
             true,
         )?;
-        let relay = Relay::new(relay_pool, client, opts.relay, qstash, true);
+        let persistent = opts.persistent_statements;
+        let relay = Relay::new(relay_pool, client, opts.relay, qstash, persistent);
         let relay_stop = relay.stop_handle();
-        let relay_state =
-            Arc::new(RelayState::new(relay, "relay", true).with_metrics(opts.consumer_metrics));
+        let relay_state = Arc::new(
+            RelayState::new(relay, "relay", persistent).with_metrics(opts.consumer_metrics),
+        );
         let last_summary = Arc::new(std::sync::Mutex::new(None));
         let relay_task = {
             let state = relay_state.clone();

@@ -168,9 +168,10 @@ impl Tally {
                 Option<Value>,
             );
             let rows: Vec<Row> = sqlx::query_as(
-                "SELECT id, source, topic, partition_key, error, status, response_body, attempts, payload \
-                 FROM dead_letters WHERE id > $1 ORDER BY id LIMIT 500",
+                outbox::schema::q("SELECT id, source, topic, partition_key, error, status, response_body, attempts, payload \
+                 FROM {schema}.dead_letters WHERE id > $1 ORDER BY id LIMIT 500"),
             )
+            .persistent(false)
             .bind(self.last_id)
             .fetch_all(pool)
             .await?;

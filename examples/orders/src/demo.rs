@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::time::Duration;
 
-use outbox::producer::{EnqueueError, enqueue_batch};
+use outbox::producer::{EnqueueError, Producer};
 use rand::Rng;
 use sqlx::PgPool;
 use tokio::sync::watch;
@@ -27,6 +27,9 @@ pub struct DemoOptions {
     pub orders_per_sec: f64,
     /// One order in `poison_every` is poison (0 = never).
     pub poison_every: u64,
+    /// Named prepared statements (`DB_PERSISTENT_STATEMENTS`): off behind PgBouncer in transaction mode or RDS
+    /// Proxy, like the library's own.
+    pub persistent_statements: bool,
 }
 
 /// What the demo wrote.
@@ -60,6 +63,17 @@ pub async fn place_order(
     poison: bool,
     cancel: Option<u64>,
 ) -> Result<Placed, EnqueueError> {
+    place_order_with(pool, n, poison, cancel, true).await
+}
+
+/// [`place_order`] with named prepared statements on or off (`persistent`): off behind a transaction-mode pooler.
+pub async fn place_order_with(
+    pool: &PgPool,
+    n: u64,
+    poison: bool,
+    cancel: Option<u64>,
+    persistent: bool,
+) -> Result<Placed, EnqueueError> {
     let order_id = format!("order-{n}");
     let (customer, amount) = {
         let mut r = rand::rng();
@@ -73,6 +87,7 @@ pub async fn place_order(
     sqlx::query(
         "INSERT INTO orders (id, customer_id, amount_cents, currency) VALUES ($1, $2, $3, 'EUR')",
     )
+    .persistent(persistent)
     .bind(&order_id)
     .bind(&customer)
     .bind(amount)
@@ -109,6 +124,7 @@ pub async fn place_order(
             "UPDATE orders SET status = 'cancelled', updated_at = now() \
              WHERE id = $1 AND status <> 'cancelled'",
         )
+        .persistent(persistent)
         .bind(&order)
         .execute(&mut *tx)
         .await?
@@ -121,7 +137,11 @@ pub async fn place_order(
             }))?);
         }
     }
-    let written = enqueue_batch(&mut tx, &events).await?.len() as u64;
+    let written = Producer::default()
+        .persistent_statements(persistent)
+        .enqueue_batch(&mut tx, &events)
+        .await?
+        .len() as u64;
     tx.commit().await?;
     Ok(Placed {
         events: written,
@@ -136,9 +156,10 @@ pub async fn run(
     stop: watch::Receiver<bool>,
     counts: watch::Sender<DemoCounts>,
 ) {
-    run_with(opts, stop, counts, |n, poison, cancel| {
+    let persistent = opts.persistent_statements;
+    run_with(opts, stop, counts, move |n, poison, cancel| {
         let pool = pool.clone();
-        async move { place_order(&pool, n, poison, cancel).await }
+        async move { place_order_with(&pool, n, poison, cancel, persistent).await }
     })
     .await
 }

@@ -163,9 +163,9 @@ pub(super) async fn legacy_delivery<'b>(
         ));
     }
     let row = sqlx::query(
-        "SELECT topic, partition_key, seq, headers, created_at, payload = $2::jsonb AS same_payload, \
+        crate::schema::q("SELECT topic, partition_key, seq, headers, created_at, payload = $2::jsonb AS same_payload, \
                 dispatched_at IS NOT NULL AS dispatched \
-         FROM outbox WHERE id = $1",
+         FROM {schema}.outbox WHERE id = $1"),
     )
     .persistent(receiver.persistent)
     .bind(outbox_id)

@@ -9,7 +9,7 @@ use super::{FILTER_SQL, Filter, UNHANDLED_SQL, bind_filter};
 /// The condition that keeps a dead letter from being purged: it is unhandled and its event blocks an ordered
 /// key (purging it would leave a blocked key with nothing to redrive).
 const BLOCKING_SQL: &str = "(d.redriven_at IS NULL AND d.resolved_at IS NULL AND d.outbox_id IS NOT NULL \
-     AND EXISTS (SELECT 1 FROM outbox_keys k WHERE k.blocked_id = d.outbox_id))";
+     AND EXISTS (SELECT 1 FROM {schema}.outbox_keys k WHERE k.blocked_id = d.outbox_id))";
 
 /// Why a purge did not run (or stopped: batches deleted before a database error stay deleted).
 #[derive(Debug, thiserror::Error)]
@@ -39,14 +39,19 @@ pub async fn count_purge(
     filter: &Filter,
     handled_only: bool,
 ) -> Result<PurgeCounts, sqlx::Error> {
+    let schema = crate::schema::current().quoted();
     let sql = format!(
         "SELECT count(*) FILTER (WHERE NOT {BLOCKING_SQL}), count(*) FILTER (WHERE {BLOCKING_SQL}) \
-         FROM dead_letters d WHERE {FILTER_SQL} AND (NOT $6 OR NOT ({UNHANDLED_SQL}))"
+         FROM {schema}.dead_letters d WHERE {FILTER_SQL} AND (NOT $6 OR NOT ({UNHANDLED_SQL}))"
     );
-    let row = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), filter)
-        .bind(handled_only)
-        .fetch_one(&mut *conn)
-        .await?;
+    // BLOCKING_SQL is a template of its own.
+    let row = bind_filter(
+        sqlx::query(sqlx::AssertSqlSafe(crate::schema::sql(&sql))),
+        filter,
+    )
+    .bind(handled_only)
+    .fetch_one(&mut *conn)
+    .await?;
     Ok(PurgeCounts {
         deleted: row.try_get(0)?,
         kept_blocking: row.try_get(1)?,
@@ -71,12 +76,15 @@ pub async fn purge(
     let kept = count_purge(&mut conn, filter, handled_only)
         .await?
         .kept_blocking;
+    let schema = crate::schema::current().quoted();
     let sql = format!(
-        "DELETE FROM dead_letters WHERE id IN (SELECT d.id FROM dead_letters d \
+        "DELETE FROM {schema}.dead_letters WHERE id IN (SELECT d.id FROM {schema}.dead_letters d \
          WHERE {FILTER_SQL} AND (NOT $6 OR NOT ({UNHANDLED_SQL})) AND NOT {BLOCKING_SQL} \
          ORDER BY d.id LIMIT {} FOR UPDATE SKIP LOCKED)",
         batch.clamp(1, 100_000)
     );
+    // BLOCKING_SQL is a template of its own.
+    let sql = crate::schema::sql(&sql);
     let mut deleted = 0i64;
     loop {
         let n = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql.clone())), filter)

@@ -90,10 +90,11 @@ pub struct Page {
 /// Lists dead letters by id (oldest first), one page at a time.
 pub async fn list(conn: &mut PgConnection, q: &ListQuery) -> Result<Page, sqlx::Error> {
     let limit = q.limit.clamp(1, 10_000);
+    let schema = crate::schema::current().quoted();
     let sql = format!(
         "SELECT d.id, d.created_at, d.source, d.outbox_id, d.topic, d.partition_key, d.seq, d.attempts, d.status, \
                 d.error, d.redriven_at, d.resolved_at, d.resolution \
-         FROM dead_letters d \
+         FROM {schema}.dead_letters d \
          WHERE {FILTER_SQL} AND ($6 OR ({UNHANDLED_SQL})) AND d.id > $7 \
          ORDER BY d.id LIMIT {}",
         limit + 1
@@ -174,10 +175,10 @@ impl DeadLetter {
 /// One dead letter by id.
 pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<DeadLetter>, sqlx::Error> {
     sqlx::query_as::<_, DeadLetter>(
-        "SELECT id, source, natural_id, outbox_id, topic, partition_key, seq, payload, body, headers, error, status, \
+        crate::schema::q("SELECT id, source, natural_id, outbox_id, topic, partition_key, seq, payload, body, headers, error, status, \
                 response_body, attempts, qstash_message_id, dlq_id, raw_callback, parse_error, created_at, \
                 redriven_at, resolved_at, resolution \
-         FROM dead_letters WHERE id = $1",
+         FROM {schema}.dead_letters WHERE id = $1"),
     )
     .bind(id)
     .fetch_optional(&mut *conn)
@@ -227,11 +228,11 @@ pub async fn event_state(
     outbox_id: i64,
 ) -> Result<Option<EventState>, sqlx::Error> {
     sqlx::query_as::<_, EventState>(
-        "SELECT o.id, o.seq, o.attempts, o.redrive_count, o.dispatched_at, o.delivered_at, o.dead_lettered_at, \
+        crate::schema::q("SELECT o.id, o.seq, o.attempts, o.redrive_count, o.dispatched_at, o.delivered_at, o.dead_lettered_at, \
                 o.last_error, k.done_seq AS key_done_seq, k.blocked_id AS key_blocked_by \
-         FROM outbox o LEFT JOIN outbox_keys k ON o.seq IS NOT NULL AND k.topic = o.topic \
+         FROM {schema}.outbox o LEFT JOIN {schema}.outbox_keys k ON o.seq IS NOT NULL AND k.topic = o.topic \
                                               AND k.partition_key = o.partition_key \
-         WHERE o.id = $1",
+         WHERE o.id = $1"),
     )
     .bind(outbox_id)
     .fetch_optional(&mut *conn)
@@ -240,7 +241,10 @@ pub async fn event_state(
 
 /// Counts the unhandled dead letters a filter matches (what a bulk redrive would try).
 pub async fn count_unhandled(conn: &mut PgConnection, filter: &Filter) -> Result<i64, sqlx::Error> {
-    let sql = format!("SELECT count(*) FROM dead_letters d WHERE {FILTER_SQL} AND {UNHANDLED_SQL}");
+    let schema = crate::schema::current().quoted();
+    let sql = format!(
+        "SELECT count(*) FROM {schema}.dead_letters d WHERE {FILTER_SQL} AND {UNHANDLED_SQL}"
+    );
     let row = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), filter)
         .fetch_one(&mut *conn)
         .await?;

@@ -123,8 +123,8 @@ pub async fn record_qstash_failure(
         .as_deref()
         .and_then(|b| serde_json::from_slice(b).ok());
     let row = sqlx::query(
-        r#"
-        INSERT INTO dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, body, headers,
+        crate::schema::q(r#"
+        INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, body, headers,
                                   error, status, response_body, attempts, qstash_message_id, dlq_id,
                                   raw_callback, parse_error, resolved_at, resolution)
         SELECT 'qstash', $1, coalesce(o.id, $13), coalesce(o.topic, $14), coalesce(o.partition_key, $15), o.seq,
@@ -133,16 +133,16 @@ pub async fn record_qstash_failure(
                CASE WHEN o.delivered_at IS NOT NULL OR applied.yes THEN now() END,
                CASE WHEN o.delivered_at IS NOT NULL THEN 'delivered' WHEN applied.yes THEN 'applied' END
         FROM (SELECT 1) one
-        LEFT JOIN outbox o ON o.id = $13
+        LEFT JOIN {schema}.outbox o ON o.id = $13
         CROSS JOIN LATERAL (
             SELECT $13::bigint IS NOT NULL AND EXISTS (
-                SELECT 1 FROM processed_messages pm
+                SELECT 1 FROM {schema}.processed_messages pm
                 WHERE pm.consumer = $16 AND pm.message_id = $13::bigint::text
             ) AS yes
         ) applied
         ON CONFLICT (source, natural_id) DO NOTHING
         RETURNING id, outbox_id, topic, seq, resolution
-        "#,
+        "#),
     )
     .persistent(persistent)
     .bind(failure.natural_id())
@@ -180,8 +180,8 @@ pub async fn record_qstash_failure(
         (Some(id), None) => {
             let error = failure.error_text();
             sqlx::query(
-                "UPDATE outbox SET dead_lettered_at = now(), last_error = left($2, 2000), locked_until = NULL \
-                 WHERE id = $1 AND delivered_at IS NULL",
+                crate::schema::q("UPDATE {schema}.outbox SET dead_lettered_at = now(), last_error = left($2, 2000), locked_until = NULL \
+                 WHERE id = $1 AND delivered_at IS NULL"),
             )
             .persistent(persistent)
             .bind(id)

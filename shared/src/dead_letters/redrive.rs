@@ -270,9 +270,9 @@ async fn lock_dead_letter(
     dead_letter_id: i64,
 ) -> Result<(DeadLetterRow, i64), RedriveError> {
     let dead_letter: DeadLetterRow = sqlx::query_as(
-        "SELECT id, source, outbox_id, topic, partition_key, seq, payload, headers, error, parse_error, raw_callback, \
+        crate::schema::q("SELECT id, source, outbox_id, topic, partition_key, seq, payload, headers, error, parse_error, raw_callback, \
                 redriven_at, resolved_at \
-         FROM dead_letters WHERE id = $1 FOR UPDATE",
+         FROM {schema}.dead_letters WHERE id = $1 FOR UPDATE"),
     )
     .bind(dead_letter_id)
     .fetch_optional(&mut *tx)
@@ -306,8 +306,8 @@ async fn lock_outbox_row(
     outbox_id: i64,
 ) -> Result<Option<OutboxRow>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT topic, partition_key, seq, dispatched_at, delivered_at, dead_lettered_at, last_error \
-         FROM outbox WHERE id = $1 FOR UPDATE",
+        crate::schema::q("SELECT topic, partition_key, seq, dispatched_at, delivered_at, dead_lettered_at, last_error \
+         FROM {schema}.outbox WHERE id = $1 FOR UPDATE"),
     )
     .bind(outbox_id)
     .fetch_optional(&mut *tx)
@@ -359,11 +359,11 @@ async fn reset_outbox_row(
     };
     let drop_seq = matches!(order, RedriveOrder::OutOfOrder { .. });
     let redrive_count: i32 = sqlx::query_scalar(
-        "UPDATE outbox SET dispatched_at = NULL, delivered_at = NULL, dead_lettered_at = NULL, attempts = 0, \
+        crate::schema::q("UPDATE {schema}.outbox SET dispatched_at = NULL, delivered_at = NULL, dead_lettered_at = NULL, attempts = 0, \
                 available_at = now(), locked_until = NULL, lease_token = NULL, qstash_message_id = NULL, \
                 last_error = $2, redrive_count = redrive_count + 1, \
                 seq = CASE WHEN $3 THEN NULL ELSE seq END \
-         WHERE id = $1 RETURNING redrive_count",
+         WHERE id = $1 RETURNING redrive_count"),
     )
     .bind(outbox_id)
     .bind(redrive_note(dead_letter.id, row.last_error.as_deref().unwrap_or(&dead_letter.error)))
@@ -431,7 +431,7 @@ async fn reinsert_pruned_event(
         }
     };
     let earlier: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM dead_letters WHERE outbox_id = $1 AND redriven_at IS NOT NULL",
+        crate::schema::q("SELECT count(*) FROM {schema}.dead_letters WHERE outbox_id = $1 AND redriven_at IS NOT NULL"),
     )
     .bind(outbox_id)
     .fetch_one(&mut *tx)
@@ -443,8 +443,8 @@ async fn reinsert_pruned_event(
     ))
     .unwrap_or_else(|_| Value::Object(Default::default()));
     sqlx::query(
-        "INSERT INTO outbox (id, topic, partition_key, seq, payload, headers, redrive_count, last_error) \
-         OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3, NULL, $4, $5, $6, $7)",
+        crate::schema::q("INSERT INTO {schema}.outbox (id, topic, partition_key, seq, payload, headers, redrive_count, last_error) \
+         OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3, NULL, $4, $5, $6, $7)"),
     )
     .bind(outbox_id)
     .bind(&topic)
@@ -482,7 +482,7 @@ async fn ordered_position(
     opts: RedriveOptions,
 ) -> Result<RedriveOrder, RedriveError> {
     let k: Option<(i64, Option<i64>)> = sqlx::query_as(
-        "SELECT done_seq, blocked_id FROM outbox_keys WHERE topic = $1 AND partition_key = $2 FOR UPDATE",
+        crate::schema::q("SELECT done_seq, blocked_id FROM {schema}.outbox_keys WHERE topic = $1 AND partition_key = $2 FOR UPDATE"),
     )
     .bind(topic)
     .bind(key)
@@ -529,10 +529,10 @@ async fn ordered_position(
 /// The key's head is redriven: it goes first again, everything behind it follows in order.
 async fn unblock_key(tx: &mut PgConnection, topic: &str, key: &str) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE outbox_keys SET blocked_at = NULL, blocked_id = NULL, blocked_reason = NULL, \
+        crate::schema::q("UPDATE {schema}.outbox_keys SET blocked_at = NULL, blocked_id = NULL, blocked_reason = NULL, \
                 inflight_id = NULL, inflight_since = NULL, lease_token = NULL, locked_until = NULL, \
                 available_at = now() \
-         WHERE topic = $1 AND partition_key = $2",
+         WHERE topic = $1 AND partition_key = $2"),
     )
     .bind(topic)
     .bind(key)
@@ -549,8 +549,8 @@ async fn mark_redriven(
     outbox_id: i64,
 ) -> Result<Vec<i64>, sqlx::Error> {
     let marked: Vec<i64> = sqlx::query_scalar(
-        "UPDATE dead_letters SET redriven_at = now() \
-         WHERE id = $1 OR (outbox_id = $2 AND redriven_at IS NULL AND resolved_at IS NULL) RETURNING id",
+        crate::schema::q("UPDATE {schema}.dead_letters SET redriven_at = now() \
+         WHERE id = $1 OR (outbox_id = $2 AND redriven_at IS NULL AND resolved_at IS NULL) RETURNING id"),
     )
     .bind(dead_letter_id)
     .bind(outbox_id)

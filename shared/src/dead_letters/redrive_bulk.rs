@@ -51,11 +51,14 @@ pub async fn redrive_matching(
         return Err(RedriveError::FilterRequired);
     }
     let mut conn = pool.acquire().await?;
-    let upto: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM dead_letters")
-        .fetch_one(&mut *conn)
-        .await?;
+    let upto: i64 = sqlx::query_scalar(crate::schema::q(
+        "SELECT coalesce(max(id), 0) FROM {schema}.dead_letters",
+    ))
+    .fetch_one(&mut *conn)
+    .await?;
+    let schema = crate::schema::current().quoted();
     let sql = format!(
-        "SELECT d.id FROM dead_letters d WHERE {FILTER_SQL} AND {UNHANDLED_SQL} AND d.id > $6 AND d.id <= $7 \
+        "SELECT d.id FROM {schema}.dead_letters d WHERE {FILTER_SQL} AND {UNHANDLED_SQL} AND d.id > $6 AND d.id <= $7 \
          ORDER BY d.id LIMIT 500"
     );
     let mut report = BulkReport::default();

@@ -13,14 +13,14 @@ use crate::producer::EventHeaders;
 
 /// The unordered claim. `$1` = lease seconds; `{limit}` is spliced in once (see [`CLAIM_HEADS_SQL`] on why).
 pub const CLAIM_UNORDERED_SQL: &str = r#"
-WITH tok AS (SELECT nextval('outbox_lease_token_seq') AS t)
-UPDATE outbox o
+WITH tok AS (SELECT nextval('{schema}.outbox_lease_token_seq') AS t)
+UPDATE {schema}.outbox o
 SET attempts = o.attempts + 1,
     lease_token = (SELECT t FROM tok),
     locked_until = now() + make_interval(secs => $1),
     available_at = now() + make_interval(secs => $1)
 WHERE o.ctid = ANY (ARRAY(
-    SELECT ctid FROM outbox
+    SELECT ctid FROM {schema}.outbox
     WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND seq IS NULL AND available_at <= now()
     ORDER BY available_at, id
     LIMIT {limit}
@@ -89,8 +89,8 @@ impl ClaimStatements {
     pub fn new(batch_size: u32, persistent: bool) -> Self {
         let limit = batch_size.to_string();
         ClaimStatements {
-            unordered: CLAIM_UNORDERED_SQL.replace("{limit}", &limit),
-            ordered: CLAIM_HEADS_SQL.replace("{limit}", &limit),
+            unordered: crate::schema::sql(CLAIM_UNORDERED_SQL).replace("{limit}", &limit),
+            ordered: crate::schema::sql(CLAIM_HEADS_SQL).replace("{limit}", &limit),
             persistent,
         }
     }

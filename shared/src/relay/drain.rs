@@ -165,8 +165,8 @@ impl Relay {
     /// True when no event is pending and no ordered head awaits delivery evidence.
     pub async fn is_empty(&self) -> Result<bool, RelayError> {
         let busy: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL) \
-                 OR EXISTS (SELECT 1 FROM outbox_keys WHERE inflight_id IS NOT NULL)",
+            crate::schema::q("SELECT EXISTS (SELECT 1 FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL) \
+                 OR EXISTS (SELECT 1 FROM {schema}.outbox_keys WHERE inflight_id IS NOT NULL)"),
         )
         .persistent(self.persistent)
         .fetch_one(&self.pool)

@@ -58,9 +58,10 @@ pub async fn prune_outbox_batch(
     batch: u32,
     persistent: bool,
 ) -> Result<u64, sqlx::Error> {
+    let schema = crate::schema::current().quoted();
     let sql = format!(
-        "DELETE FROM outbox WHERE id IN (\
-            SELECT id FROM outbox \
+        "DELETE FROM {schema}.outbox WHERE id IN (\
+            SELECT id FROM {schema}.outbox \
             WHERE dispatched_at < now() - make_interval(secs => $1) AND dead_lettered_at IS NULL \
               AND (seq IS NULL OR delivered_at IS NOT NULL) \
             LIMIT {batch} FOR UPDATE SKIP LOCKED)"
@@ -75,9 +76,10 @@ pub async fn prune_processed_batch(
     batch: u32,
     persistent: bool,
 ) -> Result<u64, sqlx::Error> {
+    let schema = crate::schema::current().quoted();
     let sql = format!(
-        "DELETE FROM processed_messages WHERE ctid = ANY(ARRAY(\
-            SELECT ctid FROM processed_messages WHERE processed_at < now() - make_interval(secs => $1) LIMIT {batch}))"
+        "DELETE FROM {schema}.processed_messages WHERE ctid = ANY(ARRAY(\
+            SELECT ctid FROM {schema}.processed_messages WHERE processed_at < now() - make_interval(secs => $1) LIMIT {batch}))"
     );
     delete_older_than(pool, sql, older_than, persistent).await
 }
@@ -89,9 +91,10 @@ pub async fn prune_consumer_sequences_batch(
     batch: u32,
     persistent: bool,
 ) -> Result<u64, sqlx::Error> {
+    let schema = crate::schema::current().quoted();
     let sql = format!(
-        "DELETE FROM consumer_sequences WHERE ctid = ANY(ARRAY(\
-            SELECT ctid FROM consumer_sequences WHERE updated_at < now() - make_interval(secs => $1) LIMIT {batch}))"
+        "DELETE FROM {schema}.consumer_sequences WHERE ctid = ANY(ARRAY(\
+            SELECT ctid FROM {schema}.consumer_sequences WHERE updated_at < now() - make_interval(secs => $1) LIMIT {batch}))"
     );
     delete_older_than(pool, sql, older_than, persistent).await
 }
@@ -104,14 +107,15 @@ pub async fn release_idle_keys(
     batch: u32,
     persistent: bool,
 ) -> Result<u64, sqlx::Error> {
+    let schema = crate::schema::current().quoted();
     let sql = format!(
         "WITH idle AS (\
-            SELECT k.topic, k.partition_key FROM outbox_keys k \
-            JOIN outbox_sequences s ON s.topic = k.topic AND s.partition_key = k.partition_key \
+            SELECT k.topic, k.partition_key FROM {schema}.outbox_keys k \
+            JOIN {schema}.outbox_sequences s ON s.topic = k.topic AND s.partition_key = k.partition_key \
             WHERE s.last_seq = k.done_seq AND k.blocked_at IS NULL AND k.inflight_id IS NULL \
               AND (k.locked_until IS NULL OR k.locked_until < now()) \
             LIMIT {batch} FOR UPDATE OF k, s SKIP LOCKED) \
-         DELETE FROM outbox_keys k USING idle WHERE k.topic = idle.topic AND k.partition_key = idle.partition_key"
+         DELETE FROM {schema}.outbox_keys k USING idle WHERE k.topic = idle.topic AND k.partition_key = idle.partition_key"
     );
     Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
         .persistent(persistent)
@@ -129,9 +133,10 @@ pub async fn prune_dead_letters_batch(
     batch: u32,
     persistent: bool,
 ) -> Result<u64, sqlx::Error> {
+    let schema = crate::schema::current().quoted();
     let sql = format!(
-        "DELETE FROM dead_letters WHERE id IN (\
-            SELECT id FROM dead_letters \
+        "DELETE FROM {schema}.dead_letters WHERE id IN (\
+            SELECT id FROM {schema}.dead_letters \
             WHERE created_at < now() - make_interval(secs => $1) \
               AND (redriven_at IS NOT NULL OR resolved_at IS NOT NULL) \
             ORDER BY created_at LIMIT {batch} FOR UPDATE SKIP LOCKED)"
@@ -150,13 +155,14 @@ pub async fn prune_dead_events_batch(
     batch: u32,
     persistent: bool,
 ) -> Result<u64, sqlx::Error> {
+    let schema = crate::schema::current().quoted();
     let sql = format!(
-        "DELETE FROM outbox WHERE id IN (\
-            SELECT o.id FROM outbox o \
+        "DELETE FROM {schema}.outbox WHERE id IN (\
+            SELECT o.id FROM {schema}.outbox o \
             WHERE o.dead_lettered_at < now() - make_interval(secs => $1) \
-              AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.outbox_id = o.id \
+              AND NOT EXISTS (SELECT 1 FROM {schema}.dead_letters d WHERE d.outbox_id = o.id \
                                 AND d.redriven_at IS NULL AND d.resolved_at IS NULL) \
-              AND (o.seq IS NULL OR NOT EXISTS (SELECT 1 FROM outbox_keys k \
+              AND (o.seq IS NULL OR NOT EXISTS (SELECT 1 FROM {schema}.outbox_keys k \
                      WHERE k.topic = o.topic AND k.partition_key = o.partition_key AND k.done_seq < o.seq)) \
             LIMIT {batch} FOR UPDATE SKIP LOCKED)"
     );
@@ -217,14 +223,14 @@ pub struct BacklogGauges {
 /// Reads the backlog gauges (index-only where possible).
 pub async fn backlog(pool: &PgPool, persistent: bool) -> Result<BacklogGauges, sqlx::Error> {
     let row: (i64, f64, i64, i64, f64) = sqlx::query_as(
-        "SELECT \
-            (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL), \
-            coalesce((SELECT extract(epoch FROM now() - min(created_at))::float8 FROM outbox \
+        crate::schema::q("SELECT \
+            (SELECT count(*) FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL), \
+            coalesce((SELECT extract(epoch FROM now() - min(created_at))::float8 FROM {schema}.outbox \
                       WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL), 0), \
-            (SELECT count(*) FROM outbox_keys WHERE blocked_at IS NOT NULL), \
-            (SELECT count(*) FROM outbox_keys WHERE inflight_id IS NOT NULL), \
-            coalesce((SELECT extract(epoch FROM now() - min(inflight_since))::float8 FROM outbox_keys \
-                      WHERE inflight_id IS NOT NULL), 0)",
+            (SELECT count(*) FROM {schema}.outbox_keys WHERE blocked_at IS NOT NULL), \
+            (SELECT count(*) FROM {schema}.outbox_keys WHERE inflight_id IS NOT NULL), \
+            coalesce((SELECT extract(epoch FROM now() - min(inflight_since))::float8 FROM {schema}.outbox_keys \
+                      WHERE inflight_id IS NOT NULL), 0)"),
     )
     .persistent(persistent)
     .fetch_one(pool)

@@ -64,7 +64,7 @@ WITH s AS (
         AS s(id, token, outcome, delay_secs, error, message_id, status, skip_key)
 ),
 upd AS (
-    UPDATE outbox o SET
+    UPDATE {schema}.outbox o SET
         dispatched_at     = CASE WHEN s.outcome = 0 THEN coalesce(o.dispatched_at, now()) ELSE o.dispatched_at END,
         qstash_message_id = coalesce(s.message_id, o.qstash_message_id),
         available_at      = CASE WHEN s.outcome = 1 THEN now() + make_interval(secs => s.delay_secs)
@@ -79,7 +79,7 @@ upd AS (
               s.token, s.outcome, s.delay_secs, s.error, s.status, s.skip_key
 ),
 dead AS (
-    INSERT INTO dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, headers, error,
+    INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, headers, error,
                               status, response_body, attempts, qstash_message_id)
     SELECT 'relay', u.id || '/' || u.token, u.id, u.topic, u.partition_key, u.seq, u.payload, u.headers, u.error,
            u.status, CASE WHEN u.status IS NOT NULL THEN u.error END, u.attempts, u.qstash_message_id
@@ -87,7 +87,7 @@ dead AS (
     ON CONFLICT (source, natural_id) DO NOTHING
 ),
 keys AS (
-    UPDATE outbox_keys k SET
+    UPDATE {schema}.outbox_keys k SET
         inflight_id    = CASE WHEN u.outcome = 0 THEN u.id END,
         inflight_since = CASE WHEN u.outcome = 0 THEN now() END,
         available_at   = CASE WHEN u.outcome = 0 THEN now() + make_interval(secs => $9)
@@ -163,7 +163,7 @@ pub async fn settle(
             }
         }
     }
-    let row = sqlx::query(SETTLE_SQL)
+    let row = sqlx::query(crate::schema::q(SETTLE_SQL))
         .persistent(persistent)
         .bind(&ids)
         .bind(&tokens)
