@@ -12,6 +12,7 @@ fn help_hides_the_database_url_from_the_environment() {
         &["dev", "--help"],
         &["bench", "--help"],
         &["bench", "relay", "--help"],
+        &["bench", "report", "--help"],
     ] {
         let o = Command::new(bin)
             .args(args)

@@ -1,8 +1,13 @@
 //! Benchmarks. Each prints a human-readable table and one JSON line (prefixed `BENCH_JSON `) with medians and
 //! ratios against a baseline measured in the same run: these 2-core machines are noisy.
 
+pub mod consumer;
+pub mod plot;
 pub mod relay;
+pub mod report;
+pub mod steady;
 pub mod support;
+pub mod xmin;
 
 use clap::Subcommand;
 
@@ -11,10 +16,15 @@ pub enum BenchCommand {
     /// Relay events/s against the dev server next to a SQL-only claim+settle cycle; ordered keys; claim latency
     /// at scale; the relay's peak RSS.
     Relay(relay::RelayBenchArgs),
+    /// Every scenario beside its same-run baseline — relay unordered by batch size and by concurrency, ordered
+    /// by number of keys, consumer latency, commit → applied at a steady rate, a long transaction pinning the
+    /// xmin horizon — written as docs/benchmarks.md with SVG plots and figures.json.
+    Report(report::ReportArgs),
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Relay(args) => relay::run(args).await,
+        BenchCommand::Report(args) => report::run(args).await,
     }
 }

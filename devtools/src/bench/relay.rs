@@ -19,6 +19,17 @@ use outbox_testkit::{median, percentile};
 
 use super::support::{DevServerProcess, ScratchDb, sibling};
 
+/// The relay settings a benchmark point varies.
+#[derive(Clone, Copy, Debug)]
+pub struct Knobs {
+    /// Rows per claim (`RELAY_BATCH_SIZE`).
+    pub batch: u32,
+    /// Cycles in flight (`RELAY_CONCURRENCY`).
+    pub concurrency: u32,
+    /// Messages per `/v2/batch` request (`QSTASH_BATCH_SIZE`).
+    pub qstash_batch: u32,
+}
+
 #[derive(Args, Debug)]
 pub struct RelayBenchArgs {
     /// Unordered events per run (200-byte JSON payloads).
@@ -62,11 +73,21 @@ pub struct RelayBenchArgs {
     db: DbArgs,
 }
 
+impl RelayBenchArgs {
+    fn knobs(&self) -> Knobs {
+        Knobs {
+            batch: self.batch,
+            concurrency: self.concurrency,
+            qstash_batch: self.qstash_batch,
+        }
+    }
+}
+
 const SEED_SQL: &str = "INSERT INTO outbox (topic, partition_key, payload) \
     SELECT 'bench', 'k' || (g % 1000), jsonb_build_object('i', g, 'pad', repeat('x', 176)) \
     FROM generate_series(1, $1::bigint) g";
 
-async fn seed_unordered(pool: &PgPool, n: u64) -> anyhow::Result<()> {
+pub(crate) async fn seed_unordered(pool: &PgPool, n: u64) -> anyhow::Result<()> {
     sqlx::query("TRUNCATE outbox, dead_letters")
         .execute(pool)
         .await?;
@@ -98,7 +119,7 @@ fn us_per_event(cpu_secs: f64, events: u64) -> f64 {
 }
 
 /// The SQL-only cycle: the relay's own claim and settle statements, no network.
-async fn sql_only(
+pub(crate) async fn sql_only(
     url: &str,
     batch: u32,
     concurrency: u32,
@@ -145,10 +166,10 @@ async fn sql_only(
 
 /// Runs `outbox relay --until-empty` (the operator CLI, a sibling binary) as a child process with the Lambda's
 /// configuration variables.
-async fn relay_child(
+pub(crate) async fn relay_child(
     db_url: &str,
     qstash_url: &str,
-    args: &RelayBenchArgs,
+    knobs: Knobs,
     extra_env: &[(&str, String)],
 ) -> anyhow::Result<Value> {
     let mut cmd = Command::new(sibling("outbox")?);
@@ -158,9 +179,9 @@ async fn relay_child(
         .env("QSTASH_TOKEN", qstash_dev::DEV_TOKEN)
         .env("CONSUMER_URL", "http://127.0.0.1:9")
         .env("CALLBACK_URL", "http://127.0.0.1:9")
-        .env("RELAY_BATCH_SIZE", args.batch.to_string())
-        .env("RELAY_CONCURRENCY", args.concurrency.to_string())
-        .env("QSTASH_BATCH_SIZE", args.qstash_batch.to_string())
+        .env("RELAY_BATCH_SIZE", knobs.batch.to_string())
+        .env("RELAY_CONCURRENCY", knobs.concurrency.to_string())
+        .env("QSTASH_BATCH_SIZE", knobs.qstash_batch.to_string())
         .env("RELAY_POLL_INTERVAL_MS", "20")
         .env("RUST_LOG", "warn")
         .env_remove("OUTBOX_SECRET_ID")
@@ -182,7 +203,11 @@ async fn relay_child(
     Ok(serde_json::from_str(line)?)
 }
 
-async fn claim_latency_ms(pool: &PgPool, batch: u32, samples: usize) -> anyhow::Result<(f64, f64)> {
+pub(crate) async fn claim_latency_ms(
+    pool: &PgPool,
+    batch: u32,
+    samples: usize,
+) -> anyhow::Result<(f64, f64)> {
     let claims = ClaimStatements::new(batch, true);
     let mut conn = pool.acquire().await?;
     let mut times = Vec::with_capacity(samples);
@@ -202,7 +227,7 @@ async fn claim_latency_ms(pool: &PgPool, batch: u32, samples: usize) -> anyhow::
     Ok((median(&times), percentile(&times, 0.99)))
 }
 
-async fn seed_ordered(pool: &PgPool, keys: u64, per_key: u64) -> anyhow::Result<()> {
+pub(crate) async fn seed_ordered(pool: &PgPool, keys: u64, per_key: u64) -> anyhow::Result<()> {
     sqlx::query("TRUNCATE outbox, outbox_keys, outbox_sequences, dead_letters, processed_messages, consumer_sequences")
         .execute(pool)
         .await?;
@@ -239,7 +264,7 @@ async fn seed_ordered(pool: &PgPool, keys: u64, per_key: u64) -> anyhow::Result<
 
 /// The ordered SQL-only cycle: claim key heads, settle them dispatched, then record each one's delivery evidence
 /// with the same statement the callback receiver runs (one per event, 8 at a time, like concurrent callbacks).
-async fn sql_only_ordered(
+pub(crate) async fn sql_only_ordered(
     url: &str,
     batch: u32,
     concurrency: u32,
@@ -314,8 +339,6 @@ async fn sql_only_ordered(
     join_workers(workers, &pool, started).await
 }
 
-/// The real callback receiver and the real consumer (signatures checked, a no-op topic handler) behind the
-/// function-URL adapter, on the benchmark database.
 /// A no-op topic handler: the consumer's own work (verify, dedupe row, sequence check, evidence) is what is
 /// measured.
 struct Noop;
@@ -330,7 +353,9 @@ impl outbox::consumer::Handler<serde_json::Value> for Noop {
     }
 }
 
-async fn ordered_endpoints(
+/// The real callback receiver and the real consumer (signatures checked, a no-op topic handler) behind the
+/// function-URL adapter, on the benchmark database. Sending `true` on the returned channel stops both.
+pub(crate) async fn ordered_endpoints(
     db_url: &str,
 ) -> anyhow::Result<(String, String, tokio::sync::watch::Sender<bool>)> {
     use outbox::config::{ConsumerConfig, Vars};
@@ -407,224 +432,347 @@ async fn ordered_endpoints(
     Ok((consumer_url, cb_url, tx))
 }
 
+/// One relay drain through the dev server, as the relay process reported it.
+#[derive(Debug, Clone, Copy)]
+pub struct RelayRun {
+    pub events_per_sec: f64,
+    pub peak_rss_mb: f64,
+    /// CPU per event of the relay process, µs.
+    pub relay_cpu_us: f64,
+    /// CPU per event of the dev server process, µs.
+    pub dev_cpu_us: f64,
+    pub publish_p50_ms: f64,
+}
+
+/// Seeds `events` unordered events and drains them with the SQL-only cycle: events/s.
+pub(crate) async fn unordered_sql_only_rate(
+    db: &ScratchDb,
+    events: u64,
+    batch: u32,
+    concurrency: u32,
+    async_commit: bool,
+) -> anyhow::Result<f64> {
+    seed_unordered(&db.pool, events).await?;
+    let (n, t) = sql_only(&db.url, batch, concurrency, async_commit).await?;
+    if n != events {
+        bail!("SQL-only cycle finished {n} of {events} events");
+    }
+    Ok(n as f64 / t.as_secs_f64())
+}
+
+/// Seeds `events` unordered events and drains them with the relay process (`outbox relay --until-empty`)
+/// publishing to `dev`; fails unless every event was dispatched.
+pub(crate) async fn unordered_relay_run(
+    db: &ScratchDb,
+    dev: &DevServerProcess,
+    events: u64,
+    knobs: Knobs,
+) -> anyhow::Result<RelayRun> {
+    seed_unordered(&db.pool, events).await?;
+    let dev_cpu0 = dev.cpu_secs().unwrap_or(0.0);
+    let out = relay_child(&db.url, &dev.url, knobs, &[]).await?;
+    let dispatched = out["summary"]["dispatched"].as_u64().unwrap_or(0);
+    if dispatched != events {
+        bail!("relay dispatched {dispatched} of {events} events: {out}");
+    }
+    let secs = out["elapsed_secs"].as_f64().unwrap_or(f64::NAN);
+    Ok(RelayRun {
+        events_per_sec: events as f64 / secs,
+        peak_rss_mb: out["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0,
+        relay_cpu_us: us_per_event(out["cpu_secs"].as_f64().unwrap_or(0.0), events),
+        dev_cpu_us: us_per_event(dev.cpu_secs().unwrap_or(0.0) - dev_cpu0, events),
+        publish_p50_ms: out["summary"]["publish_p50_ms"].as_f64().unwrap_or(0.0),
+    })
+}
+
+/// Seeds `keys` × `per_key` ordered events and runs the SQL-only ordered protocol over them: events/s.
+pub(crate) async fn ordered_sql_only_rate(
+    db: &ScratchDb,
+    keys: u64,
+    per_key: u64,
+    knobs: Knobs,
+) -> anyhow::Result<f64> {
+    let n = keys * per_key;
+    seed_ordered(&db.pool, keys, per_key).await?;
+    let (m, t) = sql_only_ordered(&db.url, knobs.batch, knobs.concurrency).await?;
+    if m != n {
+        bail!("SQL-only ordered cycle finished {m} of {n} events");
+    }
+    Ok(n as f64 / t.as_secs_f64())
+}
+
+/// One ordered drain end to end: what it reached and where the time per key went.
+#[derive(Debug, Clone, Copy)]
+pub struct OrderedRun {
+    pub events_per_sec: f64,
+    /// Per key, median: accepted by the dev server → delivery evidence recorded, ms.
+    pub to_evidence_ms: f64,
+    /// Per key, median: evidence recorded → next event accepted, ms.
+    pub to_next_ms: f64,
+    pub relay_cpu_us: f64,
+    pub dev_cpu_us: f64,
+    /// CPU per event of this process (the receivers run here), µs.
+    pub receivers_cpu_us: f64,
+}
+
+/// The ordered endpoints and the dev server delivering to them.
+pub(crate) struct OrderedRig {
+    pub consumer_url: String,
+    pub callback_url: String,
+    pub stop: tokio::sync::watch::Sender<bool>,
+}
+
+/// Seeds `keys` × `per_key` ordered events and drains them with the relay process through the delivering dev
+/// server into the real consumer; `mode` is `RELAY_ORDERED_EVIDENCE` (`callback` or `consumer`). Fails unless
+/// every event has delivery evidence.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn ordered_relay_run(
+    db: &ScratchDb,
+    dev: &DevServerProcess,
+    rig: &OrderedRig,
+    keys: u64,
+    per_key: u64,
+    knobs: Knobs,
+    mode: &str,
+) -> anyhow::Result<OrderedRun> {
+    let n = keys * per_key;
+    seed_ordered(&db.pool, keys, per_key).await?;
+    let dev_cpu0 = dev.cpu_secs().unwrap_or(0.0);
+    let own_cpu0 = cpu_secs(std::process::id()).unwrap_or(0.0);
+    let out = relay_child(
+        &db.url,
+        &dev.url,
+        knobs,
+        &[
+            ("CONSUMER_URL", rig.consumer_url.clone()),
+            ("CALLBACK_URL", rig.callback_url.clone()),
+            ("QSTASH_RETRIES", "3".into()),
+            ("RELAY_ORDERED_EVIDENCE", mode.into()),
+        ],
+    )
+    .await?;
+    let delivered: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE delivered_at IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await?;
+    if delivered as u64 != n {
+        bail!(
+            "{mode} evidence: only {delivered} of {n} ordered events have delivery evidence: {out}"
+        );
+    }
+    let secs = out["elapsed_secs"].as_f64().unwrap_or(f64::NAN);
+    let (to_evidence, to_next): (Option<f64>, Option<f64>) = sqlx::query_as(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM o.delivered_at - o.dispatched_at) * 1000)::float8, \
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM n.dispatched_at - o.delivered_at) * 1000)::float8 \
+         FROM outbox o JOIN outbox n ON n.topic = o.topic AND n.partition_key = o.partition_key AND n.seq = o.seq + 1",
+    )
+    .fetch_one(&db.pool)
+    .await?;
+    Ok(OrderedRun {
+        events_per_sec: n as f64 / secs,
+        to_evidence_ms: to_evidence.unwrap_or(f64::NAN),
+        to_next_ms: to_next.unwrap_or(f64::NAN),
+        relay_cpu_us: us_per_event(out["cpu_secs"].as_f64().unwrap_or(0.0), n),
+        dev_cpu_us: us_per_event(dev.cpu_secs().unwrap_or(0.0) - dev_cpu0, n),
+        receivers_cpu_us: us_per_event(cpu_secs(std::process::id()).unwrap_or(0.0) - own_cpu0, n),
+    })
+}
+
+/// Starts the delivering dev server and the ordered endpoints on `db`.
+pub(crate) async fn ordered_rig(db: &ScratchDb) -> anyhow::Result<(DevServerProcess, OrderedRig)> {
+    let dev = DevServerProcess::start(&["--deliver", "true"]).await?;
+    let (consumer_url, callback_url, stop) = ordered_endpoints(&db.url).await?;
+    Ok((
+        dev,
+        OrderedRig {
+            consumer_url,
+            callback_url,
+            stop,
+        },
+    ))
+}
+
+/// Scenario: unordered relay throughput beside the SQL-only cycle (async commit at 2 and at the configured
+/// concurrency, the better one; and synchronous commit).
+async fn unordered(args: &RelayBenchArgs) -> anyhow::Result<Value> {
+    let knobs = args.knobs();
+    let mut base_sync = Vec::new();
+    let mut base_async = Vec::new();
+    let mut runs: Vec<RelayRun> = Vec::new();
+    let db = ScratchDb::create(&args.db.database_url, "outbox_bench_relay").await?;
+    let dev = DevServerProcess::start(&["--deliver", "false"]).await?;
+    for run in 1..=args.runs {
+        let mut best = 0f64;
+        for c in [2, args.concurrency] {
+            best = best.max(unordered_sql_only_rate(&db, args.events, args.batch, c, true).await?);
+        }
+        base_async.push(best);
+        base_sync.push(
+            unordered_sql_only_rate(&db, args.events, args.batch, args.concurrency, false).await?,
+        );
+        let r = unordered_relay_run(&db, &dev, args.events, knobs).await?;
+        println!(
+            "run {run}: sql-only {:>8.0}/s (async commit) {:>8.0}/s (sync commit) | relay {:>8.0}/s, publish p50 {:.1} ms, peak RSS {:.1} MB\n  \
+             CPU per event on the database's cores: relay {:.1} µs, dev server {:.1} µs",
+            base_async[run - 1],
+            base_sync[run - 1],
+            r.events_per_sec,
+            r.publish_p50_ms,
+            r.peak_rss_mb,
+            r.relay_cpu_us,
+            r.dev_cpu_us,
+        );
+        runs.push(r);
+    }
+    dev.stop().await;
+    db.drop_now().await?;
+    let relay: Vec<f64> = runs.iter().map(|r| r.events_per_sec).collect();
+    let rss: Vec<f64> = runs.iter().map(|r| r.peak_rss_mb).collect();
+    let cpu_relay: Vec<f64> = runs.iter().map(|r| r.relay_cpu_us).collect();
+    let cpu_dev: Vec<f64> = runs.iter().map(|r| r.dev_cpu_us).collect();
+    let (r, b, bs) = (median(&relay), median(&base_async), median(&base_sync));
+    println!(
+        "\nunordered: relay {r:.0} events/s (median of {}), SQL-only cycle {b:.0}/s with the relay's async commit \
+         ({bs:.0}/s synchronous) -> relay at {:.0}% of the same-run SQL-only cycle; relay peak RSS {:.1} MB; \
+         CPU per event: relay {:.1} µs, dev server {:.1} µs (both take it from Postgres on this machine)",
+        relay.len(),
+        100.0 * r / b,
+        rss.iter().cloned().fold(0.0, f64::max),
+        median(&cpu_relay),
+        median(&cpu_dev)
+    );
+    Ok(json!({
+        "relay_events_per_sec": relay, "relay_median": r,
+        "sql_only_async_commit": base_async, "sql_only_async_median": b,
+        "sql_only_sync_commit": base_sync, "sql_only_sync_median": bs,
+        "relay_vs_sql_only": r / b,
+        "relay_cpu_us_per_event": cpu_relay, "dev_server_cpu_us_per_event": cpu_dev,
+        "relay_peak_rss_mb": rss,
+    }))
+}
+
+/// Scenario: ordered relay throughput end to end (callback evidence, then consumer evidence) beside the SQL-only
+/// ordered protocol.
+async fn ordered(args: &RelayBenchArgs) -> anyhow::Result<Value> {
+    let knobs = args.knobs();
+    let per_key = (args.ordered_events / args.ordered_keys).max(1);
+    let n = per_key * args.ordered_keys;
+    let db = ScratchDb::create(&args.db.database_url, "outbox_bench_ordered").await?;
+    let (dev, rig) = ordered_rig(&db).await?;
+    let mut base = Vec::new();
+    let mut rates = Vec::new();
+    let mut rates_consumer = Vec::new();
+    for run in 1..=args.runs {
+        base.push(ordered_sql_only_rate(&db, args.ordered_keys, per_key, knobs).await?);
+        for (mode, rates) in [("callback", &mut rates), ("consumer", &mut rates_consumer)] {
+            let o =
+                ordered_relay_run(&db, &dev, &rig, args.ordered_keys, per_key, knobs, mode).await?;
+            rates.push(o.events_per_sec);
+            println!(
+                "ordered run {run}, evidence from the {mode}: {n} events over {} keys: relay {:>7.0}/s (SQL-only ordered cycle {:>7.0}/s)\n  \
+                 per key, median: accepted → evidence {:.1} ms, evidence → next accepted {:.1} ms\n  \
+                 CPU per event: relay {:.0} µs, dev server {:.0} µs, receivers in this process {:.0} µs (Postgres not counted)",
+                args.ordered_keys,
+                o.events_per_sec,
+                base[run - 1],
+                o.to_evidence_ms,
+                o.to_next_ms,
+                o.relay_cpu_us,
+                o.dev_cpu_us,
+                o.receivers_cpu_us,
+            );
+        }
+    }
+    let _ = rig.stop.send(true);
+    dev.stop().await;
+    db.drop_now().await?;
+    println!(
+        "ordered over {} keys (medians): relay {:.0} events/s with QStash delivery callbacks, {:.0} events/s with \
+         evidence recorded by the consumer; SQL-only ordered cycle {:.0}/s",
+        args.ordered_keys,
+        median(&rates),
+        median(&rates_consumer),
+        median(&base)
+    );
+    Ok(json!({
+        "events": n, "keys": args.ordered_keys,
+        "relay_events_per_sec_callback_evidence": rates, "relay_median_callback_evidence": median(&rates),
+        "relay_events_per_sec_consumer_evidence": rates_consumer, "relay_median_consumer_evidence": median(&rates_consumer),
+        "sql_only": base, "sql_only_median": median(&base),
+    }))
+}
+
+/// Scenario: claim latency with 1k pending and no history, then with a large backlog and history.
+async fn claim_at_scale(args: &RelayBenchArgs) -> anyhow::Result<Value> {
+    let sdb = ScratchDb::create(&args.db.database_url, "outbox_bench_scale").await?;
+    seed_unordered(&sdb.pool, 1_000).await?;
+    let (small_p50, small_p99) = claim_latency_ms(&sdb.pool, args.batch, 100).await?;
+    println!(
+        "claim latency, 1k pending / no history: p50 {small_p50:.2} ms, p99 {small_p99:.2} ms"
+    );
+    println!(
+        "seeding {} history rows and {} pending rows...",
+        args.scale_history, args.scale_pending
+    );
+    let t = Instant::now();
+    let chunk = 1_000_000u64;
+    let mut left = args.scale_history;
+    while left > 0 {
+        let n = left.min(chunk);
+        sqlx::query(
+            "INSERT INTO outbox (topic, partition_key, payload, dispatched_at, attempts) \
+             SELECT 'bench', 'k' || (g % 1000), jsonb_build_object('i', g, 'pad', repeat('x', 176)), now(), 1 \
+             FROM generate_series(1, $1::bigint) g",
+        )
+        .bind(n as i64)
+        .execute(&sdb.pool)
+        .await?;
+        left -= n;
+    }
+    sqlx::query(SEED_SQL)
+        .bind(args.scale_pending as i64)
+        .execute(&sdb.pool)
+        .await?;
+    sqlx::query("VACUUM ANALYZE outbox")
+        .execute(&sdb.pool)
+        .await?;
+    println!("  seeded in {:.0} s", t.elapsed().as_secs_f64());
+    let (big_p50, big_p99) = claim_latency_ms(&sdb.pool, args.batch, 100).await?;
+    println!(
+        "claim latency, {} pending / {} history: p50 {big_p50:.2} ms, p99 {big_p99:.2} ms (ratio {:.2}x)",
+        args.scale_pending,
+        args.scale_history,
+        big_p50 / small_p50
+    );
+    sdb.drop_now().await?;
+    Ok(json!({
+        "small_p50_ms": small_p50, "small_p99_ms": small_p99,
+        "large_p50_ms": big_p50, "large_p99_ms": big_p99,
+        "ratio_p50": big_p50 / small_p50,
+        "pending": args.scale_pending, "history": args.scale_history,
+    }))
+}
+
+/// `outbox-dev bench relay`: the scenarios not skipped, then one `BENCH_JSON` line.
 pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
     println!(
         "relay benchmark: {} events x {} runs, batch {}, concurrency {}",
         args.events, args.runs, args.batch, args.concurrency
     );
-    let mut base_sync = Vec::new();
-    let mut base_async = Vec::new();
-    let mut relay = Vec::new();
-    let mut rss = Vec::new();
-    let (mut cpu_relay, mut cpu_dev) = (Vec::new(), Vec::new());
-    if !args.skip_unordered {
-        let db = ScratchDb::create(&args.db.database_url, "outbox_bench_relay").await?;
-        let dev = DevServerProcess::start(&["--deliver", "false"]).await?;
-
-        for run in 1..=args.runs {
-            let mut best = 0f64;
-            for c in [2, args.concurrency] {
-                seed_unordered(&db.pool, args.events).await?;
-                let (n, t) = sql_only(&db.url, args.batch, c, true).await?;
-                best = best.max(n as f64 / t.as_secs_f64());
-            }
-            base_async.push(best);
-            seed_unordered(&db.pool, args.events).await?;
-            let (n2, t2) = sql_only(&db.url, args.batch, args.concurrency, false).await?;
-            base_sync.push(n2 as f64 / t2.as_secs_f64());
-            seed_unordered(&db.pool, args.events).await?;
-            let dev_cpu0 = dev.cpu_secs().unwrap_or(0.0);
-            let out = relay_child(&db.url, &dev.url, &args, &[]).await?;
-            let relay_us = us_per_event(out["cpu_secs"].as_f64().unwrap_or(0.0), args.events);
-            let dev_us = us_per_event(dev.cpu_secs().unwrap_or(0.0) - dev_cpu0, args.events);
-            let dispatched = out["summary"]["dispatched"].as_u64().unwrap_or(0);
-            if dispatched != args.events {
-                bail!(
-                    "relay dispatched {dispatched} of {} events: {out}",
-                    args.events
-                );
-            }
-            let secs = out["elapsed_secs"].as_f64().unwrap_or(f64::NAN);
-            relay.push(args.events as f64 / secs);
-            rss.push(out["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0);
-            println!(
-                "run {run}: sql-only {:>8.0}/s (async commit) {:>8.0}/s (sync commit) | relay {:>8.0}/s, publish p50 {:.1} ms, peak RSS {:.1} MB\n  \
-                 CPU per event on the database's cores: relay {relay_us:.1} µs, dev server {dev_us:.1} µs",
-                base_async[run - 1],
-                base_sync[run - 1],
-                relay[run - 1],
-                out["summary"]["publish_p50_ms"].as_f64().unwrap_or(0.0),
-                rss[run - 1]
-            );
-            cpu_relay.push(relay_us);
-            cpu_dev.push(dev_us);
-        }
-        dev.stop().await;
-        db.drop_now().await?;
-    }
-
-    let mut ordered = json!(null);
-    if !args.skip_ordered {
-        let per_key = (args.ordered_events / args.ordered_keys).max(1);
-        let n = per_key * args.ordered_keys;
-        let db = ScratchDb::create(&args.db.database_url, "outbox_bench_ordered").await?;
-        let dev = DevServerProcess::start(&["--deliver", "true"]).await?;
-        let (consumer_url, callback_url, stop) = ordered_endpoints(&db.url).await?;
-        let mut base = Vec::new();
-        let mut rates = Vec::new();
-        let mut rates_consumer = Vec::new();
-        for run in 1..=args.runs {
-            seed_ordered(&db.pool, args.ordered_keys, per_key).await?;
-            let (m, t) = sql_only_ordered(&db.url, args.batch, args.concurrency).await?;
-            if m != n {
-                bail!("SQL-only ordered cycle finished {m} of {n} events");
-            }
-            base.push(n as f64 / t.as_secs_f64());
-            for (mode, consumer, rates) in [
-                ("callback", &consumer_url, &mut rates),
-                ("consumer", &consumer_url, &mut rates_consumer),
-            ] {
-                seed_ordered(&db.pool, args.ordered_keys, per_key).await?;
-                let dev_cpu0 = dev.cpu_secs().unwrap_or(0.0);
-                let own_cpu0 = cpu_secs(std::process::id()).unwrap_or(0.0);
-                let out = relay_child(
-                    &db.url,
-                    &dev.url,
-                    &args,
-                    &[
-                        ("CONSUMER_URL", consumer.clone()),
-                        ("CALLBACK_URL", callback_url.clone()),
-                        ("QSTASH_RETRIES", "3".into()),
-                        ("RELAY_ORDERED_EVIDENCE", mode.into()),
-                    ],
-                )
-                .await?;
-                let delivered: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM outbox WHERE delivered_at IS NOT NULL",
-                )
-                .fetch_one(&db.pool)
-                .await?;
-                if delivered as u64 != n {
-                    bail!(
-                        "{mode} evidence: only {delivered} of {n} ordered events have delivery evidence: {out}"
-                    );
-                }
-                let secs = out["elapsed_secs"].as_f64().unwrap_or(f64::NAN);
-                rates.push(n as f64 / secs);
-                let (to_evidence, to_next): (f64, f64) = sqlx::query_as(
-                    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM o.delivered_at - o.dispatched_at) * 1000)::float8, \
-                            percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM n.dispatched_at - o.delivered_at) * 1000)::float8 \
-                     FROM outbox o JOIN outbox n ON n.topic = o.topic AND n.partition_key = o.partition_key AND n.seq = o.seq + 1",
-                )
-                .fetch_one(&db.pool)
-                .await?;
-                let per_event_us = |cpu: f64| us_per_event(cpu, n);
-                println!(
-                    "ordered run {run}, evidence from the {mode}: {n} events over {} keys: relay {:>7.0}/s (SQL-only ordered cycle {:>7.0}/s)\n  \
-                     per key, median: accepted → evidence {to_evidence:.1} ms, evidence → next accepted {to_next:.1} ms\n  \
-                     CPU per event: relay {:.0} µs, dev server {:.0} µs, receivers in this process {:.0} µs (Postgres not counted)",
-                    args.ordered_keys,
-                    rates[rates.len() - 1],
-                    base[run - 1],
-                    per_event_us(out["cpu_secs"].as_f64().unwrap_or(0.0)),
-                    per_event_us(dev.cpu_secs().unwrap_or(0.0) - dev_cpu0),
-                    per_event_us(cpu_secs(std::process::id()).unwrap_or(0.0) - own_cpu0),
-                );
-            }
-        }
-        let _ = stop.send(true);
-        dev.stop().await;
-        db.drop_now().await?;
-        println!(
-            "ordered over {} keys (medians): relay {:.0} events/s with QStash delivery callbacks, {:.0} events/s with \
-             evidence recorded by the consumer; SQL-only ordered cycle {:.0}/s",
-            args.ordered_keys,
-            median(&rates),
-            median(&rates_consumer),
-            median(&base)
-        );
-        ordered = json!({
-            "events": n, "keys": args.ordered_keys,
-            "relay_events_per_sec_callback_evidence": rates, "relay_median_callback_evidence": median(&rates),
-            "relay_events_per_sec_consumer_evidence": rates_consumer, "relay_median_consumer_evidence": median(&rates_consumer),
-            "sql_only": base, "sql_only_median": median(&base),
-        });
-    }
-
-    let mut scale = json!(null);
-    if !args.skip_scale {
-        let sdb = ScratchDb::create(&args.db.database_url, "outbox_bench_scale").await?;
-        seed_unordered(&sdb.pool, 1_000).await?;
-        let (small_p50, small_p99) = claim_latency_ms(&sdb.pool, args.batch, 100).await?;
-        println!(
-            "claim latency, 1k pending / no history: p50 {small_p50:.2} ms, p99 {small_p99:.2} ms"
-        );
-        println!(
-            "seeding {} history rows and {} pending rows...",
-            args.scale_history, args.scale_pending
-        );
-        let t = Instant::now();
-        let chunk = 1_000_000u64;
-        let mut left = args.scale_history;
-        while left > 0 {
-            let n = left.min(chunk);
-            sqlx::query(
-                "INSERT INTO outbox (topic, partition_key, payload, dispatched_at, attempts) \
-                 SELECT 'bench', 'k' || (g % 1000), jsonb_build_object('i', g, 'pad', repeat('x', 176)), now(), 1 \
-                 FROM generate_series(1, $1::bigint) g",
-            )
-            .bind(n as i64)
-            .execute(&sdb.pool)
-            .await?;
-            left -= n;
-        }
-        sqlx::query(SEED_SQL)
-            .bind(args.scale_pending as i64)
-            .execute(&sdb.pool)
-            .await?;
-        sqlx::query("VACUUM ANALYZE outbox")
-            .execute(&sdb.pool)
-            .await?;
-        println!("  seeded in {:.0} s", t.elapsed().as_secs_f64());
-        let (big_p50, big_p99) = claim_latency_ms(&sdb.pool, args.batch, 100).await?;
-        println!(
-            "claim latency, {} pending / {} history: p50 {big_p50:.2} ms, p99 {big_p99:.2} ms (ratio {:.2}x)",
-            args.scale_pending,
-            args.scale_history,
-            big_p50 / small_p50
-        );
-        scale = json!({
-            "small_p50_ms": small_p50, "small_p99_ms": small_p99,
-            "large_p50_ms": big_p50, "large_p99_ms": big_p99,
-            "ratio_p50": big_p50 / small_p50,
-            "pending": args.scale_pending, "history": args.scale_history,
-        });
-        sdb.drop_now().await?;
-    }
-
-    let r = median(&relay);
-    let b = median(&base_async);
-    let bs = median(&base_sync);
     let unordered = if args.skip_unordered {
         json!(null)
     } else {
-        println!(
-            "\nunordered: relay {r:.0} events/s (median of {}), SQL-only cycle {b:.0}/s with the relay's async commit \
-             ({bs:.0}/s synchronous) -> relay at {:.0}% of the same-run SQL-only cycle; relay peak RSS {:.1} MB; \
-             CPU per event: relay {:.1} µs, dev server {:.1} µs (both take it from Postgres on this machine)",
-            relay.len(),
-            100.0 * r / b,
-            rss.iter().cloned().fold(0.0, f64::max),
-            median(&cpu_relay),
-            median(&cpu_dev)
-        );
-        json!({
-            "relay_events_per_sec": relay, "relay_median": r,
-            "sql_only_async_commit": base_async, "sql_only_async_median": b,
-            "sql_only_sync_commit": base_sync, "sql_only_sync_median": bs,
-            "relay_vs_sql_only": r / b,
-            "relay_cpu_us_per_event": cpu_relay, "dev_server_cpu_us_per_event": cpu_dev,
-        })
+        unordered(&args).await?
+    };
+    let ordered = if args.skip_ordered {
+        json!(null)
+    } else {
+        ordered(&args).await?
+    };
+    let scale = if args.skip_scale {
+        json!(null)
+    } else {
+        claim_at_scale(&args).await?
     };
     println!(
         "BENCH_JSON {}",
@@ -632,9 +780,9 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             "bench": "relay",
             "events": args.events, "runs": args.runs, "batch": args.batch, "concurrency": args.concurrency,
             "qstash_batch": args.qstash_batch,
+            "relay_peak_rss_mb": unordered["relay_peak_rss_mb"].clone(),
             "unordered": unordered,
             "ordered": ordered,
-            "relay_peak_rss_mb": rss,
             "claim_latency_at_scale": scale,
         })
     );

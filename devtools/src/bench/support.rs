@@ -12,7 +12,8 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::process::{Child, Command};
 
-/// A scratch database, dropped on `drop_now`.
+/// A scratch database, dropped on `drop_now`. Its name carries the process id, so two benchmark runs (or a run
+/// and the report test) never drop each other's database.
 pub struct ScratchDb {
     admin: PgPool,
     pub name: String,
@@ -22,6 +23,7 @@ pub struct ScratchDb {
 
 impl ScratchDb {
     pub async fn create(base_url: &str, name: &str) -> anyhow::Result<ScratchDb> {
+        let name = &format!("{name}_{}", std::process::id());
         let admin = connect(base_url).await?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
@@ -61,13 +63,18 @@ impl ScratchDb {
 }
 
 /// A sibling binary of this executable: `qstash-dev` (package qstash-dev) or `outbox` (package outbox-cli).
-/// `cargo build --release -p qstash-dev -p outbox-cli -p outbox-devtools` puts them together.
+/// `cargo build --release -p qstash-dev -p outbox-cli -p outbox-devtools` puts them together. A test binary
+/// lives one level down (`target/debug/deps/`), so the parent directory is tried too.
 pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let p = exe
-        .parent()
-        .context("executable has no directory")?
-        .join(name);
+    let dir = exe.parent().context("executable has no directory")?;
+    let mut p = dir.join(name);
+    if !p.exists()
+        && let Some(up) = dir.parent()
+        && up.join(name).exists()
+    {
+        p = up.join(name);
+    }
     if !p.exists() {
         let package = if name == "outbox" { "outbox-cli" } else { name };
         bail!(
@@ -120,4 +127,115 @@ impl DevServerProcess {
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// The machine a report ran on, read at run time: the figures mean little without it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub memory_gib: f64,
+    pub kernel: String,
+    pub postgres_version: String,
+    /// Postgres settings that move these figures, as `SHOW` prints them.
+    pub postgres_settings: Vec<(String, String)>,
+    /// `/proc/loadavg`'s 1, 5 and 15 minute load averages.
+    pub load_before: [f64; 3],
+}
+
+/// The settings that decide commit cost and cache size.
+const SETTINGS: &[&str] = &[
+    "synchronous_commit",
+    "fsync",
+    "full_page_writes",
+    "shared_buffers",
+    "wal_level",
+    "max_wal_size",
+    "checkpoint_timeout",
+    "max_connections",
+    "autovacuum",
+];
+
+/// The three load averages of `/proc/loadavg` (zeros where unreadable).
+pub fn load_average() -> [f64; 3] {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut out = [0.0; 3];
+    for (slot, v) in out.iter_mut().zip(text.split_whitespace()) {
+        *slot = v.parse().unwrap_or(0.0);
+    }
+    out
+}
+
+impl Machine {
+    pub async fn read(pool: &PgPool) -> anyhow::Result<Machine> {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_owned())
+            .unwrap_or_else(|| "unknown".into());
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let mem_kib: f64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0.0);
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|_| std::env::consts::OS.to_owned());
+        let postgres_version: String = sqlx::query_scalar("SELECT version()")
+            .fetch_one(pool)
+            .await?;
+        let mut postgres_settings = Vec::new();
+        for name in SETTINGS {
+            let v: String = sqlx::query_scalar("SELECT current_setting($1)")
+                .bind(name)
+                .fetch_one(pool)
+                .await?;
+            postgres_settings.push(((*name).to_owned(), v));
+        }
+        Ok(Machine {
+            cpus: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            cpu_model,
+            memory_gib: mem_kib / 1024.0 / 1024.0,
+            kernel,
+            postgres_version,
+            postgres_settings,
+            load_before: load_average(),
+        })
+    }
+}
+
+/// The relay built in this process from the Lambda's configuration variables (the same `RelayState::from_env`
+/// the function runs), publishing to `qstash_url`: for scenarios that time its steps one by one or stop it on
+/// cue. `extra` adds or overrides variables.
+pub async fn in_process_relay(
+    db_url: &str,
+    qstash_url: &str,
+    knobs: super::relay::Knobs,
+    extra: &[(&str, String)],
+) -> anyhow::Result<outbox::relay::Relay> {
+    let mut env: std::collections::HashMap<String, String> = [
+        ("DATABASE_URL", db_url.to_owned()),
+        ("QSTASH_URL", qstash_url.to_owned()),
+        ("QSTASH_TOKEN", qstash_dev::DEV_TOKEN.to_owned()),
+        ("CONSUMER_URL", "http://127.0.0.1:9".to_owned()),
+        ("CALLBACK_URL", "http://127.0.0.1:9".to_owned()),
+        ("RELAY_BATCH_SIZE", knobs.batch.to_string()),
+        ("RELAY_CONCURRENCY", knobs.concurrency.to_string()),
+        ("QSTASH_BATCH_SIZE", knobs.qstash_batch.to_string()),
+        ("RELAY_POLL_INTERVAL_MS", "20".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    for (k, v) in extra {
+        env.insert((*k).to_owned(), v.clone());
+    }
+    let state = outbox::relay::handler::RelayState::from_env(std::sync::Arc::new(env))
+        .await
+        .context("relay configuration")?;
+    Ok(state.relay)
 }

@@ -1,0 +1,198 @@
+//! Scenario: commit → applied latency under a steady producer rate. A producer commits one event at a time at a
+//! fixed rate (with the `NOTIFY` wake-up hint); the relay (built from the Lambda's configuration, listening for
+//! the hint) publishes to the dev server, which delivers to the real consumer (signature, dedupe row, a handler
+//! that stamps the time it applied the event). Every latency is a difference of two Postgres clock readings:
+//! the event's `created_at` (its one-statement transaction) to the consumer's stamp, and, as the same-run
+//! reference for the relay's share, `created_at` to `dispatched_at`.
+
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use outbox::consumer::{Event, Handler, HandlerError};
+use outbox::producer::{NewEvent, Producer, Topic};
+use outbox_testkit::percentile;
+use serde_json::{Value, json};
+use sqlx::PgConnection;
+
+use super::relay::Knobs;
+use super::support::{DevServerProcess, ScratchDb, in_process_relay};
+
+const TOPIC: Topic = Topic::unordered("bench_steady");
+
+/// Stamps the moment the consumer applied the event, in the consumer's transaction.
+struct Stamp;
+
+impl Handler<Value> for Stamp {
+    async fn handle(
+        &self,
+        conn: &mut PgConnection,
+        event: &Event<Value>,
+    ) -> Result<(), HandlerError> {
+        sqlx::query("INSERT INTO bench_applied (outbox_id) VALUES ($1)")
+            .bind(event.meta.outbox_id)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// The real consumer on a local port, on `db_url`. Sending `true` stops it.
+async fn consumer_endpoint(
+    db_url: &str,
+) -> anyhow::Result<(String, tokio::sync::watch::Sender<bool>)> {
+    use outbox::config::{ConsumerConfig, Vars};
+    use outbox::consumer::ReceiverState;
+    use outbox::receiver::{KeyRing, SigningKeys};
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let mut cfg = ConsumerConfig::from_vars(&Vars::new(&std::collections::HashMap::<
+        String,
+        String,
+    >::new()))?;
+    cfg.public_base_url = Some(url.clone());
+    let mut db = outbox::db::DbConfig::defaults("bench-consumer");
+    db.max_connections = 8;
+    let consumer = std::sync::Arc::new(outbox::consumer::ConsumerState::new(
+        ReceiverState::new(
+            cfg,
+            db.pool(&secrecy::SecretString::from(db_url.to_owned()))?,
+            KeyRing::fixed(SigningKeys::new(
+                qstash_dev::DEV_CURRENT_SIGNING_KEY,
+                Some(qstash_dev::DEV_NEXT_SIGNING_KEY.to_owned()),
+            )),
+        )
+        .with_metrics(false),
+        outbox::consumer::Registry::new().on(TOPIC.name(), Stamp),
+    ));
+    let mut rx = rx.clone();
+    tokio::spawn(outbox::local::serve(
+        listener,
+        move |req| {
+            let c = consumer.clone();
+            async move { outbox::consumer::handle_event(&c, req).await }
+        },
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        },
+    ));
+    Ok((url, tx))
+}
+
+/// Produces at `rate` events/s for `secs` seconds, waits until every event is applied, and returns the latency
+/// distributions.
+pub async fn run(base_url: &str, rate: u32, secs: f64, knobs: Knobs) -> anyhow::Result<Value> {
+    let db = ScratchDb::create(base_url, "outbox_bench_steady").await?;
+    sqlx::query(
+        "CREATE TABLE bench_applied (outbox_id bigint PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    )
+    .execute(&db.pool)
+    .await?;
+    let dev = DevServerProcess::start(&["--deliver", "true"]).await?;
+    let result = measure(&db, &dev, rate, secs, knobs).await;
+    dev.stop().await;
+    db.drop_now().await?;
+    result
+}
+
+async fn measure(
+    db: &ScratchDb,
+    dev: &DevServerProcess,
+    rate: u32,
+    secs: f64,
+    knobs: Knobs,
+) -> anyhow::Result<Value> {
+    let (consumer_url, stop_consumer) = consumer_endpoint(&db.url).await?;
+    let relay = std::sync::Arc::new(
+        in_process_relay(
+            &db.url,
+            &dev.url,
+            knobs,
+            &[
+                ("CONSUMER_URL", consumer_url),
+                ("RELAY_LISTEN_NOTIFY", "true".into()),
+                // The default poll interval: the hint, not polling, is what keeps latency low.
+                ("RELAY_POLL_INTERVAL_MS", "500".into()),
+            ],
+        )
+        .await?,
+    );
+    let stop_relay = relay.stop_handle();
+    let drain = {
+        let relay = relay.clone();
+        tokio::spawn(async move {
+            relay
+                .drain(Instant::now() + Duration::from_secs(3600))
+                .await
+        })
+    };
+    // Let the relay connect and start listening before the first event.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let total = (f64::from(rate) * secs).round() as u64;
+    let producer = Producer::default().notify(true);
+    let mut conn = db.pool.acquire().await?;
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1))));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let started = Instant::now();
+    for i in 0..total {
+        tick.tick().await;
+        producer
+            .enqueue(
+                &mut conn,
+                NewEvent::new(&TOPIC, format!("k{}", i % 100), &json!({"i": i}))?,
+            )
+            .await?;
+    }
+    let produced_in = started.elapsed().as_secs_f64();
+    drop(conn);
+    let wait_until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_applied")
+            .fetch_one(&db.pool)
+            .await?;
+        if applied as u64 >= total {
+            break;
+        }
+        if Instant::now() > wait_until {
+            bail!("only {applied} of {total} events were applied within 60 s of the last commit");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop_relay.stop();
+    let summary = drain.await??;
+    let _ = stop_consumer.send(true);
+    let rows: Vec<(f64, f64)> = sqlx::query_as(
+        "SELECT (extract(epoch FROM o.dispatched_at - o.created_at) * 1000)::float8, \
+                (extract(epoch FROM a.applied_at - o.created_at) * 1000)::float8 \
+         FROM outbox o JOIN bench_applied a ON a.outbox_id = o.id",
+    )
+    .fetch_all(&db.pool)
+    .await?;
+    let dispatched: Vec<f64> = rows.iter().map(|r| r.0).collect();
+    let applied: Vec<f64> = rows.iter().map(|r| r.1).collect();
+    let pct = |v: &[f64]| {
+        json!({
+            "p50": percentile(v, 0.5), "p90": percentile(v, 0.9), "p99": percentile(v, 0.99),
+            "max": percentile(v, 1.0),
+        })
+    };
+    println!(
+        "steady {rate}/s for {secs} s ({total} events, produced in {produced_in:.1} s): commit → dispatched p50 {:.1} ms, \
+         p99 {:.1} ms; commit → applied p50 {:.1} ms, p99 {:.1} ms",
+        percentile(&dispatched, 0.5),
+        percentile(&dispatched, 0.99),
+        percentile(&applied, 0.5),
+        percentile(&applied, 0.99)
+    );
+    relay.pool().close().await;
+    Ok(json!({
+        "rate_per_sec": rate, "secs": secs, "events": total,
+        "achieved_rate_per_sec": total as f64 / produced_in,
+        "relay_cycles": summary.cycles,
+        "commit_to_dispatched_ms": pct(&dispatched),
+        "commit_to_applied_ms": pct(&applied),
+        "applied_vs_dispatched_p50": percentile(&applied, 0.5) / percentile(&dispatched, 0.5),
+        "samples_ms": {"dispatched": dispatched, "applied": applied},
+    }))
+}
