@@ -46,6 +46,16 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    // Shared with the Lambda (outbox::config): an invocation shorter than a lease plus the margin would claim
+    // nothing and start again at once, reporting success each time.
+    state
+        .relay
+        .config()
+        .check_invocation_budget(
+            Duration::from_secs(args.invocation_secs),
+            "--invocation-secs",
+        )
+        .context("relay configuration")?;
     let mut n = 0u64;
     loop {
         n += 1;
