@@ -6,7 +6,7 @@
 //! | 2xx, including 202 "deduplicated" | `Accepted` |
 //! | 4xx other than 408 / 429 for *this message* (bad request, too large, …) | `Permanent`: dead-letter now, keep the text |
 //! | 5xx, 408, 429 (with its retry hint), timeouts, connection errors, an unreadable 2xx | `Transient`: back off and retry |
-//! | 401 / 403 / 404 / 405 for the *request* (token, base URL) | `Transient` with `config_problem`: the message is not at fault |
+//! | 401 / 403 / 404 / 405 for the *request* (token, base URL) | `Transient` with `config_problem`: the message is not at fault (and the relay spends no attempt on it, see below) |
 //!
 //! Independently of the outcome, each *request* is classified ([`request_level_failure`]): a transport error,
 //! timeout, 5xx, 401/403/404/405, 408 or 429 answered to the publish or batch request itself says nothing about
