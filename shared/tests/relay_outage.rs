@@ -223,8 +223,12 @@ async fn outage_then_back(pool: PgPool, fault: Fault) {
     );
     let back_at = Instant::now();
     let mut first_dispatch = None;
-    for _ in 0..40 {
+    // Invocations end at once while the probe is not due: pace them like a schedule, bounded by count.
+    for _ in 0..200 {
         let s = invoke(&relay).await;
+        if s.claimed == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         if s.dispatched > 0 && first_dispatch.is_none() {
             first_dispatch = Some(back_at.elapsed());
         }
