@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use outbox::callbacks::handle_callback;
 use outbox::config::{
@@ -560,6 +561,47 @@ fn the_relay_runs_every_minute_with_a_fixed_input_and_no_retries() {
         cfn["Resources"]["RelayFunction"]["Properties"]["Timeout"],
         json!({"Ref": "RelayTimeoutSeconds"})
     );
+    // Issue 13.5: every timeout the template accepts holds every lease plus every margin it accepts (the relay
+    // refuses to run otherwise: RelayConfig::check_invocation_budget). CloudFormation cannot compare two
+    // parameters, so the bounds do it.
+    let bound = |name: &str, which: &str| {
+        cfn["Parameters"][name][which]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{name} has no {which}"))
+    };
+    let (min_timeout, max_lease, max_margin) = (
+        bound("RelayTimeoutSeconds", "MinValue"),
+        bound("RelayLeaseSecs", "MaxValue"),
+        bound("RelayDeadlineMarginMs", "MaxValue") / 1000.0,
+    );
+    assert!(
+        min_timeout >= max_lease + max_margin,
+        "RelayTimeoutSeconds may be {min_timeout} s, but RelayLeaseSecs up to {max_lease} s plus \
+         RelayDeadlineMarginMs up to {max_margin} s need more"
+    );
+    let relay = RelayConfig::from_vars(
+        &Vars::new(&HashMap::from([
+            ("RELAY_LEASE_SECS".to_owned(), max_lease.to_string()),
+            (
+                "RELAY_DEADLINE_MARGIN_MS".to_owned(),
+                (max_margin * 1000.0).to_string(),
+            ),
+        ])),
+        3,
+    )
+    .unwrap();
+    relay
+        .check_invocation_budget(Duration::from_secs_f64(min_timeout), "RelayTimeoutSeconds")
+        .unwrap();
+    assert!(
+        relay
+            .check_invocation_budget(
+                Duration::from_secs_f64(min_timeout - 1.0),
+                "RelayTimeoutSeconds"
+            )
+            .is_err(),
+        "the check and the template's bounds agree to the second"
+    );
 }
 
 #[test]
@@ -776,9 +818,19 @@ fn alarms_read_metrics_the_code_emits_and_notify_one_topic() {
         "DeadLettered",
         "BlockedKeys",
         "ConfigProblems",
+        "QStashOutage",
     ] {
         assert_eq!(find(m).function, relay, "{m}");
     }
+    // A QStash outage has its own alarm, not a dead-letter one: any minute with an outage recorded, five in a
+    // row (the relay prints 1 every invocation while it waits).
+    let outage = &cfn["Resources"][&find("QStashOutage").alarm]["Properties"];
+    assert_eq!(outage["Statistic"], "Maximum");
+    assert_eq!(outage["Threshold"], 1);
+    assert_eq!(
+        outage["ComparisonOperator"],
+        "GreaterThanOrEqualToThreshold"
+    );
     assert_eq!(
         find("DeadLettersRecorded").function,
         FunctionDimension::Literal("failure-callback".into())

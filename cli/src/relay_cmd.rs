@@ -46,6 +46,16 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    // Shared with the Lambda (outbox::config): an invocation shorter than a lease plus the margin would claim
+    // nothing and start again at once, reporting success each time.
+    state
+        .relay
+        .config()
+        .check_invocation_budget(
+            Duration::from_secs(args.invocation_secs),
+            "--invocation-secs",
+        )
+        .context("relay configuration")?;
     let mut n = 0u64;
     loop {
         n += 1;
@@ -60,9 +70,17 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<()> {
             json!({"source": "outbox.cli", "detail-type": "Scheduled Event"}),
             ctx,
         );
-        if let Err(e) = handle(&state, event).await {
-            tracing::error!(error = %e, "relay invocation failed; the next one starts in 5 s");
-            tokio::time::sleep(Duration::from_secs(5)).await;
+        match handle(&state, event).await {
+            Err(e) => {
+                tracing::error!(error = %e, "relay invocation failed; the next one starts in 5 s");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+            // A QStash outage ends the invocation at once (decision record 0012): pause as the schedule would
+            // rather than spin until the next probe.
+            Ok(s) if s.drain.stopped == "outage" => {
+                tokio::time::sleep(state.relay.config().outage_probe_base).await;
+            }
+            Ok(_) => {}
         }
     }
 }

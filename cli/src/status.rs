@@ -138,6 +138,38 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
         )?;
     }
 
+    let o = &s.qstash_outage;
+    writeln!(
+        out,
+        "\nQStash outage (relays publish nothing until the next probe gets through)"
+    )?;
+    match o.since {
+        None => writeln!(out, "  none")?,
+        Some(since) => {
+            writeln!(
+                out,
+                "  since                  {} UTC ({} ago)",
+                since.format("%Y-%m-%d %H:%M:%S"),
+                age(o.duration().as_secs_f64())
+            )?;
+            writeln!(out, "  failed cycles/probes   {}", o.failures)?;
+            writeln!(
+                out,
+                "  next probe             {}",
+                match o.next_probe_at {
+                    Some(t) if t > o.now => format!("in {}", age((t - o.now).as_seconds_f64())),
+                    Some(_) => "due (the next relay invocation probes)".into(),
+                    None => "due".into(),
+                }
+            )?;
+            writeln!(
+                out,
+                "  last error             {}",
+                util::one_line(o.last_error.as_deref().unwrap_or(""), 200)
+            )?;
+        }
+    }
+
     writeln!(out, "\nOrdered keys")?;
     writeln!(
         out,

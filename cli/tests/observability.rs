@@ -117,12 +117,50 @@ async fn child_runs_the_stack() {
         tx.commit().await.unwrap();
         id
     };
+    // A "QStash" that refuses every message with 400 (a verdict on the message): a dead letter at once. A closed
+    // port would be a QStash outage, which spends no attempt and dead-letters nothing (decision record 0012).
+    let refuser = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let refuser_url = format!("http://{}", refuser.local_addr().unwrap());
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut sock, _)) = refuser.accept().await {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // Read the whole request (headers, then Content-Length bytes) before answering.
+            while let Ok(n) = sock.read(&mut chunk).await {
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&buf).to_string();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if buf.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            let body = r#"{"error":"invalid destination"}"#;
+            let resp = format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(resp.as_bytes()).await;
+        }
+    });
     let empty: HashMap<String, String> = HashMap::new();
     let mut cfg =
         outbox::config::RelayConfig::from_vars(&outbox::config::Vars::new(&empty), 3).unwrap();
     cfg.max_attempts = 1;
     let qstash = outbox::config::QstashConfig {
-        base_url: "http://127.0.0.1:9".into(),
+        base_url: refuser_url.clone(),
         retries: 3,
         publish_timeout: Duration::from_secs(1),
         batch_size: 10,
@@ -134,7 +172,7 @@ async fn child_runs_the_stack() {
         callback_url: "http://127.0.0.1:9".into(),
     };
     let client = outbox::qstash::QstashClient::new(
-        "http://127.0.0.1:9",
+        &refuser_url,
         secrecy::SecretString::from(TOKEN.to_owned()),
         Duration::from_secs(1),
     )

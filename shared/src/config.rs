@@ -86,6 +86,22 @@ pub enum ConfigError {
         /// The JSON field / environment variable name.
         field: &'static str,
     },
+    /// The relay's invocation budget cannot hold one lease plus the deadline margin: it would never claim.
+    #[error(
+        "{what} of {budget_secs} s cannot fit one RELAY_LEASE_SECS lease of {lease_secs} s plus the \
+         RELAY_DEADLINE_MARGIN_MS margin of {margin_ms} ms: the relay would never claim an event. Raise {what} or \
+         lower RELAY_LEASE_SECS"
+    )]
+    InvocationTooShort {
+        /// Where the budget came from (`--invocation-secs`, the Lambda timeout).
+        what: &'static str,
+        /// The budget.
+        budget_secs: f64,
+        /// `RELAY_LEASE_SECS`.
+        lease_secs: f64,
+        /// `RELAY_DEADLINE_MARGIN_MS`.
+        margin_ms: u64,
+    },
     /// The database URL does not parse (the URL itself is not echoed: it holds a password).
     #[error("DATABASE_URL is not a valid Postgres URL: {reason}")]
     InvalidDatabaseUrl {
@@ -506,6 +522,12 @@ pub struct RelayConfig {
     pub listen_notify: bool,
     /// `RELAY_ORDERED_EVIDENCE` (`callback`, the default, or `consumer`).
     pub ordered_evidence: EvidenceMode,
+    /// `RELAY_OUTAGE_PROBE_BASE_MS` (default 2000, 100 ms – 60 s): the first wait after QStash failed as a whole
+    /// before one relay probes it again (decision record 0012); doubles per failed probe.
+    pub outage_probe_base: Duration,
+    /// `RELAY_OUTAGE_PROBE_CAP_SECS` (default 300, from the base to 3600): the longest wait between probes, i.e.
+    /// how long after QStash comes back the relay may still be waiting.
+    pub outage_probe_cap: Duration,
 }
 
 /// QStash's default retry delays (seconds before the n-th retry): `min(86400, e^(2.5·n))`.
@@ -538,7 +560,23 @@ impl RelayConfig {
             }
             Ok(Duration::from_secs_f64(h * 3600.0))
         };
+        let outage_probe_base = v.duration_within(
+            "RELAY_OUTAGE_PROBE_BASE_MS",
+            Duration::from_secs(2),
+            Duration::from_millis(100),
+            Duration::from_secs(60),
+            "the first wait before probing QStash after an outage",
+        )?;
+        let outage_probe_cap = v.duration_within(
+            "RELAY_OUTAGE_PROBE_CAP_SECS",
+            Duration::from_secs(300),
+            outage_probe_base,
+            Duration::from_secs(3600),
+            "the longest wait between probes, and so how long a recovered QStash may go unused",
+        )?;
         Ok(RelayConfig {
+            outage_probe_base,
+            outage_probe_cap,
             batch_size: v.ranged_or("RELAY_BATCH_SIZE", 500, 1, 5000)?,
             lease,
             max_attempts: v.ranged_or("RELAY_MAX_ATTEMPTS", 12, 1, 1000)?,
@@ -584,6 +622,26 @@ impl RelayConfig {
         } else {
             DeadHeadPolicy::Block
         }
+    }
+
+    /// Refuses an invocation budget (the Lambda timeout, or the CLI's `--invocation-secs`) that cannot hold one
+    /// lease plus the deadline margin. The drain never claims with less than a lease left before the deadline
+    /// minus the margin, so such a relay would claim nothing, end at once, and (run in a loop) spin while
+    /// reporting success. `what` names where the budget came from, for the error.
+    pub fn check_invocation_budget(
+        &self,
+        budget: Duration,
+        what: &'static str,
+    ) -> Result<(), ConfigError> {
+        if budget < self.lease + self.deadline_margin {
+            return Err(ConfigError::InvocationTooShort {
+                what,
+                budget_secs: budget.as_secs_f64(),
+                lease_secs: self.lease.as_secs_f64(),
+                margin_ms: self.deadline_margin.as_millis() as u64,
+            });
+        }
+        Ok(())
     }
 }
 

@@ -36,6 +36,9 @@ pub struct Status {
     pub awaiting_evidence: AwaitingEvidence,
     /// Dead letters by topic and source.
     pub dead_letters: Vec<DeadLetterCounts>,
+    /// The relays' shared record of a QStash outage (decision record 0012): since when, the last error, the next
+    /// probe. `since` is null when QStash is not known to be out.
+    pub qstash_outage: crate::relay::outage::OutageState,
 }
 
 /// (1) Events neither dispatched nor dead: how many, how old, and which keep failing.
@@ -247,7 +250,12 @@ pub async fn status(pool: &PgPool) -> Result<Status, sqlx::Error> {
     .fetch_all(&mut *conn)
     .await?;
 
+    let qstash_outage = sqlx::query_as(crate::schema::q(crate::relay::outage::SELECT))
+        .fetch_one(&mut *conn)
+        .await?;
+
     Ok(Status {
+        qstash_outage,
         at,
         backlog: PendingEvents {
             pending,

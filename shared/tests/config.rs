@@ -516,3 +516,67 @@ fn legacy_deliveries_are_verified_unless_refused() {
         "environment variable LEGACY_DELIVERIES=\"accept\" is invalid: expected verify or refuse"
     );
 }
+
+/// Issue 13.5: an invocation budget that cannot hold one lease plus the deadline margin is refused with both
+/// values named (the CLI's `--invocation-secs` and the Lambda share this check), not run as a silent spin.
+#[test]
+fn an_invocation_shorter_than_a_lease_plus_the_margin_is_refused() {
+    let e = env(&[]);
+    let relay = RelayConfig::from_vars(&Vars::new(e.as_ref()), 5).unwrap();
+    assert_eq!(relay.lease, Duration::from_secs(15));
+    assert_eq!(relay.deadline_margin, Duration::from_secs(3));
+    let err = relay
+        .check_invocation_budget(Duration::from_secs(10), "--invocation-secs")
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::InvocationTooShort { .. }));
+    let msg = err.to_string();
+    for part in [
+        "--invocation-secs of 10 s",
+        "RELAY_LEASE_SECS",
+        "15 s",
+        "3000 ms",
+    ] {
+        assert!(msg.contains(part), "{part:?} missing from: {msg}");
+    }
+    // Exactly a lease plus the margin fits; the defaults' Lambda timeout (75 s) does too.
+    relay
+        .check_invocation_budget(Duration::from_secs(18), "--invocation-secs")
+        .unwrap();
+    relay
+        .check_invocation_budget(Duration::from_secs(75), "the Lambda timeout")
+        .unwrap();
+    assert!(
+        relay
+            .check_invocation_budget(Duration::from_millis(17_999), "the Lambda timeout")
+            .is_err()
+    );
+}
+
+#[test]
+fn the_outage_probe_settings_are_bounded() {
+    let relay = |pairs: &[(&str, &str)]| {
+        let e = env(pairs);
+        RelayConfig::from_vars(&Vars::new(e.as_ref()), 5)
+    };
+    let d = relay(&[]).unwrap();
+    assert_eq!(d.outage_probe_base, Duration::from_secs(2));
+    assert_eq!(d.outage_probe_cap, Duration::from_secs(300));
+    let err = relay(&[("RELAY_OUTAGE_PROBE_BASE_MS", "10")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("RELAY_OUTAGE_PROBE_BASE_MS") && err.contains("at least 100 ms"),
+        "{err}"
+    );
+    let err = relay(&[
+        ("RELAY_OUTAGE_PROBE_BASE_MS", "5000"),
+        ("RELAY_OUTAGE_PROBE_CAP_SECS", "4"),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("RELAY_OUTAGE_PROBE_CAP_SECS") && err.contains("at least 5 seconds"),
+        "{err}"
+    );
+    assert!(relay(&[("RELAY_OUTAGE_PROBE_CAP_SECS", "3601")]).is_err());
+}

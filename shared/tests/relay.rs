@@ -38,6 +38,8 @@ fn relay_config() -> RelayConfig {
         housekeeping_batch: 1000,
         listen_notify: false,
         ordered_evidence: outbox::config::EvidenceMode::Callback,
+        outage_probe_base: Duration::from_millis(200),
+        outage_probe_cap: Duration::from_millis(800),
     }
 }
 
@@ -265,24 +267,32 @@ async fn a_stale_relays_settle_changes_nothing(pool: PgPool) {
 async fn transient_failures_back_off_within_bounds_then_dead_letter_with_the_last_error(
     pool: PgPool,
 ) {
+    // Failures that are about the events (a batch item's own 5xx): a QStash that fails every request as a whole
+    // is an outage instead and spends nothing (tests/relay_outage.rs).
     let e = env(pool.clone(), fast()).await;
-    e.dev
-        .handle()
-        .set_faults(Faults {
-            publish_5xx_rate: 1.0,
-            ..Default::default()
-        })
-        .unwrap();
     let ids = enqueue_n(&pool, &AUDIT, 3, 1).await;
     let mut cfg = relay_config();
     cfg.max_attempts = 3;
     let relay = e.relay_with(cfg);
+    let item_5xx = || outbox::qstash::PublishOutcome::Transient {
+        status: Some(500),
+        retry_after: None,
+        error: "QStash answered 500: item failed".into(),
+        config_problem: false,
+    };
+    let cycle = || async {
+        let claimed = relay.claim().await.unwrap();
+        let outcomes: Vec<_> = claimed.iter().map(|_| item_5xx()).collect();
+        let items = relay.decide(&claimed, &outcomes);
+        let settled = relay.settle(&items).await.unwrap();
+        (claimed.len() as u64, settled)
+    };
 
     // The settle's clock lies between these two readings of the database's, so each row's next attempt is due
     // between `before + 1 s` and `after + 60 s`, however long the cycle and the check take.
     let before = db_epoch(&pool).await;
-    let r = relay.run_cycle().await.unwrap();
-    assert_eq!((r.claimed, r.settled.retried), (3, 3));
+    let (claimed, settled) = cycle().await;
+    assert_eq!((claimed, settled.retried), (3, 3));
     let after = db_epoch(&pool).await;
     // attempt 1: window = min(3600, 30·2^1) = 60 s, floored at 1 s.
     let due: Vec<f64> = sqlx::query_scalar(
@@ -305,11 +315,11 @@ async fn transient_failures_back_off_within_bounds_then_dead_letter_with_the_las
     assert!(err.starts_with("attempt 1: QStash answered 500"), "{err}");
 
     e.make_due().await;
-    assert_eq!(relay.run_cycle().await.unwrap().settled.retried, 3);
+    assert_eq!(cycle().await.1.retried, 3);
     e.make_due().await;
-    let r = relay.run_cycle().await.unwrap();
     assert_eq!(
-        r.settled.dead, 3,
+        cycle().await.1.dead,
+        3,
         "the third attempt exhausts a budget of 3"
     );
     let rows = sqlx::query(
@@ -390,6 +400,15 @@ async fn a_permanent_refusal_dead_letters_at_once_and_only_the_culprit(pool: PgP
     assert_eq!(id, big[0].id);
     assert_eq!(status, Some(413));
     assert_eq!(attempts, 1, "a 4xx is not retried");
+    assert!(!r.outage, "a refused message is no outage");
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM outbox_relay_outage WHERE since IS NOT NULL"
+        )
+        .await,
+        0
+    );
     assert!(
         error.starts_with("QStash refused the message (HTTP 413)"),
         "{error}"
@@ -417,7 +436,13 @@ async fn an_ambiguous_publish_yields_one_delivery(pool: PgPool) {
         })
         .unwrap();
     let r = relay.run_cycle().await.unwrap();
-    assert_eq!(r.settled.retried, 5, "a lost response is transient");
+    // Every request failed at request level (no response at all): an outage, the claim given back unspent.
+    assert_eq!(r.settled.released, 5, "a lost response is transient");
+    assert!(r.outage);
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM outbox WHERE attempts = 0").await,
+        5
+    );
     e.dev.handle().set_faults(Faults::default()).unwrap();
     e.make_due().await;
     let r = relay.run_cycle().await.unwrap();

@@ -71,6 +71,9 @@ impl StackOptions {
         // A laptop-scale backoff: a failed publish is retried within seconds, not the production minutes.
         relay.backoff_base = Duration::from_millis(500);
         relay.backoff_cap = Duration::from_secs(10);
+        // Likewise for a QStash outage (a stopped dev server): probe again within a second or two.
+        relay.outage_probe_base = Duration::from_millis(200);
+        relay.outage_probe_cap = Duration::from_secs(2);
         Ok(StackOptions {
             database_url: database_url.to_owned(),
             migrators: vec![&outbox::MIGRATOR, &orders_example::MIGRATOR],
@@ -426,8 +429,14 @@ impl LocalStack {
                     );
                     match handle(&state, event).await {
                         Ok(s) => {
+                            // A QStash outage ends the invocation at once: pause like the schedule would.
+                            let outage = s.drain.stopped == "outage";
                             if let Ok(mut l) = last.lock() {
                                 *l = Some(s);
+                            }
+                            if outage {
+                                let pause = state.relay.config().outage_probe_base;
+                                tokio::time::sleep(pause).await;
                             }
                         }
                         Err(e) => {

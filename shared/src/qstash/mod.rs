@@ -6,7 +6,13 @@
 //! | 2xx, including 202 "deduplicated" | `Accepted` |
 //! | 4xx other than 408 / 429 for *this message* (bad request, too large, …) | `Permanent`: dead-letter now, keep the text |
 //! | 5xx, 408, 429 (with its retry hint), timeouts, connection errors, an unreadable 2xx | `Transient`: back off and retry |
-//! | 401 / 403 / 404 / 405 for the *request* (token, base URL) | `Transient` with `config_problem`: the message is not at fault |
+//! | 401 / 403 / 404 / 405 for the *request* (token, base URL) | `Transient` with `config_problem`: the message is not at fault (and the relay spends no attempt on it, see below) |
+//!
+//! Independently of the outcome, each *request* is classified ([`request_level_failure`]): a transport error,
+//! timeout, 5xx, 401/403/404/405, 408 or 429 answered to the publish or batch request itself says nothing about
+//! the messages in it (QStash is down, unreachable, or refusing this relay's token, URL or account rate), while a
+//! batch item's own error or a 4xx about a single message is a verdict on that message. The relay treats a cycle
+//! whose every request failed at request level as an outage, not as each event's failure (decision record 0012).
 //!
 //! A timeout is ambiguous (QStash may have accepted the message); the retry carries the same
 //! `Upstash-Deduplication-Id`, so QStash answers 202 with the first message id inside its dedup window, and the
@@ -63,6 +69,31 @@ pub enum PublishOutcome {
         /// A token/base-URL problem rather than anything about the message.
         config_problem: bool,
     },
+}
+
+/// The answer to one `/v2/batch` request: one outcome per message plus whether the request itself failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchResponse {
+    /// One outcome per message, in order (a failed request gives every message the request's outcome).
+    pub outcomes: Vec<PublishOutcome>,
+    /// The request as a whole failed at request level (see [`request_level_failure`]): the outcomes say nothing
+    /// about the messages, so the relay must not count them against the events.
+    pub request_failed: bool,
+}
+
+/// Whether the outcome of a *whole request* (a single publish, or a batch answered with a non-2xx status or not
+/// at all) means QStash as a whole is unavailable to this relay rather than that the message is bad: a transport
+/// error or timeout (no status), 5xx, 408, 429 (account or rate limit), or 401/403/404/405 (token or base URL).
+/// An unreadable 2xx and every other 4xx are about the message. Never call this on a batch *item*'s outcome:
+/// an item's 429 or 5xx is that message's problem, because its siblings in the same request got through.
+pub fn request_level_failure(outcome: &PublishOutcome) -> bool {
+    match outcome {
+        PublishOutcome::Transient { status: None, .. } => true,
+        PublishOutcome::Transient {
+            status: Some(s), ..
+        } => matches!(*s, 401 | 403 | 404 | 405 | 408 | 429 | 500..=599),
+        PublishOutcome::Accepted { .. } | PublishOutcome::Permanent { .. } => false,
+    }
 }
 
 impl PublishOutcome {
@@ -172,8 +203,29 @@ impl QstashClient {
     /// `POST /v2/batch`: one outcome per message, in order. A failure of the whole request gives every message
     /// that request's outcome.
     pub async fn batch(&self, msgs: &[Message]) -> Vec<PublishOutcome> {
+        self.batch_classified(msgs).await.outcomes
+    }
+
+    /// [`QstashClient::batch`], also telling whether the request as a whole failed at request level (the relay's
+    /// outage detection needs to tell that apart from every item failing on its own).
+    pub async fn batch_classified(&self, msgs: &[Message]) -> BatchResponse {
+        let outcomes = self.batch_inner(msgs).await;
+        match outcomes {
+            Ok(outcomes) => BatchResponse {
+                outcomes,
+                request_failed: false,
+            },
+            Err(o) => BatchResponse {
+                request_failed: request_level_failure(&o),
+                outcomes: vec![o; msgs.len()],
+            },
+        }
+    }
+
+    /// `Err`: the outcome of the whole request (no per-item answer).
+    async fn batch_inner(&self, msgs: &[Message]) -> Result<Vec<PublishOutcome>, PublishOutcome> {
         if msgs.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let items: Vec<BatchItem<'_>> = msgs
             .iter()
@@ -189,13 +241,10 @@ impl QstashClient {
         let body = match serde_json::to_writer(&mut body, &items).map(|_| body) {
             Ok(b) => b,
             Err(e) => {
-                return vec![
-                    PublishOutcome::transient(
-                        None,
-                        format!("could not encode the batch: {e}")
-                    );
-                    msgs.len()
-                ];
+                return Err(PublishOutcome::transient(
+                    None,
+                    format!("could not encode the batch: {e}"),
+                ));
             }
         };
         let resp = self
@@ -207,17 +256,16 @@ impl QstashClient {
             .send()
             .await;
         let resp = match resp {
-            Err(e) => return vec![request_error(&e); msgs.len()],
+            Err(e) => return Err(request_error(&e)),
             Ok(r) => r,
         };
         let status = resp.status().as_u16();
         let hint = retry_after(resp.headers());
         let text = resp.text().await.unwrap_or_default();
         if !(200..300).contains(&status) {
-            let o = classify_response(status, hint, &text, |_| None);
-            return vec![o; msgs.len()];
+            return Err(classify_response(status, hint, &text, |_| None));
         }
-        match serde_json::from_str::<Vec<Value>>(&text) {
+        Ok(match serde_json::from_str::<Vec<Value>>(&text) {
             Ok(items) if items.len() == msgs.len() => {
                 items.iter().map(classify_batch_item).collect()
             }
@@ -239,7 +287,7 @@ impl QstashClient {
                 );
                 msgs.len()
             ],
-        }
+        })
     }
 }
 
@@ -454,6 +502,63 @@ mod tests {
                 "{s}"
             );
         }
+    }
+
+    #[test]
+    fn request_level_failures_are_told_from_message_failures() {
+        let t = |status: Option<u16>| PublishOutcome::transient(status, "x");
+        // QStash unavailable to this relay as a whole: no response, 5xx, rate limit, token or URL refused.
+        for o in [
+            t(None),
+            t(Some(500)),
+            t(Some(503)),
+            t(Some(408)),
+            t(Some(429)),
+        ] {
+            assert!(request_level_failure(&o), "{o:?}");
+        }
+        for s in [401u16, 403, 404, 405] {
+            let o = classify_response(s, None, "", parse_accepted);
+            assert!(request_level_failure(&o), "{s}");
+        }
+        // About the message: accepted, refused (400, 413, 422), or an unreadable 2xx.
+        for o in [
+            PublishOutcome::Accepted {
+                message_id: "m".into(),
+                deduplicated: false,
+            },
+            classify_response(400, None, "bad destination", parse_accepted),
+            classify_response(413, None, "", parse_accepted),
+            classify_response(422, None, "", parse_accepted),
+            classify_response(200, None, "garbage", parse_accepted),
+        ] {
+            assert!(!request_level_failure(&o), "{o:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_never_reaches_qstash_failed_as_a_request() {
+        // A closed port: connection refused for the request, whatever the messages.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let client = QstashClient::new(
+            &format!("http://127.0.0.1:{port}"),
+            SecretString::from("t".to_owned()),
+            Duration::from_secs(2),
+        )
+        .unwrap();
+        let msg = Message {
+            destination: "http://127.0.0.1:1/x".into(),
+            body: "{}".into(),
+            options: PublishOptions::default(),
+        };
+        let r = client.batch_classified(&[msg.clone(), msg]).await;
+        assert!(r.request_failed, "{r:?}");
+        assert_eq!(r.outcomes.len(), 2);
+        let empty = client.batch_classified(&[]).await;
+        assert!(!empty.request_failed && empty.outcomes.is_empty());
     }
 
     #[test]

@@ -79,6 +79,7 @@ impl ClaimedEvent {
 /// The two claim statements with the batch size spliced in.
 #[derive(Debug, Clone)]
 pub struct ClaimStatements {
+    batch_size: u32,
     unordered: String,
     ordered: String,
     persistent: bool,
@@ -89,10 +90,16 @@ impl ClaimStatements {
     pub fn new(batch_size: u32, persistent: bool) -> Self {
         let limit = batch_size.to_string();
         ClaimStatements {
+            batch_size,
             unordered: crate::schema::sql(CLAIM_UNORDERED_SQL).replace("{limit}", &limit),
             ordered: crate::schema::sql(CLAIM_HEADS_SQL).replace("{limit}", &limit),
             persistent,
         }
+    }
+
+    /// Rows per claim of each kind.
+    pub fn batch_size(&self) -> u32 {
+        self.batch_size
     }
 
     /// The unordered claim's SQL.

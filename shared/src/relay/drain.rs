@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::Notify;
 
+use super::outage::{self, OutageState};
 use super::{CycleReport, Relay, RelayError, db};
 
 /// What one invocation's drain did.
@@ -28,6 +29,12 @@ pub struct DrainSummary {
     pub errors: u64,
     /// Transient publish failures caused by configuration.
     pub config_problems: u64,
+    /// Claimed events given back without spending an attempt (their request failed at request level).
+    pub released: u64,
+    /// An outage of QStash is recorded at the end of the drain (decision record 0012): `QStashOutage` in EMF.
+    pub qstash_outage: bool,
+    /// How long that outage has lasted, seconds (`OutageSeconds`; 0 without one).
+    pub outage_secs: f64,
     /// Median `/v2/batch` latency, ms.
     pub publish_p50_ms: f64,
     /// 99th percentile `/v2/batch` latency, ms.
@@ -39,7 +46,9 @@ pub struct DrainSummary {
 impl Relay {
     /// Runs cycles (`RELAY_CONCURRENCY` at once) until `deadline`: again at once while claims come back full,
     /// otherwise after the poll interval (or a `NOTIFY`, when enabled). Never claims with less time left than
-    /// the lease, so every claim can be settled before the invocation ends.
+    /// the lease, so every claim can be settled before the invocation ends. During a recorded QStash outage it
+    /// claims nothing until the next probe is due, then probes (one relay only) and drains only if the probe
+    /// got through; a cycle that finds QStash out stops every worker (decision record 0012).
     pub async fn drain(&self, deadline: Instant) -> Result<DrainSummary, RelayError> {
         self.drain_with(deadline, false).await
     }
@@ -56,12 +65,20 @@ impl Relay {
         let totals = Totals::default();
         let latencies = std::sync::Mutex::new(Vec::<Duration>::new());
         let last_error: std::sync::Mutex<Option<RelayError>> = std::sync::Mutex::new(None);
+        let out = std::sync::atomic::AtomicBool::new(false);
+
+        if deadline.saturating_duration_since(Instant::now()) >= self.cfg.lease
+            && !self.outage_gate(&totals, &latencies).await?
+        {
+            out.store(true, AtomicOrdering::Relaxed);
+        }
 
         let worker = |n: u32| {
             let wake = wake.clone();
             let totals = &totals;
             let latencies = &latencies;
             let last_error = &last_error;
+            let out = &out;
             async move {
                 let mut consecutive_errors = 0u32;
                 // Stagger workers a little so their claims do not collide on the same index pages.
@@ -70,7 +87,10 @@ impl Relay {
                 }
                 loop {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    if left < self.cfg.lease || self.stop.requested() {
+                    if left < self.cfg.lease
+                        || self.stop.requested()
+                        || out.load(AtomicOrdering::Relaxed)
+                    {
                         break;
                     }
                     match self.run_cycle().await {
@@ -79,6 +99,10 @@ impl Relay {
                             totals.add(&r);
                             if let Ok(mut l) = latencies.lock() {
                                 l.extend(r.publish_latencies.iter().copied());
+                            }
+                            if r.outage {
+                                out.store(true, AtomicOrdering::Relaxed);
+                                break;
                             }
                             if r.full {
                                 continue;
@@ -134,6 +158,9 @@ impl Relay {
         {
             return Err(e);
         }
+        let state = outage::load(&self.pool, self.persistent)
+            .await
+            .map_err(db("read outage"))?;
         let mut lat = latencies.into_inner().unwrap_or_default();
         lat.sort();
         let pct = |p: f64| -> f64 {
@@ -152,14 +179,68 @@ impl Relay {
             fenced: totals.fenced.load(AtomicOrdering::Relaxed),
             errors: totals.errors.load(AtomicOrdering::Relaxed),
             config_problems: totals.config_problems.load(AtomicOrdering::Relaxed),
+            released: totals.released.load(AtomicOrdering::Relaxed),
+            qstash_outage: state.active(),
+            outage_secs: state.duration().as_secs_f64(),
             publish_p50_ms: pct(0.5),
             publish_p99_ms: pct(0.99),
-            stopped: if stop_when_empty && Instant::now() < deadline {
+            stopped: if out.load(AtomicOrdering::Relaxed) {
+                "outage"
+            } else if stop_when_empty && Instant::now() < deadline {
                 "empty"
             } else {
                 "deadline"
             },
         })
+    }
+
+    /// Before any claim: `true` to drain. No outage recorded: drain. An outage whose probe is not due: wait (no
+    /// claim). A due probe: take it (one relay wins), publish the probe's small claim, and drain only if QStash
+    /// answered; with nothing to probe with, the outage is cleared and the next ordinary cycle finds out.
+    async fn outage_gate(
+        &self,
+        totals: &Totals,
+        latencies: &std::sync::Mutex<Vec<Duration>>,
+    ) -> Result<bool, RelayError> {
+        let state = outage::load(&self.pool, self.persistent)
+            .await
+            .map_err(db("read outage"))?;
+        if !state.active() {
+            return Ok(true);
+        }
+        self.outage_hint.store(true, AtomicOrdering::Relaxed);
+        if state.waiting() {
+            log_waiting(&state, "waiting for the next probe");
+            return Ok(false);
+        }
+        if !outage::take_probe(&self.pool, self.cfg.lease, self.persistent)
+            .await
+            .map_err(db("take outage probe"))?
+        {
+            log_waiting(&state, "another relay is probing");
+            return Ok(false);
+        }
+        tracing::info!(failures = state.failures, "probing QStash after an outage");
+        let r = self.run_probe_cycle().await?;
+        totals.add(&r);
+        if let Ok(mut l) = latencies.lock() {
+            l.extend(r.publish_latencies.iter().copied());
+        }
+        if r.outage {
+            return Ok(false);
+        }
+        if r.requests_ok == 0
+            && let Some(lasted) = outage::clear(&self.pool, self.persistent)
+                .await
+                .map_err(db("clear outage"))?
+        {
+            self.outage_hint.store(false, AtomicOrdering::Relaxed);
+            tracing::info!(
+                outage_secs = lasted.as_secs_f64(),
+                "nothing to probe QStash with: outage cleared; the next publish tells"
+            );
+        }
+        Ok(true)
     }
 
     /// True when no event is pending and no ordered head awaits delivery evidence.
@@ -244,6 +325,7 @@ struct Totals {
     fenced: AtomicU64,
     errors: AtomicU64,
     config_problems: AtomicU64,
+    released: AtomicU64,
 }
 
 impl Totals {
@@ -260,5 +342,17 @@ impl Totals {
         self.fenced.fetch_add(r.fenced, AtomicOrdering::Relaxed);
         self.config_problems
             .fetch_add(r.config_problems, AtomicOrdering::Relaxed);
+        self.released
+            .fetch_add(r.settled.released, AtomicOrdering::Relaxed);
     }
+}
+
+fn log_waiting(state: &OutageState, why: &str) {
+    tracing::warn!(
+        outage_secs = state.duration().as_secs_f64(),
+        failures = state.failures,
+        next_probe_in_secs = state.until_probe().as_secs_f64(),
+        last_error = state.last_error.as_deref().unwrap_or(""),
+        "QStash outage: publishing nothing this invocation ({why})"
+    );
 }

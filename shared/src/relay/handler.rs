@@ -69,6 +69,19 @@ impl RelayState {
             secrets.get(SecretField::QstashToken)?.clone(),
             qstash.publish_timeout,
         )?;
+        // Lambda's own runtime does not export the timeout, but emulators (SAM local) do: refuse at cold start
+        // when it is known; otherwise every invocation checks its deadline (`handle`).
+        if let Some(t) = vars.raw("AWS_LAMBDA_FUNCTION_TIMEOUT") {
+            let secs: f64 = t.trim().parse().map_err(|_| ConfigError::InvalidVar {
+                name: "AWS_LAMBDA_FUNCTION_TIMEOUT",
+                value: t.clone(),
+                reason: "expected a number of seconds".into(),
+            })?;
+            relay_cfg.check_invocation_budget(
+                Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(Duration::ZERO),
+                "the Lambda timeout (AWS_LAMBDA_FUNCTION_TIMEOUT)",
+            )?;
+        }
         let function_name = vars
             .raw("AWS_LAMBDA_FUNCTION_NAME")
             .unwrap_or_else(|| "relay".into());
@@ -189,9 +202,15 @@ pub async fn handle(
             "the runtime sent no usable deadline (a local emulator): draining for RELAY_EMULATOR_TIMEOUT_SECS"
         );
     }
-    let deadline = deadline_from(deadline_ms, state.margin);
     let relay = &state.relay;
     let cfg = relay.config();
+    // A timeout that cannot hold a lease plus the margin would end every invocation at once with nothing
+    // claimed, reported as success: refuse instead, naming both values.
+    cfg.check_invocation_budget(
+        Duration::from_millis(deadline_ms.saturating_sub(now_ms)),
+        "the Lambda invocation's time to its deadline (the function's timeout)",
+    )?;
+    let deadline = deadline_from(deadline_ms, state.margin);
     let retention = Retention {
         outbox: cfg.retention,
         processed: cfg.processed_ttl,
@@ -226,7 +245,7 @@ pub async fn handle(
     Ok(summary)
 }
 
-/// The EMF record of an invocation (the alarms read `OldestPendingAge` and `DeadLettered`).
+/// The EMF record of an invocation (the alarms read `OldestPendingAge`, `DeadLettered` and `QStashOutage`).
 pub fn emf(function: &str, s: &InvocationSummary) -> EmfRecord {
     EmfRecord::new(function)
         .metric("Claimed", Unit::Count, s.drain.claimed as f64)
@@ -239,6 +258,13 @@ pub fn emf(function: &str, s: &InvocationSummary) -> EmfRecord {
             Unit::Count,
             s.drain.config_problems as f64,
         )
+        .metric("Released", Unit::Count, s.drain.released as f64)
+        .metric(
+            "QStashOutage",
+            Unit::Count,
+            if s.drain.qstash_outage { 1.0 } else { 0.0 },
+        )
+        .metric("OutageSeconds", Unit::Seconds, s.drain.outage_secs)
         .metric("Pending", Unit::Count, s.backlog.pending as f64)
         .metric(
             "OldestPendingAge",

@@ -18,6 +18,10 @@
 //! the first message id inside its 10-minute window; after it, the consumer's dedupe absorbs the duplicate).
 //! [`Relay::drain`] repeats cycles until the invocation's deadline; the retry budget ends in `dead_letters`.
 //!
+//! A cycle whose every publish request failed at request level (QStash down, unreachable, refusing the token
+//! or URL, rate-limiting the account) is an outage, not each event's failure: the claim is given back without
+//! spending an attempt and the relays wait for a shared probe ([`outage`], decision record 0012).
+//!
 //! *Lease*, *fencing token* and *dead letter* are defined in the repository's `docs/glossary.md`.
 
 pub mod backoff;
@@ -25,9 +29,11 @@ pub mod claim;
 mod drain;
 pub mod handler;
 pub mod housekeeping;
+pub mod outage;
 pub mod settle;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
@@ -36,6 +42,7 @@ use crate::config::{DeadHeadPolicy, EvidenceMode, QstashConfig, RelayConfig};
 use crate::contract;
 use crate::qstash::{
     FlowControl, Message, PublishOptions, PublishOutcome, QstashClient, flow_control_key,
+    request_level_failure,
 };
 use backoff::Backoff;
 use claim::{ClaimStatements, ClaimedEvent};
@@ -54,6 +61,10 @@ pub enum RelayError {
         #[source]
         source: sqlx::Error,
     },
+    /// The invocation cannot hold one lease plus the deadline margin, so it would claim nothing: refused rather
+    /// than reported as an empty success ([`RelayConfig::check_invocation_budget`]).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 fn db(step: &'static str) -> impl FnOnce(sqlx::Error) -> RelayError {
@@ -74,6 +85,47 @@ pub struct CycleReport {
     pub publish_latencies: Vec<Duration>,
     /// Transient publish failures caused by configuration (token, base URL).
     pub config_problems: u64,
+    /// Publish requests QStash answered (any 2xx, or a verdict on the message).
+    pub requests_ok: u64,
+    /// Publish requests that failed at request level ([`request_level_failure`]).
+    pub requests_failed: u64,
+    /// Every publish request failed at request level: QStash is out, the claim was released and the outage
+    /// recorded; the drain stops publishing.
+    pub outage: bool,
+}
+
+/// What [`Relay::publish_classified`] found.
+#[derive(Debug, Clone, Default)]
+pub struct Published {
+    /// One outcome per event, in order.
+    pub outcomes: Vec<PublishOutcome>,
+    /// Per event: its request failed at request level, so the outcome says nothing about the event.
+    pub request_level: Vec<bool>,
+    /// Requests answered.
+    pub requests_ok: u64,
+    /// Requests failed at request level.
+    pub requests_failed: u64,
+    /// Duration of each `/v2/batch` request.
+    pub latencies: Vec<Duration>,
+}
+
+impl Published {
+    /// Every request failed at request level (and there was at least one): an outage.
+    pub fn is_outage(&self) -> bool {
+        self.requests_failed > 0 && self.requests_ok == 0
+    }
+
+    /// The first request-level error, for the outage record.
+    pub fn first_request_error(&self) -> Option<String> {
+        self.outcomes
+            .iter()
+            .zip(&self.request_level)
+            .find(|(_, rl)| **rl)
+            .map(|(o, _)| match o {
+                PublishOutcome::Transient { error, .. } => error.clone(),
+                other => format!("{other:?}"),
+            })
+    }
 }
 
 /// The relay: pool, QStash client and settings, built once per process (cold start) and reused.
@@ -84,8 +136,13 @@ pub struct Relay {
     cfg: RelayConfig,
     qstash: QstashConfig,
     claims: ClaimStatements,
+    probe_claims: ClaimStatements,
     persistent: bool,
     backoff: Backoff,
+    probe_backoff: outage::ProbeBackoff,
+    /// This process has seen an outage recorded that it has not seen cleared: a successful cycle clears the row
+    /// (without the hint, successful cycles skip that statement).
+    outage_hint: AtomicBool,
 }
 
 impl Relay {
@@ -100,10 +157,16 @@ impl Relay {
         Relay {
             stop: Arc::new(StopSignal::default()),
             claims: ClaimStatements::new(cfg.batch_size, persistent),
+            probe_claims: ClaimStatements::new(1, persistent),
             backoff: Backoff {
                 base: cfg.backoff_base,
                 cap: cfg.backoff_cap,
             },
+            probe_backoff: outage::ProbeBackoff {
+                base: cfg.outage_probe_base,
+                cap: cfg.outage_probe_cap,
+            },
+            outage_hint: AtomicBool::new(false),
             pool,
             client,
             cfg,
@@ -135,15 +198,17 @@ impl Relay {
 
     /// Step 1: claims unordered events and ordered key heads (each up to the batch size).
     pub async fn claim(&self) -> Result<Vec<ClaimedEvent>, RelayError> {
+        self.claim_with(&self.claims).await
+    }
+
+    async fn claim_with(&self, claims: &ClaimStatements) -> Result<Vec<ClaimedEvent>, RelayError> {
         let mut conn = self.pool.acquire().await.map_err(db("acquire"))?;
         let lease = self.cfg.lease.as_secs_f64();
-        let mut events = self
-            .claims
+        let mut events = claims
             .claim_unordered(&mut conn, lease)
             .await
             .map_err(db("claim"))?;
-        let ordered = self
-            .claims
+        let ordered = claims
             .claim_ordered(&mut conn, lease)
             .await
             .map_err(db("claim ordered keys"))?;
@@ -226,11 +291,19 @@ impl Relay {
     /// Step 2: publishes events through `/v2/batch` (requests of `QSTASH_BATCH_SIZE` run concurrently). Returns
     /// one outcome per event, in order, and the latency of each request.
     pub async fn publish(&self, events: &[ClaimedEvent]) -> (Vec<PublishOutcome>, Vec<Duration>) {
+        let p = self.publish_classified(events).await;
+        (p.outcomes, p.latencies)
+    }
+
+    /// [`Relay::publish`], also telling which events' requests failed at request level and how many requests
+    /// were answered or failed that way (the outage decision).
+    pub async fn publish_classified(&self, events: &[ClaimedEvent]) -> Published {
         let messages: Vec<Message> = events.iter().map(|e| self.message_for(e)).collect();
         let chunk = self.qstash.batch_size.max(1) as usize;
         let requests = messages.chunks(chunk).map(|c| async move {
             let t = Instant::now();
-            let mut out = self.client.batch(c).await;
+            let resp = self.client.batch_classified(c).await;
+            let out = resp.outcomes;
             // A permanent refusal of a whole multi-message request (e.g. 413: the batch is too large) says nothing
             // about each message: ask again one by one so only the culprits are dead-lettered.
             if c.len() > 1
@@ -239,18 +312,32 @@ impl Relay {
                     .is_some_and(|o| matches!(o, PublishOutcome::Permanent { .. }))
                 && all_equal(&out)
             {
-                out = futures::future::join_all(c.iter().map(|m| self.client.publish(m))).await;
+                let out: Vec<PublishOutcome> =
+                    futures::future::join_all(c.iter().map(|m| self.client.publish(m))).await;
+                // Each single publish is a request of its own: its failure is request-level or the message's.
+                let rl: Vec<bool> = out.iter().map(request_level_failure).collect();
+                let failed = rl.iter().filter(|r| **r).count() as u64;
+                return (out, rl, rl_len_ok(c.len(), failed), failed, t.elapsed());
             }
-            (out, t.elapsed())
+            let failed = u64::from(resp.request_failed);
+            let rl = vec![resp.request_failed; out.len()];
+            (out, rl, 1 - failed, failed, t.elapsed())
         });
         let results = futures::future::join_all(requests).await;
-        let mut outcomes = Vec::with_capacity(events.len());
-        let mut latencies = Vec::with_capacity(results.len());
-        for (o, l) in results {
-            outcomes.extend(o);
-            latencies.push(l);
+        let mut p = Published {
+            outcomes: Vec::with_capacity(events.len()),
+            request_level: Vec::with_capacity(events.len()),
+            latencies: Vec::with_capacity(results.len()),
+            ..Published::default()
+        };
+        for (o, rl, ok, failed, l) in results {
+            p.requests_ok += ok;
+            p.requests_failed += failed;
+            p.outcomes.extend(o);
+            p.request_level.extend(rl);
+            p.latencies.push(l);
         }
-        (outcomes, latencies)
+        p
     }
 
     /// Decides what to record for each event (pure: no I/O).
@@ -315,18 +402,41 @@ impl Relay {
     }
 
     /// One full cycle: claim, publish, settle. Events whose budget was already used up by earlier claims (the
-    /// relay died mid-attempt) are dead-lettered without another publish.
+    /// relay died mid-attempt) are dead-lettered without another publish. Events whose publish request failed at
+    /// request level are released without spending their attempt; when that was every request, the outage is
+    /// recorded ([`CycleReport::outage`]). Does not look at a recorded outage: [`Relay::drain`] does.
     #[tracing::instrument(name = "relay.cycle", skip_all)]
     pub async fn run_cycle(&self) -> Result<CycleReport, RelayError> {
-        let events = self.claim().await?;
+        self.run_cycle_with(&self.claims, false).await
+    }
+
+    /// One cycle with the probe's claim of one event per kind of topic; an outage counts as a failed probe.
+    pub async fn run_probe_cycle(&self) -> Result<CycleReport, RelayError> {
+        self.run_cycle_with(&self.probe_claims, true).await
+    }
+
+    async fn run_cycle_with(
+        &self,
+        claims: &ClaimStatements,
+        probe: bool,
+    ) -> Result<CycleReport, RelayError> {
+        let events = self.claim_with(claims).await?;
         if events.is_empty() {
             return Ok(CycleReport::default());
         }
         let max = self.cfg.max_attempts as i32;
         let (exhausted, to_publish): (Vec<ClaimedEvent>, Vec<ClaimedEvent>) =
             events.iter().cloned().partition(|e| e.attempts > max);
-        let (outcomes, latencies) = self.publish(&to_publish).await;
-        let mut items = self.decide(&to_publish, &outcomes);
+        let published = self.publish_classified(&to_publish).await;
+        let outcomes = &published.outcomes;
+        let mut items = self.decide(&to_publish, outcomes);
+        // Request-level failures say nothing about the events: give them back, attempt unspent. In a mixed cycle
+        // (some requests answered) this is all that happens to them; when no request was answered it is an outage.
+        for (item, rl) in items.iter_mut().zip(&published.request_level) {
+            if *rl {
+                item.settlement = Settlement::Release;
+            }
+        }
         for ev in &exhausted {
             let skip_key = self.cfg.dead_head_policy(&ev.topic) == DeadHeadPolicy::Skip;
             items.push(SettleItem {
@@ -351,15 +461,45 @@ impl Relay {
             }
         }
         let settled = self.settle(&items).await?;
+        let outage = published.is_outage();
+        if outage {
+            let error = published
+                .first_request_error()
+                .unwrap_or_else(|| "publish request failed".into());
+            let mut conn = self.pool.acquire().await.map_err(db("acquire"))?;
+            let state = outage::record_failure(
+                &mut conn,
+                &error,
+                probe,
+                self.probe_backoff,
+                self.persistent,
+            )
+            .await
+            .map_err(db("record outage"))?;
+            self.outage_hint.store(true, AtomicOrdering::Relaxed);
+            tracing::warn!(error = %error, released = settled.released, probe, failures = state.failures,
+                next_probe_in_secs = state.until_probe().as_secs_f64(),
+                "QStash unavailable as a whole: claim released without spending attempts; publishing paused until the next probe");
+        } else if published.requests_ok > 0
+            && self.outage_hint.swap(false, AtomicOrdering::Relaxed)
+            && let Some(lasted) = outage::clear(&self.pool, self.persistent)
+                .await
+                .map_err(db("clear outage"))?
+        {
+            tracing::info!(
+                outage_secs = lasted.as_secs_f64(),
+                "QStash answers again: outage over"
+            );
+        }
         let claimed = events.len() as u64;
-        let batch = u64::from(self.cfg.batch_size);
+        let batch = u64::from(claims.batch_size());
         let unordered = events.iter().filter(|e| e.seq.is_none()).count() as u64;
         Ok(CycleReport {
             claimed,
             fenced: claimed.saturating_sub(settled.total()),
             settled,
             full: unordered >= batch || claimed - unordered >= batch,
-            publish_latencies: latencies,
+            publish_latencies: published.latencies.clone(),
             config_problems: outcomes
                 .iter()
                 .filter(|o| {
@@ -372,8 +512,15 @@ impl Relay {
                     )
                 })
                 .count() as u64,
+            requests_ok: published.requests_ok,
+            requests_failed: published.requests_failed,
+            outage,
         })
     }
+}
+
+fn rl_len_ok(requests: usize, failed: u64) -> u64 {
+    (requests as u64).saturating_sub(failed)
 }
 
 fn all_equal(v: &[PublishOutcome]) -> bool {

@@ -30,6 +30,10 @@ pub enum Settlement {
         /// Skip the head of an ordered key instead of blocking it.
         skip_key: bool,
     },
+    /// Give the claim back as if it had never been made: QStash was unavailable as a whole (an outage, decision
+    /// record 0012), which says nothing about the event, so the attempt counted at claim is returned, the row is
+    /// due again and its ordered key is freed. `last_error` is left alone: the outage row holds the error.
+    Release,
 }
 
 /// One row to settle.
@@ -49,12 +53,14 @@ pub struct SettleCounts {
     /// Scheduled for retry.
     pub retried: u64,
     pub dead: u64,
+    /// Given back without spending an attempt (QStash outage).
+    pub released: u64,
 }
 
 impl SettleCounts {
     /// Rows settled in total.
     pub fn total(&self) -> u64 {
-        self.dispatched + self.retried + self.dead
+        self.dispatched + self.retried + self.dead + self.released
     }
 }
 
@@ -65,12 +71,14 @@ WITH s AS (
 ),
 upd AS (
     UPDATE {schema}.outbox o SET
+        attempts          = CASE WHEN s.outcome = 3 THEN greatest(o.attempts - 1, 0) ELSE o.attempts END,
         dispatched_at     = CASE WHEN s.outcome = 0 THEN coalesce(o.dispatched_at, now()) ELSE o.dispatched_at END,
         qstash_message_id = coalesce(s.message_id, o.qstash_message_id),
         available_at      = CASE WHEN s.outcome = 1 THEN now() + make_interval(secs => s.delay_secs)
+                                 WHEN s.outcome = 3 THEN least(o.available_at, now())
                                  ELSE o.available_at END,
         dead_lettered_at  = CASE WHEN s.outcome = 2 THEN now() ELSE o.dead_lettered_at END,
-        last_error        = CASE WHEN s.outcome = 0 THEN o.last_error ELSE left(s.error, 2000) END,
+        last_error        = CASE WHEN s.outcome IN (0, 3) THEN o.last_error ELSE left(s.error, 2000) END,
         locked_until      = NULL
     FROM s
     WHERE o.id = s.id AND o.lease_token = s.token
@@ -88,8 +96,8 @@ dead AS (
 ),
 keys AS (
     UPDATE {schema}.outbox_keys k SET
-        inflight_id    = CASE WHEN u.outcome = 0 THEN u.id END,
-        inflight_since = CASE WHEN u.outcome = 0 THEN now() END,
+        inflight_id    = CASE WHEN u.outcome = 0 THEN u.id WHEN u.outcome = 3 THEN k.inflight_id END,
+        inflight_since = CASE WHEN u.outcome = 0 THEN now() WHEN u.outcome = 3 THEN k.inflight_since END,
         available_at   = CASE WHEN u.outcome = 0 THEN now() + make_interval(secs => $9)
                               WHEN u.outcome = 1 THEN now() + make_interval(secs => u.delay_secs)
                               ELSE now() END,
@@ -105,7 +113,8 @@ keys AS (
 )
 SELECT count(*) FILTER (WHERE outcome = 0) AS dispatched,
        count(*) FILTER (WHERE outcome = 1) AS retried,
-       count(*) FILTER (WHERE outcome = 2) AS dead
+       count(*) FILTER (WHERE outcome = 2) AS dead,
+       count(*) FILTER (WHERE outcome = 3) AS released
 FROM upd
 "#;
 
@@ -161,6 +170,14 @@ pub async fn settle(
                 statuses.push(status.map(i32::from));
                 skips.push(*skip_key);
             }
+            Settlement::Release => {
+                outcomes.push(3);
+                delays.push(0.0);
+                errors.push(None);
+                message_ids.push(None);
+                statuses.push(None);
+                skips.push(false);
+            }
         }
     }
     let row = sqlx::query(crate::schema::q(SETTLE_SQL))
@@ -181,5 +198,6 @@ pub async fn settle(
         dispatched: get("dispatched")?,
         retried: get("retried")?,
         dead: get("dead")?,
+        released: get("released")?,
     })
 }
