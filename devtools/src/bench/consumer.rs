@@ -224,7 +224,7 @@ async fn sql_only_round(
             while Instant::now() < deadline {
                 let id = first_id + cursor.fetch_add(1, Ordering::Relaxed) as i64;
                 let mut tx = pool.begin().await?;
-                sqlx::query(outbox::once::DEDUPE_SQL)
+                sqlx::query(outbox::schema::q(outbox::once::DEDUPE_SQL))
                     .bind("sql-only")
                     .bind(id.to_string())
                     .execute(&mut *tx)
