@@ -20,12 +20,13 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 /// The outbox's tables, as the migrations create them.
-const OUTBOX_TABLES: [&str; 7] = [
+const OUTBOX_TABLES: [&str; 8] = [
     "_sqlx_migrations",
     "consumer_sequences",
     "dead_letters",
     "outbox",
     "outbox_keys",
+    "outbox_relay_outage",
     "outbox_sequences",
     "processed_messages",
 ];
