@@ -132,6 +132,8 @@ pub struct DevSummary {
 
 /// Reads the progress figures.
 pub async fn progress(pool: &PgPool) -> anyhow::Result<Progress> {
+    // Unnamed, in a transaction of its own: safe behind PgBouncer in transaction mode.
+    let mut c = outbox::db::Autocommit::acquire(pool, false).await?;
     let (enqueued, dispatched, applied, retried, dead): (i64, i64, i64, i64, i64) = sqlx::query_as(
         outbox::schema::q("SELECT (SELECT count(*) FROM {schema}.outbox), \
                 (SELECT count(*) FROM {schema}.outbox WHERE dispatched_at IS NOT NULL), \
@@ -139,10 +141,10 @@ pub async fn progress(pool: &PgPool) -> anyhow::Result<Progress> {
                 (SELECT coalesce(sum(attempts - 1), 0)::bigint FROM {schema}.outbox WHERE attempts > 1), \
                 (SELECT count(*) FROM {schema}.dead_letters)"),
     )
-    // Unnamed: a once-a-second read, and safe behind PgBouncer in transaction mode.
     .persistent(false)
-    .fetch_one(pool)
+    .fetch_one(&mut *c)
     .await?;
+    c.finish().await?;
     let b = housekeeping::backlog(pool, false).await?;
     Ok(Progress {
         enqueued,

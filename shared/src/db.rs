@@ -3,12 +3,14 @@
 //! horizon, and a switch for the prepared-statement cache (off behind RDS Proxy / PgBouncer in transaction
 //! mode, where named statements break or pin sessions).
 
+use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
 use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 
 use crate::config::{ConfigError, Vars};
 use crate::schema::Schema;
@@ -165,6 +167,81 @@ pub fn ping_when_idle(options: PgPoolOptions) -> PgPoolOptions {
                 Ok(true)
             })
         })
+}
+
+/// Where a statement that would otherwise run in autocommit runs: on the connection as is when
+/// `DB_PERSISTENT_STATEMENTS` is true (or the connection is already in a transaction), inside an explicit
+/// transaction of its own when it is false.
+///
+/// sqlx sends an unnamed statement in two round trips, each ended by a Sync (Parse/Describe, then
+/// Bind/Execute). A pooler in transaction mode (PgBouncer) hands the server connection back at the first Sync
+/// outside a transaction, so the Bind reaches another server connection: `unnamed prepared statement does not
+/// exist`. `BEGIN … COMMIT` keeps one server connection for both. With named statements (persistent) nothing
+/// changes: no extra round trip.
+///
+/// Derefs to [`PgConnection`]: run the statement on `&mut *guard`, then call [`Autocommit::finish`] (which
+/// commits when it began a transaction). Dropped without `finish`, the transaction rolls back.
+///
+/// "Already in a transaction" is sqlx's own count ([`Connection::is_in_transaction`]): a transaction begun
+/// with a raw `BEGIN` statement is not seen.
+pub struct Autocommit<'c>(Inner<'c>);
+
+enum Inner<'c> {
+    Conn(&'c mut PgConnection),
+    Pooled(PoolConnection<Postgres>),
+    Tx(Transaction<'c, Postgres>),
+}
+
+impl<'c> Autocommit<'c> {
+    /// Wraps `conn`: a transaction on it when `persistent` is false and it is not in one already.
+    pub async fn on(conn: &'c mut PgConnection, persistent: bool) -> Result<Self, sqlx::Error> {
+        if persistent || conn.is_in_transaction() {
+            Ok(Autocommit(Inner::Conn(conn)))
+        } else {
+            Ok(Autocommit(Inner::Tx(conn.begin().await?)))
+        }
+    }
+
+    /// Finishes: commits the transaction if one was begun; nothing otherwise.
+    pub async fn finish(self) -> Result<(), sqlx::Error> {
+        match self.0 {
+            Inner::Tx(tx) => tx.commit().await,
+            Inner::Conn(_) | Inner::Pooled(_) => Ok(()),
+        }
+    }
+}
+
+impl Autocommit<'static> {
+    /// A connection from `pool`: a transaction begun on it when `persistent` is false.
+    pub async fn acquire(pool: &PgPool, persistent: bool) -> Result<Self, sqlx::Error> {
+        if persistent {
+            Ok(Autocommit(Inner::Pooled(pool.acquire().await?)))
+        } else {
+            Ok(Autocommit(Inner::Tx(pool.begin().await?)))
+        }
+    }
+}
+
+impl Deref for Autocommit<'_> {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        match &self.0 {
+            Inner::Conn(c) => c,
+            Inner::Pooled(c) => c,
+            Inner::Tx(t) => t,
+        }
+    }
+}
+
+impl DerefMut for Autocommit<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match &mut self.0 {
+            Inner::Conn(c) => c,
+            Inner::Pooled(c) => c,
+            Inner::Tx(t) => t,
+        }
+    }
 }
 
 #[cfg(test)]

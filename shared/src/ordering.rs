@@ -89,6 +89,7 @@ pub async fn record_delivery(
     outbox_id: i64,
     persistent: bool,
 ) -> Result<DeliveryRecorded, sqlx::Error> {
+    let mut c = crate::db::Autocommit::on(&mut *conn, persistent).await?;
     let row = sqlx::query(
         crate::schema::q(r#"
         WITH ev AS (
@@ -125,8 +126,9 @@ pub async fn record_delivery(
     )
     .persistent(persistent)
     .bind(outbox_id)
-    .fetch_one(&mut *conn)
+    .fetch_one(&mut *c)
     .await?;
+    c.finish().await?;
     let found: i64 = row.try_get("found")?;
     if found == 0 {
         return Ok(DeliveryRecorded::UnknownEvent);
@@ -159,6 +161,7 @@ pub async fn release_idle_key(
     done_seq: i64,
     persistent: bool,
 ) -> Result<bool, sqlx::Error> {
+    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
     let deleted = sqlx::query(
         crate::schema::q(r#"
         DELETE FROM {schema}.outbox_keys k
@@ -175,9 +178,10 @@ pub async fn release_idle_key(
     .bind(topic)
     .bind(key)
     .bind(done_seq)
-    .execute(&mut *conn)
+    .execute(&mut *c)
     .await?
     .rows_affected();
+    c.finish().await?;
     Ok(deleted > 0)
 }
 
@@ -213,13 +217,15 @@ pub async fn apply_dead_head(
             "#
         }
     };
+    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
     let n = sqlx::query(crate::schema::q(sql))
         .persistent(persistent)
         .bind(outbox_id)
         .bind(reason)
-        .execute(&mut *conn)
+        .execute(&mut *c)
         .await?
         .rows_affected();
+    c.finish().await?;
     Ok(n > 0)
 }
 
@@ -245,6 +251,7 @@ pub async fn check_consumer_sequence(
     seq: i64,
     persistent: bool,
 ) -> Result<SequenceCheck, sqlx::Error> {
+    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
     let row = sqlx::query(crate::schema::q(
         r#"
         WITH up AS (
@@ -265,8 +272,9 @@ pub async fn check_consumer_sequence(
     .bind(topic)
     .bind(key)
     .bind(seq)
-    .fetch_one(&mut *conn)
+    .fetch_one(&mut *c)
     .await?;
+    c.finish().await?;
     let applied: i64 = row.try_get("applied")?;
     if applied > 0 {
         Ok(SequenceCheck::InOrder)
@@ -286,14 +294,16 @@ pub async fn record_failed_attempt(
     description: &str,
     persistent: bool,
 ) -> Result<bool, sqlx::Error> {
+    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
     let n = sqlx::query(
         crate::schema::q("UPDATE {schema}.outbox SET last_error = left($2, 2000) WHERE id = $1 AND delivered_at IS NULL AND dead_lettered_at IS NULL"),
     )
     .persistent(persistent)
     .bind(outbox_id)
     .bind(description)
-    .execute(&mut *conn)
+    .execute(&mut *c)
     .await?
     .rows_affected();
+    c.finish().await?;
     Ok(n > 0)
 }

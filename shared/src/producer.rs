@@ -580,6 +580,8 @@ impl Producer {
             headers.push(row_headers.map_err(EnqueueError::Serialize)?);
             delays.push(e.delay.map(|d| d.as_secs_f64()).unwrap_or(0.0));
         }
+        // On a bare connection with unnamed statements, one transaction keeps a pooler's server connection.
+        let mut c = crate::db::Autocommit::on(conn, self.persistent_statements).await?;
         let rows = sqlx::query(crate::schema::q(ENQUEUE_SQL))
             .persistent(self.persistent_statements)
             .bind(&topics)
@@ -588,15 +590,16 @@ impl Producer {
             .bind(&payloads)
             .bind(&headers)
             .bind(&delays)
-            .fetch_all(&mut *conn)
+            .fetch_all(&mut *c)
             .await?;
         if self.notify {
             sqlx::query("SELECT pg_notify($1, '')")
                 .persistent(self.persistent_statements)
                 .bind(NOTIFY_CHANNEL)
-                .execute(&mut *conn)
+                .execute(&mut *c)
                 .await?;
         }
+        c.finish().await?;
         let mut out = rows
             .iter()
             .map(|r| {

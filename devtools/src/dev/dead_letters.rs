@@ -167,14 +167,17 @@ impl Tally {
                 Option<i32>,
                 Option<Value>,
             );
+            // Unnamed, in a transaction of its own: safe behind PgBouncer in transaction mode.
+            let mut c = outbox::db::Autocommit::acquire(pool, false).await?;
             let rows: Vec<Row> = sqlx::query_as(
                 outbox::schema::q("SELECT id, source, topic, partition_key, error, status, response_body, attempts, payload \
                  FROM {schema}.dead_letters WHERE id > $1 ORDER BY id LIMIT 500"),
             )
             .persistent(false)
             .bind(self.last_id)
-            .fetch_all(pool)
+            .fetch_all(&mut *c)
             .await?;
+            c.finish().await?;
             let done = rows.len() < 500;
             for (id, source, topic, key, error, status, response_body, attempts, payload) in rows {
                 let d = DeadLetter {

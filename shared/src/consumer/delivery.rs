@@ -162,6 +162,12 @@ pub(super) async fn legacy_delivery<'b>(
             "delivery in the previous wire format whose body is not JSON: it cannot be an outbox payload".into(),
         ));
     }
+    let mut c = crate::db::Autocommit::acquire(&receiver.pool, receiver.persistent)
+        .await
+        .map_err(|e| Outcome::Transient {
+            message: format!("database error while verifying a legacy delivery: {e}"),
+            retry_after: None,
+        })?;
     let row = sqlx::query(
         crate::schema::q("SELECT topic, partition_key, seq, headers, created_at, payload = $2::jsonb AS same_payload, \
                 dispatched_at IS NOT NULL AS dispatched \
@@ -170,7 +176,7 @@ pub(super) async fn legacy_delivery<'b>(
     .persistent(receiver.persistent)
     .bind(outbox_id)
     .bind(std::str::from_utf8(body).unwrap_or_default())
-    .fetch_optional(&receiver.pool)
+    .fetch_optional(&mut *c)
     .await
     .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
         Some(code) if code.starts_with("22") => Outcome::Permanent(format!(
@@ -186,6 +192,10 @@ pub(super) async fn legacy_delivery<'b>(
             message: format!("database error while verifying a legacy delivery: {e}"),
             retry_after: None,
         },
+    })?;
+    c.finish().await.map_err(|e| Outcome::Transient {
+        message: format!("database error while verifying a legacy delivery: {e}"),
+        retry_after: None,
     })?;
     let Some(row) = row else {
         return Err(Outcome::Permanent(format!(

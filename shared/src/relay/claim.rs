@@ -136,11 +136,13 @@ impl ClaimStatements {
         sql: &str,
         lease_secs: f64,
     ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
+        let mut c = crate::db::Autocommit::on(conn, self.persistent).await?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
             .persistent(self.persistent)
             .bind(lease_secs)
-            .fetch_all(&mut *conn)
+            .fetch_all(&mut *c)
             .await?;
+        c.finish().await?;
         rows.iter().map(ClaimedEvent::from_row).collect()
     }
 }

@@ -245,14 +245,18 @@ impl Relay {
 
     /// True when no event is pending and no ordered head awaits delivery evidence.
     pub async fn is_empty(&self) -> Result<bool, RelayError> {
+        let mut c = crate::db::Autocommit::acquire(&self.pool, self.persistent)
+            .await
+            .map_err(db("emptiness check"))?;
         let busy: bool = sqlx::query_scalar(
             crate::schema::q("SELECT EXISTS (SELECT 1 FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL) \
                  OR EXISTS (SELECT 1 FROM {schema}.outbox_keys WHERE inflight_id IS NOT NULL)"),
         )
         .persistent(self.persistent)
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *c)
         .await
         .map_err(db("emptiness check"))?;
+        c.finish().await.map_err(db("emptiness check"))?;
         Ok(!busy)
     }
 

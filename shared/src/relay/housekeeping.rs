@@ -43,12 +43,15 @@ async fn delete_older_than(
     older_than: Duration,
     persistent: bool,
 ) -> Result<u64, sqlx::Error> {
-    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+    let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
+    let n = sqlx::query(sqlx::AssertSqlSafe(sql))
         .persistent(persistent)
         .bind(older_than.as_secs_f64())
-        .execute(pool)
+        .execute(&mut *c)
         .await?
-        .rows_affected())
+        .rows_affected();
+    c.finish().await?;
+    Ok(n)
 }
 
 /// Deletes one batch of dispatched outbox rows past retention; returns how many.
@@ -117,11 +120,14 @@ pub async fn release_idle_keys(
             LIMIT {batch} FOR UPDATE OF k, s SKIP LOCKED) \
          DELETE FROM {schema}.outbox_keys k USING idle WHERE k.topic = idle.topic AND k.partition_key = idle.partition_key"
     );
-    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+    let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
+    let n = sqlx::query(sqlx::AssertSqlSafe(sql))
         .persistent(persistent)
-        .execute(pool)
+        .execute(&mut *c)
         .await?
-        .rows_affected())
+        .rows_affected();
+    c.finish().await?;
+    Ok(n)
 }
 
 /// Deletes one batch of dead letters older than `older_than` that need nobody any more: redriven, or resolved
@@ -222,6 +228,7 @@ pub struct BacklogGauges {
 
 /// Reads the backlog gauges (index-only where possible).
 pub async fn backlog(pool: &PgPool, persistent: bool) -> Result<BacklogGauges, sqlx::Error> {
+    let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
     let row: (i64, f64, i64, i64, f64) = sqlx::query_as(
         crate::schema::q("SELECT \
             (SELECT count(*) FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL), \
@@ -233,8 +240,9 @@ pub async fn backlog(pool: &PgPool, persistent: bool) -> Result<BacklogGauges, s
                       WHERE inflight_id IS NOT NULL), 0)"),
     )
     .persistent(persistent)
-    .fetch_one(pool)
+    .fetch_one(&mut *c)
     .await?;
+    c.finish().await?;
     Ok(BacklogGauges {
         pending: row.0,
         oldest_pending_age_secs: row.1.max(0.0),

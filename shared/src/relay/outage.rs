@@ -88,10 +88,13 @@ const SELECT_FOR_UPDATE: &str = "SELECT since, last_error, failures, next_probe_
 
 /// Reads the outage row.
 pub async fn load(pool: &PgPool, persistent: bool) -> Result<OutageState, sqlx::Error> {
-    sqlx::query_as::<_, OutageState>(crate::schema::q(SELECT))
+    let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
+    let state = sqlx::query_as::<_, OutageState>(crate::schema::q(SELECT))
         .persistent(persistent)
-        .fetch_one(pool)
-        .await
+        .fetch_one(&mut *c)
+        .await?;
+    c.finish().await?;
+    Ok(state)
 }
 
 /// Records a failed cycle or probe. The backoff advances (and `failures` grows) when the outage is new, when
@@ -141,20 +144,23 @@ pub async fn take_probe(
     lease: Duration,
     persistent: bool,
 ) -> Result<bool, sqlx::Error> {
+    let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
     let n = sqlx::query(crate::schema::q(
         "UPDATE {schema}.outbox_relay_outage SET next_probe_at = now() + make_interval(secs => $1), updated_at = now() \
          WHERE since IS NOT NULL AND (next_probe_at IS NULL OR next_probe_at <= now())",
     ))
     .persistent(persistent)
     .bind(lease.as_secs_f64())
-    .execute(pool)
+    .execute(&mut *c)
     .await?
     .rows_affected();
+    c.finish().await?;
     Ok(n == 1)
 }
 
 /// Ends the outage (QStash accepted a request). Returns how long it lasted, if there was one.
 pub async fn clear(pool: &PgPool, persistent: bool) -> Result<Option<Duration>, sqlx::Error> {
+    let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
     let secs: Option<f64> = sqlx::query_scalar(crate::schema::q(
         "UPDATE {schema}.outbox_relay_outage o SET since = NULL, last_error = NULL, failures = 0, next_probe_at = NULL, \
          updated_at = now() \
@@ -163,8 +169,9 @@ pub async fn clear(pool: &PgPool, persistent: bool) -> Result<Option<Duration>, 
          RETURNING extract(epoch FROM now() - old.since)::float8",
     ))
     .persistent(persistent)
-    .fetch_optional(pool)
+    .fetch_optional(&mut *c)
     .await?;
+    c.finish().await?;
     Ok(secs.map(|s| Duration::from_secs_f64(s.max(0.0))))
 }
 

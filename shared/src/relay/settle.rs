@@ -180,6 +180,7 @@ pub async fn settle(
             }
         }
     }
+    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
     let row = sqlx::query(crate::schema::q(SETTLE_SQL))
         .persistent(persistent)
         .bind(&ids)
@@ -191,8 +192,9 @@ pub async fn settle(
         .bind(&statuses)
         .bind(&skips)
         .bind(evidence_timeout.as_secs_f64())
-        .fetch_one(&mut *conn)
+        .fetch_one(&mut *c)
         .await?;
+    c.finish().await?;
     let get = |c: &str| -> Result<u64, sqlx::Error> { Ok(row.try_get::<i64, _>(c)?.max(0) as u64) };
     Ok(SettleCounts {
         dispatched: get("dispatched")?,
