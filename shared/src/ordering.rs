@@ -9,11 +9,14 @@
 //!    That row lock is held until the producer's transaction ends, so a second producer on the same key waits:
 //!    numbers are handed out in commit order with no gaps. (Identity order would not do: T1 takes id 10, T2
 //!    takes id 11, T2 commits first.)
-//! 2. **Relay: one event per key in flight, gated on delivery evidence.** The relay claims *keys*
+//! 2. **Relay: one message per key in flight, gated on delivery evidence.** The relay claims *keys*
 //!    (`outbox_keys`, `FOR UPDATE SKIP LOCKED`, see [`CLAIM_HEADS_SQL`]): the head (`seq = done_seq + 1`) of a key
-//!    that is due, not leased, not awaiting evidence and not blocked. It is published with a delivery callback;
-//!    [`record_delivery`] (called by the callback receiver on a 2xx) advances `done_seq` and frees the key. A
-//!    dead head blocks the key or is skipped, per topic ([`crate::config::DeadHeadPolicy`]).
+//!    that is due, not leased, not awaiting evidence and not blocked, and with `RELAY_DELIVERY_BATCH` > 1 the
+//!    consecutive pending events behind it (decision record 0014), all in one message. It is published with a
+//!    delivery callback; [`record_delivery`] (called by the callback receiver on a 2xx, for every event of the
+//!    message in one transaction) advances `done_seq` and frees the key. The key awaits the evidence of the
+//!    message's last event (`inflight_id`). A dead head blocks the key or is skipped, per topic
+//!    ([`crate::config::DeadHeadPolicy`]); events claimed behind it go back to pending.
 //! 3. **Consumer: sequence check.** [`check_consumer_sequence`] runs inside the consumer's dedupe transaction and
 //!    refuses an event older than one already applied.
 //!
@@ -23,18 +26,21 @@ use sqlx::{PgConnection, Row};
 
 use crate::config::DeadHeadPolicy;
 
-/// The relay's claim of ordered key heads, in one short statement: lock up to `{limit}` due, unblocked keys
-/// (`SKIP LOCKED`: two relays never hold the same key), find each key's head (`seq = done_seq + 1`), lease key
-/// and head with one fencing token, count the attempt. `$1` is the lease in seconds. The batch size is a
-/// literal spliced in once at start: with a `LIMIT $n` parameter Postgres may switch to a generic plan that
-/// ignores the limit (a `claim_outbox` SQL function written with a `LIMIT` parameter ran ~3.5× slower for that
-/// reason).
+/// The relay's claim of ordered key heads and the consecutive events behind them, in one short statement: lock
+/// up to `{limit}` due, unblocked keys (`SKIP LOCKED`: two relays never hold the same key), find each key's head
+/// (`seq = done_seq + 1`), lease the key, the head and up to `n - 1` following events (`done_seq + 2 …`, as long
+/// as they are contiguous, not dead-lettered and not delivered) with one fencing token, and count each row's
+/// attempt. `n` is the key's topic's most events per message (decision record 0014): `$2`/`$3` are the topics
+/// with their own `n` (parallel arrays), `$4` the `n` of every other topic. With `n = 1` only the head is claimed,
+/// as before batching. `$1` is the lease in seconds. The batch size is a literal spliced in once at start: with a
+/// `LIMIT $n` parameter Postgres may switch to a generic plan that ignores the limit (a `claim_outbox` SQL
+/// function written with a `LIMIT` parameter ran ~3.5× slower for that reason).
 ///
-/// The head row itself only gets its attempt, token and `locked_until` (no indexed column), so with the table's
-/// fill factor the update can stay on its page without touching any index (a HOT update); the key row carries
-/// the lease that matters. A head that is delayed pushes its key to the head's time. Keys without a visible head (a producer is still
-/// open, or the key went idle) are pushed back by a second so they cannot fill every claim; idle ones are
-/// deleted by [`release_idle_key`] and housekeeping.
+/// The claimed rows themselves only get their attempt, token and `locked_until` (no indexed column), so with the
+/// table's fill factor the update can stay on its page without touching any index (a HOT update); the key row
+/// carries the lease that matters. A head that is delayed pushes its key to the head's time. Keys without a
+/// visible head (a producer is still open, or the key went idle) are pushed back by a second so they cannot fill
+/// every claim; idle ones are deleted by [`release_idle_key`] and housekeeping.
 pub const CLAIM_HEADS_SQL: &str = r#"
 WITH tok AS (SELECT nextval('{schema}.outbox_lease_token_seq') AS t),
 keys AS (
@@ -56,14 +62,27 @@ keys AS (
         LIMIT {limit}
         FOR UPDATE SKIP LOCKED))
     RETURNING k.topic, k.partition_key, k.done_seq, k.lease_token
+),
+run AS (
+    SELECT r.id
+    FROM keys k
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.seq, row_number() OVER (ORDER BY o.seq) AS rn
+        FROM {schema}.outbox o
+        WHERE o.topic = k.topic AND o.partition_key = k.partition_key
+          AND o.seq > k.done_seq
+          AND o.seq <= k.done_seq + coalesce(
+                (SELECT b.n FROM unnest($2::text[], $3::int[]) AS b(topic, n) WHERE b.topic = k.topic LIMIT 1), $4::int)
+          AND o.dead_lettered_at IS NULL AND o.delivered_at IS NULL) r
+    WHERE k.lease_token = (SELECT t FROM tok)
+      AND r.seq = k.done_seq + r.rn
 )
 UPDATE {schema}.outbox o
 SET attempts = o.attempts + 1,
-    lease_token = k.lease_token,
+    lease_token = (SELECT t FROM tok),
     locked_until = now() + make_interval(secs => $1)
-FROM keys k
-WHERE k.lease_token = (SELECT t FROM tok)
-  AND o.topic = k.topic AND o.partition_key = k.partition_key AND o.seq = k.done_seq + 1
+FROM run
+WHERE o.id = run.id
 RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
           o.created_at, o.redrive_count, o.last_error, o.lease_token
 "#;
