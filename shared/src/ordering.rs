@@ -12,7 +12,7 @@
 //! 2. **Relay: one message per key in flight, gated on delivery evidence.** The relay claims *keys*
 //!    (`outbox_keys`, `FOR UPDATE SKIP LOCKED`, see [`CLAIM_HEADS_SQL`]): the head (`seq = done_seq + 1`) of a key
 //!    that is due, not leased, not awaiting evidence and not blocked, and with `RELAY_DELIVERY_BATCH` > 1 the
-//!    consecutive pending events behind it (decision record 0014), all in one message. It is published with a
+//!    consecutive pending events behind it ([`CLAIM_RUNS_SQL`], decision record 0014), all in one message. It is published with a
 //!    delivery callback; [`record_delivery`] (called by the callback receiver on a 2xx, for every event of the
 //!    message in one transaction) advances `done_seq` and frees the key. The key awaits the evidence of the
 //!    message's last event (`inflight_id`). A dead head blocks the key or is skipped, per topic
@@ -26,22 +26,61 @@ use sqlx::{PgConnection, Row};
 
 use crate::config::DeadHeadPolicy;
 
-/// The relay's claim of ordered key heads and the consecutive events behind them, in one short statement: lock
-/// up to `{limit}` due, unblocked keys (`SKIP LOCKED`: two relays never hold the same key), find each key's head
+/// The relay's claim of ordered key heads, in one short statement: lock up to `{limit}` due, unblocked keys
+/// (`SKIP LOCKED`: two relays never hold the same key), find each key's head (`seq = done_seq + 1`), lease key
+/// and head with one fencing token, count the attempt. `$1` is the lease in seconds. The batch size is a
+/// literal spliced in once at start: with a `LIMIT $n` parameter Postgres may switch to a generic plan that
+/// ignores the limit (a `claim_outbox` SQL function written with a `LIMIT` parameter ran ~3.5× slower for that
+/// reason).
+///
+/// The head row itself only gets its attempt, token and `locked_until` (no indexed column), so with the table's
+/// fill factor the update can stay on its page without touching any index (a HOT update); the key row carries
+/// the lease that matters. A head that is delayed pushes its key to the head's time. Keys without a visible head (a producer is still
+/// open, or the key went idle) are pushed back by a second so they cannot fill every claim; idle ones are
+/// deleted by [`release_idle_key`] and housekeeping.
+pub const CLAIM_HEADS_SQL: &str = r#"
+WITH tok AS (SELECT nextval('{schema}.outbox_lease_token_seq') AS t),
+keys AS (
+    UPDATE {schema}.outbox_keys k
+    SET (available_at, lease_token, locked_until) = (
+        SELECT CASE WHEN h.id IS NULL THEN now() + interval '1 second'
+                    WHEN h.available_at > now() THEN h.available_at
+                    ELSE now() + make_interval(secs => $1) END,
+               CASE WHEN h.id IS NOT NULL AND h.available_at <= now() THEN (SELECT t FROM tok) ELSE k.lease_token END,
+               CASE WHEN h.id IS NOT NULL AND h.available_at <= now()
+                    THEN now() + make_interval(secs => $1) ELSE k.locked_until END
+        FROM (SELECT 1) one
+        LEFT JOIN {schema}.outbox h ON h.topic = k.topic AND h.partition_key = k.partition_key AND h.seq = k.done_seq + 1
+                          AND h.dead_lettered_at IS NULL AND h.delivered_at IS NULL)
+    WHERE k.ctid = ANY (ARRAY(
+        SELECT ctid FROM {schema}.outbox_keys
+        WHERE blocked_at IS NULL AND available_at <= now()
+        ORDER BY available_at
+        LIMIT {limit}
+        FOR UPDATE SKIP LOCKED))
+    RETURNING k.topic, k.partition_key, k.done_seq, k.lease_token
+)
+UPDATE {schema}.outbox o
+SET attempts = o.attempts + 1,
+    lease_token = k.lease_token,
+    locked_until = now() + make_interval(secs => $1)
+FROM keys k
+WHERE k.lease_token = (SELECT t FROM tok)
+  AND o.topic = k.topic AND o.partition_key = k.partition_key AND o.seq = k.done_seq + 1
+RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
+          o.created_at, o.redrive_count, o.last_error, o.lease_token
+"#;
+
+/// [`CLAIM_HEADS_SQL`] for delivery batches (decision record 0014), used when some topic has
+/// `RELAY_DELIVERY_BATCH` > 1: lock up to `{limit}` due, unblocked keys (`SKIP LOCKED`: two relays never hold the same key), find each key's head
 /// (`seq = done_seq + 1`), lease the key, the head and up to `n - 1` following events (`done_seq + 2 …`, as long
 /// as they are contiguous, not dead-lettered and not delivered) with one fencing token, and count each row's
-/// attempt. `n` is the key's topic's most events per message (decision record 0014): `$2`/`$3` are the topics
-/// with their own `n` (parallel arrays), `$4` the `n` of every other topic. With `n = 1` only the head is claimed,
-/// as before batching. `$1` is the lease in seconds. The batch size is a literal spliced in once at start: with a
-/// `LIMIT $n` parameter Postgres may switch to a generic plan that ignores the limit (a `claim_outbox` SQL
-/// function written with a `LIMIT` parameter ran ~3.5× slower for that reason).
-///
-/// The claimed rows themselves only get their attempt, token and `locked_until` (no indexed column), so with the
-/// table's fill factor the update can stay on its page without touching any index (a HOT update); the key row
-/// carries the lease that matters. A head that is delayed pushes its key to the head's time. Keys without a
-/// visible head (a producer is still open, or the key went idle) are pushed back by a second so they cannot fill
-/// every claim; idle ones are deleted by [`release_idle_key`] and housekeeping.
-pub const CLAIM_HEADS_SQL: &str = r#"
+/// attempt. `n` is the key's topic's most events per message: `$2`/`$3` are the topics with their own `n`
+/// (parallel arrays), `$4` the `n` of every other topic; `$1` is the lease in seconds; `{limit}` as in
+/// [`CLAIM_HEADS_SQL`]. The run is found with one range scan of `outbox_key_seq_idx` per key and updated by
+/// `ctid` (no second index lookup). With every `n = 1` it claims what [`CLAIM_HEADS_SQL`] claims, but the relay
+/// then uses that one: it was not measurably slower, yet not measurably as fast either on a shared machine.
+pub const CLAIM_RUNS_SQL: &str = r#"
 WITH tok AS (SELECT nextval('{schema}.outbox_lease_token_seq') AS t),
 keys AS (
     UPDATE {schema}.outbox_keys k
@@ -64,10 +103,10 @@ keys AS (
     RETURNING k.topic, k.partition_key, k.done_seq, k.lease_token
 ),
 run AS (
-    SELECT r.id
+    SELECT r.row_ctid
     FROM keys k
     CROSS JOIN LATERAL (
-        SELECT o.id, o.seq, row_number() OVER (ORDER BY o.seq) AS rn
+        SELECT o.ctid AS row_ctid, o.seq, row_number() OVER (ORDER BY o.seq) AS rn
         FROM {schema}.outbox o
         WHERE o.topic = k.topic AND o.partition_key = k.partition_key
           AND o.seq > k.done_seq
@@ -82,7 +121,7 @@ SET attempts = o.attempts + 1,
     lease_token = (SELECT t FROM tok),
     locked_until = now() + make_interval(secs => $1)
 FROM run
-WHERE o.id = run.id
+WHERE o.ctid = run.row_ctid
 RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
           o.created_at, o.redrive_count, o.last_error, o.lease_token
 "#;

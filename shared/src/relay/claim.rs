@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
-use crate::ordering::CLAIM_HEADS_SQL;
+use crate::ordering::{CLAIM_HEADS_SQL, CLAIM_RUNS_SQL};
 use crate::producer::EventHeaders;
 
 /// The unordered claim. `$1` = lease seconds; `{limit}` is spliced in once (see [`CLAIM_HEADS_SQL`] on why).
@@ -83,11 +83,13 @@ pub struct ClaimStatements {
     unordered: String,
     ordered: String,
     persistent: bool,
-    /// Topics with their own events-per-message (`$2`, `$3` of [`CLAIM_HEADS_SQL`]).
+    /// Topics with their own events-per-message (`$2`, `$3` of [`CLAIM_RUNS_SQL`]).
     batch_topics: Vec<String>,
     batch_ns: Vec<i32>,
     /// Everyone else's (`$4`).
     batch_default: i32,
+    /// The ordered statement is [`CLAIM_RUNS_SQL`] (it takes `$2`–`$4`).
+    runs: bool,
 }
 
 impl ClaimStatements {
@@ -103,12 +105,20 @@ impl ClaimStatements {
             batch_topics: Vec::new(),
             batch_ns: Vec::new(),
             batch_default: 1,
+            runs: false,
         }
     }
 
     /// Claims up to each topic's events-per-message of an ordered key at once (its head and the consecutive
-    /// pending events behind it, decision record 0014).
+    /// pending events behind it, decision record 0014) with [`CLAIM_RUNS_SQL`]; without batching (every `n` is
+    /// 1) the heads-only [`CLAIM_HEADS_SQL`] stays.
     pub fn with_delivery_batching(mut self, batching: &crate::config::DeliveryBatching) -> Self {
+        if !batching.any_batching() {
+            return self;
+        }
+        self.runs = true;
+        self.ordered =
+            crate::schema::sql(CLAIM_RUNS_SQL).replace("{limit}", &self.batch_size.to_string());
         self.batch_default = batching.default_n.clamp(1, i32::MAX as u32) as i32;
         self.batch_topics = batching.topics.iter().map(|(t, _)| t.clone()).collect();
         self.batch_ns = batching
@@ -169,7 +179,7 @@ impl ClaimStatements {
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
             .persistent(self.persistent)
             .bind(lease_secs);
-        if ordered {
+        if ordered && self.runs {
             q = q
                 .bind(&self.batch_topics)
                 .bind(&self.batch_ns)
