@@ -447,3 +447,44 @@ async fn a_dead_ordered_head_blocks_its_key_and_its_followers_go_back_to_pending
     );
     assert!(e.delivered().await.is_empty());
 }
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn without_batching_every_event_is_its_own_message_as_before(pool: PgPool) {
+    let e = env(pool.clone(), dev()).await;
+    let mut events: Vec<NewEvent> = (0..3)
+        .map(|i| NewEvent::new(&AUDIT, format!("a{i}"), &json!({"i": i})).unwrap())
+        .collect();
+    events.extend((0..3).map(|i| NewEvent::new(&ORDERS, "k", &json!({"i": i})).unwrap()));
+    enqueue(&pool, &events).await;
+    let relay = e.relay(DeliveryBatching::default());
+    let claimed = relay.claim().await.unwrap();
+    // Unordered rows plus one head: nothing behind the head is claimed.
+    assert_eq!(claimed.len(), 4);
+    let formed = relay.messages_for(&claimed);
+    assert!(formed.left_over.is_empty());
+    assert_eq!(formed.messages.len(), 4);
+    for m in &formed.messages {
+        assert_eq!(m.events.len(), 1);
+        let ev = &claimed[m.events[0]];
+        let single = relay.message_for(ev);
+        assert_eq!(m.message.body, single.body);
+        assert_eq!(
+            m.message.options.deduplication_id,
+            Some(outbox::contract::dedup_id(ev.id, 0))
+        );
+        let fc = m.message.options.flow_control.as_ref().unwrap();
+        assert_eq!(
+            fc.key,
+            flow_control_key(&format!("{}.{}", ev.topic, ev.partition_key))
+        );
+        let v: Value = serde_json::from_str(&m.message.body).unwrap();
+        assert_eq!(v["events"].as_array().unwrap().len(), 1);
+    }
+    let published = relay.publish_classified(&claimed).await;
+    let items = relay.decide(&claimed, &published.outcomes);
+    assert_eq!(relay.settle(&items).await.unwrap().dispatched, 4);
+    for (ids, header) in e.delivered().await {
+        assert_eq!(ids.len(), 1);
+        assert_eq!(header, ids[0].to_string());
+    }
+}

@@ -868,7 +868,8 @@ impl Relay {
             claimed,
             fenced: claimed.saturating_sub(settled.total()),
             settled,
-            full: unordered >= batch || claimed - unordered >= batch,
+            // Ordered claims are counted in keys: a key's run may hold several events.
+            full: unordered >= batch || heads.len() as u64 >= batch,
             publish_latencies: published.latencies.clone(),
             config_problems: outcomes
                 .iter()
