@@ -745,7 +745,7 @@ async fn chaos(
             // The receivers stay down a moment (QStash retries meanwhile); a relay comes back at once, and its
             // killed claims wait for their lease to end.
             if kind != Kind::Relay {
-                tokio::time::sleep(Duration::from_millis(rng.random_range(0..800))).await;
+                tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
             }
             match spawner.spawn(w) {
                 Ok(()) => {
