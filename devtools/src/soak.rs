@@ -456,6 +456,10 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
         seed: args.seed,
         time_scale: 0.05,
         waitlist_order: qstash_dev::WaitlistOrder::Shuffled,
+        // Shorter than the relays' evidence timeout (20 s below): when an ordered head's delivery callback is
+        // lost, the relay republishes it after that timeout with the same deduplication id, and within the
+        // window QStash would swallow the republish — the key would wait out the whole window (10 min).
+        dedup_window: Duration::from_secs(10),
         ..qstash_dev::Config::default()
     };
     let faults = qstash_dev::Faults {
@@ -903,9 +907,11 @@ async fn account_once(db: &PgPool) -> anyhow::Result<SoakReport> {
     sqlx::query(outbox::schema::q(
         "CREATE TEMP TABLE soak_fate ON COMMIT DROP AS
          SELECT o.id, o.topic, (o.payload->>'poison')::boolean AS poison,
-                (SELECT count(*) FROM soak_applied a WHERE a.outbox_id = o.id) AS applied,
+                coalesce(a.applied, 0) AS applied,
                 EXISTS (SELECT 1 FROM {schema}.dead_letters d WHERE d.outbox_id = o.id) AS dead
-           FROM {schema}.outbox o WHERE o.topic IN ('soak_ordered', 'soak_unordered')",
+           FROM {schema}.outbox o
+           LEFT JOIN (SELECT outbox_id, count(*) AS applied FROM soak_applied GROUP BY 1) a ON a.outbox_id = o.id
+          WHERE o.topic IN ('soak_ordered', 'soak_unordered')",
     ))
     .execute(&mut *tx)
     .await?;
