@@ -28,10 +28,11 @@ enum Command {
     /// Benchmarks (figures and one JSON line; never assertions).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-    /// The pipeline under chaos, then an account of every event: producers (ordered and unordered topics, poison
-    /// events), relays, consumer and callback receiver as separate processes SIGKILLed and restarted at random
-    /// moments, their Postgres backends terminated, the dev server's faults on, optionally a Postgres restart
-    /// and a QStash outage. Prints one line (stdout; progress on stderr) and exits non-zero when an event was
+    /// The pipeline under chaos, then an account of every event.
+    ///
+    /// Producers (ordered and unordered topics, poison events), relays, consumer and callback receiver as
+    /// separate processes SIGKILLed and restarted at random moments, their Postgres backends terminated, the dev
+    /// server's faults on, optionally a Postgres restart and a QStash outage. Prints one line (stdout; progress on stderr) and exits non-zero when an event was
     /// lost, applied twice or applied out of order, or rows are left leased.
     Soak(soak::SoakArgs),
     /// A worker process of `soak` (started by it).

@@ -84,7 +84,7 @@ pub struct SoakArgs {
     /// pg_terminate_backend); each waits a random 0.5x to 1.5x of it. 0 disables the chaos.
     #[arg(long, default_value_t = 2000)]
     pub kill_every_ms: u64,
-    /// A QStash outage: the dev server fails every publish (503) for this many seconds, from --outage-at-secs.
+    /// A QStash outage: the dev server fails every publish (500) for this many seconds, from --outage-at-secs.
     #[arg(long, default_value_t = 0)]
     pub outage_secs: u64,
     /// When the outage starts, seconds after the producers start.
