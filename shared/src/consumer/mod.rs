@@ -25,6 +25,7 @@
 //!
 //! The state and HTTP helpers both receivers share are in [`crate::receiver`].
 
+mod batch;
 mod delivery;
 mod http;
 mod registry;
@@ -33,6 +34,7 @@ use crate::config::ConfigError;
 
 // Shared by both receivers, so they live in `crate::receiver`; re-exported where they used to be.
 pub use crate::receiver::{NONRETRYABLE_HEADER, Receiver, ReceiverState, STATUS_NONRETRYABLE};
+pub use batch::EventResult;
 pub use http::{Outcome, handle_event};
 pub use registry::{
     DEFAULT_SCHEMA_VERSION, Event, EventMeta, Handler, HandlerError, Registry, TopicRoute,
