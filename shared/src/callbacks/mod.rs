@@ -18,6 +18,8 @@
 //! | case | status |
 //! |---|---|
 //! | failure callback recorded (or already recorded: idempotent on `dlqId`) | 200 |
+//! | failure callback of a batched message: applied events delivered, one dead letter per failed event (`<dlqId>/<outbox id>`), unordered leftovers due again ([`crate::dead_letters::record_qstash_batch_failure`], decision record 0027) | 200 |
+//! | delivery callback of a batched message: evidence for all its events in one statement ([`crate::ordering::record_delivery_batch`]) | 200 |
 //! | failure callback whose body cannot be parsed | 200 — stored raw with the parse error, never dropped |
 //! | delivery evidence / failed attempt recorded (or the event is unknown) | 200 |
 //! | delivery callback whose body cannot be parsed, or without status / an outbox id in its signed body | 489 + `Upstash-NonRetryable-Error` (safe: the relay republishes the head after `RELAY_EVIDENCE_TIMEOUT_SECS`) |
