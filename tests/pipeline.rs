@@ -15,14 +15,27 @@ use sqlx::PgPool;
 
 #[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn every_guarantee_holds_end_to_end_under_faults(pool: PgPool) {
-    run_scenario(pool, EvidenceMode::Callback).await;
+    run_scenario(pool, EvidenceMode::Callback, 1).await;
+}
+
+/// The same with batched deliveries (`RELAY_DELIVERY_BATCH=10`, decision records 0014 and 0027): several events
+/// per QStash message, applied per event by the consumer, under the same faults and checks.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn every_guarantee_holds_end_to_end_under_faults_with_batched_deliveries(pool: PgPool) {
+    run_scenario(pool, EvidenceMode::Callback, 10).await;
 }
 
 /// The same with ordered delivery evidence recorded by the consumer in its own transaction
 /// (`RELAY_ORDERED_EVIDENCE=consumer`): no delivery callbacks at all, same guarantees.
 #[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn every_guarantee_holds_with_evidence_recorded_by_the_consumer(pool: PgPool) {
-    run_scenario(pool, EvidenceMode::Consumer).await;
+    run_scenario(pool, EvidenceMode::Consumer, 1).await;
+}
+
+/// Consumer evidence with batched deliveries.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn every_guarantee_holds_with_consumer_evidence_and_batched_deliveries(pool: PgPool) {
+    run_scenario(pool, EvidenceMode::Consumer, 10).await;
 }
 
 /// The dev server's seed: `PIPELINE_SEED`, else 42. A failing run prints it. Fault draws are a function of the
@@ -43,27 +56,30 @@ fn seed() -> u64 {
 struct ReplayHint {
     seed: u64,
     mode: EvidenceMode,
+    batch: u32,
 }
 
 impl Drop for ReplayHint {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!(
-                "pipeline run ({:?} evidence) failed with seed {seed}; replay its faults with \
-                 PIPELINE_SEED={seed} cargo test -p outbox-system --test pipeline",
+                "pipeline run ({:?} evidence, delivery batch {}) failed with seed {seed}; replay its faults \
+                 with PIPELINE_SEED={seed} cargo test -p outbox-system --test pipeline",
                 self.mode,
+                self.batch,
                 seed = self.seed
             );
         }
     }
 }
 
-async fn run_scenario(pool: PgPool, mode: EvidenceMode) {
+async fn run_scenario(pool: PgPool, mode: EvidenceMode, batch: u32) {
     let seed = seed();
-    let _hint = ReplayHint { seed, mode };
-    eprintln!("pipeline run ({mode:?} evidence): seed {seed}");
+    let _hint = ReplayHint { seed, mode, batch };
+    eprintln!("pipeline run ({mode:?} evidence, delivery batch {batch}): seed {seed}");
     let mut opts = StackOptions::new(&url_of(&pool)).unwrap();
     opts.relay.ordered_evidence = mode;
+    opts.relay.batching.default_n = batch;
     opts.dev.time_scale = 0.005;
     opts.dev.seed = seed;
     opts.dev.waitlist_order = WaitlistOrder::Shuffled;
@@ -267,6 +283,7 @@ async fn run_scenario(pool: PgPool, mode: EvidenceMode) {
         seq_of.insert(id.to_string(), (key, seq));
     }
     let mut delivered_upto: HashMap<String, i64> = HashMap::new();
+    let mut batched_attempts = 0usize;
     for a in stack
         .dev
         .handle()
@@ -280,9 +297,9 @@ async fn run_scenario(pool: PgPool, mode: EvidenceMode) {
             "{}",
             a.url
         );
-        // The attempt log keeps headers, not bodies: the outbox id is the informational x-outbox-id copy, which
-        // the consumer refuses to see disagree with the signed envelope.
-        let Some(id) = a
+        // The attempt log keeps headers, not bodies: the outbox ids are the informational x-outbox-id copy (ids
+        // joined by "," for a batch), which the consumer refuses to see disagree with the signed envelope.
+        let Some(ids) = a
             .request_headers
             .iter()
             .find(|(k, _)| k == "x-outbox-id")
@@ -290,18 +307,38 @@ async fn run_scenario(pool: PgPool, mode: EvidenceMode) {
         else {
             continue;
         };
-        let Some((key, seq)) = seq_of.get(&id).cloned() else {
+        let ids: Vec<&str> = ids.split(',').collect();
+        if ids.len() > 1 {
+            batched_attempts += 1;
+        }
+        let Some((key, first)) = seq_of.get(ids[0]).cloned() else {
             continue;
         };
+        let last = ids
+            .last()
+            .and_then(|id| seq_of.get(*id))
+            .map(|(_, s)| *s)
+            .unwrap_or(first);
+        assert_eq!(
+            last - first + 1,
+            ids.len() as i64,
+            "key {key}: a message holds consecutive events"
+        );
         let upto = delivered_upto.entry(key.clone()).or_default();
         assert!(
-            seq <= *upto + 1,
-            "key {key}: seq {seq} attempted before seq {} was delivered",
+            first <= *upto + 1,
+            "key {key}: seq {first} attempted before seq {} was delivered",
             *upto + 1
         );
-        if a.status.is_some_and(|s| (200..300).contains(&s)) && seq == *upto + 1 {
-            *upto = seq;
+        if a.status.is_some_and(|s| (200..300).contains(&s)) && first <= *upto + 1 {
+            *upto = (*upto).max(last);
         }
+    }
+    if batch > 1 {
+        assert!(
+            batched_attempts > 0,
+            "with a delivery batch of {batch}, some messages carry several events"
+        );
     }
     let callbacks = stack
         .dev
@@ -410,5 +447,206 @@ async fn events_applied_behind_lost_responses_end_resolved_and_block_nothing(poo
         scalar("SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL").await,
         0
     );
+    stack.stop().await;
+}
+
+/// Poison inside batches, on both kinds of topic, under publish faults and duplicate deliveries
+/// (`RELAY_DELIVERY_BATCH=10`, decision records 0014 and 0027). Everything is enqueued before the relay starts, so
+/// whole runs go out together: on each ordered key `[placed, cancelled]`, or `[placed, poison, cancelled]` on every
+/// fourth key; on the unordered `audit` topic 40 entries with a poison one in the middle of every ten. Exactly the
+/// poison events become dead letters, each its own; everything before them and every other audit entry is applied
+/// once; on a poisoned key the cancellation waits behind the dead head (not applied, not dead-lettered).
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn a_poison_event_inside_a_batch_dead_letters_alone_on_both_kinds_of_topic(pool: PgPool) {
+    use orders_example::{
+        AuditEntry, LineItem, OrderCancelled, OrderEvent, OrderPlaced, audit_event, order_event,
+    };
+    let placed = |order: &str, amount: i64| {
+        order_event(&OrderEvent::OrderPlaced(OrderPlaced {
+            order_id: order.into(),
+            customer_id: "customer-1".into(),
+            amount_cents: amount,
+            currency: "EUR".into(),
+            items: vec![LineItem {
+                sku: "sku-1".into(),
+                quantity: 1,
+            }],
+        }))
+        .unwrap()
+    };
+    let keys = 12;
+    let mut events = Vec::new();
+    for k in 1..=keys {
+        let order = format!("order-{k}");
+        events.push(placed(&order, 1_000));
+        if k % 4 == 0 {
+            events.push(placed(&order, -1));
+        }
+        events.push(
+            order_event(&OrderEvent::OrderCancelled(OrderCancelled {
+                order_id: order.clone(),
+                reason: None,
+            }))
+            .unwrap(),
+        );
+    }
+    for i in 0..40 {
+        let actor = if i % 10 == 4 { "" } else { "clerk" };
+        events.push(
+            audit_event(
+                &format!("customer-{i}"),
+                &AuditEntry {
+                    actor: actor.into(),
+                    action: "looked".into(),
+                    details: serde_json::json!({ "i": i }),
+                },
+            )
+            .unwrap(),
+        );
+    }
+    let mut tx = pool.begin().await.unwrap();
+    let written = outbox::producer::enqueue_batch(&mut tx, &events)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(written.len(), events.len());
+    let poison_orders: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM outbox WHERE topic = 'orders' AND payload->>'type' = 'OrderPlaced' \
+         AND (payload->>'amount_cents')::bigint < 0 \
+         ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let poison_audit: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM outbox WHERE topic = 'audit' AND payload->>'actor' = '' ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!((poison_orders.len(), poison_audit.len()), (3, 4));
+
+    let mut opts = StackOptions::new(&url_of(&pool)).unwrap();
+    opts.relay.batching.default_n = 10;
+    opts.dev.time_scale = 0.005;
+    opts.dev.seed = seed();
+    opts.dev.faults = Faults {
+        publish_5xx_rate: 0.15,
+        publish_drop_response_rate: 0.10,
+        duplicate_delivery_rate: 0.25,
+        ..Default::default()
+    };
+    opts.relay.lease = Duration::from_secs(2);
+    opts.relay.poll_interval = Duration::from_millis(20);
+    opts.invocation = Duration::from_secs(5);
+    opts.relay.evidence_timeout = Duration::from_secs(15);
+    let stack = LocalStack::start(opts).await.unwrap();
+
+    let scalar = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    // Done when every poison event is a dead letter, every good audit entry and every reachable cancellation is
+    // applied, and QStash has nothing left in flight.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let dead = scalar("SELECT count(*) FROM dead_letters").await;
+        let audit = scalar("SELECT count(*) FROM audit_log").await;
+        let refunded = scalar("SELECT count(*) FROM charges WHERE status = 'refunded'").await;
+        if dead >= 7 && audit >= 36 && refunded >= 9 && stack.dev.handle().is_idle() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not drained: {dead} dead letters, {audit} audit rows, {refunded} refunds"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Exactly the poison events are dead letters, one each, with the consumer's own error, from QStash.
+    let dead: Vec<(i64, String, Option<i32>, String)> = sqlx::query_as(
+        "SELECT outbox_id, source, status, error FROM dead_letters WHERE resolved_at IS NULL ORDER BY outbox_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut expected: Vec<i64> = poison_orders
+        .iter()
+        .chain(poison_audit.iter())
+        .copied()
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(
+        dead.iter().map(|d| d.0).collect::<Vec<_>>(),
+        expected,
+        "{dead:?}"
+    );
+    assert!(
+        dead.iter().all(|d| d.1 == "qstash" && d.2 == Some(489)),
+        "{dead:?}"
+    );
+    // No side effect twice, none lost: 36 audit rows, each event once; one charge per order.
+    assert_eq!(scalar("SELECT count(*) FROM audit_log").await, 36);
+    assert_eq!(
+        scalar("SELECT count(DISTINCT outbox_id) FROM audit_log").await,
+        36
+    );
+    assert_eq!(scalar("SELECT count(*) FROM charges").await, keys);
+    // Order: good keys were cancelled after their placement; on a poisoned key the placement before the poison
+    // was applied and the cancellation after it waits behind the dead head.
+    let statuses: Vec<(String, String)> =
+        sqlx::query_as("SELECT order_id, status FROM charges ORDER BY order_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    for (order, status) in &statuses {
+        let k: i64 = order.trim_start_matches("order-").parse().unwrap();
+        let want = if k % 4 == 0 { "captured" } else { "refunded" };
+        assert_eq!(status, want, "{order}");
+    }
+    let blocked: Vec<(String, Option<i64>)> = sqlx::query_as(
+        "SELECT partition_key, blocked_id FROM outbox_keys WHERE blocked_at IS NOT NULL ORDER BY blocked_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        blocked.iter().map(|b| b.1.unwrap_or(0)).collect::<Vec<_>>(),
+        poison_orders,
+        "the poisoned keys are blocked by their dead heads: {blocked:?}"
+    );
+    let waiting = scalar(
+        "SELECT count(*) FROM outbox o JOIN outbox_keys k USING (topic, partition_key) \
+         WHERE k.blocked_at IS NOT NULL AND o.seq > k.done_seq + 1 AND o.dead_lettered_at IS NULL \
+           AND NOT EXISTS (SELECT 1 FROM processed_messages p WHERE p.message_id = o.id::text)",
+    )
+    .await;
+    assert_eq!(waiting, 3, "one cancellation waits behind each dead head");
+    // The events did travel together: messages of several events, poison ones among them.
+    let batched: Vec<Vec<i64>> = stack
+        .dev
+        .handle()
+        .attempts()
+        .iter()
+        .filter(|a| a.kind == AttemptKind::Destination)
+        .filter_map(|a| {
+            a.request_headers
+                .iter()
+                .find(|(k, _)| k == "x-outbox-id")
+                .map(|(_, v)| v.split(',').filter_map(|i| i.parse().ok()).collect())
+        })
+        .filter(|ids: &Vec<i64>| ids.len() > 1)
+        .collect();
+    for p in poison_orders.iter().chain(poison_audit.iter()) {
+        assert!(
+            batched.iter().any(|ids| ids.contains(p) && ids.len() > 1),
+            "poison event {p} travelled inside a batch"
+        );
+    }
     stack.stop().await;
 }

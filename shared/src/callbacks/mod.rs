@@ -556,7 +556,7 @@ async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOu
 }
 
 /// Which events of a batched message QStash gave up on die (decision record 0027): those the consumer's last
-/// response names `failed`; without a readable verdict, the first event on an ordered key, every event on an
+/// response names `failed` or `retry` (the one it kept asking QStash to retry); without a readable verdict, the first event on an ordered key, every event on an
 /// unordered topic (events the consumer applied are set apart later, from its dedupe rows).
 fn dead_members(callback: &CallbackBody, events: &[SourceEvent]) -> Vec<(bool, Option<String>)> {
     match consumer_verdicts(callback) {
@@ -565,7 +565,11 @@ fn dead_members(callback: &CallbackBody, events: &[SourceEvent]) -> Vec<(bool, O
             .map(|e| {
                 let v = verdicts.iter().find(|(id, _, _)| Some(*id) == e.outbox_id);
                 match v {
-                    Some((_, outcome, error)) => (outcome == "failed", error.clone()),
+                    // `retry`: the event the consumer kept answering 503 for until QStash gave up. It is the
+                    // failing one, as a single event would be: a dead letter of its own, not a silent requeue.
+                    Some((_, outcome, error)) => {
+                        (outcome == "failed" || outcome == "retry", error.clone())
+                    }
                     None => (false, None),
                 }
             })
