@@ -726,6 +726,14 @@ fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
                 Some("true") => "false".to_owned(),
                 Some("false") => "true".to_owned(),
                 Some(d) if d.parse::<u64>().is_ok() => (d.parse::<u64>().unwrap() + 1).to_string(),
+                // A `topic=n` list (RELAY_DELIVERY_BATCH_TOPICS).
+                Some("")
+                    if cfn["Parameters"][value["Ref"].as_str().unwrap()]["AllowedPattern"]
+                        .as_str()
+                        .is_some_and(|p| p.contains('=')) =>
+                {
+                    "changed=2".to_owned()
+                }
                 _ if name.ends_with("_URL") => "https://changed.example".to_owned(),
                 Some("")
                     if cfn["Parameters"][value["Ref"].as_str().unwrap()]["AllowedPattern"]

@@ -528,6 +528,97 @@ pub struct RelayConfig {
     /// `RELAY_OUTAGE_PROBE_CAP_SECS` (default 300, from the base to 3600): the longest wait between probes, i.e.
     /// how long after QStash comes back the relay may still be waiting.
     pub outage_probe_cap: Duration,
+    /// `RELAY_DELIVERY_BATCH`, `RELAY_DELIVERY_BATCH_TOPICS` and `QSTASH_MAX_MESSAGE_BYTES`: how many events
+    /// one QStash message may carry (decision record 0014).
+    pub batching: DeliveryBatching,
+}
+
+/// How many events one QStash message carries (decision record 0014). The default (one event per message,
+/// under 1,000,000 bytes) publishes exactly what the relay published before batching existed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryBatching {
+    /// `RELAY_DELIVERY_BATCH` (default 1, 1..=1000): the most events per message.
+    pub default_n: u32,
+    /// `RELAY_DELIVERY_BATCH_TOPICS` (`topic=n,topic=n`): per-topic overrides of `default_n`.
+    pub topics: Vec<(String, u32)>,
+    /// `QSTASH_MAX_MESSAGE_BYTES` (default 1,000,000, 1,000..=100,000,000): a message body with more than one
+    /// event stays under this many bytes (a single larger event is still published alone; QStash decides).
+    pub max_message_bytes: usize,
+}
+
+impl Default for DeliveryBatching {
+    fn default() -> Self {
+        DeliveryBatching {
+            default_n: 1,
+            topics: Vec::new(),
+            max_message_bytes: 1_000_000,
+        }
+    }
+}
+
+/// The largest `RELAY_DELIVERY_BATCH` (the consumer refuses envelopes with more events).
+pub const MAX_DELIVERY_BATCH: u32 = 1000;
+
+impl DeliveryBatching {
+    /// Reads `RELAY_DELIVERY_BATCH`, `RELAY_DELIVERY_BATCH_TOPICS` and `QSTASH_MAX_MESSAGE_BYTES`.
+    pub fn from_vars(v: &Vars<'_>) -> Result<Self, ConfigError> {
+        let default_n = v.ranged_or("RELAY_DELIVERY_BATCH", 1, 1, MAX_DELIVERY_BATCH)?;
+        let max_message_bytes = v.ranged_or(
+            "QSTASH_MAX_MESSAGE_BYTES",
+            1_000_000usize,
+            1_000,
+            100_000_000,
+        )?;
+        let mut topics: Vec<(String, u32)> = Vec::new();
+        let raw = v.raw("RELAY_DELIVERY_BATCH_TOPICS").unwrap_or_default();
+        let invalid = |reason: String| ConfigError::InvalidVar {
+            name: "RELAY_DELIVERY_BATCH_TOPICS",
+            value: raw.trim().to_owned(),
+            reason,
+        };
+        for item in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let Some((topic, n)) = item.split_once('=') else {
+                return Err(invalid(format!(
+                    "{item:?} is not topic=n (expected a comma-separated list like orders=50,audit=200)"
+                )));
+            };
+            let topic = topic.trim();
+            if topic.is_empty() {
+                return Err(invalid(format!("{item:?} has no topic before '='")));
+            }
+            let n: u32 = match n.trim().parse() {
+                Ok(n) if (1..=MAX_DELIVERY_BATCH).contains(&n) => n,
+                _ => {
+                    return Err(invalid(format!(
+                        "{topic}: {:?} must be a whole number between 1 and {MAX_DELIVERY_BATCH}",
+                        n.trim()
+                    )));
+                }
+            };
+            if topics.iter().any(|(t, _)| t == topic) {
+                return Err(invalid(format!("topic {topic} is listed twice")));
+            }
+            topics.push((topic.to_owned(), n));
+        }
+        Ok(DeliveryBatching {
+            default_n,
+            topics,
+            max_message_bytes,
+        })
+    }
+
+    /// The most events per message for a topic.
+    pub fn n_for(&self, topic: &str) -> u32 {
+        self.topics
+            .iter()
+            .find(|(t, _)| t == topic)
+            .map_or(self.default_n, |(_, n)| *n)
+    }
+
+    /// Whether some topic may get messages of more than one event.
+    pub fn any_batching(&self) -> bool {
+        self.default_n > 1 || self.topics.iter().any(|(_, n)| *n > 1)
+    }
 }
 
 /// QStash's default retry delays (seconds before the n-th retry): `min(86400, e^(2.5·n))`.
@@ -575,6 +666,7 @@ impl RelayConfig {
             "the longest wait between probes, and so how long a recovered QStash may go unused",
         )?;
         Ok(RelayConfig {
+            batching: DeliveryBatching::from_vars(v)?,
             outage_probe_base,
             outage_probe_cap,
             batch_size: v.ranged_or("RELAY_BATCH_SIZE", 500, 1, 5000)?,

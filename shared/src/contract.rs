@@ -316,6 +316,41 @@ pub fn dedup_id(outbox_id: i64, redrive_count: i32) -> String {
     }
 }
 
+/// QStash's deduplication id for a message carrying `events` (`(outbox id, redrive count)`, in message order;
+/// decision record 0014). One event: exactly [`dedup_id`]. More: `outbox-b<first id>-<k>-<16 hex chars of
+/// SHA-256 over "id:redrive_count," of every event in order>`, so the same composition formed again (after a
+/// crash between publish and settle) gets the same id and QStash drops the copy, while a different composition
+/// gets a different id (the consumer's per-event dedupe absorbs the overlap). Never contains `:`.
+pub fn batch_dedup_id(events: &[(i64, i32)]) -> String {
+    use sha2::{Digest, Sha256};
+    match events {
+        [] => String::new(),
+        [(id, redrive)] => dedup_id(*id, *redrive),
+        [(first, _), ..] => {
+            let mut h = Sha256::new();
+            for (id, redrive) in events {
+                h.update(format!("{id}:{redrive},").as_bytes());
+            }
+            let digest = h.finalize();
+            let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+            format!("outbox-b{first}-{}-{hex}", events.len())
+        }
+    }
+}
+
+/// The informational `x-outbox-id` header copy of a message's event ids: the id for one event, the ids joined by
+/// `,` (no spaces) for several. Receivers compare it with the signed envelope's ids.
+pub fn outbox_id_header(ids: &[i64]) -> String {
+    let mut out = String::with_capacity(ids.len() * 8);
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&id.to_string());
+    }
+    out
+}
+
 /// Percent-encodes a partition key for an HTTP header value (the legacy `x-outbox-key` header).
 pub fn encode_key(key: &str) -> String {
     let mut out = String::with_capacity(key.len());
@@ -360,6 +395,21 @@ mod tests {
         }
         assert_eq!(decode_key("%zz"), None);
         assert_eq!(decode_key("%4"), None);
+    }
+
+    #[test]
+    fn batch_dedup_ids_follow_the_composition() {
+        assert_eq!(batch_dedup_id(&[(42, 3)]), dedup_id(42, 3));
+        let a = batch_dedup_id(&[(41, 0), (42, 0), (43, 0)]);
+        assert!(a.starts_with("outbox-b41-3-"), "{a}");
+        assert_eq!(a.len(), "outbox-b41-3-".len() + 16);
+        assert!(!a.contains(':'));
+        assert_eq!(a, batch_dedup_id(&[(41, 0), (42, 0), (43, 0)]));
+        assert_ne!(a, batch_dedup_id(&[(41, 0), (42, 0)]));
+        assert_ne!(a, batch_dedup_id(&[(41, 0), (42, 1), (43, 0)]));
+        assert_ne!(a, batch_dedup_id(&[(41, 0), (43, 0), (42, 0)]));
+        assert_eq!(outbox_id_header(&[41, 42, 43]), "41,42,43");
+        assert_eq!(outbox_id_header(&[7]), "7");
     }
 
     #[test]

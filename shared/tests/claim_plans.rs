@@ -25,7 +25,7 @@ fn plan_nodes(plan: &serde_json::Value, out: &mut Vec<(String, Option<String>)>)
     }
 }
 
-async fn generic_plan(pool: &PgPool, sql: &str) -> Vec<(String, Option<String>)> {
+async fn generic_plan(pool: &PgPool, sql: &str, args: &str) -> Vec<(String, Option<String>)> {
     let mut conn = pool.acquire().await.unwrap();
     sqlx::query("SET plan_cache_mode = force_generic_plan")
         .execute(&mut *conn)
@@ -37,10 +37,12 @@ async fn generic_plan(pool: &PgPool, sql: &str) -> Vec<(String, Option<String>)>
     .execute(&mut *conn)
     .await
     .unwrap();
-    let plan: serde_json::Value = sqlx::query_scalar("EXPLAIN (FORMAT JSON) EXECUTE claim(15)")
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
+    let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (FORMAT JSON) EXECUTE claim({args})"
+    )))
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
     sqlx::query("DEALLOCATE claim")
         .execute(&mut *conn)
         .await
@@ -79,7 +81,7 @@ async fn claims_use_their_partial_indexes_under_a_generic_plan(pool: PgPool) {
         .unwrap();
 
     let claims = ClaimStatements::new(500, true);
-    let unordered = generic_plan(&pool, claims.unordered_sql()).await;
+    let unordered = generic_plan(&pool, claims.unordered_sql(), "15").await;
     assert!(
         unordered
             .iter()
@@ -94,7 +96,7 @@ async fn claims_use_their_partial_indexes_under_a_generic_plan(pool: PgPool) {
         "unordered claim scans or sorts: {unordered:?}"
     );
 
-    let ordered = generic_plan(&pool, claims.ordered_sql()).await;
+    let ordered = generic_plan(&pool, claims.ordered_sql(), "15").await;
     assert!(
         ordered
             .iter()
@@ -110,5 +112,29 @@ async fn claims_use_their_partial_indexes_under_a_generic_plan(pool: PgPool) {
     assert!(
         !ordered.iter().any(|(t, _)| t == "Seq Scan"),
         "ordered claim scans a table: {ordered:?}"
+    );
+    // With delivery batches the ordered claim takes runs: the same indexes, no table scan.
+    let runs =
+        ClaimStatements::new(500, true).with_delivery_batching(&outbox::config::DeliveryBatching {
+            default_n: 1,
+            topics: vec![("orders".into(), 3)],
+            max_message_bytes: 1_000_000,
+        });
+    assert_ne!(runs.ordered_sql(), claims.ordered_sql());
+    let ordered = generic_plan(
+        &pool,
+        runs.ordered_sql(),
+        "15, '{orders}'::text[], '{3}'::int[], 1",
+    )
+    .await;
+    for idx in ["outbox_keys_ready_idx", "outbox_key_seq_idx"] {
+        assert!(
+            ordered.iter().any(|(_, i)| i.as_deref() == Some(idx)),
+            "batched ordered claim does not use {idx}: {ordered:?}"
+        );
+    }
+    assert!(
+        !ordered.iter().any(|(t, _)| t == "Seq Scan"),
+        "batched ordered claim scans a table: {ordered:?}"
     );
 }

@@ -580,3 +580,57 @@ fn the_outage_probe_settings_are_bounded() {
     );
     assert!(relay(&[("RELAY_OUTAGE_PROBE_CAP_SECS", "3601")]).is_err());
 }
+
+/// Issue 14: delivery batching settings — defaults publish one event per message; per-topic overrides; every
+/// malformed value is refused with the variable and the problem named.
+#[test]
+fn the_delivery_batch_settings_are_validated() {
+    let relay = |pairs: &[(&str, &str)]| {
+        let e = env(pairs);
+        RelayConfig::from_vars(&Vars::new(e.as_ref()), 5)
+    };
+    let d = relay(&[]).unwrap().batching;
+    assert_eq!(d.default_n, 1);
+    assert_eq!(d.max_message_bytes, 1_000_000);
+    assert!(!d.any_batching());
+    let b = relay(&[
+        ("RELAY_DELIVERY_BATCH", "20"),
+        ("RELAY_DELIVERY_BATCH_TOPICS", " orders = 5, audit=1000 "),
+        ("QSTASH_MAX_MESSAGE_BYTES", "500000"),
+    ])
+    .unwrap()
+    .batching;
+    assert_eq!(
+        (b.n_for("orders"), b.n_for("audit"), b.n_for("other")),
+        (5, 1000, 20)
+    );
+    assert_eq!(b.max_message_bytes, 500_000);
+    for (pairs, must) in [
+        (vec![("RELAY_DELIVERY_BATCH", "0")], "between 1 and 1000"),
+        (vec![("RELAY_DELIVERY_BATCH", "1001")], "between 1 and 1000"),
+        (vec![("QSTASH_MAX_MESSAGE_BYTES", "10")], "between 1000"),
+        (
+            vec![("RELAY_DELIVERY_BATCH_TOPICS", "orders")],
+            "is not topic=n",
+        ),
+        (vec![("RELAY_DELIVERY_BATCH_TOPICS", "=3")], "no topic"),
+        (
+            vec![("RELAY_DELIVERY_BATCH_TOPICS", "orders=0")],
+            "orders: \"0\" must be a whole number between 1 and 1000",
+        ),
+        (
+            vec![("RELAY_DELIVERY_BATCH_TOPICS", "orders=x")],
+            "must be a whole number",
+        ),
+        (
+            vec![("RELAY_DELIVERY_BATCH_TOPICS", "a=2,a=3")],
+            "listed twice",
+        ),
+    ] {
+        let err = relay(&pairs).unwrap_err().to_string();
+        assert!(
+            err.contains(pairs[0].0) && err.contains(must),
+            "{pairs:?}: {err}"
+        );
+    }
+}

@@ -39,6 +39,7 @@ fn relay_config() -> RelayConfig {
         ordered_evidence: outbox::config::EvidenceMode::Callback,
         outage_probe_base: Duration::from_millis(200),
         outage_probe_cap: Duration::from_millis(800),
+        batching: Default::default(),
     }
 }
 

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
-use crate::ordering::CLAIM_HEADS_SQL;
+use crate::ordering::{CLAIM_HEADS_SQL, CLAIM_RUNS_SQL};
 use crate::producer::EventHeaders;
 
 /// The unordered claim. `$1` = lease seconds; `{limit}` is spliced in once (see [`CLAIM_HEADS_SQL`] on why).
@@ -76,17 +76,25 @@ impl ClaimedEvent {
     }
 }
 
-/// The two claim statements with the batch size spliced in.
+/// The two claim statements with the batch size spliced in, and the ordered claim's events per key.
 #[derive(Debug, Clone)]
 pub struct ClaimStatements {
     batch_size: u32,
     unordered: String,
     ordered: String,
     persistent: bool,
+    /// Topics with their own events-per-message (`$2`, `$3` of [`CLAIM_RUNS_SQL`]).
+    batch_topics: Vec<String>,
+    batch_ns: Vec<i32>,
+    /// Everyone else's (`$4`).
+    batch_default: i32,
+    /// The ordered statement is [`CLAIM_RUNS_SQL`] (it takes `$2`–`$4`).
+    runs: bool,
 }
 
 impl ClaimStatements {
-    /// Builds the statements for a batch size.
+    /// Builds the statements for a batch size; ordered keys are claimed one event at a time (the head) until
+    /// [`ClaimStatements::with_delivery_batching`] says otherwise.
     pub fn new(batch_size: u32, persistent: bool) -> Self {
         let limit = batch_size.to_string();
         ClaimStatements {
@@ -94,7 +102,31 @@ impl ClaimStatements {
             unordered: crate::schema::sql(CLAIM_UNORDERED_SQL).replace("{limit}", &limit),
             ordered: crate::schema::sql(CLAIM_HEADS_SQL).replace("{limit}", &limit),
             persistent,
+            batch_topics: Vec::new(),
+            batch_ns: Vec::new(),
+            batch_default: 1,
+            runs: false,
         }
+    }
+
+    /// Claims up to each topic's events-per-message of an ordered key at once (its head and the consecutive
+    /// pending events behind it, decision record 0014) with [`CLAIM_RUNS_SQL`]; without batching (every `n` is
+    /// 1) the heads-only [`CLAIM_HEADS_SQL`] stays.
+    pub fn with_delivery_batching(mut self, batching: &crate::config::DeliveryBatching) -> Self {
+        if !batching.any_batching() {
+            return self;
+        }
+        self.runs = true;
+        self.ordered =
+            crate::schema::sql(CLAIM_RUNS_SQL).replace("{limit}", &self.batch_size.to_string());
+        self.batch_default = batching.default_n.clamp(1, i32::MAX as u32) as i32;
+        self.batch_topics = batching.topics.iter().map(|(t, _)| t.clone()).collect();
+        self.batch_ns = batching
+            .topics
+            .iter()
+            .map(|(_, n)| (*n).clamp(1, i32::MAX as u32) as i32)
+            .collect();
+        self
     }
 
     /// Rows per claim of each kind.
@@ -118,16 +150,22 @@ impl ClaimStatements {
         conn: &mut PgConnection,
         lease_secs: f64,
     ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
-        self.run(conn, &self.unordered, lease_secs).await
+        self.run(conn, &self.unordered, lease_secs, false).await
     }
 
-    /// Claims the heads of due, unblocked ordered keys.
+    /// Claims the heads of due, unblocked ordered keys, each with up to its topic's events-per-message minus
+    /// one consecutive pending events behind it, all under the key's one lease token. Rows of a key come back in
+    /// sequence order.
     pub async fn claim_ordered(
         &self,
         conn: &mut PgConnection,
         lease_secs: f64,
     ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
-        self.run(conn, &self.ordered, lease_secs).await
+        let mut events = self.run(conn, &self.ordered, lease_secs, true).await?;
+        events.sort_by(|a, b| {
+            (&a.topic, &a.partition_key, a.seq).cmp(&(&b.topic, &b.partition_key, b.seq))
+        });
+        Ok(events)
     }
 
     async fn run(
@@ -135,13 +173,19 @@ impl ClaimStatements {
         conn: &mut PgConnection,
         sql: &str,
         lease_secs: f64,
+        ordered: bool,
     ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
         let mut c = crate::db::Autocommit::on(conn, self.persistent).await?;
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
             .persistent(self.persistent)
-            .bind(lease_secs)
-            .fetch_all(&mut *c)
-            .await?;
+            .bind(lease_secs);
+        if ordered && self.runs {
+            q = q
+                .bind(&self.batch_topics)
+                .bind(&self.batch_ns)
+                .bind(self.batch_default);
+        }
+        let rows = q.fetch_all(&mut *c).await?;
         c.finish().await?;
         rows.iter().map(ClaimedEvent::from_row).collect()
     }

@@ -3,6 +3,10 @@
 //! token. A relay whose lease was taken over (it was too slow, another relay re-claimed) changes nothing: its
 //! rows no longer carry its token, so the statement matches zero rows for them. Without the fence, such a
 //! "zombie" relay would overwrite the newer attempt's outcome (mark dispatched what failed, or the reverse).
+//!
+//! An ordered key's message may carry several events (decision record 0014): every row of it is settled with the
+//! message's outcome, the key's state follows its head (the row with `seq = done_seq + 1`), and a dispatched run
+//! leaves the key awaiting evidence with `inflight_id` = the run's LAST event (the one whose evidence ends it).
 
 use std::time::Duration;
 
@@ -94,9 +98,14 @@ dead AS (
     FROM upd u WHERE u.outcome = 2
     ON CONFLICT (source, natural_id) DO NOTHING
 ),
+last AS (
+    SELECT DISTINCT ON (u.token, u.topic, u.partition_key) u.token, u.topic, u.partition_key, u.id
+    FROM upd u WHERE u.seq IS NOT NULL AND u.outcome = 0
+    ORDER BY u.token, u.topic, u.partition_key, u.seq DESC
+),
 keys AS (
     UPDATE {schema}.outbox_keys k SET
-        inflight_id    = CASE WHEN u.outcome = 0 THEN u.id WHEN u.outcome = 3 THEN k.inflight_id END,
+        inflight_id    = CASE WHEN u.outcome = 0 THEN coalesce(l.id, u.id) WHEN u.outcome = 3 THEN k.inflight_id END,
         inflight_since = CASE WHEN u.outcome = 0 THEN now() WHEN u.outcome = 3 THEN k.inflight_since END,
         available_at   = CASE WHEN u.outcome = 0 THEN now() + make_interval(secs => $9)
                               WHEN u.outcome = 1 THEN now() + make_interval(secs => u.delay_secs)
@@ -107,7 +116,7 @@ keys AS (
         blocked_reason = CASE WHEN u.outcome = 2 AND NOT u.skip_key THEN left(u.error, 1000) ELSE k.blocked_reason END,
         lease_token    = NULL,
         locked_until   = NULL
-    FROM upd u
+    FROM upd u LEFT JOIN last l ON l.token = u.token AND l.topic = u.topic AND l.partition_key = u.partition_key
     WHERE u.seq IS NOT NULL AND k.topic = u.topic AND k.partition_key = u.partition_key
       AND k.lease_token = u.token AND k.done_seq = u.seq - 1
 )

@@ -1,0 +1,490 @@
+//! Batched deliveries, relay side (decision record 0014), against real Postgres and the QStash-compatible dev
+//! server: an ordered key's consecutive events go out as one message only as evidence arrives; unordered events
+//! are grouped per topic up to each topic's N and under the size limit; deduplication ids follow a message's
+//! composition; a permanent refusal of a batch falls back to single events; a crash between publish and settle
+//! re-forms the same message. Evidence is simulated with `ordering::record_delivery` for every event of a
+//! message in one transaction (what the delivery callback does for a batch).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use outbox::config::{DeliveryBatching, EvidenceMode, QstashConfig, RelayConfig};
+use outbox::producer::{NewEvent, Topic, enqueue_batch};
+use outbox::qstash::{QstashClient, flow_control_key};
+use outbox::relay::Relay;
+use outbox_testkit::sink::Sink;
+use qstash_dev::{Config as DevConfig, DevServer};
+use secrecy::SecretString;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+const ORDERS: Topic = Topic::ordered("orders");
+const AUDIT: Topic = Topic::unordered("audit");
+const METRICS: Topic = Topic::unordered("metrics");
+
+fn relay_config(batching: DeliveryBatching) -> RelayConfig {
+    RelayConfig {
+        batch_size: 50,
+        lease: Duration::from_secs(1),
+        max_attempts: 12,
+        backoff_base: Duration::from_secs(30),
+        backoff_cap: Duration::from_secs(3600),
+        poll_interval: Duration::from_millis(20),
+        deadline_margin: Duration::from_millis(0),
+        concurrency: 2,
+        skip_topics: vec![],
+        evidence_timeout: Duration::from_secs(600),
+        retention: Duration::from_secs(86_400),
+        processed_ttl: Duration::from_secs(7 * 86_400),
+        housekeeping_batch: 1000,
+        listen_notify: false,
+        // Evidence comes from this test only (no delivery callbacks).
+        ordered_evidence: EvidenceMode::Consumer,
+        outage_probe_base: Duration::from_millis(200),
+        outage_probe_cap: Duration::from_millis(800),
+        batching,
+    }
+}
+
+fn batching(default_n: u32, topics: &[(&str, u32)], max_message_bytes: usize) -> DeliveryBatching {
+    DeliveryBatching {
+        default_n,
+        topics: topics.iter().map(|(t, n)| ((*t).to_owned(), *n)).collect(),
+        max_message_bytes,
+    }
+}
+
+struct Env {
+    dev: DevServer,
+    sink: Sink,
+    pool: PgPool,
+}
+
+async fn env(pool: PgPool, dev_cfg: DevConfig) -> Env {
+    let dev = DevServer::start(dev_cfg).await.expect("dev server starts");
+    let sink = Sink::start(pool.clone()).await;
+    Env { dev, sink, pool }
+}
+
+impl Env {
+    fn relay(&self, batching: DeliveryBatching) -> Relay {
+        let client = QstashClient::new(
+            &self.dev.url(),
+            SecretString::from(self.dev.token().to_owned()),
+            Duration::from_secs(2),
+        )
+        .unwrap();
+        let qstash = QstashConfig {
+            base_url: self.dev.url(),
+            retries: 0,
+            publish_timeout: Duration::from_secs(2),
+            batch_size: 25,
+            delivery_timeout: None,
+            flow_parallelism: 1,
+            flow_rate: None,
+            flow_period: Duration::from_secs(1),
+            consumer_url: self.sink.url.clone(),
+            callback_url: self.sink.url.clone(),
+        };
+        Relay::new(
+            self.pool.clone(),
+            client,
+            relay_config(batching),
+            qstash,
+            true,
+        )
+    }
+
+    /// The messages the consumer received, in arrival order: each one's event ids and its `x-outbox-id` copy.
+    async fn delivered(&self) -> Vec<(Vec<i64>, String)> {
+        self.dev
+            .handle()
+            .wait_idle(Duration::from_secs(20))
+            .await
+            .unwrap();
+        self.sink
+            .seen()
+            .iter()
+            .map(|s| {
+                let v: Value = serde_json::from_slice(&s.body).unwrap();
+                let ids = v["events"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|e| e["id"].as_i64().unwrap())
+                    .collect();
+                (
+                    ids,
+                    s.headers.get("x-outbox-id").cloned().unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    /// Delivery evidence for every event of a message, in one transaction.
+    async fn evidence(&self, ids: &[i64]) {
+        let mut tx = self.pool.begin().await.unwrap();
+        for id in ids {
+            outbox::ordering::record_delivery(&mut tx, *id, true)
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+
+    /// Ends every lease now (as if it had run out), without waiting.
+    async fn expire_leases(&self) {
+        sqlx::query("UPDATE outbox SET available_at = least(available_at, now() - interval '1 ms'), locked_until = now() - interval '1 ms' WHERE dispatched_at IS NULL")
+            .execute(&self.pool)
+            .await
+            .unwrap();
+        sqlx::query("UPDATE outbox_keys SET available_at = now() - interval '1 ms', locked_until = now() - interval '1 ms'")
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+}
+
+fn dev() -> DevConfig {
+    DevConfig::for_tests(0.0005)
+}
+
+async fn enqueue(pool: &PgPool, events: &[NewEvent]) -> Vec<i64> {
+    let mut tx = pool.begin().await.unwrap();
+    let out = enqueue_batch(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    out.into_iter().map(|e| e.id).collect()
+}
+
+fn joined(ids: &[i64]) -> String {
+    ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn an_ordered_key_goes_out_in_runs_of_n_only_as_evidence_arrives(pool: PgPool) {
+    let e = env(pool.clone(), dev()).await;
+    let ids = enqueue(
+        &pool,
+        &(0..7)
+            .map(|i| NewEvent::new(&ORDERS, "k", &json!({"i": i})).unwrap())
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let relay = e.relay(batching(1, &[("orders", 3)], 1_000_000));
+
+    let mut runs: Vec<Vec<i64>> = Vec::new();
+    for expected in [&ids[0..3], &ids[3..6], &ids[6..7]] {
+        let r = relay.run_cycle().await.unwrap();
+        assert_eq!(r.claimed, expected.len() as u64);
+        assert_eq!(r.settled.dispatched, expected.len() as u64);
+        // The key waits for evidence of its LAST event; until then nothing more goes out.
+        let (inflight, waiting): (Option<i64>, bool) = sqlx::query_as(
+            "SELECT inflight_id, available_at > now() FROM outbox_keys WHERE partition_key = 'k'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(inflight, expected.last().copied());
+        assert!(waiting);
+        let r = relay.run_cycle().await.unwrap();
+        assert_eq!(r.claimed, 0, "nothing more before the evidence");
+        let delivered = e.delivered().await;
+        assert_eq!(delivered.len(), runs.len() + 1);
+        let (got, header) = delivered.last().unwrap().clone();
+        assert_eq!(got, expected);
+        assert_eq!(header, joined(expected));
+        e.evidence(expected).await;
+        runs.push(got);
+    }
+    assert_eq!(runs.concat(), ids);
+    let r = relay.run_cycle().await.unwrap();
+    assert_eq!(r.claimed, 0);
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE delivered_at IS NULL")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(pending, 0);
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn unordered_events_are_grouped_per_topic_up_to_each_topics_n(pool: PgPool) {
+    let e = env(pool.clone(), dev()).await;
+    let mut events = Vec::new();
+    for i in 0..5 {
+        events.push(NewEvent::new(&AUDIT, format!("a{i}"), &json!({"i": i})).unwrap());
+        if i < 4 {
+            events.push(NewEvent::new(&METRICS, format!("m{i}"), &json!({"i": i})).unwrap());
+        }
+    }
+    let ids = enqueue(&pool, &events).await;
+    let relay = e.relay(batching(2, &[("audit", 3)], 1_000_000));
+
+    let claimed = relay.claim().await.unwrap();
+    let formed = relay.messages_for(&claimed);
+    let mut by_topic: HashMap<String, Vec<Vec<i64>>> = HashMap::new();
+    for m in &formed.messages {
+        let topic = &claimed[m.events[0]].topic;
+        let group: Vec<i64> = m.events.iter().map(|&i| claimed[i].id).collect();
+        assert!(m.events.iter().all(|&i| &claimed[i].topic == topic));
+        // Several events of any keys: the topic's flow-control key.
+        let fc = m.message.options.flow_control.as_ref().unwrap();
+        assert_eq!(fc.key, flow_control_key(topic));
+        by_topic.entry(topic.clone()).or_default().push(group);
+    }
+    let audit: Vec<i64> = ids.iter().copied().step_by(2).collect();
+    let metrics: Vec<i64> = ids.iter().copied().skip(1).step_by(2).collect();
+    assert_eq!(
+        by_topic["audit"],
+        vec![audit[0..3].to_vec(), audit[3..5].to_vec()]
+    );
+    assert_eq!(
+        by_topic["metrics"],
+        vec![metrics[0..2].to_vec(), metrics[2..4].to_vec()]
+    );
+    // Publish and settle that claim: every event dispatched with its message's id.
+    let published = relay.publish_classified(&claimed).await;
+    let items = relay.decide(&claimed, &published.outcomes);
+    let settled = relay.settle(&items).await.unwrap();
+    assert_eq!(settled.dispatched, 9);
+    let distinct: i64 = sqlx::query_scalar("SELECT count(DISTINCT qstash_message_id) FROM outbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(distinct, 4, "one QStash message id per message");
+    let mut delivered = e.delivered().await;
+    delivered.sort();
+    assert_eq!(delivered.len(), 4);
+    for (got, header) in &delivered {
+        assert_eq!(header, &joined(got));
+    }
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn the_size_limit_splits_messages_and_a_huge_event_goes_alone(pool: PgPool) {
+    let e = env(pool.clone(), dev()).await;
+    let blob = "x".repeat(1500);
+    let mut events: Vec<NewEvent> = (0..5)
+        .map(|i| NewEvent::new(&AUDIT, "k", &json!({"i": i, "blob": blob})).unwrap())
+        .collect();
+    events.push(NewEvent::new(&AUDIT, "k", &json!({"huge": "y".repeat(9000)})).unwrap());
+    let ids = enqueue(&pool, &events).await;
+    let limit = 4000;
+    let relay = e.relay(batching(10, &[], limit));
+    let claimed = relay.claim().await.unwrap();
+    let formed = relay.messages_for(&claimed);
+    let groups: Vec<Vec<i64>> = formed
+        .messages
+        .iter()
+        .map(|m| m.events.iter().map(|&i| claimed[i].id).collect())
+        .collect();
+    // Two ~1.6 kB events fit under 4000 bytes, a third does not; the 9 kB event goes alone.
+    assert_eq!(
+        groups,
+        vec![
+            ids[0..2].to_vec(),
+            ids[2..4].to_vec(),
+            vec![ids[4]],
+            vec![ids[5]]
+        ]
+    );
+    for m in &formed.messages {
+        if m.events.len() > 1 {
+            assert!(m.message.body.len() < limit, "{}", m.message.body.len());
+        }
+    }
+    assert!(formed.left_over.is_empty());
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn dedup_ids_follow_the_composition_and_a_crash_reforms_the_same_message(pool: PgPool) {
+    let e = env(pool.clone(), dev()).await;
+    let ids = enqueue(
+        &pool,
+        &(0..3)
+            .map(|i| NewEvent::new(&ORDERS, "k", &json!({"i": i})).unwrap())
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let relay = e.relay(batching(3, &[], 1_000_000));
+    // Killed after publishing, before settling.
+    let claimed = relay.claim().await.unwrap();
+    assert_eq!(claimed.len(), 3);
+    let first = relay.messages_for(&claimed);
+    assert_eq!(first.messages.len(), 1);
+    let dedup = first.messages[0]
+        .message
+        .options
+        .deduplication_id
+        .clone()
+        .unwrap();
+    assert!(
+        dedup.starts_with(&format!("outbox-b{}-3-", ids[0])),
+        "{dedup}"
+    );
+    let published = relay.publish_classified(&claimed).await;
+    assert!(
+        published
+            .outcomes
+            .iter()
+            .all(|o| matches!(o, outbox::qstash::PublishOutcome::Accepted { .. }))
+    );
+    drop(claimed);
+    e.expire_leases().await;
+    // The reclaim forms the same message: same id, and QStash drops the copy.
+    let again = relay.claim().await.unwrap();
+    assert_eq!(again.len(), 3);
+    assert!(again.iter().all(|e| e.attempts == 2));
+    let reformed = relay.messages_for(&again);
+    assert_eq!(
+        reformed.messages[0].message.options.deduplication_id,
+        Some(dedup.clone())
+    );
+    let published = relay.publish_classified(&again).await;
+    let items = relay.decide(&again, &published.outcomes);
+    assert_eq!(relay.settle(&items).await.unwrap().dispatched, 3);
+    assert_eq!(e.dev.handle().stats().deduplicated, 1);
+    assert_eq!(e.delivered().await, vec![(ids.clone(), joined(&ids))]);
+
+    // Another composition (the first two only) gets another id.
+    e.expire_leases().await;
+    sqlx::query("UPDATE outbox_keys SET inflight_id = NULL")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let two = e.relay(batching(2, &[], 1_000_000));
+    let claimed = two.claim().await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    let other = two.messages_for(&claimed).messages[0]
+        .message
+        .options
+        .deduplication_id
+        .clone()
+        .unwrap();
+    assert!(other.starts_with(&format!("outbox-b{}-2-", ids[0])));
+    assert_ne!(other, dedup);
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_refused_batch_falls_back_to_single_events(pool: PgPool) {
+    // The dev server refuses any request over 4000 bytes with 413: the batch of four is refused, each small
+    // event alone passes, the big one alone is refused and is the only dead letter.
+    let e = env(
+        pool.clone(),
+        DevConfig {
+            max_request_bytes: 4000,
+            ..dev()
+        },
+    )
+    .await;
+    let mut events: Vec<NewEvent> = (0..3)
+        .map(|i| NewEvent::new(&AUDIT, "k", &json!({"i": i, "pad": "p".repeat(1000)})).unwrap())
+        .collect();
+    events.push(NewEvent::new(&AUDIT, "k", &json!({"blob": "x".repeat(6000)})).unwrap());
+    let ids = enqueue(&pool, &events).await;
+    let relay = e.relay(batching(4, &[], 1_000_000));
+    let r = relay.run_cycle().await.unwrap();
+    assert_eq!(r.claimed, 4);
+    assert_eq!(
+        (r.settled.dispatched, r.settled.dead, r.settled.retried),
+        (3, 1, 0)
+    );
+    let dead: Vec<i64> = sqlx::query_scalar("SELECT outbox_id FROM dead_letters")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(dead, vec![ids[3]]);
+    let mut delivered = e.delivered().await;
+    delivered.sort();
+    assert_eq!(
+        delivered,
+        ids[0..3]
+            .iter()
+            .map(|id| (vec![*id], id.to_string()))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_dead_ordered_head_blocks_its_key_and_its_followers_go_back_to_pending(pool: PgPool) {
+    let e = env(
+        pool.clone(),
+        DevConfig {
+            max_request_bytes: 4000,
+            ..dev()
+        },
+    )
+    .await;
+    let mut events = vec![NewEvent::new(&ORDERS, "k", &json!({"blob": "x".repeat(6000)})).unwrap()];
+    events.extend((0..2).map(|i| NewEvent::new(&ORDERS, "k", &json!({"i": i})).unwrap()));
+    let ids = enqueue(&pool, &events).await;
+    let relay = e.relay(batching(3, &[], 1_000_000));
+    let r = relay.run_cycle().await.unwrap();
+    assert_eq!(r.claimed, 3);
+    assert_eq!((r.settled.dead, r.settled.released), (1, 2));
+    let dead: Vec<i64> = sqlx::query_scalar("SELECT outbox_id FROM dead_letters")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(dead, vec![ids[0]], "only the head is a dead letter");
+    let blocked: Option<i64> =
+        sqlx::query_scalar("SELECT blocked_id FROM outbox_keys WHERE partition_key = 'k'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(blocked, Some(ids[0]));
+    let followers: Vec<(i64, bool, bool, i32)> = sqlx::query_as(
+        "SELECT id, dead_lettered_at IS NULL AND dispatched_at IS NULL, locked_until IS NULL, attempts \
+         FROM outbox WHERE id <> $1 ORDER BY id",
+    )
+    .bind(ids[0])
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        followers,
+        vec![(ids[1], true, true, 0), (ids[2], true, true, 0)],
+        "followers are pending again, not leased, their attempt given back"
+    );
+    assert!(e.delivered().await.is_empty());
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn without_batching_every_event_is_its_own_message_as_before(pool: PgPool) {
+    let e = env(pool.clone(), dev()).await;
+    let mut events: Vec<NewEvent> = (0..3)
+        .map(|i| NewEvent::new(&AUDIT, format!("a{i}"), &json!({"i": i})).unwrap())
+        .collect();
+    events.extend((0..3).map(|i| NewEvent::new(&ORDERS, "k", &json!({"i": i})).unwrap()));
+    enqueue(&pool, &events).await;
+    let relay = e.relay(DeliveryBatching::default());
+    let claimed = relay.claim().await.unwrap();
+    // Unordered rows plus one head: nothing behind the head is claimed.
+    assert_eq!(claimed.len(), 4);
+    let formed = relay.messages_for(&claimed);
+    assert!(formed.left_over.is_empty());
+    assert_eq!(formed.messages.len(), 4);
+    for m in &formed.messages {
+        assert_eq!(m.events.len(), 1);
+        let ev = &claimed[m.events[0]];
+        let single = relay.message_for(ev);
+        assert_eq!(m.message.body, single.body);
+        assert_eq!(
+            m.message.options.deduplication_id,
+            Some(outbox::contract::dedup_id(ev.id, 0))
+        );
+        let fc = m.message.options.flow_control.as_ref().unwrap();
+        assert_eq!(
+            fc.key,
+            flow_control_key(&format!("{}.{}", ev.topic, ev.partition_key))
+        );
+        let v: Value = serde_json::from_str(&m.message.body).unwrap();
+        assert_eq!(v["events"].as_array().unwrap().len(), 1);
+    }
+    let published = relay.publish_classified(&claimed).await;
+    let items = relay.decide(&claimed, &published.outcomes);
+    assert_eq!(relay.settle(&items).await.unwrap().dispatched, 4);
+    for (ids, header) in e.delivered().await {
+        assert_eq!(ids.len(), 1);
+        assert_eq!(header, ids[0].to_string());
+    }
+}
