@@ -285,6 +285,8 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&plots_dir)
         .with_context(|| format!("creating {}", plots_dir.display()))?;
 
+    // First: the scenario that depends most on recent code fails fastest here.
+    let batched_out = batched::run(&base_url, &plan.batched, plan.base).await?;
     let (by_batch, by_conc) = unordered_sweeps(&base_url, &plan).await?;
     let ordered = ordered_sweep(&base_url, &plan).await?;
     let cons = consumer::run(&base_url, plan.rounds, plan.consumer_secs, 16, 8).await?;
@@ -297,7 +299,6 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
     )
     .await?;
     let xmin_out = xmin::run(&base_url, plan.xmin_events, plan.rounds, plan.base).await?;
-    let batched_out = batched::run(&base_url, &plan.batched, plan.base).await?;
     let load_after = load_average();
     let elapsed = started.elapsed().as_secs_f64();
 
