@@ -2,10 +2,13 @@
 //!
 //! * [`dev`]: the whole pipeline on one machine — the test kit's local stack (QStash-compatible dev server, relay,
 //!   consumer and callback handlers) with the example application's demo producer, and live progress;
-//! * [`bench`](mod@bench): the benchmarks (figures and one JSON line; never assertions).
+//! * [`bench`](mod@bench): the benchmarks (figures and one JSON line; never assertions);
+//! * [`soak`]: the whole pipeline as separate processes under chaos (kills, terminated backends, Postgres
+//!   restarts, a QStash outage), then an account of every event.
 //!
 //! What operators run against a real database is the `outbox` CLI (`outbox-cli`); this is for developers of the
 //! outbox and needs the dev server and the example (decision record 0010).
 
 pub mod bench;
 pub mod dev;
+pub mod soak;

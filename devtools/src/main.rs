@@ -2,7 +2,7 @@
 //! operator commands are the `outbox` CLI's.
 
 use clap::{Parser, Subcommand};
-use outbox_devtools::{bench, dev};
+use outbox_devtools::{bench, dev, soak};
 
 #[derive(Parser)]
 #[command(
@@ -28,6 +28,16 @@ enum Command {
     /// Benchmarks (figures and one JSON line; never assertions).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// The pipeline under chaos, then an account of every event.
+    ///
+    /// Producers (ordered and unordered topics, poison events), relays, consumer and callback receiver as
+    /// separate processes SIGKILLed and restarted at random moments, their Postgres backends terminated, the dev
+    /// server's faults on, optionally a Postgres restart and a QStash outage. Prints one line (stdout; progress on stderr) and exits non-zero when an event was
+    /// lost, applied twice or applied out of order, or rows are left leased.
+    Soak(soak::SoakArgs),
+    /// A worker process of `soak` (started by it).
+    #[command(subcommand, hide = true)]
+    SoakWorker(soak::worker::SoakWorker),
 }
 
 #[tokio::main]
@@ -37,6 +47,17 @@ async fn main() {
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await.map(|_| ()),
         Command::Bench(cmd) => bench::run(cmd).await,
+        Command::Soak(args) => match soak::run(args).await {
+            Ok(report) => {
+                println!("{}", report.line());
+                if !report.ok {
+                    std::process::exit(1);
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        },
+        Command::SoakWorker(w) => soak::worker::run(w).await,
     };
     if let Err(e) = result {
         // Errors can quote stored data (a topic, a database message): escaped like every other line.

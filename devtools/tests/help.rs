@@ -13,6 +13,7 @@ fn help_hides_the_database_url_from_the_environment() {
         &["bench", "--help"],
         &["bench", "relay", "--help"],
         &["bench", "report", "--help"],
+        &["soak", "--help"],
     ] {
         let o = Command::new(bin)
             .args(args)

@@ -23,9 +23,17 @@
 //! `evidence`, `seq`, `schema_version` and `headers` are omitted when they do not apply. `headers` holds the trace
 //! context, the correlation id and the application's own headers ([`crate::headers`]: names the pipeline owns
 //! are refused there, so the two never collide); the latter travel only here, never as request headers
-//! (decision record 0026). `events` holds one event
-//! today. Two request headers stay as **informational copies** (`x-outbox-id` for QStash's console and logs,
-//! `traceparent` for tracing proxies). A receiver refuses a request whose `x-outbox-*` or `x-schema-version` copy
+//! (decision record 0026). `events` holds one event or a **batch** of up to [`MAX_BATCH_EVENTS`] (decision
+//! records 0014 and 0027), whose shape [`parse_envelope`] checks:
+//!
+//! | batch rule | why |
+//! |---|---|
+//! | 1 ≤ k ≤ [`MAX_BATCH_EVENTS`] events, distinct ids | one message per relay batch; an id is the consumer's dedupe key |
+//! | all events ordered (with `seq`) or all unordered | a topic is either |
+//! | ordered: one partition key, consecutive sequences s, s+1, …, in that order | the relay publishes a key's next run behind its head |
+//!
+//! Two request headers stay as **informational copies** (`x-outbox-id` for QStash's console and logs — for a batch
+//! the ids joined by `,` with no spaces, [`id_copy`] — and `traceparent`, the first event's, for tracing proxies). A receiver refuses a request whose `x-outbox-*` or `x-schema-version` copy
 //! disagrees with the signed value; `traceparent` is not compared (tracing proxies rewrite it; the envelope's value
 //! is the one used).
 //!
@@ -45,6 +53,8 @@ use serde_json::value::RawValue;
 
 /// The contract version this relay writes and this consumer reads.
 pub const CONTRACT_VERSION: u32 = 2;
+/// The most events one envelope may hold (the relay's `RELAY_DELIVERY_BATCH` range ends here).
+pub const MAX_BATCH_EVENTS: usize = 1000;
 /// The destination query parameter that carries the contract version (covered by the token's `sub`).
 pub const CONTRACT_PARAM: &str = "contract";
 /// The query the relay appends to every destination.
@@ -164,7 +174,7 @@ pub struct Envelope<'a> {
     /// Who records delivery evidence (ordered events only).
     #[serde(default)]
     pub evidence: Option<Evidence>,
-    /// The events (one today).
+    /// The events: one, or a batch (see the module docs for its shape).
     #[serde(borrow)]
     pub events: Vec<EnvelopeEvent<'a>>,
 }
@@ -222,7 +232,77 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope<'_>, String> {
             return Err(format!("event {} has schema version 0", e.id));
         }
     }
+    check_batch_shape(&env.events)?;
     Ok(env)
+}
+
+/// The batch rules of the module table (a single event always passes).
+fn check_batch_shape(events: &[EnvelopeEvent<'_>]) -> Result<(), String> {
+    let k = events.len();
+    if k > MAX_BATCH_EVENTS {
+        return Err(format!(
+            "the envelope holds {k} events; a batch holds at most {MAX_BATCH_EVENTS}"
+        ));
+    }
+    let Some(first) = events.first() else {
+        return Ok(());
+    };
+    let mut seen = std::collections::HashSet::with_capacity(k);
+    for e in events {
+        if !seen.insert(e.id) {
+            return Err(format!("event id {} appears twice in the batch", e.id));
+        }
+    }
+    let ordered = first.seq.is_some();
+    for (i, e) in events.iter().enumerate().skip(1) {
+        match (first.seq, e.seq) {
+            (None, None) => {}
+            (Some(s0), Some(s)) => {
+                if e.key != first.key {
+                    return Err(format!(
+                        "ordered batch mixes partition keys: event {} has key {:?}, event {} has key {:?}",
+                        first.id,
+                        first.key.chars().take(100).collect::<String>(),
+                        e.id,
+                        e.key.chars().take(100).collect::<String>()
+                    ));
+                }
+                let want = i64::try_from(i).ok().and_then(|i| s0.checked_add(i));
+                if want != Some(s) {
+                    return Err(format!(
+                        "ordered batch is not consecutive: event {} (position {}) has sequence {s}, expected {}",
+                        e.id,
+                        i + 1,
+                        want.map(|w| w.to_string())
+                            .unwrap_or_else(|| "overflow".into())
+                    ));
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "batch mixes ordered and unordered events: event {} has {} sequence, event {} has {}",
+                    first.id,
+                    if ordered { "a" } else { "no" },
+                    e.id,
+                    if e.seq.is_some() { "one" } else { "none" }
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The informational `x-outbox-id` copy of a message of `ids`: the id for one event, the ids joined by `,` (no
+/// spaces) for a batch.
+pub fn id_copy(ids: impl IntoIterator<Item = i64>) -> String {
+    let mut out = String::new();
+    for (i, id) in ids.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&id.to_string());
+    }
+    out
 }
 
 /// One event as the relay writes it.
@@ -502,6 +582,30 @@ mod tests {
     }
 
     #[test]
+    fn batches_of_the_agreed_shape_are_read() {
+        let ok = [
+            &br#"{"contract":2,"topic":"t","events":[{"id":5,"key":"a","payload":{}},{"id":3,"key":"b","payload":1}]}"#[..],
+            br#"{"contract":2,"topic":"t","evidence":"consumer","events":[{"id":7,"key":"k","seq":4,"payload":{}},{"id":9,"key":"k","seq":5,"payload":{}},{"id":8,"key":"k","seq":6,"payload":{}}]}"#,
+        ];
+        for body in ok {
+            let env = parse_envelope(body).unwrap();
+            assert!(env.events.len() > 1);
+        }
+        let mut big = String::from(r#"{"contract":2,"topic":"t","events":["#);
+        for id in 1..=1001 {
+            if id > 1 {
+                big.push(',');
+            }
+            big.push_str(&format!(r#"{{"id":{id},"key":"k","payload":{{}}}}"#));
+        }
+        big.push_str("]}");
+        let err = parse_envelope(big.as_bytes()).unwrap_err();
+        assert!(err.contains("at most 1000"), "{err}");
+        assert_eq!(id_copy([41]), "41");
+        assert_eq!(id_copy([41, 42, 43]), "41,42,43");
+    }
+
+    #[test]
     fn bad_envelopes_are_named() {
         for (body, want) in [
             (&b"not json"[..], "not a contract-2 envelope"),
@@ -529,6 +633,30 @@ mod tests {
             (
                 br#"{"contract":2,"topic":"t","evidence":"carrier-pigeon","events":[]}"#,
                 "unknown variant",
+            ),
+            (
+                br#"{"contract":2,"topic":"t","events":[{"id":1,"key":"k","payload":{}},{"id":1,"key":"k","payload":{}}]}"#,
+                "appears twice",
+            ),
+            (
+                br#"{"contract":2,"topic":"t","events":[{"id":1,"key":"k","seq":1,"payload":{}},{"id":2,"key":"j","seq":2,"payload":{}}]}"#,
+                "mixes partition keys",
+            ),
+            (
+                br#"{"contract":2,"topic":"t","events":[{"id":1,"key":"k","seq":1,"payload":{}},{"id":2,"key":"k","seq":3,"payload":{}}]}"#,
+                "not consecutive",
+            ),
+            (
+                br#"{"contract":2,"topic":"t","events":[{"id":2,"key":"k","seq":2,"payload":{}},{"id":1,"key":"k","seq":1,"payload":{}}]}"#,
+                "not consecutive",
+            ),
+            (
+                br#"{"contract":2,"topic":"t","events":[{"id":1,"key":"k","seq":1,"payload":{}},{"id":2,"key":"k","payload":{}}]}"#,
+                "mixes ordered and unordered",
+            ),
+            (
+                br#"{"contract":2,"topic":"t","events":[{"id":1,"key":"k","payload":{}},{"id":2,"key":"k","seq":2,"payload":{}}]}"#,
+                "mixes ordered and unordered",
             ),
         ] {
             let err = parse_envelope(body).unwrap_err();

@@ -12,10 +12,10 @@
 //! 2. **Relay: one message per key in flight, gated on delivery evidence.** The relay claims *keys*
 //!    (`outbox_keys`, `FOR UPDATE SKIP LOCKED`, see [`CLAIM_HEADS_SQL`]): the head (`seq = done_seq + 1`) of a key
 //!    that is due, not leased, not awaiting evidence and not blocked, and with `RELAY_DELIVERY_BATCH` > 1 the
-//!    consecutive pending events behind it ([`CLAIM_RUNS_SQL`], decision record 0014), all in one message. It is published with a
-//!    delivery callback; [`record_delivery`] (called by the callback receiver on a 2xx, for every event of the
-//!    message in one transaction) advances `done_seq` and frees the key. The key awaits the evidence of the
-//!    message's last event (`inflight_id`). A dead head blocks the key or is skipped, per topic
+//!    consecutive pending events behind it ([`CLAIM_RUNS_SQL`], decision record 0014), all in one message. It is
+//!    published with a delivery callback; [`record_delivery_batch`] (called by the callback receiver on a 2xx, over
+//!    the message's events, in one statement) advances `done_seq` over them and frees the key once. The key awaits
+//!    the evidence of the message's last event (`inflight_id`). A dead head blocks the key or is skipped, per topic
 //!    ([`crate::config::DeadHeadPolicy`]); events claimed behind it go back to pending.
 //! 3. **Consumer: sequence check.** [`check_consumer_sequence`] runs inside the consumer's dedupe transaction and
 //!    refuses an event older than one already applied.
@@ -141,71 +141,126 @@ pub enum DeliveryRecorded {
 /// Records delivery evidence (a QStash callback with a 2xx status) for an outbox event: marks it delivered and,
 /// if it is its key's head, advances the key so the relay can publish the next event at once. Idempotent:
 /// repeated evidence changes nothing. Evidence also clears a block the event itself caused (it was delivered
-/// after all) and resolves its relay dead letter.
+/// after all) and resolves its relay dead letter. The one-event case of [`record_delivery_batch`].
 pub async fn record_delivery(
     conn: &mut PgConnection,
     outbox_id: i64,
     persistent: bool,
 ) -> Result<DeliveryRecorded, sqlx::Error> {
-    let mut c = crate::db::Autocommit::on(&mut *conn, persistent).await?;
-    let row = sqlx::query(
-        crate::schema::q(r#"
-        WITH ev AS (
-            UPDATE {schema}.outbox
-            SET delivered_at = coalesce(delivered_at, now()),
-                dispatched_at = coalesce(dispatched_at, now()),
-                dead_lettered_at = NULL,
-                locked_until = NULL
-            WHERE id = $1
-            RETURNING id, topic, partition_key, seq
-        ),
-        resolved AS (
-            UPDATE {schema}.dead_letters d SET resolved_at = coalesce(d.resolved_at, now()),
-                                   resolution = coalesce(d.resolution, 'delivered')
-            FROM ev WHERE d.outbox_id = ev.id
-        ),
-        advanced AS (
-            UPDATE {schema}.outbox_keys k
-            SET done_seq = ev.seq, available_at = now(), inflight_id = NULL, inflight_since = NULL,
-                lease_token = NULL, locked_until = NULL,
-                blocked_at = NULL, blocked_id = NULL, blocked_reason = NULL
-            FROM ev
-            WHERE ev.seq IS NOT NULL AND k.topic = ev.topic AND k.partition_key = ev.partition_key
-              AND k.done_seq = ev.seq - 1
-              AND (k.blocked_at IS NULL OR k.blocked_id = ev.id)
-            RETURNING k.topic, k.partition_key, k.done_seq
-        )
-        SELECT (SELECT count(*) FROM ev) AS found, a.topic, a.partition_key, a.done_seq,
-               EXISTS (SELECT 1 FROM {schema}.outbox n
-                       WHERE n.topic = a.topic AND n.partition_key = a.partition_key AND n.seq = a.done_seq + 1)
-                   AS has_next
-        FROM (SELECT 1) one LEFT JOIN advanced a ON true
-        "#),
-    )
-    .persistent(persistent)
-    .bind(outbox_id)
-    .fetch_one(&mut *c)
-    .await?;
-    c.finish().await?;
-    let found: i64 = row.try_get("found")?;
-    if found == 0 {
+    let batch = record_delivery_batch(conn, &[outbox_id], persistent).await?;
+    if batch.found.is_empty() {
         return Ok(DeliveryRecorded::UnknownEvent);
     }
-    let advanced: Option<String> = row.try_get("topic")?;
-    if let Some(topic) = advanced {
-        // Only a key with no visible next event can be idle: then try to release it (a second statement that a
-        // busy key never pays for).
-        let has_next: Option<bool> = row.try_get("has_next")?;
-        if has_next != Some(true) {
-            let key: String = row.try_get("partition_key")?;
-            let done: i64 = row.try_get("done_seq")?;
-            release_idle_key(conn, &topic, &key, done, persistent).await?;
-        }
-        return Ok(DeliveryRecorded::Recorded { key_advanced: true });
-    }
     Ok(DeliveryRecorded::Recorded {
-        key_advanced: false,
+        key_advanced: batch.keys_advanced > 0,
     })
+}
+
+/// What [`record_delivery_batch`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BatchDeliveryRecorded {
+    /// The ids that have an outbox row (now marked delivered), ascending.
+    pub found: Vec<i64>,
+    /// The ids without one (pruned, or not ours), in the order given.
+    pub unknown: Vec<i64>,
+    /// Keys whose `done_seq` moved (each once, to the end of the contiguous run of delivered events).
+    pub keys_advanced: usize,
+}
+
+/// The batch evidence statement: mark every event delivered, resolve their dead letters, and move each ordered
+/// key once over the contiguous run `done_seq + 1 …` of the given events (a sequence counts when every sequence
+/// between `done_seq` and it is among the events: `seq - done_seq` = how many of them lie in `(done_seq, seq]`).
+const RECORD_DELIVERY_BATCH_SQL: &str = r#"
+WITH ev AS (
+    UPDATE {schema}.outbox
+    SET delivered_at = coalesce(delivered_at, now()),
+        dispatched_at = coalesce(dispatched_at, now()),
+        dead_lettered_at = NULL,
+        locked_until = NULL
+    WHERE id = ANY ($1::bigint[])
+    RETURNING id, topic, partition_key, seq
+),
+resolved AS (
+    UPDATE {schema}.dead_letters d SET resolved_at = coalesce(d.resolved_at, now()),
+                           resolution = coalesce(d.resolution, 'delivered')
+    FROM ev WHERE d.outbox_id = ev.id
+),
+runs AS (
+    SELECT k.topic, k.partition_key, k.done_seq AS old_done,
+           (SELECT max(e.seq) FROM ev e
+             WHERE e.topic = k.topic AND e.partition_key = k.partition_key AND e.seq > k.done_seq
+               AND e.seq - k.done_seq = (SELECT count(*) FROM ev e2
+                                         WHERE e2.topic = k.topic AND e2.partition_key = k.partition_key
+                                           AND e2.seq > k.done_seq AND e2.seq <= e.seq)) AS new_done
+    FROM {schema}.outbox_keys k
+    WHERE (k.topic, k.partition_key) IN (SELECT DISTINCT topic, partition_key FROM ev WHERE seq IS NOT NULL)
+),
+advanced AS (
+    UPDATE {schema}.outbox_keys k
+    SET done_seq = r.new_done, available_at = now(), inflight_id = NULL, inflight_since = NULL,
+        lease_token = NULL, locked_until = NULL,
+        blocked_at = NULL, blocked_id = NULL, blocked_reason = NULL
+    FROM runs r
+    WHERE r.new_done IS NOT NULL AND k.topic = r.topic AND k.partition_key = r.partition_key
+      AND k.done_seq = r.old_done
+      AND (k.blocked_at IS NULL OR k.blocked_id IN (SELECT id FROM ev))
+    RETURNING k.topic, k.partition_key, k.done_seq
+)
+SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM ev) AS found, a.topic, a.partition_key, a.done_seq,
+       EXISTS (SELECT 1 FROM {schema}.outbox n
+               WHERE n.topic = a.topic AND n.partition_key = a.partition_key AND n.seq = a.done_seq + 1)
+           AS has_next
+FROM (SELECT 1) one LEFT JOIN advanced a ON true
+"#;
+
+/// Records delivery evidence for the events of one message (a batch, decision record 0027) in **one** statement:
+/// every event marked delivered, their dead letters resolved, each ordered key's `done_seq` advanced over the
+/// contiguous run of these events that follows it, and the key freed once. Recording them one at a time would
+/// free the key after the first, and the relay would republish the next ones. Idempotent like
+/// [`record_delivery`] (its one-event case).
+pub async fn record_delivery_batch(
+    conn: &mut PgConnection,
+    outbox_ids: &[i64],
+    persistent: bool,
+) -> Result<BatchDeliveryRecorded, sqlx::Error> {
+    if outbox_ids.is_empty() {
+        return Ok(BatchDeliveryRecorded::default());
+    }
+    let mut c = crate::db::Autocommit::on(&mut *conn, persistent).await?;
+    let rows = sqlx::query(crate::schema::q(RECORD_DELIVERY_BATCH_SQL))
+        .persistent(persistent)
+        .bind(outbox_ids)
+        .fetch_all(&mut *c)
+        .await?;
+    c.finish().await?;
+    let mut out = BatchDeliveryRecorded::default();
+    let mut idle = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        if i == 0 {
+            out.found = row.try_get("found")?;
+        }
+        let advanced: Option<String> = row.try_get("topic")?;
+        if let Some(topic) = advanced {
+            out.keys_advanced += 1;
+            // Only a key with no visible next event can be idle: then try to release it (a second statement that
+            // a busy key never pays for).
+            let has_next: Option<bool> = row.try_get("has_next")?;
+            if has_next != Some(true) {
+                let key: String = row.try_get("partition_key")?;
+                let done: i64 = row.try_get("done_seq")?;
+                idle.push((topic, key, done));
+            }
+        }
+    }
+    for (topic, key, done) in idle {
+        release_idle_key(conn, &topic, &key, done, persistent).await?;
+    }
+    out.unknown = outbox_ids
+        .iter()
+        .copied()
+        .filter(|id| out.found.binary_search(id).is_err())
+        .collect();
+    Ok(out)
 }
 
 /// Deletes a key's relay state when it has no more events (`done_seq` = the producer's `last_seq`). Only done

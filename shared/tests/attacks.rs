@@ -279,7 +279,10 @@ async fn user_headers_come_from_the_signed_envelope_never_from_request_headers(p
     let r = handle_event(&st, legacy_delivery_of(&old, &[("tenant", "globex")])).await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"processed","outbox_id":ev.id}))
+        (
+            200,
+            json!({"status":"processed","outbox_id":ev.id,"events":[{"id":ev.id,"outcome":"processed"}]})
+        )
     );
     assert_eq!(seen_headers(&pool, ev.id).await, json!({}));
 }
@@ -310,12 +313,18 @@ async fn replayed_delivery_with_another_outbox_id_header_is_refused(pool: PgPool
     let r = handle_event(&st, delivery_of(&b).request()).await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"processed","outbox_id":b.id}))
+        (
+            200,
+            json!({"status":"processed","outbox_id":b.id,"events":[{"id":b.id,"outcome":"processed"}]})
+        )
     );
     let r = handle_event(&st, delivery_of(&a).request()).await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"processed","outbox_id":a.id}))
+        (
+            200,
+            json!({"status":"processed","outbox_id":a.id,"events":[{"id":a.id,"outcome":"processed"}]})
+        )
     );
     let actors: Vec<String> = sqlx::query_scalar("SELECT actor FROM audit_log ORDER BY actor")
         .fetch_all(&pool)
@@ -370,7 +379,10 @@ async fn replayed_delivery_with_forged_sequence_or_key_headers_is_refused(pool: 
     .await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"processed","outbox_id":e1.id}))
+        (
+            200,
+            json!({"status":"processed","outbox_id":e1.id,"events":[{"id":e1.id,"outcome":"processed"}]})
+        )
     );
     let r = handle_event(&st, delivery_of(&e2).request()).await;
     assert_eq!(parts(&r).0, 200);
@@ -443,13 +455,19 @@ async fn legacy_delivery_matching_its_outbox_row_is_applied_once_with_evidence(p
     let r = handle_event(&st, legacy_delivery_of(&ordered, &[])).await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"processed","outbox_id":ordered.id}))
+        (
+            200,
+            json!({"status":"processed","outbox_id":ordered.id,"events":[{"id":ordered.id,"outcome":"processed"}]})
+        )
     );
     // QStash redelivers it: a duplicate.
     let r = handle_event(&st, legacy_delivery_of(&ordered, &[])).await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"duplicate","outbox_id":ordered.id}))
+        (
+            200,
+            json!({"status":"duplicate","outbox_id":ordered.id,"events":[{"id":ordered.id,"outcome":"duplicate"}]})
+        )
     );
     assert_eq!(
         count(
@@ -482,7 +500,10 @@ async fn legacy_delivery_matching_its_outbox_row_is_applied_once_with_evidence(p
     .await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"processed","outbox_id":unordered.id}))
+        (
+            200,
+            json!({"status":"processed","outbox_id":unordered.id,"events":[{"id":unordered.id,"outcome":"processed"}]})
+        )
     );
     assert_eq!(count(&pool, "SELECT count(*) FROM audit_log").await, 1);
 }
@@ -561,7 +582,10 @@ async fn legacy_delivery_whose_id_header_names_another_event_is_refused(pool: Pg
         let r = handle_event(&st, legacy_delivery_of(ev, &[])).await;
         assert_eq!(
             parts(&r),
-            (200, json!({"status":"processed","outbox_id":ev.id}))
+            (
+                200,
+                json!({"status":"processed","outbox_id":ev.id,"events":[{"id":ev.id,"outcome":"processed"}]})
+            )
         );
     }
 }
@@ -608,7 +632,10 @@ async fn legacy_delivery_naming_an_undispatched_twin_is_retried_not_applied(pool
     let r = handle_event(&st, legacy_delivery_of(&first, &[])).await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"processed","outbox_id":first.id}))
+        (
+            200,
+            json!({"status":"processed","outbox_id":first.id,"events":[{"id":first.id,"outcome":"processed"}]})
+        )
     );
 }
 

@@ -224,13 +224,19 @@ async fn work_failing_mid_transaction_commits_nothing_and_the_retry_applies_once
     let r = handle_event(&state, note(9, body)).await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"processed","outbox_id":9}))
+        (
+            200,
+            json!({"status":"processed","outbox_id":9,"events":[{"id":9,"outcome":"processed"}]})
+        )
     );
     // And once more: a duplicate, no new effect.
     let r = handle_event(&state, note(9, body)).await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"duplicate","outbox_id":9}))
+        (
+            200,
+            json!({"status":"duplicate","outbox_id":9,"events":[{"id":9,"outcome":"duplicate"}]})
+        )
     );
     assert_eq!(count(&pool, "SELECT count(*) FROM effects").await, 1);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
@@ -323,8 +329,8 @@ async fn every_permanent_error_is_489(pool: PgPool) {
         "contract": 2,
         "topic": "orders",
         "events": [
-            {"id": 20, "key": "o", "payload": {}},
-            {"id": 21, "key": "o", "payload": {}}
+            {"id": 20, "key": "o", "seq": 1, "payload": {}},
+            {"id": 21, "key": "o", "seq": 3, "payload": {}}
         ]
     })
     .to_string();
@@ -384,9 +390,9 @@ async fn every_permanent_error_is_489(pool: PgPool) {
             "sequence below 1",
         ),
         (
-            "two events in one delivery",
+            "a batch whose sequences are not consecutive",
             signed_post_with_query("/events/orders", CONTRACT_QUERY, two_events.as_bytes(), &[]),
-            "one per delivery",
+            "not consecutive",
         ),
         (
             "the envelope says another contract than the URL",
@@ -563,7 +569,10 @@ async fn ordered_key_refuses_an_event_older_than_one_applied(pool: PgPool) {
     let r = handle_event(&state, orders_request(11, &placed("b", 1), "K", 2)).await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"duplicate","outbox_id":11}))
+        (
+            200,
+            json!({"status":"duplicate","outbox_id":11,"events":[{"id":11,"outcome":"duplicate"}]})
+        )
     );
     // seq 3 goes through, and the key's state says 3.
     let r = handle_event(&state, orders_request(12, &cancelled("b"), "K", 3)).await;
@@ -774,7 +783,10 @@ async fn a_duplicate_asking_for_consumer_evidence_records_it(pool: PgPool) {
     let r = handle_event(&state, delivery().evidence_by_consumer().request()).await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"duplicate","outbox_id":written.id}))
+        (
+            200,
+            json!({"status":"duplicate","outbox_id":written.id,"events":[{"id":written.id,"outcome":"duplicate"}]})
+        )
     );
     assert_eq!(evidence().await, (true, 1), "recorded on the duplicate");
     // Again: idempotent.

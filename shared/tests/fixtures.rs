@@ -165,7 +165,10 @@ async fn order_placed_fixture_is_applied(pool: PgPool) {
     let r = handle_event(&st, request_from_event(&text)).await;
     assert_eq!(
         parts(&r),
-        (200, json!({"status":"processed","outbox_id":1}))
+        (
+            200,
+            json!({"status":"processed","outbox_id":1,"events":[{"id":1,"outcome":"processed"}]})
+        )
     );
     let (order, amount): (String, i64) =
         sqlx::query_as("SELECT order_id, amount_cents FROM charges")

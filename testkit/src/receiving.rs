@@ -302,6 +302,34 @@ impl Delivery {
     /// The envelope body: every field but the payload through `serde_json`, the payload spliced in verbatim
     /// (what a relay does with the `jsonb` text; also lets a test send a payload that is not JSON).
     pub fn body(&self) -> Vec<u8> {
+        self.envelope(&[self.event_json()])
+    }
+
+    /// The envelope around `events` (each one event's JSON text), with this delivery's topic and evidence.
+    fn envelope(&self, events: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = json!({
+            "contract": 2,
+            "topic": self.envelope_topic.as_deref().unwrap_or(&self.topic),
+        });
+        if let Some(e) = &self.evidence {
+            out["evidence"] = json!(e);
+        }
+        let mut text = out.to_string();
+        assert_eq!(text.pop(), Some('}'));
+        let mut body = text.into_bytes();
+        body.extend_from_slice(b",\"events\":[");
+        for (i, e) in events.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(e);
+        }
+        body.extend_from_slice(b"]}");
+        body
+    }
+
+    /// This event's JSON text inside an envelope's `events`.
+    fn event_json(&self) -> Vec<u8> {
         let mut event = serde_json::Map::new();
         event.insert("id".into(), json!(self.id));
         event.insert("key".into(), json!(self.key));
@@ -324,21 +352,10 @@ impl Delivery {
         }
         let mut event_text = Value::Object(event).to_string();
         assert_eq!(event_text.pop(), Some('}'));
-        let mut out = json!({
-            "contract": 2,
-            "topic": self.envelope_topic.as_deref().unwrap_or(&self.topic),
-        });
-        if let Some(e) = &self.evidence {
-            out["evidence"] = json!(e);
-        }
-        let mut text = out.to_string();
-        assert_eq!(text.pop(), Some('}'));
-        let mut body = text.into_bytes();
-        body.extend_from_slice(b",\"events\":[");
-        body.extend_from_slice(event_text.as_bytes());
+        let mut body = event_text.into_bytes();
         body.extend_from_slice(b",\"payload\":");
         body.extend_from_slice(&self.payload);
-        body.extend_from_slice(b"}]}");
+        body.push(b'}');
         body
     }
 
@@ -385,6 +402,69 @@ impl Delivery {
             &self.query,
             &headers,
             body,
+        ))
+    }
+}
+
+/// A batched delivery (decision record 0027): the events of several [`Delivery`]s in one envelope, in the order
+/// given; topic, evidence, path and query are the first one's. The request's `x-outbox-id` copy is the ids joined
+/// by `,`. Written here independently of the relay's writer, like [`Delivery`].
+#[derive(Debug, Clone)]
+pub struct Batch {
+    events: Vec<Delivery>,
+}
+
+impl Batch {
+    /// A batch of `events` (at least one).
+    pub fn new(events: Vec<Delivery>) -> Batch {
+        assert!(!events.is_empty(), "a batch holds at least one event");
+        Batch { events }
+    }
+
+    /// The events.
+    pub fn events(&self) -> &[Delivery] {
+        &self.events
+    }
+
+    /// The outbox ids, in order.
+    pub fn ids(&self) -> Vec<i64> {
+        self.events.iter().map(Delivery::id).collect()
+    }
+
+    /// The envelope body.
+    pub fn body(&self) -> Vec<u8> {
+        let events: Vec<Vec<u8>> = self.events.iter().map(Delivery::event_json).collect();
+        self.events[0].envelope(&events)
+    }
+
+    /// The URL QStash signs.
+    pub fn signed_url(&self) -> String {
+        self.events[0].signed_url()
+    }
+
+    /// The signed request, with the `x-outbox-id` copy `a,b,c`.
+    pub fn request(&self) -> Request {
+        let ids: Vec<String> = self.ids().iter().map(i64::to_string).collect();
+        self.request_with_id_copy(&ids.join(","))
+    }
+
+    /// The signed request with another `x-outbox-id` copy (an altered request).
+    pub fn request_with_id_copy(&self, copy: &str) -> Request {
+        let body = self.body();
+        let first = &self.events[0];
+        let sig = token(KEY, &first.signed_url(), &body);
+        let headers: Vec<(&str, &str)> = vec![
+            ("upstash-message-id", "msg_batch"),
+            ("upstash-retried", "0"),
+            ("upstash-signature", &sig),
+            ("x-outbox-id", copy),
+        ];
+        request_from_event(&function_url_event(
+            "POST",
+            &first.request_path(),
+            &first.query,
+            &headers,
+            &body,
         ))
     }
 }

@@ -18,6 +18,8 @@
 //! | case | status |
 //! |---|---|
 //! | failure callback recorded (or already recorded: idempotent on `dlqId`) | 200 |
+//! | failure callback of a batched message: applied events delivered, one dead letter per failed event (`<dlqId>/<outbox id>`), unordered leftovers due again ([`crate::dead_letters::record_qstash_batch_failure`], decision record 0027) | 200 |
+//! | delivery callback of a batched message: evidence for all its events in one statement ([`crate::ordering::record_delivery_batch`]) | 200 |
 //! | failure callback whose body cannot be parsed | 200 — stored raw with the parse error, never dropped |
 //! | delivery evidence / failed attempt recorded (or the event is unknown) | 200 |
 //! | delivery callback whose body cannot be parsed, or without status / an outbox id in its signed body | 489 + `Upstash-NonRetryable-Error` (safe: the relay republishes the head after `RELAY_EVIDENCE_TIMEOUT_SECS`) |
@@ -38,9 +40,15 @@ use serde_json::{Map, Value, json};
 use tracing::field::Empty;
 
 use crate::contract;
-use crate::dead_letters::{FailureRecorded, QstashFailure, record_qstash_failure};
+use crate::dead_letters::{
+    BatchFailureRecorded, BatchMember, FailureRecorded, QstashFailure, record_qstash_batch_failure,
+    record_qstash_failure,
+};
 use crate::metrics::{EmfRecord, Unit};
-use crate::ordering::{DeliveryRecorded, record_delivery, record_failed_attempt};
+use crate::ordering::{
+    BatchDeliveryRecorded, DeliveryRecorded, record_delivery, record_delivery_batch,
+    record_failed_attempt,
+};
 use crate::receiver::ReceiverState;
 use crate::receiver::http::{
     NONRETRYABLE_HEADER, RequestOutcome, json_response, nonretryable_status, request_path, respond,
@@ -48,7 +56,8 @@ use crate::receiver::http::{
 use crate::receiver::verify_request;
 
 pub use parse::{
-    CallbackBody, ParsedCallback, SourceEvent, parse_callback, source_event, source_header,
+    CallbackBody, ParsedCallback, SourceEvent, consumer_verdicts, parse_callback, source_event,
+    source_events, source_header,
 };
 
 /// Longest response body kept in a dead letter or an attempt description.
@@ -78,15 +87,24 @@ fn with_event_headers(source: Option<Value>, event: &BTreeMap<String, String>) -
 /// disagrees with the outbox id of its signed body. When the signed body names no event (a garbage or truncated
 /// failure callback) the header is ignored, never used: the callback is still stored, unlinked.
 fn check_id_copy(req: &Request, signed: Option<i64>) -> Result<(), String> {
-    let (Some(copy), Some(signed)) = (req.headers().get(contract::OUTBOX_ID), signed) else {
+    check_ids_copy(req, &signed.into_iter().collect::<Vec<_>>())
+}
+
+/// [`check_id_copy`] for a message of several events: the copy is their ids joined by `,` (decision record 0027).
+fn check_ids_copy(req: &Request, signed: &[i64]) -> Result<(), String> {
+    let Some(copy) = req.headers().get(contract::OUTBOX_ID) else {
         return Ok(());
     };
+    if signed.is_empty() {
+        return Ok(());
+    }
     let copy = copy.to_str().unwrap_or("(not visible ASCII)").trim();
-    if signed.to_string() == copy {
+    let signed = contract::id_copy(signed.iter().copied());
+    if signed == copy {
         Ok(())
     } else {
         Err(format!(
-            "header x-outbox-id is {:?} but the signed callback body names event {signed}: the request was \
+            "header x-outbox-id is {:?} but the signed callback body names event(s) {signed}: the request was \
              altered after QStash signed it",
             copy.chars().take(40).collect::<String>(),
         ))
@@ -136,6 +154,7 @@ pub fn failure_from_callback(raw: &[u8]) -> QstashFailure {
                 url: callback.url.clone(),
                 raw_callback: keep_raw.then(|| raw.to_vec()),
                 parse_error,
+                ..Default::default()
             }
         }
     }
@@ -153,6 +172,18 @@ enum CallbackOutcome {
     },
     /// A delivery callback with another status, noted on the event.
     AttemptFailed { outbox_id: i64, recorded: bool },
+    /// A failure callback for a batched message: per event, delivered, dead-lettered, due again or left alone.
+    BatchDeadLetters(BatchFailureRecorded),
+    /// A delivery callback with a 2xx status for a batched message: evidence for all its events, in one statement.
+    BatchDelivered {
+        outbox_ids: Vec<i64>,
+        result: BatchDeliveryRecorded,
+    },
+    /// A delivery callback with another status for a batched message, noted on each of its events.
+    BatchAttemptFailed {
+        outbox_ids: Vec<i64>,
+        recorded: usize,
+    },
     /// Missing or invalid signature.
     Unauthorized(crate::receiver::VerifyError),
     /// An `x-outbox-id` header that disagrees with the signed body.
@@ -172,7 +203,10 @@ impl CallbackOutcome {
         match self {
             CallbackOutcome::DeadLetter { .. }
             | CallbackOutcome::Delivered { .. }
-            | CallbackOutcome::AttemptFailed { .. } => StatusCode::OK,
+            | CallbackOutcome::AttemptFailed { .. }
+            | CallbackOutcome::BatchDeadLetters(_)
+            | CallbackOutcome::BatchDelivered { .. }
+            | CallbackOutcome::BatchAttemptFailed { .. } => StatusCode::OK,
             CallbackOutcome::Unauthorized(_) | CallbackOutcome::Tampered(_) => {
                 StatusCode::UNAUTHORIZED
             }
@@ -210,6 +244,38 @@ impl RequestOutcome for CallbackOutcome {
                     "QStash reported a failed delivery attempt: noted on the event"
                 )
             }
+            CallbackOutcome::BatchDeadLetters(r) => {
+                for (dead_letter_id, outbox_id) in &r.dead_letters {
+                    tracing::error!(
+                        answered,
+                        dead_letter_id,
+                        outbox_id,
+                        "QStash gave up on a batched message: dead letter recorded for this event"
+                    )
+                }
+                tracing::info!(
+                    answered,
+                    delivered = ?r.delivered,
+                    requeued = ?r.requeued,
+                    left = ?r.left,
+                    duplicates = ?r.duplicates,
+                    "failure callback of a batched message recorded"
+                )
+            }
+            CallbackOutcome::BatchDelivered { outbox_ids, result } => {
+                tracing::info!(answered, outbox_ids = ?outbox_ids, result = ?result, "delivery evidence recorded for a batch")
+            }
+            CallbackOutcome::BatchAttemptFailed {
+                outbox_ids,
+                recorded,
+            } => {
+                tracing::warn!(
+                    answered,
+                    outbox_ids = ?outbox_ids,
+                    recorded,
+                    "QStash reported a failed delivery attempt of a batch: noted on its events"
+                )
+            }
             CallbackOutcome::Unauthorized(e) => {
                 tracing::warn!(answered, check = e.check(), error = %e, "signature rejected")
             }
@@ -238,23 +304,25 @@ impl RequestOutcome for CallbackOutcome {
             .metric(
                 "DeadLettersRecorded",
                 Unit::Count,
-                one(matches!(
-                    outcome,
+                match outcome {
                     CallbackOutcome::DeadLetter {
-                        recorded: FailureRecorded::Recorded { .. }
-                    }
-                )),
+                        recorded: FailureRecorded::Recorded { .. },
+                    } => 1.0,
+                    CallbackOutcome::BatchDeadLetters(r) => r.dead_letters.len() as f64,
+                    _ => 0.0,
+                },
             )
             .metric(
                 "DeliveryEvidence",
                 Unit::Count,
-                one(matches!(
-                    outcome,
+                match outcome {
                     CallbackOutcome::Delivered {
                         result: DeliveryRecorded::Recorded { .. },
                         ..
-                    }
-                )),
+                    } => 1.0,
+                    CallbackOutcome::BatchDelivered { result, .. } => result.found.len() as f64,
+                    _ => 0.0,
+                },
             )
             .metric(
                 "RejectedSignatures",
@@ -316,6 +384,26 @@ impl RequestOutcome for CallbackOutcome {
                 outbox_id,
                 recorded,
             } => json!({"status": "attempt_failed", "outbox_id": outbox_id, "recorded": recorded}),
+            CallbackOutcome::BatchDeadLetters(r) => json!({
+                "status": "recorded",
+                "dead_letters": r.dead_letters.iter().map(|(d, o)| json!({"dead_letter_id": d, "outbox_id": o})).collect::<Vec<_>>(),
+                "duplicates": r.duplicates,
+                "delivered": r.delivered,
+                "requeued": r.requeued,
+                "left": r.left,
+            }),
+            CallbackOutcome::BatchDelivered { outbox_ids, result } => json!({
+                "status": "delivered",
+                "outbox_ids": outbox_ids,
+                "unknown": result.unknown,
+                "keys_advanced": result.keys_advanced,
+            }),
+            CallbackOutcome::BatchAttemptFailed {
+                outbox_ids,
+                recorded,
+            } => {
+                json!({"status": "attempt_failed", "outbox_ids": outbox_ids, "recorded": recorded})
+            }
             CallbackOutcome::Unauthorized(e) => {
                 json!({"error": format!("signature rejected: {e}"), "check": e.check()})
             }
@@ -413,6 +501,14 @@ async fn process(state: &ReceiverState, req: &Request) -> CallbackOutcome {
 
 async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOutcome {
     let span = tracing::Span::current();
+    if let Ok(parsed) = parse_callback(raw)
+        && parsed.problems.is_empty()
+    {
+        let events = source_events(&parsed.body);
+        if events.len() > 1 {
+            return batch_failure(state, req, raw, &parsed.body, events).await;
+        }
+    }
     let failure = failure_from_callback(raw);
     if let Err(e) = check_id_copy(req, failure.outbox_id) {
         return CallbackOutcome::Tampered(e);
@@ -459,6 +555,129 @@ async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOu
     }
 }
 
+/// Which events of a batched message QStash gave up on die (decision record 0027): those the consumer's last
+/// response names `failed`; without a readable verdict, the first event on an ordered key, every event on an
+/// unordered topic (events the consumer applied are set apart later, from its dedupe rows).
+fn dead_members(callback: &CallbackBody, events: &[SourceEvent]) -> Vec<(bool, Option<String>)> {
+    match consumer_verdicts(callback) {
+        Some(verdicts) => events
+            .iter()
+            .map(|e| {
+                let v = verdicts.iter().find(|(id, _, _)| Some(*id) == e.outbox_id);
+                match v {
+                    Some((_, outcome, error)) => (outcome == "failed", error.clone()),
+                    None => (false, None),
+                }
+            })
+            .collect(),
+        // No verdict: every unapplied event of an unordered topic dies; for an ordered key only the first
+        // unapplied one, which [`batch_failure`] picks from the dedupe rows.
+        None => events.iter().map(|_| (true, None)).collect(),
+    }
+}
+
+async fn batch_failure(
+    state: &ReceiverState,
+    req: &Request,
+    raw: &[u8],
+    callback: &CallbackBody,
+    events: Vec<SourceEvent>,
+) -> CallbackOutcome {
+    let span = tracing::Span::current();
+    let ids: Vec<i64> = events.iter().filter_map(|e| e.outbox_id).collect();
+    if let Err(e) = check_ids_copy(req, &ids) {
+        return CallbackOutcome::Tampered(e);
+    }
+    span.record("outbox_id", contract::id_copy(ids.iter().copied()));
+    if let Some(t) = events.first().and_then(|e| e.topic.as_deref()) {
+        span.record("topic", t);
+    }
+    if let Some(m) = &callback.source_message_id {
+        span.record("message_id", m.as_str());
+    }
+    if let Some(d) = &callback.dlq_id {
+        span.record("dlq_id", d.as_str());
+    }
+    if let Some(s) = callback.status {
+        span.record("consumer_status", s);
+    }
+    let ordered = events.first().is_some_and(|e| e.seq.is_some());
+    let verdict_readable = consumer_verdicts(callback).is_some();
+    let dead = dead_members(callback, &events);
+    // The message as a whole (status, attempts, response body, URL): shared by every event's dead letter.
+    let base = failure_from_callback(raw);
+    let mut members: Vec<BatchMember> = events
+        .into_iter()
+        .zip(dead)
+        .map(|(e, (dead, event_error))| BatchMember {
+            failure: QstashFailure {
+                outbox_id: e.outbox_id,
+                topic: e.topic,
+                partition_key: e.partition_key,
+                source_body: e.payload,
+                source_headers: with_event_headers(callback.source_header.clone(), &e.headers),
+                batch_member: true,
+                event_error,
+                ..base.clone()
+            },
+            ordered: e.seq.is_some(),
+            dead,
+        })
+        .collect();
+    let mut conn = match state.pool.acquire().await {
+        Ok(c) => c,
+        Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
+    };
+    if ordered && !verdict_readable {
+        // The first event the consumer has not applied is the dead head; the rest wait behind it.
+        let applied = match applied_ids(&mut conn, &state.config.name, &ids, state.persistent).await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                return CallbackOutcome::Database(format!("could not read the dedupe rows: {e}"));
+            }
+        };
+        let mut found = false;
+        for m in &mut members {
+            let is_applied = m.failure.outbox_id.is_some_and(|id| applied.contains(&id));
+            m.dead = !found && !is_applied;
+            found |= m.dead;
+        }
+    }
+    match record_qstash_batch_failure(
+        &mut conn,
+        &members,
+        |topic| state.config.dead_head_policy(topic),
+        &state.config.name,
+        state.persistent,
+    )
+    .await
+    {
+        Ok(r) => CallbackOutcome::BatchDeadLetters(r),
+        Err(e) => CallbackOutcome::Database(format!("could not record the dead letters: {e}")),
+    }
+}
+
+async fn applied_ids(
+    conn: &mut sqlx::PgConnection,
+    consumer: &str,
+    ids: &[i64],
+    persistent: bool,
+) -> Result<Vec<i64>, sqlx::Error> {
+    let texts: Vec<String> = ids.iter().map(i64::to_string).collect();
+    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
+    let applied: Vec<String> = sqlx::query_scalar(crate::schema::q(
+        "SELECT message_id FROM {schema}.processed_messages WHERE consumer = $1 AND message_id = ANY ($2::text[])",
+    ))
+    .persistent(persistent)
+    .bind(consumer)
+    .bind(&texts)
+    .fetch_all(&mut *c)
+    .await?;
+    c.finish().await?;
+    Ok(applied.iter().filter_map(|s| s.parse().ok()).collect())
+}
+
 async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOutcome {
     let span = tracing::Span::current();
     let parsed = match parse_callback(raw) {
@@ -481,6 +700,10 @@ async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> Callback
         return CallbackOutcome::Unusable(format!("delivery callback unusable: {why}"));
     };
     span.record("consumer_status", status);
+    let events = source_events(callback);
+    if events.len() > 1 {
+        return batch_delivered(state, req, callback, status, &events).await;
+    }
     let source = source_event(callback);
     if let Err(e) = check_id_copy(req, source.outbox_id) {
         return CallbackOutcome::Tampered(e);
@@ -512,6 +735,53 @@ async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> Callback
             Err(e) => {
                 CallbackOutcome::Database(format!("could not record the failed attempt: {e}"))
             }
+        }
+    }
+}
+
+/// The delivery callback of a batched message: a 2xx is the evidence of all its events, recorded in one statement
+/// (one at a time, the key would look free after the first and the relay would republish the next ones); another
+/// status is noted on each event.
+async fn batch_delivered(
+    state: &ReceiverState,
+    req: &Request,
+    callback: &CallbackBody,
+    status: i32,
+    events: &[SourceEvent],
+) -> CallbackOutcome {
+    let ids: Vec<i64> = events.iter().filter_map(|e| e.outbox_id).collect();
+    if let Err(e) = check_ids_copy(req, &ids) {
+        return CallbackOutcome::Tampered(e);
+    }
+    tracing::Span::current().record("outbox_id", contract::id_copy(ids.iter().copied()));
+    let mut conn = match state.pool.acquire().await {
+        Ok(c) => c,
+        Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
+    };
+    if (200..300).contains(&status) {
+        match record_delivery_batch(&mut conn, &ids, state.persistent).await {
+            Ok(result) => CallbackOutcome::BatchDelivered {
+                outbox_ids: ids,
+                result,
+            },
+            Err(e) => CallbackOutcome::Database(format!("could not record delivery evidence: {e}")),
+        }
+    } else {
+        let description = attempt_description(callback, status);
+        let mut recorded = 0;
+        for id in &ids {
+            match record_failed_attempt(&mut conn, *id, &description, state.persistent).await {
+                Ok(r) => recorded += usize::from(r),
+                Err(e) => {
+                    return CallbackOutcome::Database(format!(
+                        "could not record the failed attempt: {e}"
+                    ));
+                }
+            }
+        }
+        CallbackOutcome::BatchAttemptFailed {
+            outbox_ids: ids,
+            recorded,
         }
     }
 }

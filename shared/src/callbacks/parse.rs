@@ -234,6 +234,8 @@ pub struct SourceEvent {
     pub outbox_id: Option<i64>,
     pub topic: Option<String>,
     pub partition_key: Option<String>,
+    /// The per-key sequence (an ordered event of a current envelope).
+    pub seq: Option<i64>,
     /// The event's payload (for the dead letter): the envelope's payload, or the whole body of a legacy message.
     pub payload: Option<Vec<u8>>,
     /// The envelope's event headers and its schema version (as `x-schema-version`), for a redrive that must
@@ -241,8 +243,22 @@ pub struct SourceEvent {
     pub headers: BTreeMap<String, String>,
 }
 
-/// Reads [`SourceEvent`] from a parsed callback body.
+/// Reads [`SourceEvent`] from a parsed callback body: the message's one event. A batch (several events, decision
+/// record 0027) names no single event: then only the topic of its URL ([`source_events`] reads them all).
 pub fn source_event(b: &CallbackBody) -> SourceEvent {
+    let mut events = source_events(b);
+    if events.len() == 1 {
+        return events.pop().unwrap_or_default();
+    }
+    SourceEvent {
+        topic: b.url.as_deref().and_then(topic_of_url),
+        ..SourceEvent::default()
+    }
+}
+
+/// Every event of the original message, in envelope order: one [`SourceEvent`] per event of a current envelope
+/// (a batch holds several), else the one event [`source_event`] describes from the publisher's headers.
+pub fn source_events(b: &CallbackBody) -> Vec<SourceEvent> {
     let parse_id = |s: &str| s.trim().parse::<i64>().ok().filter(|id| *id > 0);
     let url_query = b
         .url
@@ -257,30 +273,56 @@ pub fn source_event(b: &CallbackBody) -> SourceEvent {
             .source_body
             .as_deref()
             .and_then(|body| contract::parse_envelope(body).ok())
-        && let [ev] = env.events.as_slice()
     {
-        let mut headers = ev.headers.clone();
-        if let Some(v) = ev.schema_version {
-            headers.insert(contract::legacy::SCHEMA_VERSION.to_owned(), v.to_string());
-        }
-        return SourceEvent {
-            outbox_id: Some(ev.id),
-            topic: Some(env.topic.clone()),
-            partition_key: Some(ev.key.clone()),
-            payload: Some(ev.payload.get().as_bytes().to_vec()),
-            headers,
-        };
+        return env
+            .events
+            .iter()
+            .map(|ev| {
+                let mut headers = ev.headers.clone();
+                if let Some(v) = ev.schema_version {
+                    headers.insert(contract::legacy::SCHEMA_VERSION.to_owned(), v.to_string());
+                }
+                SourceEvent {
+                    outbox_id: Some(ev.id),
+                    topic: Some(env.topic.clone()),
+                    partition_key: Some(ev.key.clone()),
+                    seq: ev.seq,
+                    payload: Some(ev.payload.get().as_bytes().to_vec()),
+                    headers,
+                }
+            })
+            .collect();
     }
-    SourceEvent {
+    vec![SourceEvent {
         outbox_id: source_header(b, contract::legacy::OUTBOX_ID).and_then(parse_id),
         topic: source_header(b, contract::legacy::OUTBOX_TOPIC)
             .map(str::to_owned)
             .or_else(|| topic_of_url(b.url.as_deref()?)),
         partition_key: source_header(b, contract::legacy::OUTBOX_KEY)
             .and_then(contract::decode_key),
+        seq: None,
         payload: (!current).then(|| b.source_body.clone()).flatten(),
         headers: BTreeMap::new(),
-    }
+    }]
+}
+
+/// What the consumer's last response (the callback's `body`) says about each event: `(outbox id, outcome,
+/// error)` from its `events` list (decision record 0027). `None` when the body has no readable list (an older
+/// consumer, a timeout, a proxy's error page).
+pub fn consumer_verdicts(b: &CallbackBody) -> Option<Vec<(i64, String, Option<String>)>> {
+    let body: Value = serde_json::from_slice(b.body.as_deref()?).ok()?;
+    let list = body.get("events")?.as_array()?;
+    let verdicts: Vec<_> = list
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e.get("id")?.as_i64()?,
+                e.get("outcome")?.as_str()?.to_owned(),
+                e.get("error").and_then(Value::as_str).map(str::to_owned),
+            ))
+        })
+        .collect();
+    (!verdicts.is_empty()).then_some(verdicts)
 }
 
 /// The last segment of a `/events/{topic}` URL.

@@ -70,8 +70,14 @@ fn check_copy(
     }
 }
 
-/// A current (contract 2) delivery: everything from the signed envelope; header copies must agree with it.
-pub(super) fn current_delivery<'b>(req: &'b Request, topic: &str) -> Result<Delivery<'b>, Outcome> {
+/// A current (contract 2) delivery: everything from the signed envelope, one [`Delivery`] per event in envelope
+/// order (a batch holds several, decision record 0027); header copies must agree with it. The `x-outbox-id` copy of
+/// a batch is its ids joined by `,`; the per-event copies of the previous format (key, sequence, schema version)
+/// have no single value in a batch, so a batch that carries one is refused.
+pub(super) fn current_delivery<'b>(
+    req: &'b Request,
+    topic: &str,
+) -> Result<Vec<Delivery<'b>>, Outcome> {
     let env = contract::parse_envelope(req.body().as_ref()).map_err(Outcome::Permanent)?;
     if env.topic != topic {
         return Err(Outcome::Permanent(format!(
@@ -79,51 +85,63 @@ pub(super) fn current_delivery<'b>(req: &'b Request, topic: &str) -> Result<Deli
             env.topic.chars().take(100).collect::<String>()
         )));
     }
-    let [ev] = env.events.as_slice() else {
-        return Err(Outcome::Permanent(format!(
-            "the envelope holds {} events; this consumer applies one per delivery",
-            env.events.len()
-        )));
+    let single = match env.events.as_slice() {
+        [ev] => Some(ev),
+        _ => None,
     };
-    let schema_version = ev.schema_version.unwrap_or(DEFAULT_SCHEMA_VERSION);
     let evidence = env.evidence.map(contract::Evidence::as_str);
     let eq = |a: &str, b: &str| a == b;
-    check_copy(req, legacy::OUTBOX_ID, Some(&ev.id.to_string()), eq)?;
+    let ids = contract::id_copy(env.events.iter().map(|e| e.id));
+    check_copy(req, legacy::OUTBOX_ID, Some(&ids), eq)?;
     check_copy(req, legacy::OUTBOX_TOPIC, Some(topic), eq)?;
-    check_copy(req, legacy::OUTBOX_KEY, Some(&ev.key), |copy, key| {
-        contract::decode_key(copy).as_deref() == Some(key)
-    })?;
+    check_copy(
+        req,
+        legacy::OUTBOX_KEY,
+        single.map(|e| e.key.as_str()),
+        |copy, key| contract::decode_key(copy).as_deref() == Some(key),
+    )?;
     check_copy(
         req,
         legacy::OUTBOX_SEQ,
-        ev.seq.map(|s| s.to_string()).as_deref(),
+        single.and_then(|e| e.seq).map(|s| s.to_string()).as_deref(),
         eq,
     )?;
     check_copy(req, legacy::OUTBOX_EVIDENCE, evidence, eq)?;
     check_copy(
         req,
         legacy::SCHEMA_VERSION,
-        Some(&schema_version.to_string()),
+        single
+            .map(|e| {
+                e.schema_version
+                    .unwrap_or(DEFAULT_SCHEMA_VERSION)
+                    .to_string()
+            })
+            .as_deref(),
         eq,
     )?;
     let (message_id, retried) = qstash_info(req);
-    Ok(Delivery {
-        meta: EventMeta {
-            outbox_id: ev.id,
-            topic: topic.to_owned(),
-            key: Some(ev.key.clone()),
-            seq: ev.seq,
-            schema_version,
-            created_at: ev.created_at,
-            traceparent: ev.headers.get(contract::TRACEPARENT).cloned(),
-            correlation_id: ev.headers.get(contract::CORRELATION_ID).cloned(),
-            headers: crate::headers::user_headers_of(&ev.headers),
-            message_id,
-            retried,
-        },
-        payload: ev.payload.get().as_bytes(),
-        record_evidence: ev.seq.is_some() && env.evidence == Some(contract::Evidence::Consumer),
-    })
+    let consumer_evidence = env.evidence == Some(contract::Evidence::Consumer);
+    Ok(env
+        .events
+        .iter()
+        .map(|ev| Delivery {
+            meta: EventMeta {
+                outbox_id: ev.id,
+                topic: topic.to_owned(),
+                key: Some(ev.key.clone()),
+                seq: ev.seq,
+                schema_version: ev.schema_version.unwrap_or(DEFAULT_SCHEMA_VERSION),
+                created_at: ev.created_at,
+                traceparent: ev.headers.get(contract::TRACEPARENT).cloned(),
+                correlation_id: ev.headers.get(contract::CORRELATION_ID).cloned(),
+                headers: crate::headers::user_headers_of(&ev.headers),
+                message_id: message_id.clone(),
+                retried,
+            },
+            payload: ev.payload.get().as_bytes(),
+            record_evidence: ev.seq.is_some() && consumer_evidence,
+        })
+        .collect())
 }
 
 /// A delivery in the previous format (no `contract` in its URL; published before the upgrade, QStash may still

@@ -8,13 +8,12 @@ use lambda_http::{Body, Request, Response};
 use serde_json::json;
 use tracing::field::Empty;
 
-use super::delivery::{Delivery, current_delivery, legacy_delivery};
-use super::registry::{EventMeta, HandlerError};
+use super::batch::{self, EventResult};
+use super::delivery::{current_delivery, legacy_delivery};
+use super::registry::EventMeta;
 use super::{ConsumerState, ReceiverState};
 use crate::contract::{self, Contract};
 use crate::metrics::{EmfRecord, Unit};
-use crate::once::{Once, OnceError, handle_once};
-use crate::ordering::{SequenceCheck, check_consumer_sequence};
 use crate::receiver::http::{
     NONRETRYABLE_HEADER, RequestOutcome, json_response, nonretryable_status, request_path, respond,
 };
@@ -134,18 +133,19 @@ pub async fn handle_event(state: &ConsumerState, req: Request) -> Response<Body>
         retried = Empty,
         correlation_id = Empty,
         traceparent = Empty,
+        batch_size = Empty,
     );
     respond(span, state.receiver.emit_metrics, async {
-        let (outcome, meta) = process(state, &req).await;
-        Handled { outcome, meta }
+        let (outcome, events) = process(state, &req).await;
+        Handled { outcome, events }
     })
     .await
 }
 
-/// A finished request: its outcome and, once it was known, the event it was about.
+/// A finished request: its outcome and, once they were known, its events and what happened to each.
 struct Handled {
     outcome: Outcome,
-    meta: Option<EventMeta>,
+    events: Vec<(EventMeta, EventResult)>,
 }
 
 impl RequestOutcome for Handled {
@@ -154,6 +154,28 @@ impl RequestOutcome for Handled {
         // `answered`: the status this function answers QStash (the callback function's lines, for the same attempt,
         // name it `consumer_status`).
         let answered = outcome.status().as_u16();
+        if self.events.len() > 1 {
+            // One line per event of a batch, then the message's line.
+            for (m, r) in &self.events {
+                let span = tracing::info_span!(
+                    "event",
+                    outbox_id = m.outbox_id,
+                    key = m.key.as_deref(),
+                    seq = m.seq,
+                    correlation_id = m.correlation_id.as_deref()
+                );
+                let _e = span.enter();
+                match r {
+                    EventResult::Failed(e) => {
+                        tracing::error!(outcome = r.as_str(), error = %e, "event of the batch refused permanently")
+                    }
+                    EventResult::Retry { message, .. } => {
+                        tracing::warn!(outcome = r.as_str(), error = %message, "event of the batch failed transiently")
+                    }
+                    _ => tracing::info!(outcome = r.as_str(), "event of the batch"),
+                }
+            }
+        }
         match outcome {
             Outcome::Processed { .. } | Outcome::Duplicate { .. } => {
                 tracing::info!(
@@ -184,6 +206,10 @@ impl RequestOutcome for Handled {
     fn metrics(&self, elapsed: Duration) -> EmfRecord {
         let outcome = &self.outcome;
         let mut rec = EmfRecord::new("consumer");
+        // Counted per event (a batch counts each of its events once); a request refused before its events were
+        // known counts once, by its outcome.
+        let per_event =
+            |f: fn(&EventResult) -> bool| self.events.iter().filter(|(_, r)| f(r)).count() as f64;
         for name in [
             "Applied",
             "Duplicates",
@@ -191,8 +217,21 @@ impl RequestOutcome for Handled {
             "PermanentFailures",
             "TransientFailures",
         ] {
-            let v = if outcome.metric() == name { 1.0 } else { 0.0 };
+            let v = if self.events.is_empty() {
+                if outcome.metric() == name { 1.0 } else { 0.0 }
+            } else {
+                match name {
+                    "Applied" => per_event(|r| *r == EventResult::Processed),
+                    "Duplicates" => per_event(|r| *r == EventResult::Duplicate),
+                    "PermanentFailures" => per_event(|r| matches!(r, EventResult::Failed(_))),
+                    "TransientFailures" => per_event(|r| matches!(r, EventResult::Retry { .. })),
+                    _ => 0.0,
+                }
+            };
             rec = rec.metric(name, Unit::Count, v);
+        }
+        if !self.events.is_empty() {
+            rec = rec.metric("BatchSize", Unit::Count, self.events.len() as f64);
         }
         rec = rec
             .metric(
@@ -201,27 +240,67 @@ impl RequestOutcome for Handled {
                 elapsed.as_secs_f64() * 1e3,
             )
             .property("answered", outcome.status().as_u16());
-        if let Some(m) = &self.meta {
+        if let Some((m, _)) = self.events.first() {
             rec = rec
                 .property("outbox_id", m.outbox_id)
                 .property("topic", m.topic.clone());
+            if self.events.len() > 1 {
+                let ids: Vec<i64> = self.events.iter().map(|(m, _)| m.outbox_id).collect();
+                rec = rec.property("outbox_ids", ids);
+            }
             if let Some(id) = &m.message_id {
                 rec = rec.property("message_id", id.clone());
             }
-            if let (Outcome::Processed { .. }, Some(created)) = (outcome, m.created_at) {
-                let ms = (Utc::now() - created).num_milliseconds().max(0) as f64;
-                rec = rec.metric("CommitToApplied", Unit::Milliseconds, ms);
-            }
+        }
+        // The oldest applied event's commit-to-applied time (the batch's worst).
+        let oldest = self
+            .events
+            .iter()
+            .filter(|(_, r)| *r == EventResult::Processed)
+            .filter_map(|(m, _)| m.created_at)
+            .min();
+        if let Some(created) = oldest {
+            let ms = (Utc::now() - created).num_milliseconds().max(0) as f64;
+            rec = rec.metric("CommitToApplied", Unit::Milliseconds, ms);
         }
         rec
     }
 
     fn into_response(self) -> Response<Body> {
-        self.outcome.into_response()
+        let Handled { outcome, events } = self;
+        if events.is_empty() {
+            return outcome.into_response();
+        }
+        let transient = matches!(outcome, Outcome::Transient { .. });
+        let mut r = outcome.into_response();
+        // Today's top-level fields stay; `events` says what happened to each event (k = 1 too). A batch has no
+        // single `outbox_id`; its `status` says `partial` when some events committed and others did not.
+        let mut body: serde_json::Value =
+            serde_json::from_slice(r.body().as_ref()).unwrap_or_else(|_| json!({}));
+        if let Some(obj) = body.as_object_mut() {
+            if events.len() > 1 {
+                obj.remove("outbox_id");
+                let committed = events.iter().filter(|(_, r)| r.committed()).count();
+                if !obj.contains_key("status") {
+                    let status = match (transient, committed) {
+                        (_, c) if c > 0 => "partial",
+                        (true, _) => "retry",
+                        (false, _) => "failed",
+                    };
+                    obj.insert("status".into(), json!(status));
+                }
+            }
+            obj.insert(
+                "events".into(),
+                events.iter().map(|(m, r)| r.to_json(m.outbox_id)).collect(),
+            );
+        }
+        *r.body_mut() = Body::Text(body.to_string());
+        r
     }
 }
 
-async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<EventMeta>) {
+async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Vec<(EventMeta, EventResult)>) {
     let receiver: &ReceiverState = &state.receiver;
     let span = tracing::Span::current();
 
@@ -233,7 +312,7 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
                 size,
                 max: receiver.config.max_body_bytes,
             },
-            None,
+            Vec::new(),
         );
     }
 
@@ -253,7 +332,7 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
     )
     .await
     {
-        return (Outcome::Unauthorized(e), None);
+        return (Outcome::Unauthorized(e), Vec::new());
     }
 
     // 3. Route.
@@ -263,7 +342,7 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
                 "method {} is not accepted: events are POSTed",
                 req.method()
             )),
-            None,
+            Vec::new(),
         );
     }
     let path = request_path(req);
@@ -273,19 +352,19 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
                 "no route for path {:?}: events go to /events/{{topic}}",
                 path.chars().take(200).collect::<String>()
             )),
-            None,
+            Vec::new(),
         );
     };
     span.record("topic", topic);
     let Some(route) = state.registry.get(topic) else {
         return (
             Outcome::Permanent(format!("unknown topic {topic:?}: no handler registered")),
-            None,
+            Vec::new(),
         );
     };
     let delivery = match contract::contract_of_query(req.uri().query()) {
         Ok(Contract::Current) => current_delivery(req, topic),
-        Ok(Contract::Legacy) => legacy_delivery(receiver, req, topic).await,
+        Ok(Contract::Legacy) => legacy_delivery(receiver, req, topic).await.map(|d| vec![d]),
         Ok(Contract::Newer(v)) => Err(Outcome::Transient {
             message: format!(
                 "delivery in wire contract {v}, newer than this consumer's {}: retry after the consumer is \
@@ -296,119 +375,39 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Option<Event
         }),
         Err(e) => Err(Outcome::Permanent(e)),
     };
-    let Delivery {
-        meta,
-        payload,
-        record_evidence,
-    } = match delivery {
+    let deliveries = match delivery {
         Ok(d) => d,
-        Err(o) => return (o, None),
+        Err(o) => return (o, Vec::new()),
     };
-    span.record("outbox_id", meta.outbox_id);
-    span.record("retried", meta.retried);
-    if let Some(k) = &meta.key {
-        span.record("key", k.as_str());
-    }
-    if let Some(s) = meta.seq {
-        span.record("seq", s);
-    }
-    if let Some(c) = &meta.correlation_id {
-        span.record("correlation_id", c.as_str());
-    }
-    if let Some(t) = &meta.traceparent {
-        span.record("traceparent", t.as_str());
-    }
-
-    // 4. Decode the typed payload (errors are permanent).
-    let prepared = match route.prepare(meta.clone(), payload, receiver.persistent) {
-        Ok(p) => p,
-        Err(e) => return (handler_outcome(e), Some(meta)),
-    };
-
-    // 5. Dedupe row, sequence check (ordered topics), the handler — one transaction.
-    let consumer = receiver.config.name.as_str();
-    let persistent = receiver.persistent;
-    let m = &meta;
-    // The relay may ask for the ordered event's delivery evidence to be recorded here, in the transaction that
-    // applies it (decision record 0007): last statement before commit, so the key's row is locked only briefly.
-    let result = handle_once(
-        &receiver.pool,
-        consumer,
-        &meta.outbox_id.to_string(),
-        persistent,
-        async |conn: &mut sqlx::PgConnection| -> Result<(), HandlerError> {
-            if let (Some(seq), Some(key)) = (m.seq, m.key.as_deref()) {
-                match check_consumer_sequence(conn, consumer, &m.topic, key, seq, persistent)
-                    .await?
-                {
-                    SequenceCheck::InOrder => {}
-                    SequenceCheck::Late { last_applied } => {
-                        return Err(HandlerError::permanent(format!(
-                            "out of order: event {} has sequence {seq} for key {key:?} of topic {:?}, \
-                             but sequence {last_applied} was already applied",
-                            m.outbox_id, m.topic
-                        )));
-                    }
-                }
-            }
-            prepared.apply(conn).await?;
-            if record_evidence {
-                crate::ordering::record_delivery(conn, m.outbox_id, persistent).await?;
-            }
-            Ok(())
-        },
-    )
-    .await;
-    let outcome = match result {
-        Ok(Once::Applied(())) => Outcome::Processed {
-            outbox_id: meta.outbox_id,
-        },
-        Ok(Once::Duplicate) if record_evidence => {
-            // Applied before: the dedupe row is evidence too. Recording it again is idempotent and frees a key
-            // whose evidence was never written (an event applied before the relay asked for it here).
-            match receiver.pool.acquire().await {
-                Ok(mut conn) => {
-                    match crate::ordering::record_delivery(&mut conn, meta.outbox_id, persistent)
-                        .await
-                    {
-                        Ok(_) => Outcome::Duplicate {
-                            outbox_id: meta.outbox_id,
-                        },
-                        Err(e) => Outcome::Transient {
-                            message: format!(
-                                "database error while recording delivery evidence: {e}"
-                            ),
-                            retry_after: None,
-                        },
-                    }
-                }
-                Err(e) => Outcome::Transient {
-                    message: format!("database error while recording delivery evidence: {e}"),
-                    retry_after: None,
-                },
-            }
+    // The span names the first event (for a batch, `batch_size` says how many follow; each has its own line).
+    if let Some(meta) = deliveries.first().map(|d| &d.meta) {
+        span.record("outbox_id", meta.outbox_id);
+        span.record("retried", meta.retried);
+        if let Some(k) = &meta.key {
+            span.record("key", k.as_str());
         }
-        Ok(Once::Duplicate) => Outcome::Duplicate {
-            outbox_id: meta.outbox_id,
-        },
-        Err(OnceError::Work(e)) => handler_outcome(e),
-        Err(OnceError::Database(e)) => Outcome::Transient {
-            message: format!("database error: {e}"),
-            retry_after: None,
-        },
-    };
-    (outcome, Some(meta))
-}
-
-fn handler_outcome(e: HandlerError) -> Outcome {
-    match e {
-        HandlerError::Permanent(m) => Outcome::Permanent(m),
-        HandlerError::Transient {
-            message,
-            retry_after,
-        } => Outcome::Transient {
-            message,
-            retry_after,
-        },
+        if let Some(s) = meta.seq {
+            span.record("seq", s);
+        }
+        if let Some(c) = &meta.correlation_id {
+            span.record("correlation_id", c.as_str());
+        }
+        if let Some(t) = &meta.traceparent {
+            span.record("traceparent", t.as_str());
+        }
     }
+    if deliveries.len() > 1 {
+        span.record("batch_size", deliveries.len());
+    }
+
+    // 4.–5. Decode the typed payloads; per event, in one transaction: dedupe row, sequence check, the handler.
+    let results = batch::apply(receiver, route.as_ref(), &deliveries).await;
+    let ids: Vec<i64> = deliveries.iter().map(|d| d.meta.outbox_id).collect();
+    let outcome = batch::outcome_of(&ids, &results);
+    let events = deliveries
+        .into_iter()
+        .map(|d| d.meta)
+        .zip(results)
+        .collect();
+    (outcome, events)
 }

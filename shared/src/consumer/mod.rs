@@ -1,11 +1,13 @@
 //! The consumer runtime: `POST /events/{topic}` from QStash → cap the body → verify the signature → route to the
-//! topic's handler → decode the typed payload → apply it inside [`crate::once::handle_once`] → map the outcome to
-//! the HTTP status QStash acts on. What decides a write (outbox id, key, sequence, evidence, schema version) is
+//! topic's handler → decode the typed payloads → apply the delivery's events (one, or a batch of up to 1000,
+//! decision record 0027) in one transaction, each in a savepoint ([`crate::once::handle_once_in`]) → map the
+//! outcome to the HTTP status QStash acts on. For a batch, the status is the message's (`batch.rs` has the
+//! table) and the body lists each event's outcome ([`EventResult`]). What decides a write (outbox id, key, sequence, evidence, schema version) is
 //! read from the signed envelope only ([`crate::contract`]).
 //!
 //! | outcome | status | QStash then |
 //! |---|---|---|
-//! | applied ([`Outcome::Processed`]) | 200 `{"status":"processed"}` | done |
+//! | applied ([`Outcome::Processed`]) | 200 `{"status":"processed"}` (+ `events`, as every answer about known events) | done |
 //! | already applied ([`Outcome::Duplicate`]) | 200 `{"status":"duplicate"}` | done |
 //! | missing / bad signature ([`Outcome::Unauthorized`]) | 401 `{"error":…}` — nothing read or written | retries |
 //! | body over `MAX_BODY_BYTES` ([`Outcome::TooLarge`]) | 413 — before verification | retries (a redeploy with a higher cap can fix it) |
@@ -20,11 +22,13 @@
 //! | file | what |
 //! |---|---|
 //! | `http.rs` | [`handle_event`]: the steps above, and [`Outcome`] → status |
+//! | `batch.rs` | the events of one delivery in one transaction, a savepoint each; per-event [`EventResult`] → the message's [`Outcome`] |
 //! | `delivery.rs` | what a delivery says about its event: the signed envelope, or a delivery in the previous format checked against its outbox row |
 //! | `registry.rs` | the typed handlers: [`Registry`], [`TopicRoute`], [`Handler`] |
 //!
 //! The state and HTTP helpers both receivers share are in [`crate::receiver`].
 
+mod batch;
 mod delivery;
 mod http;
 mod registry;
@@ -33,6 +37,7 @@ use crate::config::ConfigError;
 
 // Shared by both receivers, so they live in `crate::receiver`; re-exported where they used to be.
 pub use crate::receiver::{NONRETRYABLE_HEADER, Receiver, ReceiverState, STATUS_NONRETRYABLE};
+pub use batch::EventResult;
 pub use http::{Outcome, handle_event};
 pub use registry::{
     DEFAULT_SCHEMA_VERSION, Event, EventMeta, Handler, HandlerError, Registry, TopicRoute,

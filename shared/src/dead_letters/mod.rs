@@ -13,7 +13,7 @@
 //!
 //! | file | concern |
 //! |---|---|
-//! | `record.rs` | a QStash failure callback becomes a dead letter ([`record_qstash_failure`]) |
+//! | `record.rs` | a QStash failure callback becomes a dead letter ([`record_qstash_failure`]); a batched message's, one per failed event ([`record_qstash_batch_failure`]) |
 //! | `query.rs` | [`list`], [`get`], [`event_state`], [`count_unhandled`], [`event_headers_of`] |
 //! | `redrive.rs` | [`redrive`] one dead letter, in named steps |
 //! | `redrive_bulk.rs` | [`redrive_matching`]: every unhandled dead letter a filter matches |
@@ -36,7 +36,10 @@ pub use query::{
     DeadLetter, DeadLetterSummary, EventState, ListQuery, Page, count_unhandled, event_headers_of,
     event_state, get, list,
 };
-pub use record::{FailureRecorded, QstashFailure, record_qstash_failure};
+pub use record::{
+    BatchFailureRecorded, BatchMember, FailureRecorded, QstashFailure, record_qstash_batch_failure,
+    record_qstash_failure,
+};
 pub use redrive::{RedriveError, RedriveOptions, RedriveOrder, Redriven, redrive};
 pub use redrive_bulk::{BulkOutcome, BulkReport, redrive_matching};
 

@@ -1,5 +1,5 @@
 //! Recording: what QStash gave up on becomes a dead letter ([`record_qstash_failure`], called by the failure
-//! callback). The relay's own dead letters are not written here: its settle statement writes them in the same
+//! callback; for a batched message [`record_qstash_batch_failure`], one dead letter per failed event). The relay's own dead letters are not written here: its settle statement writes them in the same
 //! statement that marks the event dead ([`crate::relay::settle`]), so an event can never be dead without one.
 
 use serde_json::Value;
@@ -41,13 +41,21 @@ pub struct QstashFailure {
     pub raw_callback: Option<Vec<u8>>,
     /// Why the body could not be parsed.
     pub parse_error: Option<String>,
+    /// The event is one of a batch (decision record 0027): its natural id is `<dlqId>/<outbox id>`, one dead
+    /// letter per event of the message.
+    pub batch_member: bool,
+    /// What the consumer said about this event (its per-event verdict), added to the error.
+    pub event_error: Option<String>,
 }
 
 impl QstashFailure {
     /// The natural id: the `dlqId`, else a hash of the raw callback (so a retried callback is still idempotent).
     pub fn natural_id(&self) -> String {
         if let Some(id) = self.dlq_id.as_deref().filter(|s| !s.is_empty()) {
-            return id.to_owned();
+            return match (self.batch_member, self.outbox_id) {
+                (true, Some(event)) => format!("{id}/{event}"),
+                _ => id.to_owned(),
+            };
         }
         let mut h = Sha256::new();
         h.update(self.raw_callback.as_deref().unwrap_or_default());
@@ -59,6 +67,14 @@ impl QstashFailure {
     }
 
     fn error_text(&self) -> String {
+        let text = self.message_error_text();
+        match &self.event_error {
+            Some(e) => format!("{text}; the consumer said about this event: {e}"),
+            None => text,
+        }
+    }
+
+    fn message_error_text(&self) -> String {
         match (self.status, self.parse_error.as_deref()) {
             (_, Some(e)) => format!("QStash failure callback could not be parsed: {e}"),
             // QStash reports status 0 when no attempt got a response (network errors, timeouts).
@@ -206,4 +222,126 @@ pub async fn record_qstash_failure(
         dead_letter_id,
         outbox_id,
     })
+}
+
+/// One event of a batched message QStash gave up on, and what to do with it (decided by the failure callback from
+/// the consumer's per-event verdicts, decision record 0027).
+#[derive(Debug, Clone)]
+pub struct BatchMember {
+    /// The event's own failure (natural id `<dlqId>/<outbox id>`, its payload, its error).
+    pub failure: QstashFailure,
+    /// Ordered (the event has a sequence).
+    pub ordered: bool,
+    /// The consumer named it `failed`, or (no readable verdict) it is the one the rules pick: a dead letter.
+    pub dead: bool,
+}
+
+/// What [`record_qstash_batch_failure`] did, per outbox id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchFailureRecorded {
+    /// Applied by the consumer (a dedupe row of `consumer`): recorded as delivered.
+    pub delivered: Vec<i64>,
+    /// New dead letters `(dead letter id, outbox id)`.
+    pub dead_letters: Vec<(i64, i64)>,
+    /// Dead letters recorded before (QStash retried the callback).
+    pub duplicates: Vec<i64>,
+    /// Unordered events not applied and not dead: due again for the relay.
+    pub requeued: Vec<i64>,
+    /// Ordered events not applied and not dead: left alone (they wait behind the dead head, or the relay
+    /// republishes them when the key moves on).
+    pub left: Vec<i64>,
+}
+
+/// Records QStash's failure of a **batched** message (several events), in one transaction (decision record
+/// 0027), per event in envelope order:
+///
+/// 1. applied (a dedupe row of `consumer` exists) → recorded as delivered, all in one statement
+///    ([`ordering::record_delivery_batch`]: an ordered key moves once, over the applied run);
+/// 2. `dead` → its own dead letter ([`record_qstash_failure`] with natural id `<dlqId>/<outbox id>`; the topic's
+///    dead-head policy as for one event);
+/// 3. the others: ordered → left alone; unordered → due again for the relay (`dispatched_at`, lease and QStash
+///    message id cleared, available now), unless it was published again since (another QStash message id).
+pub async fn record_qstash_batch_failure(
+    conn: &mut PgConnection,
+    members: &[BatchMember],
+    policy_for_topic: impl Fn(&str) -> DeadHeadPolicy,
+    consumer: &str,
+    persistent: bool,
+) -> Result<BatchFailureRecorded, sqlx::Error> {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    sqlx::query("SET LOCAL synchronous_commit = on")
+        .persistent(persistent)
+        .execute(&mut *tx)
+        .await?;
+    let ids: Vec<i64> = members.iter().filter_map(|m| m.failure.outbox_id).collect();
+    let id_texts: Vec<String> = ids.iter().map(i64::to_string).collect();
+    let applied: Vec<String> = sqlx::query_scalar(crate::schema::q(
+        "SELECT message_id FROM {schema}.processed_messages WHERE consumer = $1 AND message_id = ANY ($2::text[])",
+    ))
+    .persistent(persistent)
+    .bind(consumer)
+    .bind(&id_texts)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut out = BatchFailureRecorded::default();
+    for m in members {
+        let Some(id) = m.failure.outbox_id else {
+            continue;
+        };
+        if applied.contains(&id.to_string()) {
+            out.delivered.push(id);
+        }
+    }
+    if !out.delivered.is_empty() {
+        ordering::record_delivery_batch(&mut tx, &out.delivered, persistent).await?;
+    }
+    let mut requeue = Vec::new();
+    for m in members {
+        let Some(id) = m.failure.outbox_id else {
+            continue;
+        };
+        if out.delivered.contains(&id) {
+            continue;
+        }
+        if m.dead {
+            match record_qstash_failure(
+                &mut tx,
+                &m.failure,
+                &policy_for_topic,
+                consumer,
+                persistent,
+            )
+            .await?
+            {
+                FailureRecorded::Recorded { dead_letter_id, .. } => {
+                    out.dead_letters.push((dead_letter_id, id))
+                }
+                FailureRecorded::Duplicate => out.duplicates.push(id),
+            }
+        } else if m.ordered {
+            out.left.push(id);
+        } else {
+            requeue.push(id);
+        }
+    }
+    if !requeue.is_empty() {
+        let source_message_id = members
+            .first()
+            .and_then(|m| m.failure.source_message_id.as_deref());
+        out.requeued = sqlx::query_scalar(crate::schema::q(
+            "UPDATE {schema}.outbox SET dispatched_at = NULL, available_at = now(), lease_token = NULL, \
+             locked_until = NULL, qstash_message_id = NULL \
+             WHERE id = ANY ($1::bigint[]) AND seq IS NULL AND delivered_at IS NULL AND dead_lettered_at IS NULL \
+               AND ($2::text IS NULL OR qstash_message_id IS NULL OR qstash_message_id = $2) \
+             RETURNING id",
+        ))
+        .persistent(persistent)
+        .bind(&requeue)
+        .bind(source_message_id)
+        .fetch_all(&mut *tx)
+        .await?;
+        out.requeued.sort_unstable();
+    }
+    tx.commit().await?;
+    Ok(out)
 }
