@@ -546,10 +546,13 @@ pub struct DeliveryBatching {
     pub max_message_bytes: usize,
 }
 
+/// The default `RELAY_DELIVERY_BATCH` (decision record 0014, "Default").
+pub const DEFAULT_DELIVERY_BATCH: u32 = 1;
+
 impl Default for DeliveryBatching {
     fn default() -> Self {
         DeliveryBatching {
-            default_n: 1,
+            default_n: DEFAULT_DELIVERY_BATCH,
             topics: Vec::new(),
             max_message_bytes: 1_000_000,
         }
@@ -562,7 +565,12 @@ pub const MAX_DELIVERY_BATCH: u32 = 1000;
 impl DeliveryBatching {
     /// Reads `RELAY_DELIVERY_BATCH`, `RELAY_DELIVERY_BATCH_TOPICS` and `QSTASH_MAX_MESSAGE_BYTES`.
     pub fn from_vars(v: &Vars<'_>) -> Result<Self, ConfigError> {
-        let default_n = v.ranged_or("RELAY_DELIVERY_BATCH", 1, 1, MAX_DELIVERY_BATCH)?;
+        let default_n = v.ranged_or(
+            "RELAY_DELIVERY_BATCH",
+            DEFAULT_DELIVERY_BATCH,
+            1,
+            MAX_DELIVERY_BATCH,
+        )?;
         let max_message_bytes = v.ranged_or(
             "QSTASH_MAX_MESSAGE_BYTES",
             1_000_000usize,

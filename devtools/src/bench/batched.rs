@@ -32,8 +32,12 @@ use super::support::{DevServerProcess, ScratchDb};
 pub const DELIVERY_BATCH_VAR: &str = "RELAY_DELIVERY_BATCH";
 
 /// The N values measured when none are given: 1 (one event per message, the behaviour before batching) and the
-/// candidate default.
-pub const DEFAULT_NS: &str = "1,50";
+/// relay's default (`outbox::config::DEFAULT_DELIVERY_BATCH`).
+pub fn default_ns() -> Vec<u32> {
+    let mut ns = vec![1, outbox::config::DEFAULT_DELIVERY_BATCH];
+    ns.dedup();
+    ns
+}
 
 /// The plot's file name under `benchmarks/`.
 pub const SVG: &str = "batched-deliveries.svg";
@@ -94,7 +98,7 @@ impl BatchedPlan {
 #[derive(Args, Debug)]
 pub struct BatchedArgs {
     /// Events per QStash message to compare (`RELAY_DELIVERY_BATCH` of the relay), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = DEFAULT_NS)]
+    #[arg(long, value_delimiter = ',', default_values_t = default_ns())]
     pub delivery_batch: Vec<u32>,
     /// Small sizes (seconds per N): for checking the command.
     #[arg(long)]

@@ -40,8 +40,9 @@ pub struct ReportArgs {
     #[arg(long)]
     xmin_events: Option<u64>,
     /// Events per QStash message (`RELAY_DELIVERY_BATCH`) the batched-deliveries scenarios compare,
-    /// comma-separated; the smallest is the baseline the others are compared with.
-    #[arg(long, value_delimiter = ',', default_value = batched::DEFAULT_NS)]
+    /// comma-separated; the smallest is the baseline the others are compared with. Default: 1 and the relay's
+    /// default.
+    #[arg(long, value_delimiter = ',', default_values_t = batched::default_ns())]
     delivery_batch: Vec<u32>,
     #[command(flatten)]
     db: DbArgs,
