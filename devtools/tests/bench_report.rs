@@ -62,6 +62,8 @@ fn quick_report_writes_markdown_svg_plots_and_every_scenario_in_json() {
             "--quick",
             "--xmin-events",
             "2000",
+            "--delivery-batch",
+            "1,4",
             "--out",
         ])
         .arg(&out)
@@ -117,6 +119,26 @@ fn quick_report_writes_markdown_svg_plots_and_every_scenario_in_json() {
         .filter_map(|p| p["phase"].as_str())
         .collect();
     assert_eq!(phases, ["baseline", "pinned", "released"]);
+    // Batched deliveries: every scenario measured for every N given, with what each event cost in QStash
+    // messages and consumer requests (counted, not timed: a message carries at least one event and reaches the
+    // consumer at least once).
+    let batched = &json["scenarios"]["batched_deliveries"];
+    assert_eq!(
+        batched["delivery_batch"],
+        serde_json::json!([1, 4]),
+        "{batched}"
+    );
+    for scenario in ["ordered", "hot_key", "unordered", "latency"] {
+        let points = batched[scenario]["points"].as_array().unwrap();
+        let ns: Vec<u64> = points.iter().filter_map(|p| p["n"].as_u64()).collect();
+        assert_eq!(ns, [1, 4], "{scenario}: {batched}");
+        for p in points {
+            let messages = p["qstash_messages_per_event"].as_f64().unwrap();
+            let requests = p["consumer_requests_per_event"].as_f64().unwrap();
+            assert!(messages > 0.0 && messages <= 1.0, "{scenario}: {p}");
+            assert!(requests >= messages, "{scenario}: {p}");
+        }
+    }
     assert!(json["machine"]["cpus"].as_u64().unwrap_or(0) >= 1);
     // The figures went to stdout too.
     assert!(stdout.contains("BENCH_JSON "), "{stdout}");

@@ -533,11 +533,12 @@ pub struct RelayConfig {
     pub batching: DeliveryBatching,
 }
 
-/// How many events one QStash message carries (decision record 0014). The default (one event per message,
-/// under 1,000,000 bytes) publishes exactly what the relay published before batching existed.
+/// How many events one QStash message carries (decision record 0014). The default: up to
+/// [`DEFAULT_DELIVERY_BATCH`] events per message, under 1,000,000 bytes; `RELAY_DELIVERY_BATCH=1` publishes
+/// exactly what the relay published before batching existed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryBatching {
-    /// `RELAY_DELIVERY_BATCH` (default 1, 1..=1000): the most events per message.
+    /// `RELAY_DELIVERY_BATCH` (default [`DEFAULT_DELIVERY_BATCH`], 1..=1000): the most events per message.
     pub default_n: u32,
     /// `RELAY_DELIVERY_BATCH_TOPICS` (`topic=n,topic=n`): per-topic overrides of `default_n`.
     pub topics: Vec<(String, u32)>,
@@ -546,10 +547,13 @@ pub struct DeliveryBatching {
     pub max_message_bytes: usize,
 }
 
+/// The default `RELAY_DELIVERY_BATCH` (decision record 0014, "Default").
+pub const DEFAULT_DELIVERY_BATCH: u32 = 50;
+
 impl Default for DeliveryBatching {
     fn default() -> Self {
         DeliveryBatching {
-            default_n: 1,
+            default_n: DEFAULT_DELIVERY_BATCH,
             topics: Vec::new(),
             max_message_bytes: 1_000_000,
         }
@@ -562,7 +566,12 @@ pub const MAX_DELIVERY_BATCH: u32 = 1000;
 impl DeliveryBatching {
     /// Reads `RELAY_DELIVERY_BATCH`, `RELAY_DELIVERY_BATCH_TOPICS` and `QSTASH_MAX_MESSAGE_BYTES`.
     pub fn from_vars(v: &Vars<'_>) -> Result<Self, ConfigError> {
-        let default_n = v.ranged_or("RELAY_DELIVERY_BATCH", 1, 1, MAX_DELIVERY_BATCH)?;
+        let default_n = v.ranged_or(
+            "RELAY_DELIVERY_BATCH",
+            DEFAULT_DELIVERY_BATCH,
+            1,
+            MAX_DELIVERY_BATCH,
+        )?;
         let max_message_bytes = v.ranged_or(
             "QSTASH_MAX_MESSAGE_BYTES",
             1_000_000usize,

@@ -590,9 +590,9 @@ fn the_delivery_batch_settings_are_validated() {
         RelayConfig::from_vars(&Vars::new(e.as_ref()), 5)
     };
     let d = relay(&[]).unwrap().batching;
-    assert_eq!(d.default_n, 1);
+    assert_eq!(d.default_n, outbox::config::DEFAULT_DELIVERY_BATCH);
     assert_eq!(d.max_message_bytes, 1_000_000);
-    assert!(!d.any_batching());
+    assert_eq!(d.any_batching(), outbox::config::DEFAULT_DELIVERY_BATCH > 1);
     let b = relay(&[
         ("RELAY_DELIVERY_BATCH", "20"),
         ("RELAY_DELIVERY_BATCH_TOPICS", " orders = 5, audit=1000 "),

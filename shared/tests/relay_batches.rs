@@ -456,7 +456,7 @@ async fn without_batching_every_event_is_its_own_message_as_before(pool: PgPool)
         .collect();
     events.extend((0..3).map(|i| NewEvent::new(&ORDERS, "k", &json!({"i": i})).unwrap()));
     enqueue(&pool, &events).await;
-    let relay = e.relay(DeliveryBatching::default());
+    let relay = e.relay(batching(1, &[], 1_000_000));
     let claimed = relay.claim().await.unwrap();
     // Unordered rows plus one head: nothing behind the head is claimed.
     assert_eq!(claimed.len(), 4);

@@ -36,6 +36,11 @@ async fn handler_runs_from_the_scheduled_event_fixtures(pool: PgPool) {
         lease: Duration::from_secs(1),
         poll_interval: Duration::from_millis(20),
         deadline_margin: Duration::from_millis(200),
+        // One event per message: the sink below counts deliveries as events.
+        batching: outbox::config::DeliveryBatching {
+            default_n: 1,
+            ..Default::default()
+        },
         ..RelayConfig::from_vars(
             &outbox::config::Vars::new(&std::collections::HashMap::<String, String>::new()),
             3,

@@ -1,6 +1,7 @@
 //! Benchmarks. Each prints a human-readable table and one JSON line (prefixed `BENCH_JSON `) with medians and
 //! ratios against a baseline measured in the same run: these 2-core machines are noisy.
 
+pub mod batched;
 pub mod consumer;
 pub mod plot;
 pub mod relay;
@@ -20,11 +21,15 @@ pub enum BenchCommand {
     /// by number of keys, consumer latency, commit → applied at a steady rate, a long transaction pinning the
     /// xmin horizon — written as docs/benchmarks.md with SVG plots and figures.json.
     Report(report::ReportArgs),
+    /// Batched deliveries only: ordered over many keys, one hot key, unordered end to end and commit → applied
+    /// at a low rate, for each N events per QStash message (`RELAY_DELIVERY_BATCH`), side by side.
+    Batched(batched::BatchedArgs),
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Relay(args) => relay::run(args).await,
         BenchCommand::Report(args) => report::run(args).await,
+        BenchCommand::Batched(args) => batched::run_cli(args).await,
     }
 }

@@ -5,6 +5,8 @@
 //! the event's `created_at` (its one-statement transaction) to the consumer's stamp, and, as the same-run
 //! reference for the relay's share, `created_at` to `dispatched_at`.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -36,10 +38,10 @@ impl Handler<Value> for Stamp {
     }
 }
 
-/// The real consumer on a local port, on `db_url`. Sending `true` stops it.
+/// The real consumer on a local port, on `db_url`. Sending `true` stops it; the counter counts its HTTP requests.
 async fn consumer_endpoint(
     db_url: &str,
-) -> anyhow::Result<(String, tokio::sync::watch::Sender<bool>)> {
+) -> anyhow::Result<(String, tokio::sync::watch::Sender<bool>, Arc<AtomicU64>)> {
     use outbox::config::{ConsumerConfig, Vars};
     use outbox::consumer::ReceiverState;
     use outbox::receiver::{KeyRing, SigningKeys};
@@ -65,23 +67,32 @@ async fn consumer_endpoint(
         .with_metrics(false),
         outbox::consumer::Registry::new().on(TOPIC.name(), Stamp),
     ));
+    let requests = Arc::new(AtomicU64::new(0));
+    let counted = requests.clone();
     let mut rx = rx.clone();
     tokio::spawn(outbox::local::serve(
         listener,
         move |req| {
             let c = consumer.clone();
+            counted.fetch_add(1, Ordering::Relaxed);
             async move { outbox::consumer::handle_event(&c, req).await }
         },
         async move {
             let _ = rx.wait_for(|s| *s).await;
         },
     ));
-    Ok((url, tx))
+    Ok((url, tx, requests))
 }
 
 /// Produces at `rate` events/s for `secs` seconds, waits until every event is applied, and returns the latency
-/// distributions.
-pub async fn run(base_url: &str, rate: u32, secs: f64, knobs: Knobs) -> anyhow::Result<Value> {
+/// distributions. `extra` adds relay configuration variables (e.g. `RELAY_DELIVERY_BATCH`).
+pub async fn run(
+    base_url: &str,
+    rate: u32,
+    secs: f64,
+    knobs: Knobs,
+    extra: &[(&str, String)],
+) -> anyhow::Result<Value> {
     let db = ScratchDb::create(base_url, "outbox_bench_steady").await?;
     sqlx::query(
         "CREATE TABLE bench_applied (outbox_id bigint PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())",
@@ -89,7 +100,7 @@ pub async fn run(base_url: &str, rate: u32, secs: f64, knobs: Knobs) -> anyhow::
     .execute(&db.pool)
     .await?;
     let dev = DevServerProcess::start(&["--deliver", "true"]).await?;
-    let result = measure(&db, &dev, rate, secs, knobs).await;
+    let result = measure(&db, &dev, rate, secs, knobs, extra).await;
     dev.stop().await;
     db.drop_now().await?;
     result
@@ -101,22 +112,18 @@ async fn measure(
     rate: u32,
     secs: f64,
     knobs: Knobs,
+    extra: &[(&str, String)],
 ) -> anyhow::Result<Value> {
-    let (consumer_url, stop_consumer) = consumer_endpoint(&db.url).await?;
-    let relay = std::sync::Arc::new(
-        in_process_relay(
-            &db.url,
-            &dev.url,
-            knobs,
-            &[
-                ("CONSUMER_URL", consumer_url),
-                ("RELAY_LISTEN_NOTIFY", "true".into()),
-                // The default poll interval: the hint, not polling, is what keeps latency low.
-                ("RELAY_POLL_INTERVAL_MS", "500".into()),
-            ],
-        )
-        .await?,
-    );
+    let (consumer_url, stop_consumer, requests) = consumer_endpoint(&db.url).await?;
+    let mut env = vec![
+        ("CONSUMER_URL", consumer_url),
+        ("RELAY_LISTEN_NOTIFY", "true".into()),
+        // The default poll interval: the hint, not polling, is what keeps latency low.
+        ("RELAY_POLL_INTERVAL_MS", "500".into()),
+    ];
+    env.extend(extra.iter().cloned());
+    let accepted0 = dev.accepted().await?;
+    let relay = Arc::new(in_process_relay(&db.url, &dev.url, knobs, &env).await?);
     let stop_relay = relay.stop_handle();
     let drain = {
         let relay = relay.clone();
@@ -162,6 +169,8 @@ async fn measure(
     stop_relay.stop();
     let summary = drain.await??;
     let _ = stop_consumer.send(true);
+    let messages = dev.accepted().await? - accepted0;
+    let consumer_requests = requests.load(Ordering::Relaxed);
     let rows: Vec<(f64, f64)> = sqlx::query_as(
         "SELECT (extract(epoch FROM o.dispatched_at - o.created_at) * 1000)::float8, \
                 (extract(epoch FROM a.applied_at - o.created_at) * 1000)::float8 \
@@ -190,6 +199,8 @@ async fn measure(
         "rate_per_sec": rate, "secs": secs, "events": total,
         "achieved_rate_per_sec": total as f64 / produced_in,
         "relay_cycles": summary.cycles,
+        "qstash_messages": messages,
+        "consumer_requests": consumer_requests,
         "commit_to_dispatched_ms": pct(&dispatched),
         "commit_to_applied_ms": pct(&applied),
         "applied_vs_dispatched_p50": percentile(&applied, 0.5) / percentile(&dispatched, 0.5),

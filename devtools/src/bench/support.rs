@@ -124,6 +124,29 @@ impl DevServerProcess {
         self.child.id().and_then(cpu_secs)
     }
 
+    /// The dev server's counters (`GET /__dev/stats`: messages accepted, deliveries attempted, ...).
+    pub async fn stats(&self) -> anyhow::Result<serde_json::Value> {
+        outbox::install_crypto_provider();
+        let v = reqwest::Client::new()
+            .get(format!("{}/__dev/stats", self.url))
+            .bearer_auth(qstash_dev::DEV_TOKEN)
+            .send()
+            .await
+            .context("reading the dev server's stats")?
+            .error_for_status()?
+            .json()
+            .await?;
+        Ok(v)
+    }
+
+    /// Messages the dev server has accepted so far (QStash messages published; duplicates and callbacks not
+    /// counted).
+    pub async fn accepted(&self) -> anyhow::Result<u64> {
+        self.stats().await?["accepted"]
+            .as_u64()
+            .context("the dev server's stats have no `accepted` counter")
+    }
+
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }

@@ -273,11 +273,18 @@ impl outbox::consumer::Handler<serde_json::Value> for Noop {
     }
 }
 
-/// The real callback receiver and the real consumer (signatures checked, a no-op topic handler) behind the
-/// function-URL adapter, on the benchmark database. Sending `true` on the returned channel stops both.
+/// The real callback receiver and the real consumer (signatures checked, a no-op handler on the ordered topic
+/// `bench_ordered` and on the unordered topic `bench`) behind the function-URL adapter, on the benchmark
+/// database. Sending `true` on the returned channel stops both; the counter counts the consumer's HTTP requests
+/// (its invocations).
 pub(crate) async fn ordered_endpoints(
     db_url: &str,
-) -> anyhow::Result<(String, String, tokio::sync::watch::Sender<bool>)> {
+) -> anyhow::Result<(
+    String,
+    String,
+    tokio::sync::watch::Sender<bool>,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+)> {
     use outbox::config::{ConsumerConfig, Vars};
     use outbox::consumer::ReceiverState;
     use outbox::receiver::{KeyRing, SigningKeys};
@@ -336,20 +343,25 @@ pub(crate) async fn ordered_endpoints(
             )),
         )
         .with_metrics(false),
-        outbox::consumer::Registry::new().on("bench_ordered", Noop),
+        outbox::consumer::Registry::new()
+            .on("bench_ordered", Noop)
+            .on("bench", Noop),
     ));
+    let requests = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = requests.clone();
     let mut rx3 = rx.clone();
     tokio::spawn(outbox::local::serve(
         cl,
         move |req| {
             let c = consumer.clone();
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             async move { outbox::consumer::handle_event(&c, req).await }
         },
         async move {
             let _ = rx3.wait_for(|s| *s).await;
         },
     ));
-    Ok((consumer_url, cb_url, tx))
+    Ok((consumer_url, cb_url, tx, requests))
 }
 
 /// One relay drain through the dev server, as the relay process reported it.
@@ -425,6 +437,8 @@ pub(crate) async fn ordered_sql_only_rate(
 #[derive(Debug, Clone, Copy)]
 pub struct OrderedRun {
     pub events_per_sec: f64,
+    /// Wall time of the drain (the relay process's own measure), seconds.
+    pub secs: f64,
     /// Per key, median: accepted by the dev server → delivery evidence recorded, ms.
     pub to_evidence_ms: f64,
     /// Per key, median: evidence recorded → next event accepted, ms.
@@ -440,11 +454,21 @@ pub(crate) struct OrderedRig {
     pub consumer_url: String,
     pub callback_url: String,
     pub stop: tokio::sync::watch::Sender<bool>,
+    /// HTTP requests the consumer has received so far.
+    pub consumer_requests: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl OrderedRig {
+    /// HTTP requests the consumer has received so far (deliveries, retries included).
+    pub fn consumer_requests(&self) -> u64 {
+        self.consumer_requests
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// Seeds `keys` × `per_key` ordered events and drains them with the relay process through the delivering dev
 /// server into the real consumer; `mode` is `RELAY_ORDERED_EVIDENCE` (`callback` or `consumer`). Fails unless
-/// every event has delivery evidence.
+/// every event has delivery evidence. `extra` adds relay variables (e.g. `RELAY_DELIVERY_BATCH`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn ordered_relay_run(
     db: &ScratchDb,
@@ -454,23 +478,20 @@ pub(crate) async fn ordered_relay_run(
     per_key: u64,
     knobs: Knobs,
     mode: &str,
+    extra: &[(&str, String)],
 ) -> anyhow::Result<OrderedRun> {
     let n = keys * per_key;
     seed_ordered(&db.pool, keys, per_key).await?;
     let dev_cpu0 = dev.cpu_secs().unwrap_or(0.0);
     let own_cpu0 = cpu_secs(std::process::id()).unwrap_or(0.0);
-    let out = relay_child(
-        &db.url,
-        &dev.url,
-        knobs,
-        &[
-            ("CONSUMER_URL", rig.consumer_url.clone()),
-            ("CALLBACK_URL", rig.callback_url.clone()),
-            ("QSTASH_RETRIES", "3".into()),
-            ("RELAY_ORDERED_EVIDENCE", mode.into()),
-        ],
-    )
-    .await?;
+    let mut env = vec![
+        ("CONSUMER_URL", rig.consumer_url.clone()),
+        ("CALLBACK_URL", rig.callback_url.clone()),
+        ("QSTASH_RETRIES", "3".into()),
+        ("RELAY_ORDERED_EVIDENCE", mode.into()),
+    ];
+    env.extend(extra.iter().cloned());
+    let out = relay_child(&db.url, &dev.url, knobs, &env).await?;
     let delivered: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox WHERE delivered_at IS NOT NULL")
             .fetch_one(&db.pool)
@@ -490,6 +511,7 @@ pub(crate) async fn ordered_relay_run(
     .await?;
     Ok(OrderedRun {
         events_per_sec: n as f64 / secs,
+        secs,
         to_evidence_ms: to_evidence.unwrap_or(f64::NAN),
         to_next_ms: to_next.unwrap_or(f64::NAN),
         relay_cpu_us: us_per_event(out["cpu_secs"].as_f64().unwrap_or(0.0), n),
@@ -501,13 +523,14 @@ pub(crate) async fn ordered_relay_run(
 /// Starts the delivering dev server and the ordered endpoints on `db`.
 pub(crate) async fn ordered_rig(db: &ScratchDb) -> anyhow::Result<(DevServerProcess, OrderedRig)> {
     let dev = DevServerProcess::start(&["--deliver", "true"]).await?;
-    let (consumer_url, callback_url, stop) = ordered_endpoints(&db.url).await?;
+    let (consumer_url, callback_url, stop, consumer_requests) = ordered_endpoints(&db.url).await?;
     Ok((
         dev,
         OrderedRig {
             consumer_url,
             callback_url,
             stop,
+            consumer_requests,
         },
     ))
 }

@@ -161,8 +161,17 @@ async fn ordered(args: &RelayBenchArgs) -> anyhow::Result<Value> {
     for run in 1..=args.runs {
         base.push(ordered_sql_only_rate(&db, args.ordered_keys, per_key, knobs).await?);
         for (mode, rates) in [("callback", &mut rates), ("consumer", &mut rates_consumer)] {
-            let o =
-                ordered_relay_run(&db, &dev, &rig, args.ordered_keys, per_key, knobs, mode).await?;
+            let o = ordered_relay_run(
+                &db,
+                &dev,
+                &rig,
+                args.ordered_keys,
+                per_key,
+                knobs,
+                mode,
+                &[],
+            )
+            .await?;
             rates.push(o.events_per_sec);
             println!(
                 "ordered run {run}, evidence from the {mode}: {n} events over {} keys: relay {:>7.0}/s (SQL-only ordered cycle {:>7.0}/s)\n  \

@@ -305,6 +305,7 @@ pub(super) fn markdown(fig: &Value, plan: &Plan) -> String {
         );
     }
     let _ = writeln!(w);
+    w.push_str(&batched::markdown(&s["batched_deliveries"]));
     let _ = writeln!(w, "## Reproducing\n");
     let _ = writeln!(
         w,
@@ -312,7 +313,8 @@ pub(super) fn markdown(fig: &Value, plan: &Plan) -> String {
          cargo run --release -p outbox-devtools -- bench report            # this report, ~15 min\n    \
          cargo run --release -p outbox-devtools -- bench report --quick --out /tmp/bench   # ~2 min, figures not for quoting\n\n\
          `--rounds N` changes the rounds per point, `--xmin-events N` the events per phase of the xmin-pin \
-         scenario. The relay and the dev server run as the `outbox` and `qstash-dev` binaries next to \
+         scenario, `--delivery-batch 1,50` the events per QStash message the batched-deliveries scenarios \
+         compare (`outbox-dev bench batched` runs those alone). The relay and the dev server run as the `outbox` and `qstash-dev` binaries next to \
          `outbox-dev`; the command needs a `DATABASE_URL` user that may create databases (it creates and drops \
          `outbox_bench_*` scratch databases)."
     );

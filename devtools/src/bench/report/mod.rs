@@ -14,6 +14,7 @@ use outbox_cli::util::DbArgs;
 use outbox_testkit::median;
 use serde_json::{Value, json};
 
+use super::batched::{self, BatchedPlan};
 use super::plot::{self, Series, XScale};
 use super::relay::{self, Knobs};
 use super::support::{DevServerProcess, Machine, ScratchDb, load_average};
@@ -38,6 +39,11 @@ pub struct ReportArgs {
     /// Events per phase of the xmin-pin scenario (default 100000; 10000 with --quick).
     #[arg(long)]
     xmin_events: Option<u64>,
+    /// Events per QStash message (`RELAY_DELIVERY_BATCH`) the batched-deliveries scenarios compare,
+    /// comma-separated; the smallest is the baseline the others are compared with. Default: 1 and the relay's
+    /// default.
+    #[arg(long, value_delimiter = ',', default_values_t = batched::default_ns())]
+    delivery_batch: Vec<u32>,
     #[command(flatten)]
     db: DbArgs,
 }
@@ -56,6 +62,7 @@ struct Plan {
     steady_rate: u32,
     steady_secs: f64,
     xmin_events: u64,
+    batched: BatchedPlan,
 }
 
 impl Plan {
@@ -78,6 +85,7 @@ impl Plan {
                 steady_rate: 50,
                 steady_secs: 3.0,
                 xmin_events: args.xmin_events.unwrap_or(10_000),
+                batched: BatchedPlan::new(&args.delivery_batch, true, args.rounds.unwrap_or(1)),
             }
         } else {
             Plan {
@@ -92,19 +100,21 @@ impl Plan {
                 steady_rate: 200,
                 steady_secs: 20.0,
                 xmin_events: args.xmin_events.unwrap_or(100_000),
+                batched: BatchedPlan::new(&args.delivery_batch, false, args.rounds.unwrap_or(3)),
             }
         }
     }
 }
 
 /// The scenario keys of `figures.json`, in report order.
-pub const SCENARIOS: [&str; 6] = [
+pub const SCENARIOS: [&str; 7] = [
     "relay_unordered_by_batch",
     "relay_unordered_by_concurrency",
     "relay_ordered_by_keys",
     "consumer",
     "commit_to_applied",
     "xmin_pin",
+    "batched_deliveries",
 ];
 
 /// One unordered point: the relay and the SQL-only cycle at the same settings, alternating, `rounds` times.
@@ -200,7 +210,7 @@ async fn ordered_sweep(base_url: &str, plan: &Plan) -> anyhow::Result<Value> {
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for _ in 0..plan.rounds {
                 sql.push(relay::ordered_sql_only_rate(&db, keys, per_key, plan.base).await?);
-                let o = relay::ordered_relay_run(&db, &dev, &rig, keys, per_key, plan.base, "consumer")
+                let o = relay::ordered_relay_run(&db, &dev, &rig, keys, per_key, plan.base, "consumer", &[])
                     .await?;
                 relay_rates.push(o.events_per_sec);
                 to_evidence.push(o.to_evidence_ms);
@@ -276,10 +286,19 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&plots_dir)
         .with_context(|| format!("creating {}", plots_dir.display()))?;
 
+    // First: the scenario that depends most on recent code fails fastest here.
+    let batched_out = batched::run(&base_url, &plan.batched, plan.base).await?;
     let (by_batch, by_conc) = unordered_sweeps(&base_url, &plan).await?;
     let ordered = ordered_sweep(&base_url, &plan).await?;
     let cons = consumer::run(&base_url, plan.rounds, plan.consumer_secs, 16, 8).await?;
-    let mut steady = steady::run(&base_url, plan.steady_rate, plan.steady_secs, plan.base).await?;
+    let mut steady = steady::run(
+        &base_url,
+        plan.steady_rate,
+        plan.steady_secs,
+        plan.base,
+        &[],
+    )
+    .await?;
     let xmin_out = xmin::run(&base_url, plan.xmin_events, plan.rounds, plan.base).await?;
     let load_after = load_average();
     let elapsed = started.elapsed().as_secs_f64();
@@ -412,6 +431,8 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
         }
     }
 
+    batched::plot(&batched_out, &plots_dir.join(batched::SVG))?;
+
     let figures = json!({
         "generated_at": chrono::Utc::now().to_rfc3339(),
         "mode": if plan.quick { "quick" } else { "full" },
@@ -426,6 +447,7 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
             "consumer": cons.to_json(),
             "commit_to_applied": steady,
             "xmin_pin": xmin_out,
+            "batched_deliveries": batched_out,
         },
     });
     std::fs::write(
@@ -456,6 +478,7 @@ pub fn files(out: &Path) -> Vec<PathBuf> {
         "consumer-latency.svg",
         "commit-to-applied.svg",
         "xmin-pin-claims.svg",
+        batched::SVG,
     ] {
         v.push(dir.join(svg));
     }
