@@ -274,8 +274,10 @@ impl Relay {
             .await
             .map_err(db("emptiness check"))?;
         let busy: bool = sqlx::query_scalar(
-            crate::schema::q("SELECT EXISTS (SELECT 1 FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL) \
-                 OR EXISTS (SELECT 1 FROM {schema}.outbox_keys WHERE inflight_id IS NOT NULL)"),
+            // The keys first: while ordered messages await evidence that answers at once, whereas the pending
+            // scan walks every row version the drain left behind in the pending index.
+            crate::schema::q("SELECT EXISTS (SELECT 1 FROM {schema}.outbox_keys WHERE inflight_id IS NOT NULL) \
+                 OR EXISTS (SELECT 1 FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL)"),
         )
         .persistent(self.persistent)
         .fetch_one(&mut *c)
