@@ -374,6 +374,10 @@ async fn events_applied_behind_lost_responses_end_resolved_and_block_nothing(poo
         delivery_lost_response_rate: 1.0,
         ..Default::default()
     };
+    // One event per message: QStash gives up on each event's own message, one dead letter each. (For a batch the
+    // failure callback marks the applied events delivered without a dead letter, decision record 0027; the
+    // batched pipeline tests cover that.)
+    opts.relay.batching.default_n = 1;
     let stack = LocalStack::start(opts).await.unwrap();
     for n in 1..=5 {
         place_order(&stack.pool, n, false, None).await.unwrap();

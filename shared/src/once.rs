@@ -16,9 +16,11 @@
 //! gets a new QStash message id but is still the same event. A failed commit is ambiguous (it may have
 //! committed): the caller answers 5xx, and the redelivery finds the row and answers "duplicate".
 //!
-//! A batched delivery (several events in one message, decision record 0027) runs the same steps per event inside
-//! one transaction the caller owns: [`handle_once_in`] wraps steps 2–3 of one event in a `SAVEPOINT`, so an event
-//! that fails is undone alone (dedupe row included) and the events before it still commit.
+//! A batched delivery (several events in one message, decision record 0027) runs the same steps for all its events
+//! inside one transaction: step 2 for every event at once ([`claim_all`], one statement), then each event's work
+//! inside its own `SAVEPOINT`, so an event that fails is undone alone and the events before it still commit; the
+//! dedupe rows of the events that did not commit are removed before the commit ([`forget`]), so their next
+//! delivery applies them. [`handle_once_in`] is the one-event form of the same steps, for a transaction of your own.
 //!
 //! Keep `processed_messages` rows longer than any redelivery horizon (QStash retries span a day, redrives can be
 //! later): the relay's housekeeping prunes them after `PROCESSED_TTL_HOURS` (default 7 days). *Dedupe row* and
@@ -150,4 +152,56 @@ where
             Err(OnceError::Work(e))
         }
     }
+}
+
+/// Step 2 for several events in the caller's transaction, in one statement: inserts the dedupe rows of
+/// `message_ids` and returns, per id in the order given, `true` when its row was inserted now (first time: apply
+/// it) or `false` when it existed (a duplicate: do nothing; also a repeat of an id earlier in the slice). The
+/// rows are inserted in sorted order, so two transactions claiming overlapping batches wait for each other
+/// instead of deadlocking; a concurrent duplicate blocks until the other transaction ends, as in step 2. Rows of
+/// events that end up not applied must be removed with [`forget`] before the commit.
+pub async fn claim_all(
+    conn: &mut PgConnection,
+    consumer: &str,
+    message_ids: &[String],
+    persistent: bool,
+) -> Result<Vec<bool>, sqlx::Error> {
+    let mut sorted: Vec<&str> = message_ids.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let inserted: Vec<String> = sqlx::query_scalar(crate::schema::q(
+        "INSERT INTO {schema}.processed_messages (consumer, message_id) \
+         SELECT $1, m FROM unnest($2::text[]) WITH ORDINALITY AS u(m, i) ORDER BY i \
+         ON CONFLICT DO NOTHING RETURNING message_id",
+    ))
+    .persistent(persistent)
+    .bind(consumer)
+    .bind(&sorted)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut fresh: std::collections::HashSet<String> = inserted.into_iter().collect();
+    // `remove`: the first occurrence of an id is the one to apply; a repeat is a duplicate.
+    Ok(message_ids.iter().map(|id| fresh.remove(id)).collect())
+}
+
+/// Removes dedupe rows [`claim_all`] inserted in this transaction for events that were not applied (failed, not
+/// attempted), so that their next delivery applies them.
+pub async fn forget(
+    conn: &mut PgConnection,
+    consumer: &str,
+    message_ids: &[String],
+    persistent: bool,
+) -> Result<(), sqlx::Error> {
+    if message_ids.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(crate::schema::q(
+        "DELETE FROM {schema}.processed_messages WHERE consumer = $1 AND message_id = ANY($2::text[])",
+    ))
+    .persistent(persistent)
+    .bind(consumer)
+    .bind(message_ids)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }

@@ -399,6 +399,32 @@ pub async fn check_consumer_sequence(
     }
 }
 
+/// Moves a consumer's last applied sequence for a key to `seq` (never back), in the transaction that applied the
+/// events up to `seq`. For the later events of a batch: the first event of the key went through
+/// [`check_consumer_sequence`], which locked the key's row for the rest of the transaction, and the consumer
+/// compared the following events' sequences with it; this records the last one applied.
+pub async fn advance_consumer_sequence(
+    conn: &mut PgConnection,
+    consumer: &str,
+    topic: &str,
+    key: &str,
+    seq: i64,
+    persistent: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(crate::schema::q(
+        "UPDATE {schema}.consumer_sequences SET last_seq = $4, updated_at = now() \
+         WHERE consumer = $1 AND topic = $2 AND partition_key = $3 AND last_seq < $4",
+    ))
+    .persistent(persistent)
+    .bind(consumer)
+    .bind(topic)
+    .bind(key)
+    .bind(seq)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// Records a failed delivery attempt reported by a QStash callback (non-2xx status) on the event, so operators
 /// see why a key is waiting. The key stays gated: QStash is still retrying.
 pub async fn record_failed_attempt(

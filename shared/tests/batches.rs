@@ -186,6 +186,43 @@ async fn duplicates_across_batches_are_skipped_per_event(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn overlapping_batches_delivered_at_once_apply_each_event_once(pool: PgPool) {
+    // A redelivery racing the first delivery, and a batch re-formed after a crash racing both: the dedupe rows of
+    // a batch are inserted in one statement, so the racers wait on each other's rows and skip what committed. A
+    // second application would hit `effects`' primary key: a 503 here.
+    let (state, _) = setup(&pool).await;
+    let state = Arc::new(state);
+    let first = notes(&[1, 2, 3, 4, 5], &["a", "b", "c", "d", "e"]);
+    let reformed = notes(&[3, 4, 5, 6, 7, 8], &["c", "d", "e", "f", "g", "h"]);
+    let mut racers = Vec::new();
+    for b in [&first, &reformed, &first, &reformed, &first, &reformed] {
+        let (state, req) = (state.clone(), b.request());
+        racers.push(tokio::spawn(async move {
+            let r = handle_event(&state, req).await;
+            parts(&r)
+        }));
+    }
+    let mut processed = Vec::new();
+    for r in racers {
+        let (status, body) = r.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        processed.extend(
+            outcomes(&body)
+                .into_iter()
+                .filter(|(_, o)| o == "processed")
+                .map(|(id, _)| id),
+        );
+    }
+    processed.sort_unstable();
+    assert_eq!(
+        processed,
+        (1..=8).collect::<Vec<i64>>(),
+        "each event processed by exactly one racer"
+    );
+    assert_eq!(effects(&pool).await, (1..=8).collect::<Vec<i64>>());
+}
+
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn a_transient_failure_commits_the_events_before_it_and_the_retry_applies_the_rest(
     pool: PgPool,
 ) {

@@ -32,9 +32,9 @@ use super::support::{DevServerProcess, ScratchDb};
 pub const DELIVERY_BATCH_VAR: &str = "RELAY_DELIVERY_BATCH";
 
 /// The N values measured when none are given: 1 (one event per message, the behaviour before batching) and the
-/// recommended value (`outbox::config::RECOMMENDED_DELIVERY_BATCH`).
+/// default (`outbox::config::DEFAULT_DELIVERY_BATCH`).
 pub fn default_ns() -> Vec<u32> {
-    let mut ns = vec![1, outbox::config::RECOMMENDED_DELIVERY_BATCH];
+    let mut ns = vec![1, outbox::config::DEFAULT_DELIVERY_BATCH];
     ns.dedup();
     ns
 }

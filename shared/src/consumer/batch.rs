@@ -1,6 +1,6 @@
-//! Applying the events of one delivery — one event, or a batch (decision record 0027) — in **one** transaction,
-//! each event inside a savepoint ([`crate::once::handle_once_in`]): dedupe row, sequence check (ordered topics),
-//! the typed handler. What happened to each event is an [`EventResult`]; the message's [`Outcome`] (and so the
+//! Applying the events of one delivery — one event, or a batch (decision record 0027) — in **one** transaction:
+//! the dedupe rows of all its events at once, then each event inside a savepoint: sequence check (ordered topics),
+//! the typed handler ([`apply`] says how the steps are arranged). What happened to each event is an [`EventResult`]; the message's [`Outcome`] (and so the
 //! HTTP status QStash acts on) follows from them:
 //!
 //! | events | transaction | outcome |
@@ -16,15 +16,15 @@
 //! not republish the failing event while QStash still retries it or calls the failure callback (which then
 //! records the applied ones as delivered).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use super::delivery::Delivery;
 use super::http::Outcome;
-use super::registry::{HandlerError, Prepared, Route};
-use crate::once::{Once, OnceError, handle_once_in};
-use crate::ordering::{SequenceCheck, check_consumer_sequence};
+use super::registry::{EventMeta, HandlerError, Prepared, Route};
+use crate::ordering::{SequenceCheck, advance_consumer_sequence, check_consumer_sequence};
 use crate::receiver::ReceiverState;
 
 /// What happened to one event of a delivery (the `events` list of the response body).
@@ -95,7 +95,28 @@ fn from_handler(e: HandlerError) -> EventResult {
     }
 }
 
+/// The savepoint each event of a batch runs in. One name, reused: a `SAVEPOINT` whose name is in use shadows the
+/// older one, so the release of the previous event's savepoint and the next event's savepoint go to the database
+/// together, in one round trip ([`NEXT_SAVEPOINT`]).
+const SAVEPOINT: &str = "SAVEPOINT outbox_event";
+/// Releases the previous event's savepoint and sets the next one's.
+const NEXT_SAVEPOINT: &str = "RELEASE SAVEPOINT outbox_event; SAVEPOINT outbox_event";
+/// Undoes the current event alone.
+const UNDO_EVENT: &str = "ROLLBACK TO SAVEPOINT outbox_event";
+
+/// Per key of an ordered topic, once its `consumer_sequences` row is locked in this transaction: the last sequence
+/// applied, and whether it moved past what the row holds.
+type Sequences<'a> = HashMap<(&'a str, &'a str), (i64, bool)>;
+
 /// Applies `events` (envelope order) in one transaction, as the module table says. Returns one result per event.
+///
+/// The steps of [`crate::once`], arranged so a batch costs about one round trip per event besides the handler's
+/// own statements: every dedupe row in one statement ([`crate::once::claim_all`]); per event a savepoint (with the
+/// previous one's release), for its key's first event the sequence check that locks the key's row
+/// ([`check_consumer_sequence`]; the following events are compared with it in memory), the handler; then, before
+/// the commit, the dedupe rows of the events that were not applied are removed, the keys' sequences moved to the
+/// last event applied, and the delivery evidence recorded. A single event runs without a savepoint: when it fails,
+/// the transaction is rolled back. Any database error outside a handler rolls everything back (all `retry`).
 pub(super) async fn apply(
     receiver: &ReceiverState,
     route: &dyn Route,
@@ -110,7 +131,6 @@ pub(super) async fn apply(
         .iter()
         .map(|d| route.prepare(d.meta.clone(), d.payload, persistent))
         .collect();
-    let mut results: Vec<EventResult> = Vec::with_capacity(events.len());
     let all_retry = |message: String, n: usize| vec![retry(message); n];
 
     // Nothing to apply when the first event already decides (a single event that does not decode).
@@ -121,48 +141,53 @@ pub(super) async fn apply(
         Ok(tx) => tx,
         Err(e) => return all_retry(format!("database error: {e}"), events.len()),
     };
+    let ids: Vec<String> = events
+        .iter()
+        .map(|d| d.meta.outbox_id.to_string())
+        .collect();
+    let fresh = match crate::once::claim_all(&mut tx, consumer, &ids, persistent).await {
+        Ok(f) => f,
+        Err(e) => return all_retry(format!("database error: {e}"), events.len()),
+    };
+    let savepoints = events.len() > 1;
+    let mut savepoint_open = false;
+    let mut sequences: Sequences<'_> = HashMap::new();
+    let mut results: Vec<EventResult> = Vec::with_capacity(events.len());
     let mut stopped = false;
     let mut evidence: Vec<i64> = Vec::new();
-    for (d, p) in events.iter().zip(&prepared) {
-        if stopped {
-            results.push(EventResult::NotAttempted);
-            continue;
-        }
+    let mut undo: Vec<String> = Vec::new();
+    for (i, (d, p)) in events.iter().zip(&prepared).enumerate() {
         let m = &d.meta;
         let result = match p {
+            _ if stopped => EventResult::NotAttempted,
             Err(e) => from_handler(e.clone()),
+            Ok(_) if !fresh[i] => EventResult::Duplicate,
             Ok(p) => {
-                let r = handle_once_in(
-                    &mut tx,
-                    consumer,
-                    &m.outbox_id.to_string(),
-                    persistent,
-                    async |conn: &mut sqlx::PgConnection| -> Result<(), HandlerError> {
-                        if let (Some(seq), Some(key)) = (m.seq, m.key.as_deref()) {
-                            match check_consumer_sequence(
-                                conn, consumer, &m.topic, key, seq, persistent,
-                            )
-                            .await?
-                            {
-                                SequenceCheck::InOrder => {}
-                                SequenceCheck::Late { last_applied } => {
-                                    return Err(HandlerError::permanent(format!(
-                                        "out of order: event {} has sequence {seq} for key {key:?} of topic {:?}, \
-                                         but sequence {last_applied} was already applied",
-                                        m.outbox_id, m.topic
-                                    )));
-                                }
-                            }
+                if savepoints {
+                    let sql = if savepoint_open {
+                        NEXT_SAVEPOINT
+                    } else {
+                        SAVEPOINT
+                    };
+                    if let Err(e) = sqlx::raw_sql(sql).execute(&mut *tx).await {
+                        return all_retry(format!("database error: {e}"), events.len());
+                    }
+                    savepoint_open = true;
+                }
+                match apply_one(&mut tx, consumer, m, p.as_ref(), &mut sequences, persistent).await
+                {
+                    Ok(()) => EventResult::Processed,
+                    Err(Failure::Database(e)) => {
+                        return all_retry(format!("database error: {e}"), events.len());
+                    }
+                    Err(Failure::Handler(e)) => {
+                        if savepoints
+                            && let Err(e) = sqlx::raw_sql(UNDO_EVENT).execute(&mut *tx).await
+                        {
+                            return all_retry(format!("database error: {e}"), events.len());
                         }
-                        p.apply(conn).await
-                    },
-                )
-                .await;
-                match r {
-                    Ok(Once::Applied(())) => EventResult::Processed,
-                    Ok(Once::Duplicate) => EventResult::Duplicate,
-                    Err(OnceError::Work(e)) => from_handler(e),
-                    Err(OnceError::Database(e)) => retry(format!("database error: {e}")),
+                        from_handler(e)
+                    }
                 }
             }
         };
@@ -176,26 +201,113 @@ pub(super) async fn apply(
             EventResult::Retry { .. } => stopped = true,
             EventResult::NotAttempted => {}
         }
+        if fresh[i] && !result.committed() {
+            undo.push(ids[i].clone());
+        }
         results.push(result);
     }
     let failed = results.iter().any(|r| !r.committed());
-    // The relay asked for the evidence here (decision record 0007): last statement before commit, so the key's row
-    // is locked only briefly; one statement for every event, so the key moves once.
-    if !failed
-        && !evidence.is_empty()
-        && let Err(e) = crate::ordering::record_delivery_batch(&mut tx, &evidence, persistent).await
+    if failed && !savepoints {
+        // One event, and it failed: nothing to keep.
+        if let Err(e) = tx.rollback().await {
+            tracing::warn!(error = %e, "rollback after a failed event did not complete");
+        }
+        return results;
+    }
+    if let Err(e) = finish(
+        &mut tx, consumer, &undo, &sequences, &evidence, failed, persistent,
+    )
+    .await
     {
         let _ = tx.rollback().await;
-        return all_retry(
-            format!("database error while recording delivery evidence: {e}"),
-            events.len(),
-        );
+        return all_retry(format!("database error: {e}"), events.len());
     }
     if let Err(e) = tx.commit().await {
         // Ambiguous (it may have committed): the redelivery finds the dedupe rows and answers "duplicate".
         return all_retry(format!("database error: {e}"), events.len());
     }
     results
+}
+
+/// Why one event was not applied.
+enum Failure {
+    /// The handler refused it, or the sequence check did (permanent); undo the event alone.
+    Handler(HandlerError),
+    /// A statement of ours failed: the transaction is lost.
+    Database(sqlx::Error),
+}
+
+/// One fresh event, inside its savepoint: the sequence check (ordered topics), then the handler.
+async fn apply_one<'a>(
+    conn: &mut sqlx::PgConnection,
+    consumer: &str,
+    m: &'a EventMeta,
+    p: &dyn Prepared,
+    sequences: &mut Sequences<'a>,
+    persistent: bool,
+) -> Result<(), Failure> {
+    let key = match (m.seq, m.key.as_deref()) {
+        (Some(seq), Some(key)) => Some((seq, (m.topic.as_str(), key))),
+        _ => None,
+    };
+    let late = |last_applied: i64, seq: i64, key: &str| {
+        Failure::Handler(HandlerError::permanent(format!(
+            "out of order: event {} has sequence {seq} for key {key:?} of topic {:?}, \
+             but sequence {last_applied} was already applied",
+            m.outbox_id, m.topic
+        )))
+    };
+    // The key's first event in this transaction records its sequence and locks the key's row (undone with the
+    // event if it fails); the following ones are compared with the last applied, then recorded once in `finish`.
+    let mut first_of_key = false;
+    if let Some((seq, k)) = key {
+        match sequences.get(&k) {
+            Some(&(last, _)) if seq <= last => return Err(late(last, seq, k.1)),
+            Some(_) => {}
+            None => {
+                match check_consumer_sequence(conn, consumer, k.0, k.1, seq, persistent)
+                    .await
+                    .map_err(Failure::Database)?
+                {
+                    SequenceCheck::InOrder => first_of_key = true,
+                    SequenceCheck::Late { last_applied } => {
+                        return Err(late(last_applied, seq, k.1));
+                    }
+                }
+            }
+        }
+    }
+    p.apply(conn).await.map_err(Failure::Handler)?;
+    if let Some((seq, k)) = key {
+        // The first event's check already wrote `seq`; a later one's is written in `finish`.
+        sequences.insert(k, (seq, !first_of_key));
+    }
+    Ok(())
+}
+
+/// Before the commit: remove the dedupe rows of the events that were not applied, move each key's sequence to
+/// the last event applied, and (when no event failed) record the delivery evidence the relay asked for (decision
+/// record 0007): last, so the key's row is locked only briefly; one statement for every event, so the key moves
+/// once.
+async fn finish(
+    conn: &mut sqlx::PgConnection,
+    consumer: &str,
+    undo: &[String],
+    sequences: &Sequences<'_>,
+    evidence: &[i64],
+    failed: bool,
+    persistent: bool,
+) -> Result<(), sqlx::Error> {
+    crate::once::forget(conn, consumer, undo, persistent).await?;
+    for (&(topic, key), &(seq, moved)) in sequences {
+        if moved {
+            advance_consumer_sequence(conn, consumer, topic, key, seq, persistent).await?;
+        }
+    }
+    if !failed && !evidence.is_empty() {
+        crate::ordering::record_delivery_batch(conn, evidence, persistent).await?;
+    }
+    Ok(())
 }
 
 /// The message's outcome from its events' results: any transient → 503 (the first transient's message); else any

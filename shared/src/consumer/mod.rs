@@ -1,6 +1,6 @@
 //! The consumer runtime: `POST /events/{topic}` from QStash → cap the body → verify the signature → route to the
 //! topic's handler → decode the typed payloads → apply the delivery's events (one, or a batch of up to 1000,
-//! decision record 0027) in one transaction, each in a savepoint ([`crate::once::handle_once_in`]) → map the
+//! decision record 0027) in one transaction, each in a savepoint (`batch.rs`, the steps of [`crate::once`]) → map the
 //! outcome to the HTTP status QStash acts on. For a batch, the status is the message's (`batch.rs` has the
 //! table) and the body lists each event's outcome ([`EventResult`]). What decides a write (outbox id, key, sequence, evidence, schema version) is
 //! read from the signed envelope only ([`crate::contract`]).

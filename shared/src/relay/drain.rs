@@ -66,6 +66,23 @@ impl Relay {
         let latencies = std::sync::Mutex::new(Vec::<Duration>::new());
         let last_error: std::sync::Mutex<Option<RelayError>> = std::sync::Mutex::new(None);
         let out = std::sync::atomic::AtomicBool::new(false);
+        let empty = std::sync::atomic::AtomicBool::new(false);
+        let started = Instant::now();
+        let last_emptiness_check = AtomicU64::new(0);
+        let poll_ms = self.cfg.poll_interval.as_millis() as u64;
+        let emptiness_check_due = || {
+            let now = started.elapsed().as_millis() as u64;
+            let last = last_emptiness_check.load(AtomicOrdering::Relaxed);
+            (last == 0 || now >= last + poll_ms)
+                && last_emptiness_check
+                    .compare_exchange(
+                        last,
+                        now.max(1),
+                        AtomicOrdering::Relaxed,
+                        AtomicOrdering::Relaxed,
+                    )
+                    .is_ok()
+        };
 
         if deadline.saturating_duration_since(Instant::now()) >= self.cfg.lease
             && !self.outage_gate(&totals, &latencies).await?
@@ -79,6 +96,8 @@ impl Relay {
             let latencies = &latencies;
             let last_error = &last_error;
             let out = &out;
+            let empty = &empty;
+            let emptiness_check_due = &emptiness_check_due;
             async move {
                 let mut consecutive_errors = 0u32;
                 // Stagger workers a little so their claims do not collide on the same index pages.
@@ -107,10 +126,16 @@ impl Relay {
                             if r.full {
                                 continue;
                             }
+                            // Whether anything is left is asked at most once per poll interval, by whichever
+                            // idle worker comes first: the question scans the outbox, and every idle worker asking
+                            // at every poll cost the database more than the drain itself.
                             if stop_when_empty
                                 && r.claimed == 0
-                                && self.is_empty().await.unwrap_or(false)
+                                && (empty.load(AtomicOrdering::Relaxed)
+                                    || (emptiness_check_due()
+                                        && self.is_empty().await.unwrap_or(false)))
                             {
+                                empty.store(true, AtomicOrdering::Relaxed);
                                 break;
                             }
                         }
@@ -249,8 +274,10 @@ impl Relay {
             .await
             .map_err(db("emptiness check"))?;
         let busy: bool = sqlx::query_scalar(
-            crate::schema::q("SELECT EXISTS (SELECT 1 FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL) \
-                 OR EXISTS (SELECT 1 FROM {schema}.outbox_keys WHERE inflight_id IS NOT NULL)"),
+            // The keys first: while ordered messages await evidence that answers at once, whereas the pending
+            // scan walks every row version the drain left behind in the pending index.
+            crate::schema::q("SELECT EXISTS (SELECT 1 FROM {schema}.outbox_keys WHERE inflight_id IS NOT NULL) \
+                 OR EXISTS (SELECT 1 FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL)"),
         )
         .persistent(self.persistent)
         .fetch_one(&mut *c)
