@@ -20,7 +20,7 @@
 //! inside one transaction: step 2 for every event at once ([`claim_all`], one statement), then each event's work
 //! inside its own `SAVEPOINT`, so an event that fails is undone alone and the events before it still commit; the
 //! dedupe rows of the events that did not commit are removed before the commit ([`forget`]), so their next
-//! delivery applies them. [`handle_once_in`] is the one-event form of the same steps, for a transaction of your own.
+//! delivery applies them.
 //!
 //! Keep `processed_messages` rows longer than any redelivery horizon (QStash retries span a day, redrives can be
 //! later): the relay's housekeeping prunes them after `PROCESSED_TTL_HOURS` (default 7 days). *Dedupe row* and
@@ -103,51 +103,6 @@ where
             // A failed rollback leaves the connection to the pool's cleanup; the work's error is what matters.
             if let Err(rb) = tx.rollback().await {
                 tracing::warn!(error = %rb, "rollback after a failed handler did not complete");
-            }
-            Err(OnceError::Work(e))
-        }
-    }
-}
-
-/// [`handle_once`] for one event of several applied in **one** transaction the caller owns (`conn` must be in
-/// it): inside a `SAVEPOINT`, the dedupe row first, then `work`. On success the savepoint is released (the
-/// caller's commit makes the event and its dedupe row visible together); on a duplicate nothing runs; when `work`
-/// fails the savepoint is rolled back, undoing this event alone. Nothing is committed here.
-pub async fn handle_once_in<T, E, F>(
-    conn: &mut PgConnection,
-    consumer: &str,
-    message_id: &str,
-    persistent: bool,
-    work: F,
-) -> Result<Once<T>, OnceError<E>>
-where
-    F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
-{
-    // Inside a transaction, sqlx's `begin` is a SAVEPOINT, its commit a RELEASE and its rollback a ROLLBACK TO.
-    let mut sp = sqlx::Connection::begin(&mut *conn)
-        .await
-        .map_err(OnceError::Database)?;
-    let inserted = sqlx::query(crate::schema::q(DEDUPE_SQL))
-        .persistent(persistent)
-        .bind(consumer)
-        .bind(message_id)
-        .execute(&mut *sp)
-        .await
-        .map_err(OnceError::Database)?
-        .rows_affected();
-    if inserted == 0 {
-        sp.rollback().await.map_err(OnceError::Database)?;
-        return Ok(Once::Duplicate);
-    }
-    match work(&mut sp).await {
-        Ok(value) => {
-            sp.commit().await.map_err(OnceError::Database)?;
-            Ok(Once::Applied(value))
-        }
-        Err(e) => {
-            // A failed rollback to the savepoint shows up at the caller's next statement or commit.
-            if let Err(rb) = sp.rollback().await {
-                tracing::warn!(error = %rb, "rollback to the savepoint after a failed handler did not complete");
             }
             Err(OnceError::Work(e))
         }
