@@ -26,6 +26,35 @@ use sqlx::{PgConnection, Row};
 
 use crate::config::DeadHeadPolicy;
 
+/// The part both ordered claims share: take a fencing token, lock up to `{limit}` due, unblocked keys (`SKIP
+/// LOCKED`) and lease each key that has a due head with it (see [`CLAIM_HEADS_SQL`]).
+macro_rules! claim_keys_sql {
+    () => {
+        r#"
+WITH tok AS (SELECT nextval('{schema}.outbox_lease_token_seq') AS t),
+keys AS (
+    UPDATE {schema}.outbox_keys k
+    SET (available_at, lease_token, locked_until) = (
+        SELECT CASE WHEN h.id IS NULL THEN now() + interval '1 second'
+                    WHEN h.available_at > now() THEN h.available_at
+                    ELSE now() + make_interval(secs => $1) END,
+               CASE WHEN h.id IS NOT NULL AND h.available_at <= now() THEN (SELECT t FROM tok) ELSE k.lease_token END,
+               CASE WHEN h.id IS NOT NULL AND h.available_at <= now()
+                    THEN now() + make_interval(secs => $1) ELSE k.locked_until END
+        FROM (SELECT 1) one
+        LEFT JOIN {schema}.outbox h ON h.topic = k.topic AND h.partition_key = k.partition_key AND h.seq = k.done_seq + 1
+                          AND h.dead_lettered_at IS NULL AND h.delivered_at IS NULL)
+    WHERE k.ctid = ANY (ARRAY(
+        SELECT ctid FROM {schema}.outbox_keys
+        WHERE blocked_at IS NULL AND available_at <= now()
+        ORDER BY available_at
+        LIMIT {limit}
+        FOR UPDATE SKIP LOCKED))
+    RETURNING k.topic, k.partition_key, k.done_seq, k.lease_token
+)"#
+    };
+}
+
 /// The relay's claim of ordered key heads, in one short statement: lock up to `{limit}` due, unblocked keys
 /// (`SKIP LOCKED`: two relays never hold the same key), find each key's head (`seq = done_seq + 1`), lease key
 /// and head with one fencing token, count the attempt. `$1` is the lease in seconds. The batch size is a
@@ -38,28 +67,9 @@ use crate::config::DeadHeadPolicy;
 /// the lease that matters. A head that is delayed pushes its key to the head's time. Keys without a visible head (a producer is still
 /// open, or the key went idle) are pushed back by a second so they cannot fill every claim; idle ones are
 /// deleted by [`release_idle_key`] and housekeeping.
-pub const CLAIM_HEADS_SQL: &str = r#"
-WITH tok AS (SELECT nextval('{schema}.outbox_lease_token_seq') AS t),
-keys AS (
-    UPDATE {schema}.outbox_keys k
-    SET (available_at, lease_token, locked_until) = (
-        SELECT CASE WHEN h.id IS NULL THEN now() + interval '1 second'
-                    WHEN h.available_at > now() THEN h.available_at
-                    ELSE now() + make_interval(secs => $1) END,
-               CASE WHEN h.id IS NOT NULL AND h.available_at <= now() THEN (SELECT t FROM tok) ELSE k.lease_token END,
-               CASE WHEN h.id IS NOT NULL AND h.available_at <= now()
-                    THEN now() + make_interval(secs => $1) ELSE k.locked_until END
-        FROM (SELECT 1) one
-        LEFT JOIN {schema}.outbox h ON h.topic = k.topic AND h.partition_key = k.partition_key AND h.seq = k.done_seq + 1
-                          AND h.dead_lettered_at IS NULL AND h.delivered_at IS NULL)
-    WHERE k.ctid = ANY (ARRAY(
-        SELECT ctid FROM {schema}.outbox_keys
-        WHERE blocked_at IS NULL AND available_at <= now()
-        ORDER BY available_at
-        LIMIT {limit}
-        FOR UPDATE SKIP LOCKED))
-    RETURNING k.topic, k.partition_key, k.done_seq, k.lease_token
-)
+pub const CLAIM_HEADS_SQL: &str = concat!(
+    claim_keys_sql!(),
+    r#"
 UPDATE {schema}.outbox o
 SET attempts = o.attempts + 1,
     lease_token = k.lease_token,
@@ -69,7 +79,8 @@ WHERE k.lease_token = (SELECT t FROM tok)
   AND o.topic = k.topic AND o.partition_key = k.partition_key AND o.seq = k.done_seq + 1
 RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
           o.created_at, o.redrive_count, o.last_error, o.lease_token
-"#;
+"#
+);
 
 /// [`CLAIM_HEADS_SQL`] for delivery batches (decision record 0014), used when some topic has
 /// `RELAY_DELIVERY_BATCH` > 1: lock up to `{limit}` due, unblocked keys (`SKIP LOCKED`: two relays never hold the same key), find each key's head
@@ -80,28 +91,9 @@ RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.h
 /// [`CLAIM_HEADS_SQL`]. The run is found with one range scan of `outbox_key_seq_idx` per key and updated by
 /// `ctid` (no second index lookup). With every `n = 1` it claims what [`CLAIM_HEADS_SQL`] claims, but the relay
 /// then uses that one: it was not measurably slower, yet not measurably as fast either on a shared machine.
-pub const CLAIM_RUNS_SQL: &str = r#"
-WITH tok AS (SELECT nextval('{schema}.outbox_lease_token_seq') AS t),
-keys AS (
-    UPDATE {schema}.outbox_keys k
-    SET (available_at, lease_token, locked_until) = (
-        SELECT CASE WHEN h.id IS NULL THEN now() + interval '1 second'
-                    WHEN h.available_at > now() THEN h.available_at
-                    ELSE now() + make_interval(secs => $1) END,
-               CASE WHEN h.id IS NOT NULL AND h.available_at <= now() THEN (SELECT t FROM tok) ELSE k.lease_token END,
-               CASE WHEN h.id IS NOT NULL AND h.available_at <= now()
-                    THEN now() + make_interval(secs => $1) ELSE k.locked_until END
-        FROM (SELECT 1) one
-        LEFT JOIN {schema}.outbox h ON h.topic = k.topic AND h.partition_key = k.partition_key AND h.seq = k.done_seq + 1
-                          AND h.dead_lettered_at IS NULL AND h.delivered_at IS NULL)
-    WHERE k.ctid = ANY (ARRAY(
-        SELECT ctid FROM {schema}.outbox_keys
-        WHERE blocked_at IS NULL AND available_at <= now()
-        ORDER BY available_at
-        LIMIT {limit}
-        FOR UPDATE SKIP LOCKED))
-    RETURNING k.topic, k.partition_key, k.done_seq, k.lease_token
-),
+pub const CLAIM_RUNS_SQL: &str = concat!(
+    claim_keys_sql!(),
+    r#",
 run AS (
     SELECT r.row_ctid
     FROM keys k
@@ -124,7 +116,8 @@ FROM run
 WHERE o.ctid = run.row_ctid
 RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
           o.created_at, o.redrive_count, o.last_error, o.lease_token
-"#;
+"#
+);
 
 /// What [`record_delivery`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
