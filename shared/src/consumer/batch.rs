@@ -131,7 +131,8 @@ pub(super) async fn apply(
         .iter()
         .map(|d| route.prepare(d.meta.clone(), d.payload, persistent))
         .collect();
-    let all_retry = |message: String, n: usize| vec![retry(message); n];
+    // A database error outside a handler: every event `retry` (nothing of the message is known to be committed).
+    let all_retry = |e: sqlx::Error| vec![retry(format!("database error: {e}")); events.len()];
 
     // Nothing to apply when the first event already decides (a single event that does not decode).
     if let [Err(e)] = prepared.as_slice() {
@@ -139,7 +140,7 @@ pub(super) async fn apply(
     }
     let mut tx = match receiver.pool.begin().await {
         Ok(tx) => tx,
-        Err(e) => return all_retry(format!("database error: {e}"), events.len()),
+        Err(e) => return all_retry(e),
     };
     let ids: Vec<String> = events
         .iter()
@@ -147,7 +148,7 @@ pub(super) async fn apply(
         .collect();
     let fresh = match crate::once::claim_all(&mut tx, consumer, &ids, persistent).await {
         Ok(f) => f,
-        Err(e) => return all_retry(format!("database error: {e}"), events.len()),
+        Err(e) => return all_retry(e),
     };
     let savepoints = events.len() > 1;
     let mut savepoint_open = false;
@@ -170,7 +171,7 @@ pub(super) async fn apply(
                         SAVEPOINT
                     };
                     if let Err(e) = sqlx::raw_sql(sql).execute(&mut *tx).await {
-                        return all_retry(format!("database error: {e}"), events.len());
+                        return all_retry(e);
                     }
                     savepoint_open = true;
                 }
@@ -178,13 +179,13 @@ pub(super) async fn apply(
                 {
                     Ok(()) => EventResult::Processed,
                     Err(Failure::Database(e)) => {
-                        return all_retry(format!("database error: {e}"), events.len());
+                        return all_retry(e);
                     }
                     Err(Failure::Handler(e)) => {
                         if savepoints
                             && let Err(e) = sqlx::raw_sql(UNDO_EVENT).execute(&mut *tx).await
                         {
-                            return all_retry(format!("database error: {e}"), events.len());
+                            return all_retry(e);
                         }
                         from_handler(e)
                     }
@@ -220,11 +221,11 @@ pub(super) async fn apply(
     .await
     {
         let _ = tx.rollback().await;
-        return all_retry(format!("database error: {e}"), events.len());
+        return all_retry(e);
     }
     if let Err(e) = tx.commit().await {
         // Ambiguous (it may have committed): the redelivery finds the dedupe rows and answers "duplicate".
-        return all_retry(format!("database error: {e}"), events.len());
+        return all_retry(e);
     }
     results
 }
