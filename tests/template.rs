@@ -950,6 +950,8 @@ fn relay_emf_line(function: &str) -> Value {
         trigger: "t".into(),
         drain: Default::default(),
         housekeeping: Default::default(),
+        accounting: Default::default(),
+        accounting_error: None,
         backlog: Default::default(),
         duration_ms: 0,
     };

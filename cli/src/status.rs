@@ -27,7 +27,13 @@ pub struct StatusArgs {
 /// `outbox status`.
 pub async fn run(args: StatusArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let pool = args.db.connect().await?;
-    let status = ops::status(&pool)
+    // The relay's horizon (same variables, same defaults): what counts as unaccounted.
+    let env = outbox::config::ProcessEnv;
+    let vars = outbox::config::Vars::new(&env);
+    let relay =
+        outbox::config::RelayConfig::from_vars(&vars, vars.ranged_or("QSTASH_RETRIES", 5, 0, 100)?)
+            .context("reading the relay's settings (RELAY_RECONCILE_AFTER_SECS, QSTASH_RETRIES)")?;
+    let status = ops::status_with_horizon(&pool, relay.accounting.horizon)
         .await
         .context("reading the status figures (is the schema migrated? run `outbox migrate`)")?;
     if args.json {
@@ -169,6 +175,51 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
             )?;
         }
     }
+
+    let f = &s.in_flight;
+    writeln!(
+        out,
+        "\nIn flight (accepted by QStash, no outcome recorded yet)"
+    )?;
+    writeln!(
+        out,
+        "  total {}   <1m {}   1-10m {}   10m-1h {}   >1h {}   oldest {}",
+        f.total,
+        f.under_1m,
+        f.from_1m_to_10m,
+        f.from_10m_to_1h,
+        f.over_1h,
+        age(f.oldest_secs)
+    )?;
+    writeln!(
+        out,
+        "  unaccounted            {}{}",
+        f.unaccounted,
+        if f.unaccounted > 0 {
+            format!(
+                "  (in flight for longer than {}: the reconciler asks QStash; if this stays, see docs/operations.md)",
+                age(f.horizon_secs)
+            )
+        } else {
+            String::new()
+        }
+    )?;
+    let r = &s.reconciler;
+    writeln!(
+        out,
+        "  reconciler (all time)  applied by dedupe row {}, recorded from QStash's DLQ {}, republished {}, \
+         still retrying {}, dead-lettered unaccounted {}, failed lookups {}{}",
+        r.swept_applied,
+        r.recorded_from_dlq,
+        r.republished,
+        r.still_retrying,
+        r.unaccounted_dead,
+        r.lookup_failures,
+        r.last_error
+            .as_deref()
+            .map(|e| format!("; last error: {}", util::one_line(e, 150)))
+            .unwrap_or_default()
+    )?;
 
     writeln!(out, "\nOrdered keys")?;
     writeln!(

@@ -145,7 +145,12 @@ pub async fn progress(pool: &PgPool) -> anyhow::Result<Progress> {
     .fetch_one(&mut *c)
     .await?;
     c.finish().await?;
-    let b = housekeeping::backlog(pool, false).await?;
+    let b = housekeeping::backlog(
+        pool,
+        outbox::config::AccountingConfig::default().horizon,
+        false,
+    )
+    .await?;
     Ok(Progress {
         enqueued,
         dispatched,

@@ -71,6 +71,10 @@ pub struct Faults {
     /// Share of delivery attempts whose request reaches the destination but whose response is treated as lost
     /// (a network error after the destination did the work: it will be retried).
     pub delivery_lost_response_rate: f64,
+    /// Share of accepted messages the server loses before their first attempt: never delivered, no callback, not
+    /// in the DLQ, unknown to `GET /v2/messages/{id}` (the publisher got its message id; nothing else happens).
+    /// What an at-least-once service may do after a crash; the outbox's reconciler must notice it.
+    pub message_loss_rate: f64,
 }
 
 impl Faults {
@@ -91,6 +95,7 @@ impl Faults {
                 "delivery_lost_response_rate",
                 self.delivery_lost_response_rate,
             ),
+            ("message_loss_rate", self.message_loss_rate),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(format!("{name} must be within [0, 1], got {v}"));

@@ -99,6 +99,25 @@ async fn attempt(shared: &Shared, client: &HttpClient, job: &Job) -> (Outcome, O
         );
     }
     let data = &job.data;
+    // An injected loss: the message vanishes before its first attempt, as if the server had crashed with it
+    // (finalized like a cancellation: no attempt, no callback, no DLQ entry).
+    if job.retried == 0
+        && !job.duplicate
+        && data.kind == crate::types::AttemptKind::Destination
+        && shared.delivery_faults_active()
+        && shared.draw_delivery(FaultKind::MessageLoss, data.fault_id, 0)
+    {
+        job.cancel.store(true, Ordering::Relaxed);
+        shared.note_lost(&data.id);
+        return (
+            Outcome {
+                skipped: true,
+                error: Some("injected fault: message lost by the server".into()),
+                ..Outcome::default()
+            },
+            None,
+        );
+    }
     let started = Instant::now();
     let at_unix_ms = now_ms();
     let iat = i64::try_from(at_unix_ms / 1000).unwrap_or(0);

@@ -21,6 +21,8 @@ pub(crate) enum FaultKind {
     DeliveryLostResponse,
     /// `Faults::duplicate_delivery_rate`.
     DuplicateDelivery,
+    /// `Faults::message_loss_rate`.
+    MessageLoss,
 }
 
 impl FaultKind {
@@ -31,6 +33,7 @@ impl FaultKind {
             FaultKind::DeliveryNetworkError => 3,
             FaultKind::DeliveryLostResponse => 4,
             FaultKind::DuplicateDelivery => 5,
+            FaultKind::MessageLoss => 6,
         }
     }
 }

@@ -27,6 +27,7 @@ pub(crate) fn router() -> Router<Arc<Shared>> {
         .route("/__dev/faults", get(get_faults).put(put_faults))
         .route("/__dev/reset", post(reset))
         .route("/__dev/dlq", get(dlq))
+        .route("/__dev/lost", get(lost))
         .route("/__dev/messages", get(messages))
         .route("/__dev/wait-idle", post(wait_idle))
         .route("/__dev/config", get(config))
@@ -92,6 +93,12 @@ async fn put_faults(State(s): S, body: Bytes) -> Response {
 async fn reset(State(s): S) -> Response {
     s.reset();
     json_ok(&json!({"reset": true}))
+}
+
+/// The ids of the messages lost on purpose (`message_loss_rate`), oldest first.
+async fn lost(State(s): S) -> Response {
+    let ids: Vec<String> = s.lost_messages().iter().map(|i| i.to_string()).collect();
+    json_ok(&json!({ "message_ids": ids }))
 }
 
 async fn dlq(State(s): S) -> Response {

@@ -223,6 +223,15 @@ impl Handle {
         self.shared.stats()
     }
     /// The DLQ (oldest first).
+    /// The ids of the messages lost on purpose (`Faults::message_loss_rate`), oldest first.
+    pub fn lost_messages(&self) -> Vec<String> {
+        self.shared
+            .lost_messages()
+            .iter()
+            .map(|i| i.to_string())
+            .collect()
+    }
+
     pub fn dlq_entries(&self) -> Vec<DlqEntryInfo> {
         self.shared.dlq_entries()
     }

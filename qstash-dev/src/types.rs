@@ -100,6 +100,9 @@ pub struct Stats {
     pub injected_publish_errors: u64,
     /// Publish requests whose response was dropped on purpose.
     pub injected_dropped_responses: u64,
+    /// Accepted messages lost on purpose before their first attempt (`message_loss_rate`); their ids are in
+    /// `/__dev/lost`.
+    pub injected_lost_messages: u64,
     /// Deliveries in flight right now (HTTP request outstanding).
     pub in_flight: u64,
     /// Live messages not in flight: delayed, waiting for retry, in a queue or flow-control waitlist, or ready.

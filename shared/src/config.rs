@@ -531,6 +531,126 @@ pub struct RelayConfig {
     /// `RELAY_DELIVERY_BATCH`, `RELAY_DELIVERY_BATCH_TOPICS` and `QSTASH_MAX_MESSAGE_BYTES`: how many events
     /// one QStash message may carry (decision record 0014).
     pub batching: DeliveryBatching,
+    /// How the relay learns every event's outcome and closes what callbacks leave open (decision record 0015).
+    pub accounting: AccountingConfig,
+}
+
+/// Where the outcome of an **unordered** event comes from (decision record 0015). Ordered events always have one:
+/// their key waits for its delivery evidence ([`EvidenceMode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeSource {
+    /// The consumer's dedupe row in `processed_messages` (namespace `CONSUMER_NAME`) proves the event applied; the
+    /// relay reads it in bulk. Costs no QStash message; needs the consumer to share the outbox's database.
+    DedupeRow,
+    /// QStash's delivery callback (`Upstash-Callback`) on unordered messages too: one more QStash message per
+    /// message. For a consumer in another database.
+    Callback,
+}
+
+/// The reconciler's settings (decision record 0015, `outbox::accounting`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccountingConfig {
+    /// `RELAY_UNORDERED_EVIDENCE` (`dedupe` or `callback`). Default: `dedupe` when `RELAY_ORDERED_EVIDENCE` is
+    /// `consumer` (the consumer shares the database), else `callback`.
+    pub unordered: OutcomeSource,
+    /// `CONSUMER_NAME` (default `consumer`): the dedupe namespace the relay reads with [`OutcomeSource::DedupeRow`].
+    pub consumer_name: String,
+    /// `RELAY_RECONCILE_AFTER_SECS`: an event in flight for longer is looked up at QStash. Default:
+    /// [`reconcile_horizon`] for `QSTASH_RETRIES` and `QSTASH_DELIVERY_TIMEOUT_SECS`.
+    pub horizon: Duration,
+    /// `RELAY_APPLIED_GRACE_SECS` (default 30): in-flight events younger than this are not yet checked against
+    /// their dedupe rows (most are still being delivered).
+    pub applied_grace: Duration,
+    /// `RELAY_RECONCILE_MAX_LOOKUPS` (default 50, 0 = reconciler off): QStash management API requests per
+    /// invocation, at most.
+    pub max_lookups: u32,
+    /// `RELAY_RECONCILE_MIN_INTERVAL_MS` (default 200): the least time between two management API requests (QStash
+    /// rate-limits them per second).
+    pub lookup_interval: Duration,
+    /// `RELAY_RECONCILE_MAX_REPUBLISH` (default 3): how often an event unknown to QStash is published again before
+    /// it becomes a dead letter instead.
+    pub max_republish: u32,
+}
+
+impl Default for AccountingConfig {
+    fn default() -> Self {
+        AccountingConfig {
+            unordered: OutcomeSource::DedupeRow,
+            consumer_name: "consumer".into(),
+            horizon: reconcile_horizon(5, None),
+            applied_grace: Duration::from_secs(30),
+            max_lookups: 50,
+            lookup_interval: Duration::from_millis(200),
+            max_republish: 3,
+        }
+    }
+}
+
+/// The longest QStash may legitimately take to report an event's fate, and so when the reconciler may ask
+/// (decision record 0015): the message's retries, then the failure callback's own (QStash retries a callback with
+/// the original message's retry settings), each attempt up to its timeout, plus an hour:
+///
+/// `2 · Σ_{n=1..R} min(86400, e^(2.5·n)) s + 2 · (R + 1) · T + 3600 s`
+///
+/// with R = `QSTASH_RETRIES` and T = `QSTASH_DELIVERY_TIMEOUT_SECS` (QStash's longest HTTP timeout, 15 min, when
+/// unset). For R = 5 and T unset: 2 · 110,395 + 12 · 900 + 3600 = 235,190 s ≈ 65.3 h.
+pub fn reconcile_horizon(retries: u32, delivery_timeout: Option<Duration>) -> Duration {
+    let attempt = delivery_timeout.unwrap_or(Duration::from_secs(15 * 60));
+    qstash_retry_horizon(retries) * 2 + attempt * (2 * (retries + 1)) + Duration::from_secs(3600)
+}
+
+impl AccountingConfig {
+    /// Reads the accounting variables; `retries` and `delivery_timeout` set the default horizon, `ordered` the
+    /// default outcome source.
+    pub fn from_vars(
+        v: &Vars<'_>,
+        retries: u32,
+        delivery_timeout: Option<Duration>,
+        ordered: EvidenceMode,
+    ) -> Result<Self, ConfigError> {
+        let unordered = match v
+            .raw("RELAY_UNORDERED_EVIDENCE")
+            .map(|m| m.trim().to_ascii_lowercase())
+        {
+            None if ordered == EvidenceMode::Consumer => OutcomeSource::DedupeRow,
+            None => OutcomeSource::Callback,
+            Some(m) if m == "dedupe" => OutcomeSource::DedupeRow,
+            Some(m) if m == "callback" => OutcomeSource::Callback,
+            Some(m) => {
+                return Err(ConfigError::InvalidVar {
+                    name: "RELAY_UNORDERED_EVIDENCE",
+                    value: m,
+                    reason: "expected dedupe or callback".into(),
+                });
+            }
+        };
+        let horizon = v.duration_or(
+            "RELAY_RECONCILE_AFTER_SECS",
+            reconcile_horizon(retries, delivery_timeout),
+        )?;
+        if horizon < Duration::from_secs(1) {
+            return Err(ConfigError::InvalidVar {
+                name: "RELAY_RECONCILE_AFTER_SECS",
+                value: format!("{}", horizon.as_secs_f64()),
+                reason: "must be at least 1 second (QStash must have had time to deliver)".into(),
+            });
+        }
+        Ok(AccountingConfig {
+            unordered,
+            consumer_name: v
+                .raw("CONSUMER_NAME")
+                .filter(|n| !n.trim().is_empty())
+                .unwrap_or_else(|| "consumer".into()),
+            horizon,
+            applied_grace: v.duration_or("RELAY_APPLIED_GRACE_SECS", Duration::from_secs(30))?,
+            max_lookups: v.ranged_or("RELAY_RECONCILE_MAX_LOOKUPS", 50, 0, 10_000)?,
+            lookup_interval: v.duration_or(
+                "RELAY_RECONCILE_MIN_INTERVAL_MS",
+                Duration::from_millis(200),
+            )?,
+            max_republish: v.ranged_or("RELAY_RECONCILE_MAX_REPUBLISH", 3, 0, 100)?,
+        })
+    }
 }
 
 /// How many events one QStash message carries (decision record 0014). The default: up to
@@ -677,7 +797,33 @@ impl RelayConfig {
             Duration::from_secs(3600),
             "the longest wait between probes, and so how long a recovered QStash may go unused",
         )?;
+        let ordered_evidence = match v
+            .raw("RELAY_ORDERED_EVIDENCE")
+            .map(|m| m.trim().to_ascii_lowercase())
+        {
+            None => EvidenceMode::Callback,
+            Some(m) if m == "callback" => EvidenceMode::Callback,
+            Some(m) if m == "consumer" => EvidenceMode::Consumer,
+            Some(m) => {
+                return Err(ConfigError::InvalidVar {
+                    name: "RELAY_ORDERED_EVIDENCE",
+                    value: m,
+                    reason: "expected callback or consumer".into(),
+                });
+            }
+        };
+        let delivery_timeout = match v.raw("QSTASH_DELIVERY_TIMEOUT_SECS") {
+            Some(_) => Some(v.duration_or("QSTASH_DELIVERY_TIMEOUT_SECS", Duration::ZERO)?),
+            None => None,
+        };
         Ok(RelayConfig {
+            accounting: AccountingConfig::from_vars(
+                v,
+                qstash_retries,
+                delivery_timeout,
+                ordered_evidence,
+            )?,
+            ordered_evidence,
             batching: DeliveryBatching::from_vars(v)?,
             outage_probe_base,
             outage_probe_cap,
@@ -701,21 +847,6 @@ impl RelayConfig {
             processed_ttl: hours("PROCESSED_TTL_HOURS", 168.0)?,
             housekeeping_batch: v.ranged_or("RELAY_HOUSEKEEPING_BATCH", 1000, 1, 100_000)?,
             listen_notify: v.bool_or("RELAY_LISTEN_NOTIFY", false)?,
-            ordered_evidence: match v
-                .raw("RELAY_ORDERED_EVIDENCE")
-                .map(|m| m.trim().to_ascii_lowercase())
-            {
-                None => EvidenceMode::Callback,
-                Some(m) if m == "callback" => EvidenceMode::Callback,
-                Some(m) if m == "consumer" => EvidenceMode::Consumer,
-                Some(m) => {
-                    return Err(ConfigError::InvalidVar {
-                        name: "RELAY_ORDERED_EVIDENCE",
-                        value: m,
-                        reason: "expected callback or consumer".into(),
-                    });
-                }
-            },
         })
     }
 

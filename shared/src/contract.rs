@@ -386,19 +386,20 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
     let _ = serde_json::to_writer(&mut *out, s);
 }
 
-/// QStash's deduplication id for an event: `outbox-<id>`, and `outbox-<id>-r<n>` after the n-th redrive (a
-/// redrive must not be swallowed by QStash's dedup window). Never contains `:` (QStash rejects it).
-pub fn dedup_id(outbox_id: i64, redrive_count: i32) -> String {
-    if redrive_count > 0 {
-        format!("outbox-{outbox_id}-r{redrive_count}")
+/// QStash's deduplication id for an event: `outbox-<id>`, and `outbox-<id>-r<n>` once it was published again on
+/// purpose n times (redrives plus the reconciler's republishes, decision record 0015: such a publish must not be
+/// swallowed by QStash's dedup window). Never contains `:` (QStash rejects it).
+pub fn dedup_id(outbox_id: i64, generation: i32) -> String {
+    if generation > 0 {
+        format!("outbox-{outbox_id}-r{generation}")
     } else {
         format!("outbox-{outbox_id}")
     }
 }
 
-/// QStash's deduplication id for a message carrying `events` (`(outbox id, redrive count)`, in message order;
+/// QStash's deduplication id for a message carrying `events` (`(outbox id, generation: see [`dedup_id`])`, in message order;
 /// decision record 0014). One event: exactly [`dedup_id`]. More: `outbox-b<first id>-<k>-<16 hex chars of
-/// SHA-256 over "id:redrive_count," of every event in order>`, so the same composition formed again (after a
+/// SHA-256 over "id:generation," of every event in order>`, so the same composition formed again (after a
 /// crash between publish and settle) gets the same id and QStash drops the copy, while a different composition
 /// gets a different id (the consumer's per-event dedupe absorbs the overlap). Never contains `:`.
 pub fn batch_dedup_id(events: &[(i64, i32)]) -> String {

@@ -9,6 +9,7 @@
 //! | **No side effect applied twice** (dedupe row + work in one transaction) | [`once`] |
 //! | **Per-key order** (sequence under a lock, one event per key in flight, delivery evidence) | [`ordering`] |
 //! | **Nothing fails silently** (one queryable dead-letter table) | [`dead_letters`] |
+//! | **Every event accounted for** (pending, in flight, applied or dead letter; a reconciler for lost callbacks) | [`accounting`] |
 //!
 //! The receiving side: [`receiver`] (the `Upstash-Signature` check, and what both receiver functions share: their
 //! state and the skeleton of a request), [`consumer`] (typed handlers per topic and the consumer function's HTTP
@@ -29,6 +30,7 @@
 //! pipeline and tests) and `testing` (a QStash-compatible token signer and the dev signing keys in [`receiver`],
 //! for fixtures and tests; the Lambda binaries never enable it).
 
+pub mod accounting;
 pub mod callbacks;
 pub mod config;
 pub mod consumer;

@@ -1,12 +1,15 @@
 //! Operator figures: `outbox status`. The three status queries — (1) backlog depth, oldest pending age and
 //! "flapping" rows, (2) dispatched per minute over the last hour, (3) stuck leases — plus blocked ordered
-//! keys, ordered heads awaiting delivery evidence, and dead-letter counts by topic and source.
+//! keys, ordered heads awaiting delivery evidence, events in flight by age with the unaccounted ones
+//! ([`crate::accounting`]), the reconciler's totals, and dead-letter counts by topic and source.
 //!
 //! Every query runs on an index that covers only live rows (`outbox_pending_created_idx`, the BRIN on
 //! `dispatched_at`, the small `outbox_keys` table), and every list has a `LIMIT`: the command stays cheap on a
 //! table with millions of rows of history. The dead-letter counts group the whole `dead_letters` table, which
 //! `outbox prune --dead-letters-days` keeps small (handled dead letters go; unhandled ones need an operator). Alarm on the oldest pending age, not on depth: 10,000 pending that
 //! drain in ten seconds is healthy; 3 pending that are twenty minutes old means no relay is running.
+
+use std::time::Duration;
 
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use serde::Serialize;
@@ -39,6 +42,11 @@ pub struct Status {
     /// The relays' shared record of a QStash outage (decision record 0012): since when, the last error, the next
     /// probe. `since` is null when QStash is not known to be out.
     pub qstash_outage: crate::relay::outage::OutageState,
+    /// Events accepted by QStash with no outcome yet, by age, and how many are past the reconciler's horizon
+    /// (`unaccounted`; decision record 0015).
+    pub in_flight: crate::accounting::InFlight,
+    /// What the reconciler did, summed over every relay invocation.
+    pub reconciler: crate::accounting::AccountingTotals,
 }
 
 /// (1) Events neither dispatched nor dead: how many, how old, and which keep failing.
@@ -154,8 +162,14 @@ impl Status {
     }
 }
 
-/// Reads every figure (a handful of short read-only queries).
+/// Reads every figure (a handful of short read-only queries), with the default reconciler horizon
+/// ([`crate::config::AccountingConfig`]); [`status_with_horizon`] takes the deployment's.
 pub async fn status(pool: &PgPool) -> Result<Status, sqlx::Error> {
+    status_with_horizon(pool, crate::config::AccountingConfig::default().horizon).await
+}
+
+/// [`status`], counting in-flight events older than `horizon` (`RELAY_RECONCILE_AFTER_SECS`) as unaccounted.
+pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Status, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     // (1) Backlog depth, oldest pending age and flapping rows, on the partial index of pending rows.
     let (at, pending, oldest, flapping): (DateTime<Utc>, i64, f64, i64) = sqlx::query_as(
@@ -253,8 +267,12 @@ pub async fn status(pool: &PgPool) -> Result<Status, sqlx::Error> {
     let qstash_outage = sqlx::query_as(crate::schema::q(crate::relay::outage::SELECT))
         .fetch_one(&mut *conn)
         .await?;
+    let in_flight = crate::accounting::in_flight(&mut conn, horizon, true).await?;
+    let reconciler = crate::accounting::totals(&mut conn, true).await?;
 
     Ok(Status {
+        in_flight,
+        reconciler,
         qstash_outage,
         at,
         backlog: PendingEvents {

@@ -78,7 +78,7 @@ FROM keys k
 WHERE k.lease_token = (SELECT t FROM tok)
   AND o.topic = k.topic AND o.partition_key = k.partition_key AND o.seq = k.done_seq + 1
 RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
-          o.created_at, o.redrive_count, o.last_error, o.lease_token
+          o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token
 "#
 );
 
@@ -115,7 +115,7 @@ SET attempts = o.attempts + 1,
 FROM run
 WHERE o.ctid = run.row_ctid
 RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
-          o.created_at, o.redrive_count, o.last_error, o.lease_token
+          o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token
 "#
 );
 

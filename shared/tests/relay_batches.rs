@@ -42,6 +42,7 @@ fn relay_config(batching: DeliveryBatching) -> RelayConfig {
         ordered_evidence: EvidenceMode::Consumer,
         outage_probe_base: Duration::from_millis(200),
         outage_probe_cap: Duration::from_millis(800),
+        accounting: Default::default(),
         batching,
     }
 }

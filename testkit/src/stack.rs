@@ -6,6 +6,7 @@
 //! ([`StackOptions::registry`], [`StackOptions::migrators`]).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -112,6 +113,7 @@ pub struct LocalStack {
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<std::io::Result<()>>>,
     recorded: Option<Recorder>,
+    callbacks_down: Arc<AtomicBool>,
 }
 
 /// Which local receiver got a request.
@@ -225,19 +227,29 @@ fn serve_consumer(
     ))
 }
 
-/// Serves the failure and delivery callback handler on `listener` until `shutdown` turns true.
+/// Serves the failure and delivery callback handler on `listener` until `shutdown` turns true. While `down` is
+/// set, every request is answered 503 without reaching the handler: the callback function throttled, or erroring
+/// because its database is unreachable ([`LocalStack::set_callbacks_down`]).
 fn serve_callbacks(
     listener: tokio::net::TcpListener,
     state: Arc<ReceiverState>,
     recorder: Option<Recorder>,
+    down: Arc<AtomicBool>,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<std::io::Result<()>> {
     tokio::spawn(outbox::local::serve(
         listener,
         move |req| {
-            let (c, rec) = (state.clone(), recorder.clone());
+            let (c, rec, down) = (state.clone(), recorder.clone(), down.clone());
             async move {
                 recorded(rec.as_ref(), Receiver::Callbacks, req, async |req| {
+                    if down.load(Ordering::SeqCst) {
+                        let mut r = lambda_http::Response::new(lambda_http::Body::from(
+                            "callback function unavailable (test switch)",
+                        ));
+                        *r.status_mut() = lambda_http::http::StatusCode::SERVICE_UNAVAILABLE;
+                        return r;
+                    }
                     handle_callback(&c, req).await
                 })
                 .await
@@ -362,6 +374,7 @@ impl LocalStack {
             .with_metrics(opts.consumer_metrics),
         );
         let recorder: Option<Recorder> = opts.record_requests.then(Default::default);
+        let callbacks_down = Arc::new(AtomicBool::new(false));
         let servers = vec![
             serve_consumer(
                 consumer_listener,
@@ -373,6 +386,7 @@ impl LocalStack {
                 callback_listener,
                 callbacks,
                 recorder.clone(),
+                callbacks_down.clone(),
                 shutdown.subscribe(),
             ),
         ];
@@ -459,6 +473,7 @@ impl LocalStack {
             shutdown,
             servers,
             recorded: recorder,
+            callbacks_down,
         })
     }
 
@@ -469,6 +484,12 @@ impl LocalStack {
             .as_ref()
             .and_then(|r| r.lock().ok().map(|r| r.clone()))
             .unwrap_or_default()
+    }
+
+    /// Takes the callback receiver down (every request answered 503, as a throttled or failing callback
+    /// function would) or brings it back.
+    pub fn set_callbacks_down(&self, down: bool) {
+        self.callbacks_down.store(down, Ordering::SeqCst);
     }
 
     /// The relay (for status figures).

@@ -1,6 +1,7 @@
 //! Benchmarks. Each prints a human-readable table and one JSON line (prefixed `BENCH_JSON `) with medians and
 //! ratios against a baseline measured in the same run: these 2-core machines are noisy.
 
+pub mod accounting;
 pub mod batched;
 pub mod consumer;
 pub mod plot;
@@ -24,6 +25,9 @@ pub enum BenchCommand {
     /// Batched deliveries only: ordered over many keys, one hot key, unordered end to end and commit → applied
     /// at a low rate, for each N events per QStash message (`RELAY_DELIVERY_BATCH`), side by side.
     Batched(batched::BatchedArgs),
+    /// What knowing every unordered event's outcome costs the relay: the dedupe-row sweep per event beside the
+    /// dispatch settle it already pays (decision record 0015).
+    Accounting(accounting::AccountingArgs),
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -31,5 +35,6 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Relay(args) => relay::run(args).await,
         BenchCommand::Report(args) => report::run(args).await,
         BenchCommand::Batched(args) => batched::run_cli(args).await,
+        BenchCommand::Accounting(args) => accounting::run(args).await,
     }
 }

@@ -17,6 +17,7 @@ pub(crate) struct Counters {
     pub duplicate_deliveries: AtomicU64,
     pub injected_publish_errors: AtomicU64,
     pub injected_dropped_responses: AtomicU64,
+    pub injected_lost_messages: AtomicU64,
 }
 
 impl Counters {
@@ -37,6 +38,7 @@ impl Counters {
             &self.duplicate_deliveries,
             &self.injected_publish_errors,
             &self.injected_dropped_responses,
+            &self.injected_lost_messages,
         ] {
             c.store(0, Ordering::Relaxed);
         }

@@ -78,6 +78,8 @@ pub(crate) struct Shared {
     pub counters: Arc<Counters>,
     pub jobs: JobQueue,
     attempts: Mutex<AttemptLog>,
+    /// Messages lost on purpose (`Faults::message_loss_rate`), for `/__dev/lost`.
+    lost: Mutex<Vec<Arc<str>>>,
     faults: Mutex<FaultState>,
     delivery_faults: std::sync::atomic::AtomicBool,
     /// The current key as a cheaply cloneable string (signing happens on every attempt).
@@ -108,6 +110,7 @@ impl Shared {
                 buf: VecDeque::new(),
                 seq: 0,
             }),
+            lost: Mutex::new(Vec::new()),
             faults: Mutex::new(FaultState {
                 faults: cfg.faults.clone(),
                 requests: Occurrences::new(REQUEST_KEYS_KEPT),
@@ -165,6 +168,18 @@ impl Shared {
         self.idle.notify_waiters();
     }
 
+    /// Notes a message lost on purpose (`Faults::message_loss_rate`).
+    pub fn note_lost(&self, id: &Arc<str>) {
+        Counters::inc(&self.counters.injected_lost_messages);
+        tracing::debug!(message_id = %id, "injected fault: message lost");
+        lock(&self.lost).push(id.clone());
+    }
+
+    /// The ids of the messages lost on purpose, oldest first.
+    pub fn lost_messages(&self) -> Vec<Arc<str>> {
+        lock(&self.lost).clone()
+    }
+
     pub fn record_attempt(&self, mut a: AttemptRec) {
         Counters::inc(&self.counters.attempts);
         tracing::debug!(
@@ -192,6 +207,7 @@ impl Shared {
                 FaultKind::DeliveryNetworkError => st.faults.delivery_network_error_rate,
                 FaultKind::DeliveryLostResponse => st.faults.delivery_lost_response_rate,
                 FaultKind::DuplicateDelivery => st.faults.duplicate_delivery_rate,
+                FaultKind::MessageLoss => st.faults.message_loss_rate,
                 FaultKind::Publish5xx | FaultKind::PublishDropResponse => 0.0,
             }
         };
@@ -229,6 +245,7 @@ impl Shared {
         f.duplicate_delivery_rate > 0.0
             || f.delivery_network_error_rate > 0.0
             || f.delivery_lost_response_rate > 0.0
+            || f.message_loss_rate > 0.0
     }
 
     /// Fast check so deliveries skip the fault lock when no delivery fault is configured.
@@ -299,6 +316,7 @@ impl Shared {
             duplicate_deliveries: g(&c.duplicate_deliveries),
             injected_publish_errors: g(&c.injected_publish_errors),
             injected_dropped_responses: g(&c.injected_dropped_responses),
+            injected_lost_messages: g(&c.injected_lost_messages),
             in_flight: in_flight as u64,
             waiting: (waiting_core + queued) as u64,
             dlq_size: dlq_size as u64,
@@ -339,6 +357,7 @@ impl Shared {
         self.jobs.clear();
         self.core().reset(self.cfg.seed);
         self.clear_attempts();
+        lock(&self.lost).clear();
         self.counters.reset();
         lock(&self.faults).requests.clear();
         self.idle_changed();

@@ -39,6 +39,7 @@ use lambda_http::{Body, Request, Response};
 use serde_json::{Map, Value, json};
 use tracing::field::Empty;
 
+use crate::config::DeadHeadPolicy;
 use crate::contract;
 use crate::dead_letters::{
     BatchFailureRecorded, BatchMember, FailureRecorded, QstashFailure, record_qstash_batch_failure,
@@ -162,7 +163,7 @@ pub fn failure_from_callback(raw: &[u8]) -> QstashFailure {
 
 /// How a callback request ended (the module table: one variant a row).
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum CallbackOutcome {
+pub(crate) enum CallbackOutcome {
     /// A failure callback, recorded as a dead letter (or recorded before).
     DeadLetter { recorded: FailureRecorded },
     /// A delivery callback with a 2xx status: the event's delivery evidence.
@@ -230,6 +231,11 @@ impl RequestOutcome for CallbackOutcome {
                     dead_letter_id,
                     "QStash gave up on an event: dead letter recorded"
                 ),
+                FailureRecorded::Merged { dead_letter_id, .. } => tracing::error!(
+                    answered,
+                    dead_letter_id,
+                    "QStash gave up on another message of an event: merged into its dead letter"
+                ),
                 FailureRecorded::Duplicate => {
                     tracing::info!(answered, "failure callback already recorded")
                 }
@@ -255,6 +261,7 @@ impl RequestOutcome for CallbackOutcome {
                 }
                 tracing::info!(
                     answered,
+                    merged = ?r.merged,
                     delivered = ?r.delivered,
                     requeued = ?r.requeued,
                     left = ?r.left,
@@ -368,6 +375,15 @@ impl RequestOutcome for CallbackOutcome {
                 json!({"status": "recorded", "dead_letter_id": dead_letter_id, "outbox_id": outbox_id})
             }
             CallbackOutcome::DeadLetter {
+                recorded:
+                    FailureRecorded::Merged {
+                        dead_letter_id,
+                        outbox_id,
+                    },
+            } => {
+                json!({"status": "merged", "dead_letter_id": dead_letter_id, "outbox_id": outbox_id})
+            }
+            CallbackOutcome::DeadLetter {
                 recorded: FailureRecorded::Duplicate,
             } => json!({"status": "duplicate"}),
             CallbackOutcome::Delivered {
@@ -388,6 +404,7 @@ impl RequestOutcome for CallbackOutcome {
                 "status": "recorded",
                 "dead_letters": r.dead_letters.iter().map(|(d, o)| json!({"dead_letter_id": d, "outbox_id": o})).collect::<Vec<_>>(),
                 "duplicates": r.duplicates,
+                "merged": r.merged.iter().map(|(d, o)| json!({"dead_letter_id": d, "outbox_id": o})).collect::<Vec<_>>(),
                 "delivered": r.delivered,
                 "requeued": r.requeued,
                 "left": r.left,
@@ -499,18 +516,51 @@ async fn process(state: &ReceiverState, req: &Request) -> CallbackOutcome {
     }
 }
 
+/// Where a failure is recorded, and with which settings: what the failure callback and the relay's reconciler
+/// ([`crate::accounting`]) share, so a dead letter found in QStash's DLQ is recorded exactly as its callback
+/// would have been.
+pub struct FailureRecorder<'a> {
+    /// The outbox's database.
+    pub pool: &'a sqlx::PgPool,
+    /// `DB_PERSISTENT_STATEMENTS`.
+    pub persistent: bool,
+    /// `CONSUMER_NAME`: whose dedupe rows show an event applied after all.
+    pub consumer: &'a str,
+    /// The dead-head policy of an ordered topic.
+    pub policy: &'a (dyn Fn(&str) -> DeadHeadPolicy + Sync),
+}
+
 async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOutcome {
+    let policy = |topic: &str| state.config.dead_head_policy(topic);
+    let recorder = FailureRecorder {
+        pool: &state.pool,
+        persistent: state.persistent,
+        consumer: &state.config.name,
+        policy: &policy,
+    };
+    record_failure(&recorder, Some(req), raw).await
+}
+
+/// Records a failure-callback body (one event's message or a batch's) as dead letters. `req`: the callback request,
+/// whose `x-outbox-id` copy must agree with the signed body; `None` for a body the relay rebuilt from QStash's DLQ.
+pub(crate) async fn record_failure(
+    rec: &FailureRecorder<'_>,
+    req: Option<&Request>,
+    raw: &[u8],
+) -> CallbackOutcome {
     let span = tracing::Span::current();
     if let Ok(parsed) = parse_callback(raw)
         && parsed.problems.is_empty()
     {
         let events = source_events(&parsed.body);
         if events.len() > 1 {
-            return batch_failure(state, req, raw, &parsed.body, events).await;
+            return batch_failure(rec, req, raw, &parsed.body, events).await;
         }
     }
     let failure = failure_from_callback(raw);
-    if let Err(e) = check_id_copy(req, failure.outbox_id) {
+    if let Some(req) = req
+        && let Err(e) = check_id_copy(req, failure.outbox_id)
+    {
         return CallbackOutcome::Tampered(e);
     }
     if let Some(id) = failure.outbox_id {
@@ -537,16 +587,16 @@ async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOu
     if let Some(e) = &failure.parse_error {
         tracing::error!(parse_error = %e, "failure callback body not fully parsed: stored raw");
     }
-    let mut conn = match state.pool.acquire().await {
+    let mut conn = match rec.pool.acquire().await {
         Ok(c) => c,
         Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
     };
     match record_qstash_failure(
         &mut conn,
         &failure,
-        |topic| state.config.dead_head_policy(topic),
-        &state.config.name,
-        state.persistent,
+        |topic| (rec.policy)(topic),
+        rec.consumer,
+        rec.persistent,
     )
     .await
     {
@@ -581,15 +631,17 @@ fn dead_members(callback: &CallbackBody, events: &[SourceEvent]) -> Vec<(bool, O
 }
 
 async fn batch_failure(
-    state: &ReceiverState,
-    req: &Request,
+    rec: &FailureRecorder<'_>,
+    req: Option<&Request>,
     raw: &[u8],
     callback: &CallbackBody,
     events: Vec<SourceEvent>,
 ) -> CallbackOutcome {
     let span = tracing::Span::current();
     let ids: Vec<i64> = events.iter().filter_map(|e| e.outbox_id).collect();
-    if let Err(e) = check_ids_copy(req, &ids) {
+    if let Some(req) = req
+        && let Err(e) = check_ids_copy(req, &ids)
+    {
         return CallbackOutcome::Tampered(e);
     }
     span.record("outbox_id", contract::id_copy(ids.iter().copied()));
@@ -628,14 +680,13 @@ async fn batch_failure(
             dead,
         })
         .collect();
-    let mut conn = match state.pool.acquire().await {
+    let mut conn = match rec.pool.acquire().await {
         Ok(c) => c,
         Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
     };
     if ordered && !verdict_readable {
         // The first event the consumer has not applied is the dead head; the rest wait behind it.
-        let applied = match applied_ids(&mut conn, &state.config.name, &ids, state.persistent).await
-        {
+        let applied = match applied_ids(&mut conn, rec.consumer, &ids, rec.persistent).await {
             Ok(a) => a,
             Err(e) => {
                 return CallbackOutcome::Database(format!("could not read the dedupe rows: {e}"));
@@ -651,9 +702,9 @@ async fn batch_failure(
     match record_qstash_batch_failure(
         &mut conn,
         &members,
-        |topic| state.config.dead_head_policy(topic),
-        &state.config.name,
-        state.persistent,
+        |topic| (rec.policy)(topic),
+        rec.consumer,
+        rec.persistent,
     )
     .await
     {

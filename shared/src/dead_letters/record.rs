@@ -104,6 +104,10 @@ pub enum FailureRecorded {
         /// The outbox event it belongs to, if known.
         outbox_id: Option<i64>,
     },
+    /// The event already had an unresolved dead letter (another QStash message of the same event gave up: a
+    /// batch formed again after a relay died, a republish): this failure was merged into it — its natural id
+    /// remembered, its attempts added, its reason appended — so the event keeps one dead letter, redriven once.
+    Merged { dead_letter_id: i64, outbox_id: i64 },
     /// The same failure was already recorded (QStash retried the callback).
     Duplicate,
 }
@@ -134,6 +138,32 @@ pub async fn record_qstash_failure(
         .persistent(persistent)
         .execute(&mut *tx)
         .await?;
+    let natural_id = failure.natural_id();
+    if let Some(outbox_id) = failure.outbox_id {
+        match merge_into_open(
+            &mut tx,
+            outbox_id,
+            &natural_id,
+            failure,
+            consumer,
+            persistent,
+        )
+        .await?
+        {
+            Merge::Seen => {
+                tx.commit().await?;
+                return Ok(FailureRecorded::Duplicate);
+            }
+            Merge::Into(dead_letter_id) => {
+                tx.commit().await?;
+                return Ok(FailureRecorded::Merged {
+                    dead_letter_id,
+                    outbox_id,
+                });
+            }
+            Merge::None => {}
+        }
+    }
     let body_json: Option<Value> = failure
         .source_body
         .as_deref()
@@ -161,7 +191,7 @@ pub async fn record_qstash_failure(
         "#),
     )
     .persistent(persistent)
-    .bind(failure.natural_id())
+    .bind(&natural_id)
     .bind(body_json)
     .bind(failure.source_body.as_deref())
     .bind(failure.source_headers.as_ref())
@@ -224,6 +254,81 @@ pub async fn record_qstash_failure(
     })
 }
 
+/// What [`merge_into_open`] found.
+enum Merge {
+    /// This failure (its natural id) was merged into an open dead letter before: a retried callback.
+    Seen,
+    /// Merged now into this open dead letter.
+    Into(i64),
+    /// No open dead letter to merge into (or the event is done after all): record a dead letter of its own.
+    None,
+}
+
+/// One unresolved dead letter per event (decision record 0015): a failure of an event that already has one
+/// (unhandled: neither resolved nor redriven) is merged into it, unless the event turned out done (delivered, or
+/// the dedupe row of `consumer` shows it applied: then the new dead letter is recorded resolved, as always). The
+/// event's dead letters are serialised by a transaction-level advisory lock on its id, so two callbacks for two
+/// messages of one event cannot both find none.
+const MERGE_SQL: &str = r#"
+WITH seen AS (
+    SELECT 1 FROM {schema}.dead_letters WHERE outbox_id = $1 AND $2 = ANY (merged_ids)
+), open AS (
+    SELECT d.id FROM {schema}.dead_letters d
+    WHERE d.outbox_id = $1 AND d.resolved_at IS NULL AND d.redriven_at IS NULL AND d.natural_id <> $2
+      AND NOT EXISTS (SELECT 1 FROM seen)
+      AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o WHERE o.id = $1 AND o.delivered_at IS NOT NULL)
+      AND NOT EXISTS (SELECT 1 FROM {schema}.processed_messages pm
+                      WHERE pm.consumer = $3 AND pm.message_id = $1::bigint::text)
+    ORDER BY d.id
+    LIMIT 1
+), merged AS (
+    UPDATE {schema}.dead_letters d
+    SET merged_ids = array_append(d.merged_ids, $2),
+        merged_count = d.merged_count + 1,
+        attempts = CASE WHEN d.attempts IS NULL AND $4::int IS NULL THEN NULL
+                        ELSE coalesce(d.attempts, 0) + coalesce($4::int, 0) END,
+        error = left(d.error || ' | then: ' || $5, 8000),
+        status = coalesce($6, d.status),
+        response_body = coalesce($7, d.response_body)
+    FROM open WHERE d.id = open.id
+    RETURNING d.id
+)
+SELECT EXISTS (SELECT 1 FROM seen) AS seen, (SELECT id FROM merged) AS merged_id
+"#;
+
+async fn merge_into_open(
+    tx: &mut PgConnection,
+    outbox_id: i64,
+    natural_id: &str,
+    failure: &QstashFailure,
+    consumer: &str,
+    persistent: bool,
+) -> Result<Merge, sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(28514, ($1 % 2147483647)::int4)")
+        .persistent(persistent)
+        .bind(outbox_id)
+        .execute(&mut *tx)
+        .await?;
+    let row = sqlx::query(crate::schema::q(MERGE_SQL))
+        .persistent(persistent)
+        .bind(outbox_id)
+        .bind(natural_id)
+        .bind(consumer)
+        .bind(failure.attempts)
+        .bind(failure.error_text())
+        .bind(failure.status)
+        .bind(failure.response_body.as_deref())
+        .fetch_one(&mut *tx)
+        .await?;
+    let seen: bool = row.try_get("seen")?;
+    let merged: Option<i64> = row.try_get("merged_id")?;
+    Ok(match (seen, merged) {
+        (true, _) => Merge::Seen,
+        (false, Some(id)) => Merge::Into(id),
+        (false, None) => Merge::None,
+    })
+}
+
 /// One event of a batched message QStash gave up on, and what to do with it (decided by the failure callback from
 /// the consumer's per-event verdicts, decision record 0027).
 #[derive(Debug, Clone)]
@@ -245,6 +350,8 @@ pub struct BatchFailureRecorded {
     pub dead_letters: Vec<(i64, i64)>,
     /// Dead letters recorded before (QStash retried the callback).
     pub duplicates: Vec<i64>,
+    /// Failures merged into the event's open dead letter `(dead letter id, outbox id)`.
+    pub merged: Vec<(i64, i64)>,
     /// Unordered events not applied and not dead: due again for the relay.
     pub requeued: Vec<i64>,
     /// Ordered events not applied and not dead: left alone (they wait behind the dead head, or the relay
@@ -315,6 +422,9 @@ pub async fn record_qstash_batch_failure(
             {
                 FailureRecorded::Recorded { dead_letter_id, .. } => {
                     out.dead_letters.push((dead_letter_id, id))
+                }
+                FailureRecorded::Merged { dead_letter_id, .. } => {
+                    out.merged.push((dead_letter_id, id))
                 }
                 FailureRecorded::Duplicate => out.duplicates.push(id),
             }

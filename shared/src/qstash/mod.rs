@@ -21,8 +21,10 @@
 //! One `reqwest::Client` (rustls + ring, one connection pool) lives in the relay state and is reused across
 //! invocations.
 
+mod manage;
 mod options;
 
+pub use manage::{DLQ_IDS_PER_REQUEST, DlqPage, ManageError};
 pub use options::{FlowControl, HeaderName, HeadersJson, PublishOptions, flow_control_key};
 
 use std::time::Duration;

@@ -26,7 +26,7 @@ WHERE o.ctid = ANY (ARRAY(
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED))
 RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
-          o.created_at, o.redrive_count, o.last_error, o.lease_token
+          o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token
 "#;
 
 /// An event a relay holds under lease.
@@ -46,8 +46,9 @@ pub struct ClaimedEvent {
     pub attempts: i32,
     /// When the producer wrote it.
     pub created_at: DateTime<Utc>,
-    /// Redrives so far (part of the QStash dedup id).
-    pub redrive_count: i32,
+    /// Redrives plus reconciler republishes so far: part of the QStash deduplication id, so a publish the
+    /// operator or the reconciler asked for is never swallowed by QStash's deduplication window.
+    pub dedup_generation: i32,
     /// The previous attempt's error.
     pub last_error: Option<String>,
     /// The fencing token of this lease.
@@ -69,7 +70,7 @@ impl ClaimedEvent {
             headers: headers.0,
             attempts: r.try_get("attempts")?,
             created_at: r.try_get("created_at")?,
-            redrive_count: r.try_get("redrive_count")?,
+            dedup_generation: r.try_get("dedup_generation")?,
             last_error: r.try_get("last_error")?,
             lease_token: r.try_get("lease_token")?,
         })

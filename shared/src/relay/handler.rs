@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use super::housekeeping::{self, BacklogGauges, HousekeepingReport, Retention};
 use super::{DrainSummary, Relay, RelayError};
+use crate::accounting::AccountingReport;
 use crate::config::{ConfigError, EnvSource, ProcessEnv, QstashConfig, RelayConfig, Vars};
 use crate::db::DbConfig;
 use crate::metrics::{EmfRecord, Unit};
@@ -133,6 +134,11 @@ pub struct InvocationSummary {
     #[serde(flatten)]
     pub drain: DrainSummary,
     pub housekeeping: HousekeepingReport,
+    /// What the accounting pass did ([`crate::accounting`]).
+    pub accounting: AccountingReport,
+    /// Why the accounting pass failed, if it did (the drain's figures stand).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accounting_error: Option<String>,
     /// Backlog at the end.
     pub backlog: BacklogGauges,
     /// Wall time, ms.
@@ -181,7 +187,10 @@ pub fn deadline_from(context_deadline_ms: u64, margin: Duration) -> Instant {
     Instant::now() + left.saturating_sub(margin)
 }
 
-/// The handler: housekeeping, drain until the deadline, summary log + EMF line.
+/// The longest an accounting pass may take in one invocation.
+pub const ACCOUNTING_BUDGET: Duration = Duration::from_secs(20);
+
+/// The handler: housekeeping, drain until the deadline beside one accounting pass, summary log + EMF line.
 #[tracing::instrument(name = "relay.invoke", skip_all, fields(request_id = %event.context.request_id))]
 pub async fn handle(
     state: &RelayState,
@@ -223,8 +232,28 @@ pub async fn handle(
             step: "housekeeping",
             source,
         })?;
-    let drain = relay.drain(deadline).await?;
-    let backlog = housekeeping::backlog(relay.pool(), state.persistent)
+    // The accounting pass runs beside the drain (its QStash lookups are paced; the drain must not wait for them),
+    // bounded by a share of the invocation.
+    let accounting_budget = deadline
+        .saturating_duration_since(Instant::now())
+        .min(ACCOUNTING_BUDGET);
+    let (drain, accounting) = tokio::join!(relay.drain(deadline), relay.account(accounting_budget));
+    let drain = drain?;
+    let (accounting, accounting_error) = match accounting {
+        Ok(r) => (r, None),
+        Err(e) => {
+            tracing::error!(error = %e, cause = ?std::error::Error::source(&e), "accounting pass failed");
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                text.push_str(": ");
+                text.push_str(&s.to_string());
+                source = s.source();
+            }
+            (AccountingReport::default(), Some(text))
+        }
+    };
+    let backlog = housekeeping::backlog(relay.pool(), cfg.accounting.horizon, state.persistent)
         .await
         .map_err(|source| RelayError::Database {
             step: "backlog",
@@ -235,6 +264,8 @@ pub async fn handle(
         trigger: trigger_of(&payload),
         drain,
         housekeeping: pruned,
+        accounting,
+        accounting_error,
         backlog,
         duration_ms: started.elapsed().as_millis() as u64,
     };
@@ -281,6 +312,28 @@ pub fn emf(function: &str, s: &InvocationSummary) -> EmfRecord {
             "OldestAwaitingEvidenceAge",
             Unit::Seconds,
             s.backlog.oldest_awaiting_evidence_secs,
+        )
+        .metric("InFlight", Unit::Count, s.backlog.in_flight as f64)
+        .metric(
+            "UnaccountedEvents",
+            Unit::Count,
+            s.backlog.unaccounted as f64,
+        )
+        .metric(
+            "ReconciledFromDlq",
+            Unit::Count,
+            s.accounting.recorded_from_dlq as f64,
+        )
+        .metric("Republished", Unit::Count, s.accounting.republished as f64)
+        .metric(
+            "StillRetrying",
+            Unit::Count,
+            s.accounting.still_retrying as f64,
+        )
+        .metric(
+            "UnaccountedDeadLettered",
+            Unit::Count,
+            s.accounting.unaccounted_dead as f64,
         )
         .metric(
             "PublishLatencyP50",

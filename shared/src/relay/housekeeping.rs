@@ -1,6 +1,7 @@
 //! Housekeeping, run by the relay at the start of each invocation and bounded in rows and time: dispatched rows
-//! leave the table after `OUTBOX_RETENTION_HOURS` (delivered ordered rows too; dead-lettered rows stay until
-//! their dead letter is handled), consumer dedupe rows and consumer sequence rows older than
+//! whose outcome is known (delivered or applied, [`crate::accounting`]) leave the table after
+//! `OUTBOX_RETENTION_HOURS` (an event still in flight stays until it is accounted for; dead-lettered rows stay
+//! until their dead letter is handled), consumer dedupe rows and consumer sequence rows older than
 //! `PROCESSED_TTL_HOURS` are pruned, and idle ordered keys are released. The same functions back
 //! `outbox prune`, which also prunes handled dead letters and the dead outbox rows nothing refers to any more
 //! ([`prune_dead_letters_batch`], [`prune_dead_events_batch`]; decision record 0061).
@@ -66,7 +67,7 @@ pub async fn prune_outbox_batch(
         "DELETE FROM {schema}.outbox WHERE id IN (\
             SELECT id FROM {schema}.outbox \
             WHERE dispatched_at < now() - make_interval(secs => $1) AND dead_lettered_at IS NULL \
-              AND (seq IS NULL OR delivered_at IS NOT NULL) \
+              AND delivered_at IS NOT NULL \
             LIMIT {batch} FOR UPDATE SKIP LOCKED)"
     );
     delete_older_than(pool, sql, older_than, persistent).await
@@ -224,11 +225,20 @@ pub struct BacklogGauges {
     pub awaiting_evidence: i64,
     /// Longest such wait, seconds.
     pub oldest_awaiting_evidence_secs: f64,
+    /// Events accepted by QStash without a recorded outcome yet ([`crate::accounting::InFlight`]).
+    pub in_flight: i64,
+    /// Of them, in flight past the reconciler's horizon (the `UnaccountedEvents` alarm).
+    pub unaccounted: i64,
 }
 
-/// Reads the backlog gauges (index-only where possible).
-pub async fn backlog(pool: &PgPool, persistent: bool) -> Result<BacklogGauges, sqlx::Error> {
+/// Reads the backlog gauges (index-only where possible); `horizon`: the reconciler's (`RELAY_RECONCILE_AFTER_SECS`).
+pub async fn backlog(
+    pool: &PgPool,
+    horizon: Duration,
+    persistent: bool,
+) -> Result<BacklogGauges, sqlx::Error> {
     let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
+    let flight = crate::accounting::in_flight(&mut c, horizon, persistent).await?;
     let row: (i64, f64, i64, i64, f64) = sqlx::query_as(
         crate::schema::q("SELECT \
             (SELECT count(*) FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL), \
@@ -249,5 +259,7 @@ pub async fn backlog(pool: &PgPool, persistent: bool) -> Result<BacklogGauges, s
         blocked_keys: row.2,
         awaiting_evidence: row.3,
         oldest_awaiting_evidence_secs: row.4.max(0.0),
+        in_flight: flight.total,
+        unaccounted: flight.unaccounted,
     })
 }

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
-use crate::config::{DeadHeadPolicy, EvidenceMode, QstashConfig, RelayConfig};
+use crate::config::{DeadHeadPolicy, EvidenceMode, OutcomeSource, QstashConfig, RelayConfig};
 use crate::contract;
 use crate::qstash::{
     FlowControl, Message, PublishOptions, PublishOutcome, QstashClient, flow_control_key,
@@ -253,6 +253,26 @@ impl Relay {
         &self.cfg
     }
 
+    /// One accounting pass ([`crate::accounting::run`]): marks in-flight events their dedupe rows show applied,
+    /// then looks events in flight past the horizon up at QStash with this relay's client, within `budget`.
+    pub async fn account(
+        &self,
+        budget: Duration,
+    ) -> Result<crate::accounting::AccountingReport, RelayError> {
+        let policy = |topic: &str| self.cfg.dead_head_policy(topic);
+        let rec = crate::accounting::Reconciler {
+            pool: &self.pool,
+            persistent: self.persistent,
+            client: &self.client,
+            cfg: &self.cfg.accounting,
+            processed_ttl: self.cfg.processed_ttl,
+            policy: &policy,
+        };
+        crate::accounting::run(&rec, budget)
+            .await
+            .map_err(db("accounting"))
+    }
+
     /// The claim statements (for plan inspection in tests and benchmarks).
     pub fn claim_statements(&self) -> &ClaimStatements {
         &self.claims
@@ -329,8 +349,14 @@ impl Relay {
         if let Some(tp) = &first.headers.traceparent {
             forward.push((contract::TRACEPARENT.into(), tp.clone()));
         }
-        let callback = ordered && !by_consumer;
-        let dedup: Vec<(i64, i32)> = events.iter().map(|e| (e.id, e.redrive_count)).collect();
+        // Delivery callbacks: an ordered key's evidence unless the consumer records it; an unordered event's outcome
+        // when its dedupe row cannot be read here (decision record 0015).
+        let callback = if ordered {
+            !by_consumer
+        } else {
+            self.cfg.accounting.unordered == OutcomeSource::Callback
+        };
+        let dedup: Vec<(i64, i32)> = events.iter().map(|e| (e.id, e.dedup_generation)).collect();
         // Ordered messages keep their key's flow-control key; an unordered message of several events (any keys)
         // uses its topic's.
         let flow_key = if ordered || events.len() == 1 {

@@ -1,0 +1,206 @@
+//! Guarantee 4 to the end — **every event accounted for**: the system knows, for each event, which of these states
+//! it is in, and nothing stays in flight unnoticed when a callback never arrives (decision record 0015).
+//!
+//! | state | how it is known | how long it can last | what alarms |
+//! |---|---|---|---|
+//! | pending | `dispatched_at IS NULL` (not yet accepted by QStash) | until a relay claims it; retries with backoff, then a relay dead letter | `OldestPendingAge` |
+//! | in flight | accepted by QStash (`dispatched_at`), no outcome yet (`outbox_inflight_idx`) | until QStash delivers it or gives up: at most the horizon [`crate::config::reconcile_horizon`] | `UnaccountedEvents` once past the horizon |
+//! | applied | ordered: delivery evidence (consumer transaction or delivery callback); unordered: the consumer's dedupe row, read in bulk by [`sweep_applied`] (or a delivery callback, [`crate::config::OutcomeSource`]) → `delivered_at` | final | — |
+//! | dead letter | a row in `dead_letters` (relay, failure callback, or this module's [`reconcile`]), the event `dead_lettered_at`; at most one unresolved per event | until an operator redrives it, or it resolves itself (late evidence) | `DeadLettered` / dead-letter alarms |
+//!
+//! What closes the gap a lost callback leaves: each relay invocation ([`run`]) first marks in-flight events that
+//! their dedupe rows show applied ([`sweep_applied`], no QStash message), then looks the events still in flight
+//! past the horizon up at QStash ([`reconcile`]), in bounded work (at most `RELAY_RECONCILE_MAX_LOOKUPS`
+//! management API requests, paced, stopping at the first 429):
+//!
+//! | QStash says | the reconciler |
+//! |---|---|
+//! | the message is in the DLQ (`GET /v2/dlq?messageId=…`) | records it exactly as the failure callback would have ([`crate::callbacks`], same natural id `dlqId`: a late callback is a duplicate, not a second dead letter) |
+//! | the message is still held (`GET /v2/messages/{id}` = 200: waiting, retrying) | leaves it; asks again after a quarter of the horizon |
+//! | neither (expired, purged, lost, never accepted) | unordered: publishes it again with a fresh deduplication id (`republish_count`; the consumer dedupes), up to `RELAY_RECONCILE_MAX_REPUBLISH` times and only while its dedupe row would still exist (`PROCESSED_TTL_HOURS`), else a dead letter "unaccounted"; ordered: left to the head's evidence timeout, which republishes it |
+//!
+//! Everything it does is counted: per invocation in the relay's summary and EMF line, summed in `outbox_accounting`
+//! for `outbox status`.
+
+mod reconcile;
+mod sweep;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+pub use reconcile::{Reconciler, reconcile};
+pub use sweep::sweep_applied;
+
+/// What one accounting pass did (one relay invocation).
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct AccountingReport {
+    /// In-flight events found applied by their dedupe row, now marked delivered.
+    pub swept_applied: u64,
+    /// Dead letters recorded (or merged) from QStash's DLQ.
+    pub recorded_from_dlq: u64,
+    /// Of the DLQ entries found, those already recorded (the callback had come after all).
+    pub already_recorded: u64,
+    /// Events unknown to QStash, published again.
+    pub republished: u64,
+    /// Messages QStash still holds (waiting or retrying).
+    pub still_retrying: u64,
+    /// Events dead-lettered because nothing could account for them.
+    pub unaccounted_dead: u64,
+    /// Ordered events unknown to QStash, left to their key's evidence timeout.
+    pub left_to_evidence_timeout: u64,
+    /// Management API requests made.
+    pub lookups: u64,
+    /// Management API requests that failed (including a 429, which ends the pass).
+    pub lookup_failures: u64,
+    /// In flight past the horizon when the pass ended (`UnaccountedEvents`).
+    pub unaccounted: i64,
+}
+
+/// In-flight events by age, from `outbox_inflight_idx` (what `outbox status` shows).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct InFlight {
+    /// Accepted by QStash, no outcome recorded yet.
+    pub total: i64,
+    /// Of them, younger than a minute.
+    pub under_1m: i64,
+    /// 1 to 10 minutes.
+    pub from_1m_to_10m: i64,
+    /// 10 minutes to an hour.
+    pub from_10m_to_1h: i64,
+    /// Over an hour.
+    pub over_1h: i64,
+    /// In flight for longer than the horizon, whatever their bucket above: QStash should have decided by now. The
+    /// reconciler works on them; a count that stays above 0 means it cannot (alarm `UnaccountedEvents`).
+    pub unaccounted: i64,
+    /// The horizon, seconds.
+    pub horizon_secs: f64,
+    /// The oldest in-flight event's age, seconds (0 when none).
+    pub oldest_secs: f64,
+}
+
+/// Reads [`InFlight`] (one index scan over in-flight rows only).
+pub async fn in_flight(
+    conn: &mut PgConnection,
+    horizon: Duration,
+    persistent: bool,
+) -> Result<InFlight, sqlx::Error> {
+    let row: (i64, i64, i64, i64, i64, i64, f64) = sqlx::query_as(crate::schema::q(
+        "SELECT count(*), \
+                count(*) FILTER (WHERE dispatched_at >= now() - interval '1 minute'), \
+                count(*) FILTER (WHERE dispatched_at < now() - interval '1 minute' \
+                                   AND dispatched_at >= now() - interval '10 minutes'), \
+                count(*) FILTER (WHERE dispatched_at < now() - interval '10 minutes' \
+                                   AND dispatched_at >= now() - interval '1 hour'), \
+                count(*) FILTER (WHERE dispatched_at < now() - interval '1 hour'), \
+                count(*) FILTER (WHERE dispatched_at < now() - make_interval(secs => $1)), \
+                coalesce(extract(epoch FROM now() - min(dispatched_at))::float8, 0) \
+         FROM {schema}.outbox \
+         WHERE dispatched_at IS NOT NULL AND delivered_at IS NULL AND dead_lettered_at IS NULL",
+    ))
+    .persistent(persistent)
+    .bind(horizon.as_secs_f64())
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(InFlight {
+        total: row.0,
+        under_1m: row.1,
+        from_1m_to_10m: row.2,
+        from_10m_to_1h: row.3,
+        over_1h: row.4,
+        unaccounted: row.5,
+        horizon_secs: horizon.as_secs_f64(),
+        oldest_secs: row.6.max(0.0),
+    })
+}
+
+/// The reconciler's totals over every invocation (`outbox_accounting`).
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq, sqlx::FromRow)]
+pub struct AccountingTotals {
+    pub swept_applied: i64,
+    pub recorded_from_dlq: i64,
+    pub republished: i64,
+    pub still_retrying: i64,
+    pub unaccounted_dead: i64,
+    pub lookup_failures: i64,
+    /// The last pass.
+    pub last_run_at: Option<DateTime<Utc>>,
+    /// The last pass's error, if it had one.
+    pub last_error: Option<String>,
+}
+
+/// Reads [`AccountingTotals`].
+pub async fn totals(
+    conn: &mut PgConnection,
+    persistent: bool,
+) -> Result<AccountingTotals, sqlx::Error> {
+    let t: Option<AccountingTotals> = sqlx::query_as(crate::schema::q(
+        "SELECT swept_applied, recorded_from_dlq, republished, still_retrying, unaccounted_dead, lookup_failures, \
+                last_run_at, last_error FROM {schema}.outbox_accounting",
+    ))
+    .persistent(persistent)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(t.unwrap_or_default())
+}
+
+/// Adds a pass to the totals (and notes its error, or clears the last one).
+pub(crate) async fn add_to_totals(
+    conn: &mut PgConnection,
+    r: &AccountingReport,
+    error: Option<&str>,
+    persistent: bool,
+) -> Result<(), sqlx::Error> {
+    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
+    sqlx::query(crate::schema::q(
+        "UPDATE {schema}.outbox_accounting SET swept_applied = swept_applied + $1, \
+                recorded_from_dlq = recorded_from_dlq + $2, republished = republished + $3, \
+                still_retrying = still_retrying + $4, unaccounted_dead = unaccounted_dead + $5, \
+                lookup_failures = lookup_failures + $6, last_run_at = now(), last_error = $7",
+    ))
+    .persistent(persistent)
+    .bind(r.swept_applied as i64)
+    .bind(r.recorded_from_dlq as i64)
+    .bind(r.republished as i64)
+    .bind(r.still_retrying as i64)
+    .bind(r.unaccounted_dead as i64)
+    .bind(r.lookup_failures as i64)
+    .bind(error)
+    .execute(&mut *c)
+    .await?;
+    c.finish().await
+}
+
+/// One accounting pass: [`sweep_applied`], then [`reconcile`], then the totals. Bounded by `budget` (wall time) and the reconciler's lookup budget.
+pub async fn run(rec: &Reconciler<'_>, budget: Duration) -> Result<AccountingReport, sqlx::Error> {
+    let started = std::time::Instant::now();
+    // Whatever the outcome source: a dedupe row is the strongest evidence there is, and where the consumer keeps
+    // its dedupe rows elsewhere the sweep finds none (its cost is one scan of the in-flight rows, which delivery
+    // callbacks keep few).
+    let swept_applied = sweep_applied(
+        rec.pool,
+        &rec.cfg.consumer_name,
+        rec.cfg.applied_grace,
+        budget / 2,
+        rec.persistent,
+    )
+    .await?;
+    let mut report = AccountingReport {
+        swept_applied,
+        ..Default::default()
+    };
+    let left = budget.saturating_sub(started.elapsed());
+    let error = reconcile(rec, left, &mut report).await.err();
+    let mut conn = rec.pool.acquire().await?;
+    report.unaccounted = in_flight(&mut conn, rec.cfg.horizon, rec.persistent)
+        .await?
+        .unaccounted;
+    let error_text = error.as_ref().map(|e| e.to_string());
+    add_to_totals(&mut conn, &report, error_text.as_deref(), rec.persistent).await?;
+    match error {
+        Some(reconcile::ReconcileError::Database(e)) => Err(e),
+        _ => Ok(report),
+    }
+}

@@ -1,0 +1,449 @@
+//! The reconciler: events in flight past the horizon are looked up at QStash and closed (the table in
+//! [`crate::accounting`]). Bounded per invocation: at most `RELAY_RECONCILE_MAX_LOOKUPS` management API requests,
+//! `RELAY_RECONCILE_MIN_INTERVAL_MS` apart, stopping at the first 429 or failure (the next invocation goes on).
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use serde_json::{Map, Value, json};
+use sqlx::{PgPool, Row};
+
+use super::AccountingReport;
+use crate::callbacks::{CallbackOutcome, FailureRecorder, record_failure};
+use crate::config::{AccountingConfig, DeadHeadPolicy};
+use crate::dead_letters::FailureRecorded;
+use crate::qstash::{DLQ_IDS_PER_REQUEST, ManageError, QstashClient};
+
+/// What the reconciler works with: the relay's pool, QStash client and settings.
+pub struct Reconciler<'a> {
+    /// The outbox's database.
+    pub pool: &'a PgPool,
+    /// `DB_PERSISTENT_STATEMENTS`.
+    pub persistent: bool,
+    /// The relay's QStash client (its token).
+    pub client: &'a QstashClient,
+    /// The accounting settings.
+    pub cfg: &'a AccountingConfig,
+    /// `PROCESSED_TTL_HOURS`: an event is republished only while its dedupe row, had it been applied, would still
+    /// exist.
+    pub processed_ttl: Duration,
+    /// The dead-head policy of an ordered topic (for dead letters recorded from the DLQ).
+    pub policy: &'a (dyn Fn(&str) -> DeadHeadPolicy + Sync),
+}
+
+/// Why a reconciliation pass stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// A database statement failed.
+    #[error("database error while reconciling")]
+    Database(#[from] sqlx::Error),
+    /// Recording a dead letter from the DLQ failed.
+    #[error("could not record a dead letter from QStash's DLQ: {0}")]
+    Record(String),
+    /// A management API request failed (the pass stops; the next invocation tries again).
+    #[error(transparent)]
+    Lookup(#[from] ManageError),
+}
+
+/// Margin kept between a republish and the end of the dedupe row's life (`PROCESSED_TTL_HOURS`).
+const TTL_MARGIN: Duration = Duration::from_secs(3600);
+
+/// In-flight events past the horizon not looked at recently, oldest first: `$1` horizon secs, `$2` recheck secs.
+const CANDIDATES_SQL: &str = r#"
+SELECT id, seq, qstash_message_id
+FROM {schema}.outbox
+WHERE dispatched_at IS NOT NULL AND delivered_at IS NULL AND dead_lettered_at IS NULL
+  AND dispatched_at < now() - make_interval(secs => $1)
+  AND (reconciled_at IS NULL OR reconciled_at < now() - make_interval(secs => $2))
+ORDER BY dispatched_at, id
+LIMIT $3
+"#;
+
+/// Unordered events of a message QStash does not know, published again with a fresh deduplication id: `$1` ids,
+/// `$2` the message id they were accepted under, `$3` the reason, `$4` the republish limit, `$5` the dedupe TTL
+/// minus a margin (secs).
+const REPUBLISH_SQL: &str = r#"
+UPDATE {schema}.outbox
+SET dispatched_at = NULL, available_at = now(), lease_token = NULL, locked_until = NULL, qstash_message_id = NULL,
+    republish_count = republish_count + 1, reconciled_at = now(), last_error = left($3, 2000)
+WHERE id = ANY ($1::bigint[]) AND seq IS NULL AND delivered_at IS NULL AND dead_lettered_at IS NULL
+  AND qstash_message_id IS NOT DISTINCT FROM $2
+  AND republish_count < $4 AND dispatched_at > now() - make_interval(secs => $5)
+RETURNING id
+"#;
+
+/// The unordered events of such a message that may not be republished: a dead letter each (source `relay`,
+/// natural id `<id>/unaccounted/<republish count>`), in the statement that marks them dead.
+const UNACCOUNTED_SQL: &str = r#"
+WITH dead AS (
+    UPDATE {schema}.outbox
+    SET dead_lettered_at = now(), locked_until = NULL, last_error = left($3, 2000)
+    WHERE id = ANY ($1::bigint[]) AND seq IS NULL AND delivered_at IS NULL AND dead_lettered_at IS NULL
+      AND qstash_message_id IS NOT DISTINCT FROM $2
+    RETURNING id, topic, partition_key, seq, payload, headers, attempts, republish_count, qstash_message_id
+)
+INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, headers,
+                                   error, attempts, qstash_message_id)
+SELECT 'relay', d.id || '/unaccounted/' || d.republish_count, d.id, d.topic, d.partition_key, d.seq, d.payload,
+       d.headers, $3, d.attempts, d.qstash_message_id
+FROM dead d
+ON CONFLICT (source, natural_id) DO NOTHING
+RETURNING outbox_id
+"#;
+
+/// Notes that QStash was asked about these events (they are asked again after a quarter of the horizon).
+const CHECKED_SQL: &str = "UPDATE {schema}.outbox SET reconciled_at = now() \
+     WHERE id = ANY ($1::bigint[]) AND delivered_at IS NULL AND dead_lettered_at IS NULL";
+
+/// One QStash message and the in-flight events it carries.
+struct Pending {
+    message_id: Option<String>,
+    unordered: Vec<i64>,
+    ordered: Vec<i64>,
+}
+
+/// Looks up events in flight past the horizon (see the module docs), adding what it did to `report`.
+pub async fn reconcile(
+    rec: &Reconciler<'_>,
+    budget: Duration,
+    report: &mut AccountingReport,
+) -> Result<(), ReconcileError> {
+    if rec.cfg.max_lookups == 0 {
+        return Ok(());
+    }
+    let started = Instant::now();
+    let messages = candidates(rec).await?;
+    if messages.is_empty() {
+        return Ok(());
+    }
+    let mut pace = Pace::new(rec.cfg.lookup_interval);
+    let mut in_dlq: HashSet<String> = HashSet::new();
+    // Message ids whose DLQ lookup completed (the budget may end the first step early).
+    let mut looked_up: HashSet<&String> = HashSet::new();
+    // 1. The DLQ, up to 100 message ids per request.
+    let known: Vec<&String> = messages
+        .iter()
+        .filter_map(|m| m.message_id.as_ref())
+        .collect();
+    for chunk in known.chunks(DLQ_IDS_PER_REQUEST) {
+        let ids: Vec<String> = chunk.iter().map(|s| (*s).clone()).collect();
+        let mut cursor: Option<String> = None;
+        loop {
+            if report.lookups >= u64::from(rec.cfg.max_lookups) || started.elapsed() >= budget {
+                return Ok(());
+            }
+            pace.wait().await;
+            report.lookups += 1;
+            let page = match rec.client.dlq_page(&ids, cursor.as_deref()).await {
+                Ok(p) => p,
+                Err(e) => return stop(report, e),
+            };
+            for entry in &page.messages {
+                if let Some(id) = entry.get("messageId").and_then(Value::as_str) {
+                    in_dlq.insert(id.to_owned());
+                }
+                record_entry(rec, entry, report).await?;
+            }
+            match page.cursor {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        looked_up.extend(chunk.iter().copied());
+    }
+    // 2. Every message not in the DLQ (and the events with no message id): does QStash still hold it?
+    for m in &messages {
+        if m.message_id.as_ref().is_some_and(|id| in_dlq.contains(id)) {
+            continue;
+        }
+        let held = match &m.message_id {
+            None => false,
+            Some(id) => {
+                if !looked_up.contains(id) {
+                    continue;
+                }
+                if report.lookups >= u64::from(rec.cfg.max_lookups) || started.elapsed() >= budget {
+                    return Ok(());
+                }
+                pace.wait().await;
+                report.lookups += 1;
+                match rec.client.message(id).await {
+                    Ok(found) => found.is_some(),
+                    Err(e) => return stop(report, e),
+                }
+            }
+        };
+        if held {
+            report.still_retrying += 1;
+            let all: Vec<i64> = m.unordered.iter().chain(&m.ordered).copied().collect();
+            execute_ids(rec, CHECKED_SQL, &all).await?;
+        } else {
+            unknown_to_qstash(rec, m, report).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A failed lookup ends the pass: counted, and (but for a 429, which is expected under load) reported.
+fn stop(report: &mut AccountingReport, e: ManageError) -> Result<(), ReconcileError> {
+    report.lookup_failures += 1;
+    tracing::warn!(error = %e, "reconciler: QStash lookup failed; the next invocation goes on");
+    match e {
+        ManageError::RateLimited { .. } => Ok(()),
+        other => Err(ReconcileError::Lookup(other)),
+    }
+}
+
+async fn candidates(rec: &Reconciler<'_>) -> Result<Vec<Pending>, sqlx::Error> {
+    let limit = i64::from(rec.cfg.max_lookups) * DLQ_IDS_PER_REQUEST as i64;
+    let mut c = crate::db::Autocommit::acquire(rec.pool, rec.persistent).await?;
+    let rows = sqlx::query(crate::schema::q(CANDIDATES_SQL))
+        .persistent(rec.persistent)
+        .bind(rec.cfg.horizon.as_secs_f64())
+        .bind(rec.cfg.horizon.as_secs_f64() / 4.0)
+        .bind(limit)
+        .fetch_all(&mut *c)
+        .await?;
+    c.finish().await?;
+    let mut out: Vec<Pending> = Vec::new();
+    let mut index: HashMap<Option<String>, usize> = HashMap::new();
+    for r in rows {
+        let id: i64 = r.try_get("id")?;
+        let seq: Option<i64> = r.try_get("seq")?;
+        let message_id: Option<String> = r.try_get("qstash_message_id")?;
+        let at = *index.entry(message_id.clone()).or_insert_with(|| {
+            out.push(Pending {
+                message_id,
+                unordered: Vec::new(),
+                ordered: Vec::new(),
+            });
+            out.len() - 1
+        });
+        match seq {
+            Some(_) => out[at].ordered.push(id),
+            None => out[at].unordered.push(id),
+        }
+    }
+    Ok(out)
+}
+
+/// Records one DLQ entry exactly as its failure callback would have been recorded.
+async fn record_entry(
+    rec: &Reconciler<'_>,
+    entry: &Value,
+    report: &mut AccountingReport,
+) -> Result<(), ReconcileError> {
+    let body = callback_body_from_dlq(entry);
+    let raw = serde_json::to_vec(&body).unwrap_or_default();
+    let recorder = FailureRecorder {
+        pool: rec.pool,
+        persistent: rec.persistent,
+        consumer: &rec.cfg.consumer_name,
+        policy: rec.policy,
+    };
+    match record_failure(&recorder, None, &raw).await {
+        CallbackOutcome::DeadLetter { recorded } => match recorded {
+            FailureRecorded::Recorded { .. } | FailureRecorded::Merged { .. } => {
+                report.recorded_from_dlq += 1
+            }
+            FailureRecorded::Duplicate => report.already_recorded += 1,
+        },
+        CallbackOutcome::BatchDeadLetters(r) => {
+            report.recorded_from_dlq += (r.dead_letters.len() + r.merged.len()) as u64;
+            report.already_recorded += r.duplicates.len() as u64;
+        }
+        CallbackOutcome::Database(e) => return Err(ReconcileError::Record(e)),
+        other => {
+            return Err(ReconcileError::Record(format!(
+                "unexpected outcome {other:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The failure-callback body QStash would have sent for a DLQ entry (decision record 0015): the entry is the
+/// message plus the last response, and the callback describes the same two. A DLQ entry does not say how many
+/// retries were made when the consumer answered 489 at once; without `retried`, `maxRetries` stands in.
+pub(crate) fn callback_body_from_dlq(entry: &Value) -> Value {
+    let get = |k: &str| entry.get(k).cloned().unwrap_or(Value::Null);
+    let b64 = |text_key: &str, b64_key: &str| -> Value {
+        match (
+            entry.get(text_key).and_then(Value::as_str),
+            entry.get(b64_key).and_then(Value::as_str),
+        ) {
+            (Some(t), _) => json!(STANDARD.encode(t.as_bytes())),
+            (None, Some(b)) => json!(b),
+            (None, None) => Value::Null,
+        }
+    };
+    let mut o = Map::new();
+    o.insert("status".into(), get("responseStatus"));
+    o.insert("header".into(), get("responseHeader"));
+    o.insert("body".into(), b64("responseBody", "responseBodyBase64"));
+    let retried = entry
+        .get("retried")
+        .cloned()
+        .filter(|v| !v.is_null())
+        .unwrap_or_else(|| get("maxRetries"));
+    o.insert("retried".into(), retried);
+    o.insert("maxRetries".into(), get("maxRetries"));
+    o.insert("dlqId".into(), get("dlqId"));
+    o.insert("sourceMessageId".into(), get("messageId"));
+    o.insert("url".into(), get("url"));
+    o.insert("method".into(), get("method"));
+    o.insert("sourceHeader".into(), get("header"));
+    o.insert("sourceBody".into(), b64("body", "bodyBase64"));
+    for k in [
+        "notBefore",
+        "createdAt",
+        "topicName",
+        "endpointName",
+        "scheduleId",
+    ] {
+        if let Some(v) = entry.get(k).filter(|v| !v.is_null()) {
+            o.insert(k.into(), v.clone());
+        }
+    }
+    o.retain(|_, v| !v.is_null());
+    Value::Object(o)
+}
+
+/// A message QStash does not know: its unordered events are published again (or, past the limits, become dead
+/// letters); its ordered events are left to their key's evidence timeout, which republishes the head.
+async fn unknown_to_qstash(
+    rec: &Reconciler<'_>,
+    m: &Pending,
+    report: &mut AccountingReport,
+) -> Result<(), ReconcileError> {
+    if !m.ordered.is_empty() {
+        report.left_to_evidence_timeout += m.ordered.len() as u64;
+        execute_ids(rec, CHECKED_SQL, &m.ordered).await?;
+    }
+    if m.unordered.is_empty() {
+        return Ok(());
+    }
+    let who = m
+        .message_id
+        .as_deref()
+        .unwrap_or("(no message id recorded)");
+    let reason = format!(
+        "reconciler: QStash has no record of message {who} (not held, not in its DLQ) and no outcome was recorded \
+         within {:.0} s of its acceptance",
+        rec.cfg.horizon.as_secs_f64()
+    );
+    let ttl = rec.processed_ttl.saturating_sub(TTL_MARGIN);
+    let mut c = crate::db::Autocommit::acquire(rec.pool, rec.persistent).await?;
+    let republished: Vec<i64> = sqlx::query_scalar(crate::schema::q(REPUBLISH_SQL))
+        .persistent(rec.persistent)
+        .bind(&m.unordered)
+        .bind(m.message_id.as_deref())
+        .bind(format!("{reason}: published again"))
+        .bind(rec.cfg.max_republish as i32)
+        .bind(ttl.as_secs_f64())
+        .fetch_all(&mut *c)
+        .await?;
+    c.finish().await?;
+    report.republished += republished.len() as u64;
+    let rest: Vec<i64> = m
+        .unordered
+        .iter()
+        .copied()
+        .filter(|id| !republished.contains(id))
+        .collect();
+    if rest.is_empty() {
+        return Ok(());
+    }
+    let mut c = crate::db::Autocommit::acquire(rec.pool, rec.persistent).await?;
+    let dead: Vec<i64> = sqlx::query_scalar(crate::schema::q(UNACCOUNTED_SQL))
+        .persistent(rec.persistent)
+        .bind(&rest)
+        .bind(m.message_id.as_deref())
+        .bind(format!(
+            "{reason}; not published again: republished {} time(s) already (RELAY_RECONCILE_MAX_REPUBLISH) or \
+             too old for the consumer's dedupe row to prove it was not applied (PROCESSED_TTL_HOURS)",
+            rec.cfg.max_republish
+        ))
+        .fetch_all(&mut *c)
+        .await?;
+    c.finish().await?;
+    report.unaccounted_dead += dead.len() as u64;
+    for id in &dead {
+        tracing::error!(
+            outbox_id = id,
+            "reconciler: event unaccounted for: dead letter recorded"
+        );
+    }
+    Ok(())
+}
+
+async fn execute_ids(
+    rec: &Reconciler<'_>,
+    sql: &'static str,
+    ids: &[i64],
+) -> Result<(), sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut c = crate::db::Autocommit::acquire(rec.pool, rec.persistent).await?;
+    sqlx::query(crate::schema::q(sql))
+        .persistent(rec.persistent)
+        .bind(ids)
+        .execute(&mut *c)
+        .await?;
+    c.finish().await
+}
+
+/// Keeps management API requests at least `interval` apart.
+struct Pace {
+    interval: Duration,
+    last: Option<Instant>,
+}
+
+impl Pace {
+    fn new(interval: Duration) -> Pace {
+        Pace {
+            interval,
+            last: None,
+        }
+    }
+
+    async fn wait(&mut self) {
+        if let Some(last) = self.last {
+            let due = last + self.interval;
+            let now = Instant::now();
+            if due > now {
+                tokio::time::sleep(due - now).await;
+            }
+        }
+        self.last = Some(Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dlq_entry_becomes_the_failure_callback_body_qstash_would_have_sent() {
+        let entry = json!({
+            "messageId": "msg_1", "dlqId": "1725323658779-0", "url": "https://c/events/audit?contract=2",
+            "method": "POST", "header": {"Content-Type": ["application/json"]}, "body": "{\"v\":1}",
+            "maxRetries": 3, "responseStatus": 489, "responseHeader": {"X": ["y"]},
+            "responseBodyBase64": "AAE=", "createdAt": 1, "notBefore": 2
+        });
+        let b = callback_body_from_dlq(&entry);
+        assert_eq!(b["sourceMessageId"], "msg_1");
+        assert_eq!(b["dlqId"], "1725323658779-0");
+        assert_eq!(b["status"], 489);
+        assert_eq!(b["retried"], 3, "without `retried`, maxRetries stands in");
+        assert_eq!(b["sourceBody"], STANDARD.encode(b"{\"v\":1}"));
+        assert_eq!(b["body"], "AAE=");
+        assert_eq!(b["sourceHeader"]["Content-Type"][0], "application/json");
+        assert!(b.get("topicName").is_none());
+        let parsed = crate::callbacks::parse_callback(&serde_json::to_vec(&b).unwrap()).unwrap();
+        assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+    }
+}

@@ -1,0 +1,190 @@
+//! The two management API calls the reconciler makes ([`crate::accounting`], decision record 0015), as QStash
+//! documents them:
+//!
+//! - `GET /v2/dlq?messageId=a&messageId=b&count=100[&cursor=…]`: the DLQ entries of up to 100 messages in one
+//!   request (a multi-valued filter is an OR), paged by cursor;
+//! - `GET /v2/messages/{messageId}`: the message while QStash still holds it (waiting, delivering, retrying); 404
+//!   once it was delivered, cancelled, expired, or never accepted.
+//!
+//! QStash rate-limits the management API per second (a 429 with `Burst-RateLimit-*` headers): the caller paces its
+//! requests and stops for the invocation at the first 429 ([`ManageError::RateLimited`]).
+
+use std::time::Duration;
+
+use secrecy::ExposeSecret;
+use serde_json::Value;
+
+use super::{QstashClient, retry_after};
+
+/// The most message ids one DLQ request filters on (QStash's page size is at most 100).
+pub const DLQ_IDS_PER_REQUEST: usize = 100;
+
+/// A management API call that did not give an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ManageError {
+    /// 429: over the per-second (or daily) limit.
+    #[error("QStash rate-limited the management API (retry after {retry_after:?})")]
+    RateLimited {
+        /// The server's hint, if any.
+        retry_after: Option<Duration>,
+    },
+    /// Any other non-2xx answer (404 is an answer for [`QstashClient::message`], not an error).
+    #[error("QStash answered {status} to {what}: {body}")]
+    Status {
+        /// Which call.
+        what: &'static str,
+        /// The HTTP status.
+        status: u16,
+        /// The start of the body.
+        body: String,
+    },
+    /// No answer (connection, timeout).
+    #[error("{what} failed: {error}")]
+    Transport {
+        /// Which call.
+        what: &'static str,
+        /// The error chain.
+        error: String,
+    },
+    /// A 2xx that is not the documented JSON.
+    #[error("unreadable answer to {what}: {error}")]
+    Unreadable {
+        /// Which call.
+        what: &'static str,
+        /// What was wrong.
+        error: String,
+    },
+}
+
+/// One page of [`QstashClient::dlq_page`].
+#[derive(Debug, Clone, Default)]
+pub struct DlqPage {
+    /// The DLQ messages, as QStash returned them (`messageId`, `dlqId`, `header`, `body`, `responseStatus`, …).
+    pub messages: Vec<Value>,
+    /// The cursor of the next page; `None` at the end.
+    pub cursor: Option<String>,
+}
+
+impl QstashClient {
+    async fn get_json(&self, what: &'static str, url: &str) -> Result<Option<Value>, ManageError> {
+        let resp = self
+            .http
+            .get(url)
+            .bearer_auth(self.token.expose_secret())
+            .send()
+            .await
+            .map_err(|e| ManageError::Transport {
+                what,
+                error: error_chain(&e),
+            })?;
+        let status = resp.status().as_u16();
+        if status == 404 {
+            return Ok(None);
+        }
+        if status == 429 {
+            return Err(ManageError::RateLimited {
+                retry_after: retry_after(resp.headers()),
+            });
+        }
+        let text = resp.text().await.map_err(|e| ManageError::Transport {
+            what,
+            error: error_chain(&e),
+        })?;
+        if !(200..300).contains(&status) {
+            return Err(ManageError::Status {
+                what,
+                status,
+                body: text.chars().take(300).collect(),
+            });
+        }
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| ManageError::Unreadable {
+                what,
+                error: e.to_string(),
+            })
+    }
+
+    /// `GET /v2/dlq` filtered on `message_ids` (at most [`DLQ_IDS_PER_REQUEST`]; more are an error of the
+    /// caller's), `count=100`, from `cursor`.
+    pub async fn dlq_page(
+        &self,
+        message_ids: &[String],
+        cursor: Option<&str>,
+    ) -> Result<DlqPage, ManageError> {
+        const WHAT: &str = "GET /v2/dlq";
+        let mut url = reqwest::Url::parse(&format!("{}/v2/dlq", self.base_url)).map_err(|e| {
+            ManageError::Transport {
+                what: WHAT,
+                error: format!("bad QSTASH_URL: {e}"),
+            }
+        })?;
+        {
+            let mut q = url.query_pairs_mut();
+            q.append_pair("count", "100");
+            for id in message_ids.iter().take(DLQ_IDS_PER_REQUEST) {
+                q.append_pair("messageId", id);
+            }
+            if let Some(c) = cursor {
+                q.append_pair("cursor", c);
+            }
+        }
+        let Some(v) = self.get_json(WHAT, url.as_str()).await? else {
+            return Err(ManageError::Status {
+                what: WHAT,
+                status: 404,
+                body: "no DLQ endpoint at this QSTASH_URL".into(),
+            });
+        };
+        let messages = match v.get("messages") {
+            Some(Value::Array(a)) => a.clone(),
+            None | Some(Value::Null) => Vec::new(),
+            Some(other) => {
+                return Err(ManageError::Unreadable {
+                    what: WHAT,
+                    error: format!("`messages` is not an array: {other}"),
+                });
+            }
+        };
+        let cursor = v
+            .get("cursor")
+            .and_then(Value::as_str)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned);
+        Ok(DlqPage { messages, cursor })
+    }
+
+    /// `GET /v2/messages/{id}`: `Some` while QStash holds the message, `None` (404) when it does not.
+    pub async fn message(&self, message_id: &str) -> Result<Option<Value>, ManageError> {
+        let url = format!(
+            "{}/v2/messages/{}",
+            self.base_url,
+            urlencoding_path(message_id)
+        );
+        self.get_json("GET /v2/messages/{id}", &url).await
+    }
+}
+
+/// Percent-encodes what may not appear in one path segment (QStash's ids are `msg_…` in base62, so this is a
+/// guard, not a need).
+fn urlencoding_path(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn error_chain(e: &reqwest::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
