@@ -323,6 +323,8 @@ async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
     .env("QSTASH_TOKEN", dev.token())
     .env("QSTASH_CURRENT_SIGNING_KEY", &keys.current)
     .env("QSTASH_NEXT_SIGNING_KEY", &keys.next)
+    // The dev server's public keys and token: the functions refuse them without this opt-in.
+    .env("OUTBOX_ALLOW_DEV_KEYS", "true")
     .env("CONSUMER_URL", &base)
     .env("CALLBACK_URL", &base)
     .env("PUBLIC_BASE_URL", &base)

@@ -123,6 +123,21 @@ fn cfn_lint_accepts_the_template_and_the_generated_cloudformation() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A deployment never opts into the QStash dev server's public keys and token: the template neither sets
+/// `OUTBOX_ALLOW_DEV_KEYS` nor offers a parameter for it, and holds none of the public values.
+#[test]
+fn the_template_never_allows_the_dev_servers_public_keys() {
+    let text = std::fs::read_to_string(repo_root().join("template.yaml")).unwrap();
+    for needle in [
+        outbox::secrets::ALLOW_DEV_KEYS_VAR,
+        outbox::secrets::DEV_QSTASH_TOKEN,
+        outbox::secrets::DEV_CURRENT_SIGNING_KEY,
+        outbox::secrets::DEV_NEXT_SIGNING_KEY,
+    ] {
+        assert!(!text.contains(needle), "template.yaml contains {needle}");
+    }
+}
+
 #[test]
 fn the_checks_catch_a_broken_template() {
     let original = std::fs::read_to_string(repo_root().join("template.yaml")).unwrap();

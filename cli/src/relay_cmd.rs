@@ -1,5 +1,7 @@
 //! `outbox relay`: the relay Lambda's handler, run locally. Each loop iteration is one simulated invocation
-//! with a deadline, exactly as the schedule would run it; `--until-empty` drains once and exits (benchmarks).
+//! with a deadline, exactly as the schedule would run it; `--until-empty` drains once and exits (benchmarks): it
+//! stops when nothing is pending or awaiting evidence, or at `--timeout-secs`, and rides out a QStash outage in
+//! between (it waits for the shared probe like an invocation whose deadline is the timeout).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -75,8 +77,8 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<()> {
                 tracing::error!(error = %e, "relay invocation failed; the next one starts in 5 s");
                 tokio::time::sleep(Duration::from_secs(5)).await;
             }
-            // A QStash outage ends the invocation at once (decision record 0012): pause as the schedule would
-            // rather than spin until the next probe.
+            // A QStash outage whose next probe comes after the invocation's deadline ends it at once (decision
+            // record 0012; an earlier probe is waited for inside it): pause as the schedule would rather than spin.
             Ok(s) if s.drain.stopped == "outage" => {
                 tokio::time::sleep(state.relay.config().outage_probe_base).await;
             }

@@ -488,6 +488,8 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
         ("QSTASH_TOKEN".into(), dev.token().to_owned()),
         ("QSTASH_CURRENT_SIGNING_KEY".into(), keys.current.clone()),
         ("QSTASH_NEXT_SIGNING_KEY".into(), keys.next.clone()),
+        // The dev server's public keys and token: the workers (the functions' own setup) refuse them without it.
+        ("OUTBOX_ALLOW_DEV_KEYS".into(), "true".into()),
         ("CONSUMER_URL".into(), consumer_url.clone()),
         ("CALLBACK_URL".into(), callback_url.clone()),
         ("CONSUMER_NAME".into(), "soak".into()),

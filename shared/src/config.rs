@@ -102,6 +102,20 @@ pub enum ConfigError {
         /// `RELAY_DEADLINE_MARGIN_MS`.
         margin_ms: u64,
     },
+    /// A secret field holds one of the QStash dev server's public values (`crate::secrets::refuse_dev_values`).
+    #[error(
+        "{field} in secret {origin} is the QStash dev server's public value ({risk}): set the one from the \
+         Upstash console, or set OUTBOX_ALLOW_DEV_KEYS=true for a local run against the dev server (never in a \
+         deployment)"
+    )]
+    DevCredential {
+        /// Secret id, or "environment".
+        origin: String,
+        /// The JSON field / environment variable name.
+        field: &'static str,
+        /// What anyone could do with it.
+        risk: &'static str,
+    },
     /// The database URL does not parse (the URL itself is not echoed: it holds a password).
     #[error("DATABASE_URL is not a valid Postgres URL: {reason}")]
     InvalidDatabaseUrl {

@@ -16,10 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use aws_sdk_secretsmanager::config::Credentials;
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::Value;
 
-use crate::config::{ConfigError, EnvSource};
+use crate::config::{ConfigError, EnvSource, Vars};
 
 /// One secret value the functions use. The name is both the JSON field in the secret and the environment
 /// variable of the local fallback.
@@ -364,6 +364,69 @@ impl SecretSource {
     }
 }
 
+/// The QStash dev server's documented token (base64 of `{"UserID":"defaultUser","Password":"defaultPassword"}`).
+///
+/// The three values below are public: they are the defaults of QStash's own local dev server, which
+/// `qstash-dev/src/config.rs` (`DEV_TOKEN`, `DEV_CURRENT_SIGNING_KEY`, `DEV_NEXT_SIGNING_KEY`) copies, and they are
+/// printed in QStash's documentation. Anyone can publish with the token and sign deliveries with the keys, so the
+/// functions refuse to start with any of them ([`refuse_dev_values`]) unless [`ALLOW_DEV_KEYS_VAR`] opts in. This
+/// is the library's one copy of them (it does not depend on `qstash-dev`).
+pub const DEV_QSTASH_TOKEN: &str =
+    "eyJVc2VySUQiOiJkZWZhdWx0VXNlciIsIlBhc3N3b3JkIjoiZGVmYXVsdFBhc3N3b3JkIn0=";
+/// The QStash dev server's documented current signing key (see [`DEV_QSTASH_TOKEN`]).
+pub const DEV_CURRENT_SIGNING_KEY: &str = "sig_7kYjw48mhY7kAjqNGcy6cr29RJ6r";
+/// The QStash dev server's documented next signing key (see [`DEV_QSTASH_TOKEN`]).
+pub const DEV_NEXT_SIGNING_KEY: &str = "sig_5ZB6DVzB1wjE8S6rZ7eenA8Pdnhs";
+
+/// `OUTBOX_ALLOW_DEV_KEYS` (default false): lets a function start with the QStash dev server's public token or
+/// signing keys. Only for local runs against `qstash-dev` (`outbox-dev`, `cargo lambda watch`, the tests); never
+/// set it in a deployment.
+pub const ALLOW_DEV_KEYS_VAR: &str = "OUTBOX_ALLOW_DEV_KEYS";
+
+/// Refuses secrets that hold one of the dev server's public values ([`DEV_QSTASH_TOKEN`],
+/// [`DEV_CURRENT_SIGNING_KEY`], [`DEV_NEXT_SIGNING_KEY`]) in any field, unless `OUTBOX_ALLOW_DEV_KEYS=true` in
+/// `vars`: with those, anyone can sign deliveries a receiver accepts, or publish as the relay. The error names the
+/// field and the setting, never a value. Checks only the fields that were loaded (a receiver never keeps the
+/// token). With the opt-in set and a public value in use, logs one warning.
+pub fn refuse_dev_values(secrets: &Secrets, vars: &Vars<'_>) -> Result<(), ConfigError> {
+    let public = [
+        DEV_QSTASH_TOKEN,
+        DEV_CURRENT_SIGNING_KEY,
+        DEV_NEXT_SIGNING_KEY,
+    ];
+    let found = [
+        SecretField::QstashToken,
+        SecretField::CurrentSigningKey,
+        SecretField::NextSigningKey,
+    ]
+    .into_iter()
+    .find(|f| {
+        secrets
+            .get(*f)
+            .is_ok_and(|v| public.contains(&v.expose_secret().trim()))
+    });
+    let Some(field) = found else {
+        return Ok(());
+    };
+    if vars.bool_or(ALLOW_DEV_KEYS_VAR, false)? {
+        tracing::warn!(
+            field = field.name(),
+            "{} holds the QStash dev server's public value, allowed by {ALLOW_DEV_KEYS_VAR}=true: never in a \
+             deployment",
+            field.name()
+        );
+        return Ok(());
+    }
+    Err(ConfigError::DevCredential {
+        origin: secrets.origin().to_owned(),
+        field: field.name(),
+        risk: match field {
+            SecretField::QstashToken => "it is public, so it authenticates nobody",
+            _ => "it is public, so anyone can sign deliveries that the receivers accept",
+        },
+    })
+}
+
 /// The warning logged when a receiver's secret holds the QStash token.
 pub const WITHHELD_TOKEN_WARNING: &str = "this secret holds QSTASH_TOKEN, but this function only verifies \
      QStash signatures and never publishes: the receiver secret should not hold the QStash token (anyone who \
@@ -373,7 +436,6 @@ pub const WITHHELD_TOKEN_WARNING: &str = "this secret holds QSTASH_TOKEN, but th
 #[cfg(test)]
 mod tests {
     use super::*;
-    use secrecy::ExposeSecret;
     use std::collections::HashMap;
 
     const ALL: &[SecretField] = &SecretField::ALL;

@@ -9,8 +9,8 @@
 //!
 //! Deliveries published by the relay before the signed contract (no `contract` in their URL, identity in
 //! `x-outbox-*` headers) can still arrive after an upgrade: they are applied only when the outbox row named by
-//! `x-outbox-id` has the delivery's topic and payload (`LEGACY_DELIVERIES=verify`), or refused
-//! (`LEGACY_DELIVERIES=refuse`).
+//! `x-outbox-id` has the delivery's topic and payload, is dispatched and (ordered) follows an event this consumer
+//! applied (`LEGACY_DELIVERIES=verify`), or refused (`LEGACY_DELIVERIES=refuse`).
 
 use lambda_http::Request;
 use orders_example::{self as example, LineItem, OrderCancelled, OrderEvent, OrderPlaced};
@@ -635,6 +635,97 @@ async fn legacy_delivery_naming_an_undispatched_twin_is_retried_not_applied(pool
         (
             200,
             json!({"status":"processed","outbox_id":first.id,"events":[{"id":first.id,"outcome":"processed"}]})
+        )
+    );
+}
+
+/// Two events of one key with the same payload, dispatched together as one run (decision record 0014: the relay
+/// sets `dispatched_at` on every member and the key awaits the evidence of the last one).
+async fn dispatched_twin_run(pool: &PgPool, key: &str) -> (Row, Row) {
+    let first = enqueue_order(pool, key).await;
+    let second = enqueue_order(pool, key).await;
+    assert_eq!(first.payload, second.payload);
+    assert_eq!((first.seq, second.seq), (Some(1), Some(2)));
+    mark_dispatched(pool, &[&first, &second]).await;
+    sqlx::query(
+        "UPDATE outbox_keys SET inflight_id = $2, inflight_since = now() \
+         WHERE topic = 'orders' AND partition_key = $1",
+    )
+    .bind(key)
+    .bind(second.id)
+    .execute(pool)
+    .await
+    .unwrap();
+    (first, second)
+}
+
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn legacy_delivery_of_a_run_member_before_its_predecessor_is_applied_is_retried_not_applied(
+    pool: PgPool,
+) {
+    // Both events of the run are dispatched, so "dispatched" no longer says the predecessor was delivered. With
+    // identical payloads, the second's old-format delivery is byte for byte the first's with x-outbox-id (and
+    // x-outbox-seq) rewritten: a replay that must not apply the second before the first.
+    let (first, second) = dispatched_twin_run(&pool, "twin-run").await;
+    let st = consumer(&pool, example::registry());
+    let r = handle_event(&st, legacy_delivery_of(&second, &[])).await;
+    let (status, json) = parts(&r);
+    assert_eq!(status, 503, "{json}");
+    assert_eq!(r.headers().get("retry-after").unwrap(), "60");
+    assert!(
+        json["error"]
+            .as_str()
+            .unwrap()
+            .contains("whose predecessor this consumer has not applied yet"),
+        "{json}"
+    );
+    assert!(!processed(&pool, second.id).await);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM consumer_sequences").await,
+        0
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM charges").await, 0);
+    assert!(!delivered(&pool, second.id).await);
+
+    // The first is applied; then the second's delivery (QStash's retry) applies in order.
+    for ev in [&first, &second] {
+        let r = handle_event(&st, legacy_delivery_of(ev, &[])).await;
+        assert_eq!(
+            parts(&r),
+            (
+                200,
+                json!({"status":"processed","outbox_id":ev.id,"events":[{"id":ev.id,"outcome":"processed"}]})
+            )
+        );
+    }
+    let last: i64 = sqlx::query_scalar(
+        "SELECT last_seq FROM consumer_sequences WHERE partition_key = 'twin-run'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(last, 2);
+    assert!(delivered(&pool, first.id).await && delivered(&pool, second.id).await);
+}
+
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn legacy_delivery_of_a_run_member_applies_once_its_key_moved_past_the_predecessor(
+    pool: PgPool,
+) {
+    // The predecessor was never applied here, but the key moved past it (dead, and its topic skips dead heads):
+    // nothing is left to wait for.
+    let (_first, second) = dispatched_twin_run(&pool, "skipped-head").await;
+    sqlx::query("UPDATE outbox_keys SET done_seq = 1 WHERE partition_key = 'skipped-head'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let st = consumer(&pool, example::registry());
+    let r = handle_event(&st, legacy_delivery_of(&second, &[])).await;
+    assert_eq!(
+        parts(&r),
+        (
+            200,
+            json!({"status":"processed","outbox_id":second.id,"events":[{"id":second.id,"outcome":"processed"}]})
         )
     );
 }

@@ -1,6 +1,6 @@
 //! Configuration and secrets: environment only, Secrets Manager through a local moto server, a missing field,
-//! malformed JSON, a receiver secret that holds the QStash token, the receivers' bounded and new settings. Each
-//! load error must name what is wrong without echoing secret values.
+//! malformed JSON, a receiver secret that holds the QStash token, the dev server's public keys refused at start, the
+//! receivers' bounded and new settings. Each load error must name what is wrong without echoing secret values.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,8 +10,12 @@ use outbox::config::{
     ConfigError, ConsumerConfig, DeadHeadPolicy, LegacyDeliveries, QstashConfig, RelayConfig, Vars,
 };
 use outbox::db::DbConfig;
-use outbox::receiver::RECEIVER_SECRETS;
-use outbox::secrets::{SecretField, SecretSource, SecretsManagerOptions, WITHHELD_TOKEN_WARNING};
+use outbox::receiver::{RECEIVER_SECRETS, Receiver, ReceiverState};
+use outbox::relay::handler::RelayState;
+use outbox::secrets::{
+    ALLOW_DEV_KEYS_VAR, DEV_CURRENT_SIGNING_KEY, DEV_NEXT_SIGNING_KEY, DEV_QSTASH_TOKEN,
+    SecretField, SecretSource, SecretsManagerOptions, WITHHELD_TOKEN_WARNING,
+};
 use secrecy::ExposeSecret;
 
 fn env(pairs: &[(&str, &str)]) -> Arc<HashMap<String, String>> {
@@ -633,4 +637,115 @@ fn the_delivery_batch_settings_are_validated() {
             "{pairs:?}: {err}"
         );
     }
+}
+
+/// The variables a relay and a receiver need, with `overrides` replacing or adding some.
+fn startup_env(overrides: &[(&str, &str)]) -> Arc<HashMap<String, String>> {
+    let mut pairs: HashMap<String, String> = [
+        // The pool connects lazily: nothing is reached at start.
+        ("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none"),
+        ("QSTASH_URL", "http://127.0.0.1:1"),
+        ("QSTASH_TOKEN", "a-real-token"),
+        ("QSTASH_CURRENT_SIGNING_KEY", "sig_aRealCurrentKey"),
+        ("QSTASH_NEXT_SIGNING_KEY", "sig_aRealNextKey"),
+        ("CONSUMER_URL", "https://consumer.example.com"),
+        ("CALLBACK_URL", "https://callback.example.com"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    for (k, v) in overrides {
+        pairs.insert((*k).to_owned(), (*v).to_owned());
+    }
+    Arc::new(pairs)
+}
+
+async fn start_relay(overrides: &[(&str, &str)]) -> Result<(), String> {
+    RelayState::from_env(startup_env(overrides))
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+async fn start_receiver(receiver: Receiver, overrides: &[(&str, &str)]) -> Result<(), String> {
+    ReceiverState::from_env_source(receiver, startup_env(overrides))
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::test]
+async fn the_functions_refuse_the_dev_servers_public_keys_unless_allowed() {
+    // The library's copies are the dev server's values.
+    assert_eq!(DEV_QSTASH_TOKEN, qstash_dev::DEV_TOKEN);
+    assert_eq!(DEV_CURRENT_SIGNING_KEY, qstash_dev::DEV_CURRENT_SIGNING_KEY);
+    assert_eq!(DEV_NEXT_SIGNING_KEY, qstash_dev::DEV_NEXT_SIGNING_KEY);
+    // Real values start.
+    start_relay(&[]).await.unwrap();
+    for r in [Receiver::Consumer, Receiver::Callbacks] {
+        start_receiver(r, &[]).await.unwrap();
+    }
+
+    let refused = |err: &str, field: &str| {
+        assert!(
+            err.starts_with(&format!(
+                "{field} in secret environment is the QStash dev server's public value"
+            )),
+            "{err}"
+        );
+        assert!(err.contains("OUTBOX_ALLOW_DEV_KEYS=true"), "{err}");
+        for value in [
+            DEV_QSTASH_TOKEN,
+            DEV_CURRENT_SIGNING_KEY,
+            DEV_NEXT_SIGNING_KEY,
+        ] {
+            assert!(!err.contains(value), "the value is not echoed: {err}");
+        }
+    };
+    // The relay: the dev token, with or without an explicit "false"; trailing blanks do not hide it.
+    let dev_token = format!(" {DEV_QSTASH_TOKEN} ");
+    for extra in [None, Some("false"), Some("0")] {
+        let mut o = vec![("QSTASH_TOKEN", dev_token.as_str())];
+        if let Some(v) = extra {
+            o.push((ALLOW_DEV_KEYS_VAR, v));
+        }
+        refused(&start_relay(&o).await.unwrap_err(), "QSTASH_TOKEN");
+    }
+    // The receivers: either dev signing key, in either field.
+    for r in [Receiver::Consumer, Receiver::Callbacks] {
+        for (field, value) in [
+            ("QSTASH_CURRENT_SIGNING_KEY", DEV_CURRENT_SIGNING_KEY),
+            ("QSTASH_NEXT_SIGNING_KEY", DEV_NEXT_SIGNING_KEY),
+            ("QSTASH_NEXT_SIGNING_KEY", DEV_CURRENT_SIGNING_KEY),
+        ] {
+            refused(
+                &start_receiver(r, &[(field, value)]).await.unwrap_err(),
+                field,
+            );
+        }
+        // The dev token in a receiver's environment is not kept (only the relay publishes): nothing to refuse.
+        start_receiver(r, &[("QSTASH_TOKEN", DEV_QSTASH_TOKEN)])
+            .await
+            .unwrap();
+    }
+
+    // The opt-in: the whole dev set starts.
+    let dev = [
+        ("QSTASH_TOKEN", DEV_QSTASH_TOKEN),
+        ("QSTASH_CURRENT_SIGNING_KEY", DEV_CURRENT_SIGNING_KEY),
+        ("QSTASH_NEXT_SIGNING_KEY", DEV_NEXT_SIGNING_KEY),
+    ];
+    for allow in ["true", "1", "yes"] {
+        let mut o = dev.to_vec();
+        o.push((ALLOW_DEV_KEYS_VAR, allow));
+        start_relay(&o).await.unwrap();
+        for r in [Receiver::Consumer, Receiver::Callbacks] {
+            start_receiver(r, &o).await.unwrap();
+        }
+    }
+    // A value that is not a boolean is refused like every other.
+    let mut o = dev.to_vec();
+    o.push((ALLOW_DEV_KEYS_VAR, "please"));
+    let err = start_relay(&o).await.unwrap_err();
+    assert!(err.contains("OUTBOX_ALLOW_DEV_KEYS=\"please\""), "{err}");
 }

@@ -371,3 +371,122 @@ async fn a_relay_started_during_an_outage_does_not_publish_before_the_probe(pool
     let got: std::collections::HashSet<i64> = sink.accepted().iter().map(|s| s.outbox_id).collect();
     assert_eq!(got, ids.iter().copied().collect());
 }
+
+/// Records an outage as another relay would have, with its next probe `probe_in` away.
+async fn outage_with_probe_in(pool: &PgPool, probe_in: Duration) {
+    sqlx::query(
+        "UPDATE outbox_relay_outage SET since = now() - interval '30 seconds', failures = 3, \
+         last_error = 'QStash answered 503', next_probe_at = now() + make_interval(secs => $1)",
+    )
+    .bind(probe_in.as_secs_f64())
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn invocations_started_during_an_outage_wait_for_the_probe_and_drain_everything(
+    pool: PgPool,
+) {
+    let sink = Sink::start(pool.clone()).await;
+    let dev = DevServer::start(dev_config(0, RIGHT)).await.unwrap();
+    let ids = enqueue(&pool).await;
+    // QStash fails every publish (fault injection): one invocation finds out and records the outage.
+    dev.handle()
+        .set_faults(Faults {
+            publish_5xx_rate: 1.0,
+            ..Default::default()
+        })
+        .unwrap();
+    let first = relay(&pool, &dev.url(), RIGHT, &sink);
+    let s = invoke(&first).await;
+    assert_eq!((s.dispatched, s.stopped), (0, "outage"), "{s:?}");
+    assert!(outage::load(&pool, true).await.unwrap().active());
+
+    // QStash recovers; the recorded outage's next probe is two seconds away. Two relays start now, each with a
+    // deadline well past the probe plus a lease: both wait instead of returning, one takes the probe, it gets
+    // through, and between them they drain everything in these same invocations.
+    dev.handle().set_faults(Faults::default()).unwrap();
+    outage_with_probe_in(&pool, Duration::from_secs(2)).await;
+    let published_before = dev.handle().stats().publish_requests;
+    let second = relay(&pool, &dev.url(), RIGHT, &sink);
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let (a, b) = tokio::join!(first.drain(deadline), second.drain(deadline));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    for s in [&a, &b] {
+        assert_eq!(s.stopped, "deadline", "{s:?}");
+        assert!(!s.qstash_outage, "{s:?}");
+        assert_eq!(s.dead_lettered, 0, "{s:?}");
+    }
+    assert_eq!(
+        a.dispatched + b.dispatched,
+        ids.len() as u64,
+        "every event dispatched once, in these invocations: {a:?} {b:?}"
+    );
+    let state = outage::load(&pool, true).await.unwrap();
+    assert!(!state.active(), "the probe cleared the outage: {state:?}");
+    assert!(
+        dev.handle().stats().publish_requests > published_before,
+        "published after the probe"
+    );
+    dev.handle()
+        .wait_idle(Duration::from_secs(20))
+        .await
+        .unwrap();
+    let mut per_id: HashMap<i64, usize> = HashMap::new();
+    for s in sink.accepted() {
+        *per_id.entry(s.outbox_id).or_default() += 1;
+    }
+    for id in &ids {
+        assert_eq!(per_id.get(id), Some(&1), "event {id}: {per_id:?}");
+    }
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE dispatched_at IS NULL OR (seq IS NOT NULL AND delivered_at IS NULL)"
+        )
+        .await,
+        0,
+        "nothing left for a later invocation"
+    );
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn an_invocation_whose_deadline_comes_before_the_probe_returns_without_publishing(
+    pool: PgPool,
+) {
+    let sink = Sink::start(pool.clone()).await;
+    let dev = DevServer::start(dev_config(0, RIGHT)).await.unwrap();
+    enqueue(&pool).await;
+    // The probe is 2 s away; the invocation has 2.5 s, so its last claim (one 1 s lease before the deadline)
+    // would come before the probe: it waits for nothing and publishes nothing.
+    outage_with_probe_in(&pool, Duration::from_secs(2)).await;
+    let before = outage::load(&pool, true).await.unwrap();
+    let fresh = relay(&pool, &dev.url(), RIGHT, &sink);
+    let s = fresh
+        .drain(Instant::now() + Duration::from_millis(2500))
+        .await
+        .unwrap();
+    assert_eq!(
+        (s.claimed, s.dispatched, s.stopped),
+        (0, 0, "outage"),
+        "{s:?}"
+    );
+    assert!(s.qstash_outage, "{s:?}");
+    assert_eq!(dev.handle().stats().publish_requests, 0);
+    let after = outage::load(&pool, true).await.unwrap();
+    assert_eq!(
+        (after.failures, after.next_probe_at),
+        (before.failures, before.next_probe_at),
+        "the probe was neither taken nor moved"
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT coalesce(max(attempts), 0)::bigint FROM outbox"
+        )
+        .await,
+        0,
+        "nothing was claimed"
+    );
+}

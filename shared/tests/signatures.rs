@@ -1369,3 +1369,165 @@ async fn clock_is_the_system_clock_by_default() {
         .await
         .unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// A flood of badly signed requests: no database work, no WARN line per request, every one counted.
+
+/// Requests per receiver in the flood.
+const FLOOD: usize = 24;
+
+/// The `i`-th forged request for `path`: no signature, garbage, a foreign key, an expired token, in turn.
+fn forged(path: &str, query: &str, i: usize) -> Request {
+    let body = audit_body(i as i64 + 1);
+    let url = url_with_query(path, query);
+    let sig = match i % 4 {
+        0 => None,
+        1 => Some("not.a.jwt".to_owned()),
+        2 => Some(token("sig_someoneElsesKey000000000000", &url, &body)),
+        _ => Some(token_with(
+            KEY,
+            &with(claims(&url, &body), "exp", json!(NOW - 600)),
+        )),
+    };
+    let mut headers: Vec<(&str, &str)> = vec![("upstash-message-id", "msg_flood")];
+    if let Some(s) = &sig {
+        headers.push(("upstash-signature", s));
+    }
+    request_from_event(&function_url_event("POST", path, query, &headers, &body))
+}
+
+/// The child of [`a_flood_of_bad_signatures_does_no_database_work_logs_no_warn_per_request_and_is_counted`]: both
+/// receivers with the production log setup and their EMF lines on, over a pool whose database does not exist
+/// (every connection attempt is refused), answer the flood; then one genuine delivery, which needs the database.
+#[tokio::test]
+#[ignore = "run as a subprocess by a_flood_of_bad_signatures_does_no_database_work_logs_no_warn_per_request_and_is_counted"]
+async fn flood_child() {
+    if std::env::var_os("OUTBOX_FLOOD_CHILD").is_none() {
+        return;
+    }
+    outbox::telemetry::init(outbox::telemetry::LogFormat::Json);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/nowhere")
+        .unwrap();
+    let receiver = || {
+        outbox::receiver::ReceiverState::new(
+            ConsumerConfig::defaults(),
+            pool.clone(),
+            KeyRing::fixed(SigningKeys::new(KEY, Some(NEXT.into()))),
+        )
+        .with_clock(Clock::Fixed(NOW))
+    };
+    let consumer = ConsumerState::new(receiver(), orders_example::registry());
+    let callbacks = receiver();
+    for i in 0..FLOOD {
+        let r = handle_event(&consumer, forged(PATH, CONTRACT_QUERY, i)).await;
+        assert_eq!(
+            parts(&r).0,
+            401,
+            "consumer, forged request {i}: {:?}",
+            parts(&r)
+        );
+        let path = if i % 2 == 0 { "/failure" } else { "/delivered" };
+        let r = outbox::callbacks::handle_callback(&callbacks, forged(path, "", i)).await;
+        assert_eq!(
+            parts(&r).0,
+            401,
+            "callback, forged request {i}: {:?}",
+            parts(&r)
+        );
+    }
+    // The control: a genuine delivery gets past verification and finds no database.
+    let genuine = Delivery::new(TOPIC, 1, audit_payload(1).as_bytes()).key("user-1");
+    let r = handle_event(&consumer, genuine.request()).await;
+    assert_eq!(parts(&r).0, 503, "{:?}", parts(&r));
+}
+
+#[test]
+fn a_flood_of_bad_signatures_does_no_database_work_logs_no_warn_per_request_and_is_counted() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["flood_child", "--exact", "--ignored", "--nocapture"])
+        .env("OUTBOX_FLOOD_CHILD", "1")
+        // Everything of ours down to DEBUG, where each rejection is logged.
+        .env("RUST_LOG", "debug,sqlx=error,hyper=warn")
+        .env_remove("AWS_LAMBDA_LOG_LEVEL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    // 1. Every request is answered 401 over a pool that cannot connect (the child checked the statuses), while the
+    // genuine delivery needed the database and got 503: nothing before verification touches the database.
+
+    // 2. One EMF line per request, each rejection counted.
+    let emf = |function: &str| -> Vec<&Value> {
+        lines
+            .iter()
+            .filter(|l| l.get("_aws").is_some() && l["Function"] == function)
+            .collect()
+    };
+    let sum = |ls: &[&Value], m: &str| ls.iter().filter_map(|l| l[m].as_f64()).sum::<f64>();
+    let consumer = emf("consumer");
+    let callbacks = emf("failure-callback");
+    assert_eq!(consumer.len(), FLOOD + 1, "{stdout}");
+    assert_eq!(callbacks.len(), FLOOD, "{stdout}");
+    assert_eq!(sum(&consumer, "RejectedSignatures"), FLOOD as f64);
+    assert_eq!(sum(&consumer, "TransientFailures"), 1.0, "the genuine one");
+    assert_eq!(sum(&callbacks, "RejectedSignatures"), FLOOD as f64);
+
+    // 3. Each rejection is a DEBUG line; WARN sees only the rate-limited summary, not one line per request.
+    let logs: Vec<&Value> = lines.iter().filter(|l| l.get("_aws").is_none()).collect();
+    let per_request: Vec<&&Value> = logs
+        .iter()
+        .filter(|l| l["message"] == "signature rejected")
+        .collect();
+    assert_eq!(per_request.len(), 2 * FLOOD, "{stdout}");
+    let loud: Vec<&&&Value> = per_request
+        .iter()
+        .filter(|l| l["level"] != "DEBUG")
+        .collect();
+    assert!(
+        loud.is_empty(),
+        "{} of {} rejections logged above DEBUG, the first: {}",
+        loud.len(),
+        per_request.len(),
+        loud[0]
+    );
+    let warned: Vec<&&Value> = logs
+        .iter()
+        .filter(|l| l["level"] == "WARN" || l["level"] == "ERROR")
+        .collect();
+    let summaries: Vec<&&Value> = warned
+        .iter()
+        .copied()
+        .filter(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("signature rejections: "))
+        })
+        .collect();
+    assert!(
+        !summaries.is_empty() && summaries.len() < FLOOD,
+        "a summary, and not one per request: {summaries:?}"
+    );
+    assert_eq!(
+        summaries[0]["rejected"], 1,
+        "the first rejection of a process is reported at once"
+    );
+    let others: Vec<&&Value> = warned
+        .iter()
+        .copied()
+        .filter(|l| !summaries.contains(l))
+        .collect();
+    assert!(
+        others.len() == 1 && others[0]["message"] == "transient failure (QStash retries)",
+        "the only other WARN line is the genuine delivery's: {others:?}"
+    );
+}

@@ -16,8 +16,8 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
 /// QStash's documented dev-server signing keys (current, next).
-pub const KEY: &str = "sig_7kYjw48mhY7kAjqNGcy6cr29RJ6r";
-pub const NEXT: &str = "sig_5ZB6DVzB1wjE8S6rZ7eenA8Pdnhs";
+pub const KEY: &str = outbox::secrets::DEV_CURRENT_SIGNING_KEY;
+pub const NEXT: &str = outbox::secrets::DEV_NEXT_SIGNING_KEY;
 /// The "now" every test state uses.
 pub const NOW: i64 = 1_790_000_000;
 /// The function URL host of the test consumer.

@@ -443,7 +443,8 @@ impl LocalStack {
                     );
                     match handle(&state, event).await {
                         Ok(s) => {
-                            // A QStash outage ends the invocation at once: pause like the schedule would.
+                            // A QStash outage whose next probe does not fit in the invocation ends it at
+                            // once: pause like the schedule would.
                             let outage = s.drain.stopped == "outage";
                             if let Ok(mut l) = last.lock() {
                                 *l = Some(s);

@@ -244,6 +244,8 @@ pub async fn in_process_relay(
         ("DATABASE_URL", db_url.to_owned()),
         ("QSTASH_URL", qstash_url.to_owned()),
         ("QSTASH_TOKEN", qstash_dev::DEV_TOKEN.to_owned()),
+        // The dev server's public token: the relay refuses it without this opt-in.
+        ("OUTBOX_ALLOW_DEV_KEYS", "true".to_owned()),
         ("CONSUMER_URL", "http://127.0.0.1:9".to_owned()),
         ("CALLBACK_URL", "http://127.0.0.1:9".to_owned()),
         ("RELAY_BATCH_SIZE", knobs.batch.to_string()),

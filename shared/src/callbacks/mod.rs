@@ -52,7 +52,8 @@ use crate::ordering::{
 };
 use crate::receiver::ReceiverState;
 use crate::receiver::http::{
-    NONRETRYABLE_HEADER, RequestOutcome, json_response, nonretryable_status, request_path, respond,
+    NONRETRYABLE_HEADER, RequestOutcome, json_response, log_signature_rejected,
+    nonretryable_status, request_path, respond,
 };
 use crate::receiver::verify_request;
 
@@ -283,9 +284,7 @@ impl RequestOutcome for CallbackOutcome {
                     "QStash reported a failed delivery attempt of a batch: noted on its events"
                 )
             }
-            CallbackOutcome::Unauthorized(e) => {
-                tracing::warn!(answered, check = e.check(), error = %e, "signature rejected")
-            }
+            CallbackOutcome::Unauthorized(e) => log_signature_rejected(answered, e),
             CallbackOutcome::Tampered(e) => {
                 tracing::warn!(answered, check = "header_mismatch", error = %e, "altered request refused")
             }

@@ -144,9 +144,25 @@ pub(super) fn current_delivery<'b>(
         .collect())
 }
 
+/// The outbox row a legacy delivery names, checked against its body (`$2`), and whether the event may be applied
+/// now: `predecessor_finished` is true for an unordered event, and for an ordered one whose predecessor
+/// (`seq - 1`) this consumer (`$3`) has applied (`consumer_sequences`; sequence 1 has none) or whose key has
+/// moved past that predecessor (`outbox_keys.done_seq`: delivered, or skipped by the dead-head policy).
+const LEGACY_ROW_SQL: &str = "SELECT o.topic, o.partition_key, o.seq, o.headers, o.created_at, \
+        o.payload = $2::jsonb AS same_payload, o.dispatched_at IS NOT NULL AS dispatched, \
+        (o.seq IS NULL \
+         OR coalesce((SELECT c.last_seq FROM {schema}.consumer_sequences c \
+                      WHERE c.consumer = $3 AND c.topic = o.topic AND c.partition_key = o.partition_key), 0) \
+            >= o.seq - 1 \
+         OR EXISTS (SELECT 1 FROM {schema}.outbox_keys k \
+                    WHERE k.topic = o.topic AND k.partition_key = o.partition_key AND k.done_seq >= o.seq - 1)) \
+            AS predecessor_finished \
+     FROM {schema}.outbox o WHERE o.id = $1";
+
 /// A delivery in the previous format (no `contract` in its URL; published before the upgrade, QStash may still
 /// hold it for days). Its identity is in unsigned headers, so it is applied only when the outbox row named by
-/// `x-outbox-id` has the delivery's (signed) topic and payload and is marked dispatched; key, sequence and
+/// `x-outbox-id` has the delivery's (signed) topic and payload and is marked dispatched, and, for an ordered event,
+/// once its predecessor is finished (applied by this consumer, or its key moved past it); key, sequence and
 /// metadata then come from the row, never from the headers. Ordered events record their evidence here (the row is in this database).
 pub(super) async fn legacy_delivery<'b>(
     receiver: &ReceiverState,
@@ -186,14 +202,11 @@ pub(super) async fn legacy_delivery<'b>(
             message: format!("database error while verifying a legacy delivery: {e}"),
             retry_after: None,
         })?;
-    let row = sqlx::query(
-        crate::schema::q("SELECT topic, partition_key, seq, headers, created_at, payload = $2::jsonb AS same_payload, \
-                dispatched_at IS NOT NULL AS dispatched \
-         FROM {schema}.outbox WHERE id = $1"),
-    )
+    let row = sqlx::query(crate::schema::q(LEGACY_ROW_SQL))
     .persistent(receiver.persistent)
     .bind(outbox_id)
     .bind(std::str::from_utf8(body).unwrap_or_default())
+    .bind(receiver.config.name.as_str())
     .fetch_optional(&mut *c)
     .await
     .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
@@ -249,6 +262,25 @@ pub(super) async fn legacy_delivery<'b>(
     }
     let key: String = row.try_get("partition_key").map_err(db)?;
     let seq: Option<i64> = row.try_get("seq").map_err(db)?;
+    // "Dispatched" no longer implies "its predecessor was delivered": the relay dispatches an ordered key's run of
+    // several events at once (decision record 0014). A replay naming a later member of a run, whose payload equals
+    // the head's, would apply it before its predecessor. So an ordered event is applied here only once its
+    // predecessor is finished: applied by this consumer, or its key moved past it (see `LEGACY_ROW_SQL`).
+    // Answered transient, like an undispatched event: a genuine old-format delivery never waits on its
+    // predecessor (the previous relay published a key's next event only after the one before was delivered), so
+    // this is a replay, or a race that resolves itself once the predecessor is applied. Retrying costs nothing
+    // and never applies out of order; a permanent answer would turn such a race into a dead letter.
+    let predecessor_finished: bool = row.try_get("predecessor_finished").map_err(db)?;
+    if !predecessor_finished {
+        return Err(Outcome::Transient {
+            message: format!(
+                "delivery in the previous wire format for outbox id {outbox_id} (sequence {}), whose predecessor \
+                 this consumer has not applied yet: retry later",
+                seq.unwrap_or_default()
+            ),
+            retry_after: Some(Duration::from_secs(60)),
+        });
+    }
     let headers: Option<sqlx::types::Json<crate::producer::EventHeaders>> =
         row.try_get("headers").ok();
     let headers = headers.map(|h| h.0).unwrap_or_default();

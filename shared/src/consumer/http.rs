@@ -15,7 +15,8 @@ use super::{ConsumerState, ReceiverState};
 use crate::contract::{self, Contract};
 use crate::metrics::{EmfRecord, Unit};
 use crate::receiver::http::{
-    NONRETRYABLE_HEADER, RequestOutcome, json_response, nonretryable_status, request_path, respond,
+    NONRETRYABLE_HEADER, RequestOutcome, json_response, log_signature_rejected,
+    nonretryable_status, request_path, respond,
 };
 use crate::receiver::{VerifyError, verify_request};
 
@@ -185,9 +186,7 @@ impl RequestOutcome for Handled {
                     "event handled"
                 )
             }
-            Outcome::Unauthorized(e) => {
-                tracing::warn!(answered, check = e.check(), error = %e, "signature rejected")
-            }
+            Outcome::Unauthorized(e) => log_signature_rejected(answered, e),
             Outcome::Tampered(e) => {
                 tracing::warn!(answered, check = "header_mismatch", error = %e, "altered request refused")
             }

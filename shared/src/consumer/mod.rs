@@ -9,11 +9,11 @@
 //! |---|---|---|
 //! | applied ([`Outcome::Processed`]) | 200 `{"status":"processed"}` (+ `events`, as every answer about known events) | done |
 //! | already applied ([`Outcome::Duplicate`]) | 200 `{"status":"duplicate"}` | done |
-//! | missing / bad signature ([`Outcome::Unauthorized`]) | 401 `{"error":…}` — nothing read or written | retries |
+//! | missing / bad signature ([`Outcome::Unauthorized`]) | 401 `{"error":…}` — nothing read or written; logged at DEBUG (a WARN summary at most once a minute), counted in `RejectedSignatures` | retries |
 //! | body over `MAX_BODY_BYTES` ([`Outcome::TooLarge`]) | 413 — before verification | retries (a redeploy with a higher cap can fix it) |
 //! | altered request ([`Outcome::Tampered`]): a header copy disagrees with the signed envelope, or a legacy delivery's `x-outbox-id` names another event | 401 — nothing written | retries (a genuine delivery never has this) |
-//! | permanent ([`Outcome::Permanent`]): malformed envelope or payload, unknown topic or path, unsupported schema version, failed validation, event older than one applied for its key, a legacy delivery that cannot be verified | 489 + `Upstash-NonRetryable-Error: true` | 489 + `Upstash-NonRetryable-Error: true` | DLQ at once, failure callback |
-//! | transient ([`Outcome::Transient`]): database down, handler said so | 503 (+ `Retry-After` when known) | retries with backoff |
+//! | permanent ([`Outcome::Permanent`]): malformed envelope or payload, unknown topic or path, unsupported schema version, failed validation, event older than one applied for its key, a legacy delivery that cannot be verified | 489 + `Upstash-NonRetryable-Error: true` | DLQ at once, failure callback |
+//! | transient ([`Outcome::Transient`]): database down, handler said so; a legacy delivery whose event is not dispatched yet, or (ordered) whose predecessor this consumer has not applied and its key has not moved past (`Retry-After: 60`; a run of several events is dispatched at once, so "dispatched" alone does not mean its predecessor was delivered) | 503 (+ `Retry-After` when known) | retries with backoff |
 //!
 //! The handler functions ([`handle_event`], [`crate::callbacks::handle_callback`]) are plain async functions of
 //! `(&State, lambda_http::Request)`: the Lambda binaries, the tests and a local HTTP adapter call them the same

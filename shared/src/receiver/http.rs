@@ -1,6 +1,9 @@
 //! What both receivers share on the HTTP side: the skeleton of a request ([`respond`]: one span, one log line, one
-//! EMF record, one response), JSON responses, QStash's "do not retry" status, the request's raw path.
+//! EMF record, one response), the quiet log of a rejected signature ([`log_signature_rejected`]), JSON responses,
+//! QStash's "do not retry" status, the request's raw path.
 
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use http::{HeaderValue, StatusCode};
@@ -39,6 +42,55 @@ pub(crate) async fn respond<O: RequestOutcome>(
     }
     .instrument(span)
     .await
+}
+
+/// The longest a process stays silent (above debug) about requests refused by signature verification.
+pub(crate) const REJECTION_SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Requests refused by signature verification since the last summary line, and when that line was written: one
+/// per process (a Lambda environment), shared by both receivers.
+struct RejectionSummary {
+    since_last: AtomicU64,
+    last: Mutex<Option<Instant>>,
+}
+
+static REJECTIONS: RejectionSummary = RejectionSummary {
+    since_last: AtomicU64::new(0),
+    last: Mutex::new(None),
+};
+
+impl RejectionSummary {
+    /// Counts one rejection; returns how many to report when a summary is due (the first rejection of a process,
+    /// then at most one per [`REJECTION_SUMMARY_INTERVAL`]).
+    fn count(&self) -> Option<u64> {
+        self.since_last.fetch_add(1, Ordering::Relaxed);
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < REJECTION_SUMMARY_INTERVAL) {
+            return None;
+        }
+        *last = Some(Instant::now());
+        Some(self.since_last.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// Logs a request refused by signature verification (missing, malformed, expired, wrong key, wrong URL or body).
+/// Anyone can send those, as fast as they like: each one is logged at DEBUG only, and a WARN summary line — how many
+/// since the last one, and the latest failed check — is written at most once per [`REJECTION_SUMMARY_INTERVAL`]
+/// per process, so a flood costs no log line per request. Every rejection is still counted exactly, in the
+/// request's EMF record (`RejectedSignatures`, which the `SignatureRejections` alarm reads). A misconfiguration
+/// that refuses every genuine delivery (the proxy pitfall: `check = "sub"`) still shows within a minute.
+pub(crate) fn log_signature_rejected(answered: u16, e: &crate::receiver::VerifyError) {
+    tracing::debug!(answered, check = e.check(), error = %e, "signature rejected");
+    if let Some(rejected) = REJECTIONS.count() {
+        tracing::warn!(
+            answered,
+            rejected,
+            check = e.check(),
+            error = %e,
+            "signature rejections: {rejected} since the last summary, latest shown (at most one such line per \
+             minute; the RejectedSignatures metric counts every one)"
+        );
+    }
 }
 
 /// QStash's status for "do not retry": the message goes to the DLQ at once (with [`NONRETRYABLE_HEADER`]).

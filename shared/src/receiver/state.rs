@@ -77,15 +77,24 @@ impl ReceiverState {
 
     /// The Lambda setup for `receiver`: `ConsumerConfig` and its `DbConfig` from the environment, the database URL and both signing
     /// keys from the secret (`OUTBOX_SECRET_ID`) or the environment, a lazily connecting pool (no I/O besides
-    /// the secret read), and keys that are re-read when QStash rotates them.
+    /// the secret read), and keys that are re-read when QStash rotates them. Refuses the QStash dev server's
+    /// public signing keys unless `OUTBOX_ALLOW_DEV_KEYS=true` ([`crate::secrets::refuse_dev_values`]).
     pub async fn from_env(receiver: Receiver) -> Result<Self, ConfigError> {
+        Self::from_env_source(receiver, Arc::new(ProcessEnv)).await
+    }
+
+    /// [`ReceiverState::from_env`] with the variables read from `env` (tests).
+    pub async fn from_env_source(
+        receiver: Receiver,
+        env: Arc<dyn EnvSource>,
+    ) -> Result<Self, ConfigError> {
         crate::install_crypto_provider();
-        let env: Arc<dyn EnvSource> = Arc::new(ProcessEnv);
         let vars = Vars::new(env.as_ref());
         let config = ConsumerConfig::from_vars(&vars)?;
         let db = receiver.db_config(&vars)?;
         let source = SecretSource::from_env(Arc::clone(&env)).await;
         let secrets = source.load(&RECEIVER_SECRETS).await?;
+        crate::secrets::refuse_dev_values(&secrets, &vars)?;
         let pool = db.pool(secrets.get(SecretField::DatabaseUrl)?)?;
         let keys = KeyRing::loaded(
             SigningKeys::from_secrets(&secrets)?,

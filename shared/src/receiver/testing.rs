@@ -1,6 +1,6 @@
 //! Signing like QStash does, for fixtures, tests and local tooling; production tokens come from QStash. Behind the
-//! cargo feature `testing` (off by default), so the library and the Lambda binaries ship neither a token signer nor
-//! the dev keys.
+//! cargo feature `testing` (off by default), so the library and the Lambda binaries ship no token signer (the dev
+//! keys' public values are in `crate::secrets`, where the functions use them only to refuse them).
 
 use base64::Engine;
 use secrecy::SecretString;
@@ -45,10 +45,10 @@ pub fn decode_unverified(token: &str) -> Option<Map<String, Value>> {
 }
 
 /// QStash's documented dev-server signing keys (`current`, `next`): the keys the `events/` fixtures are signed
-/// with. Never configure them in a deployment.
+/// with. Never configure them in a deployment (the functions refuse them without `OUTBOX_ALLOW_DEV_KEYS=true`).
 pub const DEV_SIGNING_KEYS: (&str, &str) = (
-    "sig_7kYjw48mhY7kAjqNGcy6cr29RJ6r",
-    "sig_5ZB6DVzB1wjE8S6rZ7eenA8Pdnhs",
+    crate::secrets::DEV_CURRENT_SIGNING_KEY,
+    crate::secrets::DEV_NEXT_SIGNING_KEY,
 );
 
 /// Re-signs a function-URL event (API Gateway v2 JSON, as in `events/`): computes the URL the request goes to

@@ -354,8 +354,8 @@ mod tests {
     use super::*;
     use crate::receiver::sign;
 
-    const KEY: &str = "sig_7kYjw48mhY7kAjqNGcy6cr29RJ6r";
-    const NEXT: &str = "sig_5ZB6DVzB1wjE8S6rZ7eenA8Pdnhs";
+    const KEY: &str = crate::secrets::DEV_CURRENT_SIGNING_KEY;
+    const NEXT: &str = crate::secrets::DEV_NEXT_SIGNING_KEY;
 
     fn opts(now: i64) -> VerifyOptions {
         VerifyOptions {

@@ -1,6 +1,7 @@
 //! The drain loop: [`Relay::drain`] runs cycles (`RELAY_CONCURRENCY` workers) until the invocation's deadline,
 //! sums what they did into a [`DrainSummary`], and stops early when asked ([`StopHandle`]) or, for the CLI, when
-//! nothing is left. Optionally woken by `NOTIFY outbox_new` instead of polling.
+//! nothing is left. Optionally woken by `NOTIFY outbox_new` instead of polling. During a QStash outage it waits
+//! for the shared probe when that probe comes before the deadline (decision record 0012).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
@@ -47,8 +48,10 @@ impl Relay {
     /// Runs cycles (`RELAY_CONCURRENCY` at once) until `deadline`: again at once while claims come back full,
     /// otherwise after the poll interval (or a `NOTIFY`, when enabled). Never claims with less time left than
     /// the lease, so every claim can be settled before the invocation ends. During a recorded QStash outage it
-    /// claims nothing until the next probe is due, then probes (one relay only) and drains only if the probe
-    /// got through; a cycle that finds QStash out stops every worker (decision record 0012).
+    /// claims nothing until the next probe is due — waiting for it within this invocation when it comes at least
+    /// a lease before `deadline`, returning at once otherwise — then probes (one relay only) and drains only if
+    /// the probe got through; a cycle that finds QStash out stops every worker, and the drain goes back to
+    /// waiting for the probe while the deadline allows (decision record 0012).
     pub async fn drain(&self, deadline: Instant) -> Result<DrainSummary, RelayError> {
         self.drain_with(deadline, false).await
     }
@@ -83,12 +86,6 @@ impl Relay {
                     )
                     .is_ok()
         };
-
-        if deadline.saturating_duration_since(Instant::now()) >= self.cfg.lease
-            && !self.outage_gate(&totals, &latencies).await?
-        {
-            out.store(true, AtomicOrdering::Relaxed);
-        }
 
         let worker = |n: u32| {
             let wake = wake.clone();
@@ -166,22 +163,49 @@ impl Relay {
                 }
             }
         };
-        let workers = futures::future::join_all((0..self.cfg.concurrency.max(1)).map(worker));
-        if self.cfg.listen_notify {
-            let listener = self.listen(wake.clone(), stop.clone());
-            tokio::pin!(listener);
-            tokio::select! {
-                _ = workers => {}
-                _ = &mut listener => {}
+        // Rounds: the outage gate, then the workers until the deadline (or empty, or stopped). A round whose cycle
+        // found QStash out goes back to the gate, which waits for the next probe while the deadline allows.
+        let mut gate_empty = false;
+        loop {
+            if deadline.saturating_duration_since(Instant::now()) < self.cfg.lease
+                || self.stop.requested()
+            {
+                break;
             }
-            stop.notify_waiters();
-        } else {
-            workers.await;
-        }
-        if let Ok(mut slot) = last_error.lock()
-            && let Some(e) = slot.take()
-        {
-            return Err(e);
+            match self
+                .outage_gate(deadline, stop_when_empty, &totals, &latencies)
+                .await?
+            {
+                Gate::Drain => out.store(false, AtomicOrdering::Relaxed),
+                Gate::Closed => {
+                    out.store(true, AtomicOrdering::Relaxed);
+                    break;
+                }
+                Gate::Empty => {
+                    gate_empty = true;
+                    break;
+                }
+            }
+            let workers = futures::future::join_all((0..self.cfg.concurrency.max(1)).map(&worker));
+            if self.cfg.listen_notify {
+                let listener = self.listen(wake.clone(), stop.clone());
+                tokio::pin!(listener);
+                tokio::select! {
+                    _ = workers => {}
+                    _ = &mut listener => {}
+                }
+                stop.notify_waiters();
+            } else {
+                workers.await;
+            }
+            if let Ok(mut slot) = last_error.lock()
+                && let Some(e) = slot.take()
+            {
+                return Err(e);
+            }
+            if !out.load(AtomicOrdering::Relaxed) {
+                break;
+            }
         }
         let state = outage::load(&self.pool, self.persistent)
             .await
@@ -211,7 +235,7 @@ impl Relay {
             publish_p99_ms: pct(0.99),
             stopped: if out.load(AtomicOrdering::Relaxed) {
                 "outage"
-            } else if stop_when_empty && Instant::now() < deadline {
+            } else if gate_empty || (stop_when_empty && Instant::now() < deadline) {
                 "empty"
             } else {
                 "deadline"
@@ -219,53 +243,109 @@ impl Relay {
         })
     }
 
-    /// Before any claim: `true` to drain. No outage recorded: drain. An outage whose probe is not due: wait (no
-    /// claim). A due probe: take it (one relay wins), publish the probe's small claim, and drain only if QStash
-    /// answered; with nothing to probe with, the outage is cleared and the next ordinary cycle finds out.
+    /// Before any claim, and again after a cycle found QStash out. No outage recorded: [`Gate::Drain`]. An outage
+    /// whose probe is due: take it (one relay wins), publish the probe's small claim, and drain only if QStash
+    /// answered; with nothing to probe with, the outage is cleared and the next ordinary cycle finds out. An
+    /// outage whose next probe is not due yet: if the probe comes at least one lease before `deadline` (so the
+    /// claim after it can still be settled), wait for it — re-reading the outage row every poll interval, so
+    /// another relay's successful probe ends the wait, interrupted by the [`StopHandle`] — and take it then; a
+    /// relay that loses the probe, or whose probe fails, waits again while time allows. Otherwise
+    /// [`Gate::Closed`]: publish nothing this invocation. With `stop_when_empty` (the CLI) a wait ends as
+    /// [`Gate::Empty`] once nothing is pending or awaiting evidence.
     async fn outage_gate(
         &self,
+        deadline: Instant,
+        stop_when_empty: bool,
         totals: &Totals,
         latencies: &std::sync::Mutex<Vec<Duration>>,
-    ) -> Result<bool, RelayError> {
-        let state = outage::load(&self.pool, self.persistent)
-            .await
-            .map_err(db("read outage"))?;
-        if !state.active() {
-            return Ok(true);
-        }
-        self.outage_hint.store(true, AtomicOrdering::Relaxed);
-        if state.waiting() {
-            log_waiting(&state, "waiting for the next probe");
-            return Ok(false);
-        }
-        if !outage::take_probe(&self.pool, self.cfg.lease, self.persistent)
-            .await
-            .map_err(db("take outage probe"))?
-        {
-            log_waiting(&state, "another relay is probing");
-            return Ok(false);
-        }
-        tracing::info!(failures = state.failures, "probing QStash after an outage");
-        let r = self.run_probe_cycle().await?;
-        totals.add(&r);
-        if let Ok(mut l) = latencies.lock() {
-            l.extend(r.publish_latencies.iter().copied());
-        }
-        if r.outage {
-            return Ok(false);
-        }
-        if r.requests_ok == 0
-            && let Some(lasted) = outage::clear(&self.pool, self.persistent)
+    ) -> Result<Gate, RelayError> {
+        let mut announced = false;
+        loop {
+            let state = outage::load(&self.pool, self.persistent)
                 .await
-                .map_err(db("clear outage"))?
-        {
-            self.outage_hint.store(false, AtomicOrdering::Relaxed);
-            tracing::info!(
-                outage_secs = lasted.as_secs_f64(),
-                "nothing to probe QStash with: outage cleared; the next publish tells"
-            );
+                .map_err(db("read outage"))?;
+            if !state.active() {
+                return Ok(Gate::Drain);
+            }
+            self.outage_hint.store(true, AtomicOrdering::Relaxed);
+            // The probe's claim, like every claim, needs a whole lease before the deadline: only the time before
+            // that can be spent waiting.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let usable = left.saturating_sub(self.cfg.lease);
+            let why = if self.stop.requested() {
+                Some("stop requested")
+            } else if left < self.cfg.lease || state.until_probe() > usable {
+                Some("the next probe does not fit before this invocation's deadline")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                log_waiting(&state, why);
+                return Ok(Gate::Closed);
+            }
+            if stop_when_empty && self.is_empty().await? {
+                return Ok(Gate::Empty);
+            }
+            if state.waiting() {
+                if !announced {
+                    announced = true;
+                    tracing::info!(
+                        outage_secs = state.duration().as_secs_f64(),
+                        failures = state.failures,
+                        next_probe_in_secs = state.until_probe().as_secs_f64(),
+                        "QStash outage: waiting for the next probe within this invocation"
+                    );
+                }
+                self.nap(state.until_probe().min(self.cfg.poll_interval))
+                    .await;
+                continue;
+            }
+            if !outage::take_probe(&self.pool, self.cfg.lease, self.persistent)
+                .await
+                .map_err(db("take outage probe"))?
+            {
+                // Another relay is probing: its success clears the row, its failure moves the next probe.
+                self.nap(self.cfg.poll_interval.min(usable)).await;
+                continue;
+            }
+            tracing::info!(failures = state.failures, "probing QStash after an outage");
+            let r = self.run_probe_cycle().await?;
+            totals.add(&r);
+            if let Ok(mut l) = latencies.lock() {
+                l.extend(r.publish_latencies.iter().copied());
+            }
+            if r.outage {
+                // The probe failed and the backoff moved the next one: wait again if the deadline allows.
+                continue;
+            }
+            if r.requests_ok == 0
+                && let Some(lasted) = outage::clear(&self.pool, self.persistent)
+                    .await
+                    .map_err(db("clear outage"))?
+            {
+                self.outage_hint.store(false, AtomicOrdering::Relaxed);
+                tracing::info!(
+                    outage_secs = lasted.as_secs_f64(),
+                    "nothing to probe QStash with: outage cleared; the next publish tells"
+                );
+            }
+            return Ok(Gate::Drain);
         }
-        Ok(true)
+    }
+
+    /// Sleeps for `d`, or until a stop is requested ([`StopHandle::stop`]).
+    async fn nap(&self, d: Duration) {
+        let stopped = self.stop.notify.notified();
+        tokio::pin!(stopped);
+        // Registered before the flag is read: a stop between the two still wakes this nap.
+        stopped.as_mut().enable();
+        if self.stop.requested() || d.is_zero() {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = stopped => {}
+        }
     }
 
     /// True when no event is pending and no ordered head awaits delivery evidence.
@@ -344,6 +424,16 @@ impl StopHandle {
     pub fn is_stopped(&self) -> bool {
         self.0.requested()
     }
+}
+
+/// What the outage gate decided.
+enum Gate {
+    /// No outage (any more): claim and publish.
+    Drain,
+    /// An outage whose next probe cannot be taken before the deadline (or a stop was requested): publish nothing.
+    Closed,
+    /// Waiting during an outage, the CLI's drain found nothing left to do.
+    Empty,
 }
 
 #[derive(Default)]

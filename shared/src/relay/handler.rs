@@ -47,7 +47,8 @@ pub struct RelayState {
 impl RelayState {
     /// Builds the state from an environment source: config, secrets (`DATABASE_URL`, `QSTASH_TOKEN`), a lazily
     /// connecting pool (async commit on: see decision record 0006), the QStash client. No network I/O except
-    /// the Secrets Manager call when `OUTBOX_SECRET_ID` is set.
+    /// the Secrets Manager call when `OUTBOX_SECRET_ID` is set. Refuses the QStash dev server's public token
+    /// unless `OUTBOX_ALLOW_DEV_KEYS=true` ([`crate::secrets::refuse_dev_values`]).
     pub async fn from_env(env: Arc<dyn EnvSource>) -> Result<Self, StartupError> {
         let vars = Vars::new(env.as_ref());
         let qstash = QstashConfig::from_vars(&vars)?;
@@ -64,6 +65,7 @@ impl RelayState {
             .await
             .load(&[SecretField::DatabaseUrl, SecretField::QstashToken])
             .await?;
+        crate::secrets::refuse_dev_values(&secrets, &vars)?;
         let pool = db.pool(secrets.get(SecretField::DatabaseUrl)?)?;
         let client = QstashClient::new(
             &qstash.base_url,

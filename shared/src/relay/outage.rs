@@ -2,8 +2,9 @@
 //!
 //! When every publish request of a cycle failed at request level ([`crate::qstash::request_level_failure`]:
 //! QStash unreachable, 5xx, 401/403/404, an account-level 429), the relay gives its claim back without spending
-//! an attempt, records the outage here and stops publishing for the invocation. Until `next_probe_at` every relay
-//! skips publishing; then exactly one relay takes the probe (a conditional UPDATE that moves `next_probe_at` one
+//! an attempt, records the outage here and stops publishing. Until `next_probe_at` every relay skips publishing
+//! (waiting for the probe within its invocation when the probe comes before its deadline, `drain.rs`); then
+//! exactly one relay takes the probe (a conditional UPDATE that moves `next_probe_at` one
 //! lease ahead, so a relay that dies mid-probe only delays the next one) and publishes a claim of one event per
 //! kind of topic. Success clears the row; failure advances the probe backoff (capped exponential, equal jitter so a
 //! probe never comes at once again).

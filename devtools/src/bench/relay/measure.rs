@@ -97,6 +97,8 @@ pub(crate) async fn relay_child(
         .env("DATABASE_URL", db_url)
         .env("QSTASH_URL", qstash_url)
         .env("QSTASH_TOKEN", qstash_dev::DEV_TOKEN)
+        // The dev server's public token: the relay refuses it without this opt-in.
+        .env("OUTBOX_ALLOW_DEV_KEYS", "true")
         .env("CONSUMER_URL", "http://127.0.0.1:9")
         .env("CALLBACK_URL", "http://127.0.0.1:9")
         .env("RELAY_BATCH_SIZE", knobs.batch.to_string())
