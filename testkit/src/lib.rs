@@ -8,6 +8,7 @@
 //!   the envelope [`receiving::Delivery`] builder, receiver and consumer states on a fixed clock;
 //! * [`sink`]: a stand-in consumer and callback endpoint that records what the dev server delivers;
 //! * [`db`]: URLs of `#[sqlx::test]` databases and hand-built outbox states;
+//! * [`given_up`]: which events may end as unexpected dead letters, by the dev server's own DLQ;
 //! * [`moto`]: a local AWS Secrets Manager;
 //! * [`sam`]: `template.yaml` as CloudFormation, its alarms and dashboard; [`previous_relay`]: what the relay of
 //!   the previous wire format left behind;
@@ -29,6 +30,7 @@ use std::sync::LazyLock;
 use sqlx::migrate::Migrator;
 
 pub mod db;
+pub mod given_up;
 pub mod moto;
 pub mod pgbouncer;
 pub mod previous_relay;
