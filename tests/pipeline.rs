@@ -127,8 +127,8 @@ async fn bounded_unexpected_dead_letters(
     if let Err(e) =
         check_unexpected_dead_letters(&unexpected, &explained, can_exhaust_retries(faults))
     {
-        let rows: Vec<(Option<i64>, Option<String>, Option<i32>, String)> = sqlx::query_as(
-            "SELECT outbox_id, topic, status, error FROM dead_letters WHERE resolved_at IS NULL ORDER BY outbox_id",
+        let rows: Vec<(Option<i64>, Option<i32>, String)> = sqlx::query_as(
+            "SELECT outbox_id, status, error FROM dead_letters WHERE resolved_at IS NULL ORDER BY outbox_id",
         )
         .fetch_all(pool)
         .await
