@@ -13,11 +13,14 @@
 //! publish for `--outage-secs` (a QStash outage).
 //!
 //! Then it stops the producers and the chaos, waits for the pipeline to drain (bounded: a timeout fails the run)
-//! and counts from the database: events enqueued, applied once, dead-lettered (poison, other, with reasons),
-//! applied twice, lost (neither applied nor dead-lettered), per-key order violations on the ordered topic, rows
-//! left leased, and the kills. The consumer's table has no unique constraint, so a double apply is visible. It
-//! prints one line (and `--json FILE`) and fails when a must-be-zero figure is not zero, or, with an outage, when
-//! a dead letter is not a poison one.
+//! and counts from the database ([`verdict`]): events enqueued, applied once, dead-lettered (poison, other, with
+//! normalised reasons), applied twice, lost (neither applied nor dead-lettered), per-key order violations on the
+//! ordered topic, rows left leased, and the kills. The consumer's table has no unique constraint, so a double
+//! apply is visible. The unexpected (non-poison) dead letters are bounded by the dev server's own record
+//! ([`explained_dead_letters`], `outbox_testkit::given_up`): they must be exactly the events QStash gave up on
+//! after every delivery attempt of their message failed, and none when nothing could exhaust QStash's retries.
+//! It prints one short line (and `--json FILE`) and fails when a must-be-zero figure is not zero or the dead
+//! letters are out of their bound ([`SoakReport::judge`]).
 
 pub mod worker;
 
@@ -133,10 +136,16 @@ impl SoakArgs {
 pub struct Reason {
     /// Whether these are the soak's poison events.
     pub poison: bool,
-    /// The dead letter's error, shortened.
+    /// The dead letters' error, normalised ([`reason_of`]): alike failures count together.
     pub reason: String,
+    /// Distinct events.
     pub count: i64,
 }
+
+/// At most this many characters of one reason ([`reason_of`]).
+pub const REASON_CHARS: usize = 50;
+/// At most this many reasons in the summary line ([`SoakReport::line`]; the JSON keeps them all).
+pub const LINE_REASONS: usize = 2;
 
 /// What a soak ended with.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -151,6 +160,14 @@ pub struct SoakReport {
     pub dead_lettered_poison: i64,
     /// Events dead-lettered (and not applied) that were not poison.
     pub dead_lettered_other: i64,
+    /// Their outbox ids: the unexpected dead letters.
+    pub unexpected_dead_letters: Vec<i64>,
+    /// The events the dev server's DLQ says QStash gave up on after faults, not applied and not poison
+    /// (`outbox_testkit::given_up`): the unexpected dead letters must be exactly these.
+    pub explained_dead_letters: Vec<i64>,
+    /// Something in the run can exhaust QStash's retries (delivery faults, killed receivers, terminated
+    /// backends); without it no unexpected dead letter is allowed at all.
+    pub retries_exhaustible: bool,
     /// The dead letters' reasons.
     pub dead_letter_reasons: Vec<Reason>,
     /// Events applied more than once (must be 0).
@@ -178,30 +195,59 @@ pub struct SoakReport {
     pub drained: bool,
     pub seconds: f64,
     pub seed: u64,
-    /// Every must-be-zero figure is zero (and, with an outage, no dead letter but the poison ones).
+    /// Every must-be-zero figure is zero and the unexpected dead letters are within their bound
+    /// ([`SoakReport::dead_letter_bound`]).
     pub ok: bool,
 }
 
 impl SoakReport {
-    /// The one summary line.
+    /// The unexpected dead letters against their bound: none when nothing could exhaust QStash's retries, else
+    /// exactly the events the dev server's DLQ explains. `Err` names the events on either side.
+    pub fn dead_letter_bound(&self) -> Result<(), String> {
+        outbox_testkit::given_up::check_unexpected_dead_letters(
+            &self.unexpected_dead_letters.iter().copied().collect(),
+            &self.explained_dead_letters.iter().copied().collect(),
+            self.retries_exhaustible,
+        )
+    }
+
+    /// Sets [`SoakReport::ok`]: drained, every must-be-zero figure zero, the dead letters within their bound.
+    pub fn judge(&mut self) {
+        self.ok = self.drained
+            && self.applied_twice == 0
+            && self.lost == 0
+            && self.order_violations == 0
+            && self.left_leased == 0
+            && self.poison_applied == 0
+            && self.dead_letter_bound().is_ok();
+    }
+
+    /// The one summary line: short whatever the dead letters say (the non-poison reasons only, at most
+    /// [`LINE_REASONS`] of them, each normalised and capped by [`reason_of`]).
     pub fn line(&self) -> String {
-        let reasons: Vec<String> = self
+        let other: Vec<&Reason> = self
             .dead_letter_reasons
             .iter()
-            .map(|r| {
-                format!(
-                    "{} {}× \"{}\"",
-                    if r.poison { "poison" } else { "other" },
-                    r.count,
-                    outbox_cli::util::printable(&r.reason)
-                )
-            })
+            .filter(|r| !r.poison)
             .collect();
+        let mut reasons: Vec<String> = other
+            .iter()
+            .take(LINE_REASONS)
+            .map(|r| format!("{}× \"{}\"", r.count, r.reason))
+            .collect();
+        if other.len() > LINE_REASONS {
+            reasons.push(format!("+{} more", other.len() - LINE_REASONS));
+        }
+        let explained = if self.dead_lettered_other > 0 || !self.explained_dead_letters.is_empty() {
+            format!(", DLQ explains {}", self.explained_dead_letters.len())
+        } else {
+            String::new()
+        };
         format!(
-            "soak {}: enqueued {}, applied once {}, dead-lettered {} (poison {}, other {}{}{}), applied twice {}, \
-             lost {}, order violations {}, left leased {}, poison applied {}, relay kills {}, consumer kills {}, \
-             callback kills {}, backend kills {}, restarts {}, worker exits {}, pg restarts {}, outage {} s, \
-             drained {}, {:.0} s, seed {}",
+            "soak {}: enqueued {}, applied once {}, dead-lettered {} (poison {}, other {}{explained}{}{}), applied \
+             twice {}, lost {}, order violations {}, left leased {}, poison applied {}, relay kills {}, consumer \
+             kills {}, callback kills {}, backend kills {}, restarts {}, worker exits {}, pg restarts {}, outage {} \
+             s, drained {}, {:.0} s, seed {}",
             if self.ok { "OK" } else { "FAILED" },
             self.enqueued,
             self.applied_once,
@@ -229,6 +275,43 @@ impl SoakReport {
         )
     }
 }
+
+/// A dead letter's reason as the soak groups it: its `error` (for an event of a batch, the message's status and
+/// the consumer's words about that event), plus what the consumer said about this event in its response
+/// (`events[]` entry with its outbox id; the top-level `error` of a response without that list) when the error
+/// does not say it already; then normalised — cut before any JSON (`{` or `[`), runs of digits as `N`, the
+/// library's fixed wording shortened (`last status N: soak poison event`), one printable line of at most
+/// [`REASON_CHARS`] characters — so that alike failures count together and the summary stays short whatever the
+/// reasons say.
+pub fn reason_of(error: &str, response_body: Option<&str>, outbox_id: i64) -> String {
+    let said: Option<String> = response_body
+        .and_then(|b| serde_json::from_str::<serde_json::Value>(b).ok())
+        .and_then(|v| match v.get("events").and_then(|e| e.as_array()) {
+            Some(list) => list
+                .iter()
+                .find(|e| e.get("id").and_then(|i| i.as_i64()) == Some(outbox_id))
+                .and_then(|e| e.get("error"))
+                .and_then(|e| e.as_str())
+                .map(str::to_owned),
+            None => v.get("error").and_then(|e| e.as_str()).map(str::to_owned),
+        });
+    let mut text = error.to_owned();
+    if let Some(said) = said.filter(|s| !s.trim().is_empty() && !error.contains(s.as_str())) {
+        text.push_str(CONSUMER_SAID);
+        text.push_str(&said);
+    }
+    if let Some(json) = text.find(['{', '[']) {
+        text.truncate(json);
+    }
+    let text = crate::dev::dead_letters::generalise(text.trim_end_matches([' ', ':', ';', ',']))
+        // The library's wording, shortened: the words that tell failures apart fit in the cap.
+        .replace("QStash gave up after N attempt(s); ", "")
+        .replace(CONSUMER_SAID, ": ")
+        .replace("; the consumer said about this event: ", ": ");
+    outbox_cli::util::one_line(&text, REASON_CHARS)
+}
+
+const CONSUMER_SAID: &str = "; the consumer said: ";
 
 /// A soak event's payload.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -448,7 +531,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
     outbox::migrate(&db, outbox::schema::current())
         .await
         .context("applying the outbox migrations")?;
-    sqlx::query(SOAK_TABLE).execute(&db).await?;
+    create_table(&db).await?;
 
     // The dev server, faults on, seeded.
     let mut dev_cfg = qstash_dev::Config {
@@ -666,9 +749,15 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
     for w in &mut workers {
         kill(w).await;
     }
+    // What QStash gave up on, by the dev server's own record (its DLQ), before it goes away.
+    let dlq = dev_handle.dlq_entries();
     dev.shutdown().await;
 
     let mut report = account(&db).await?;
+    report.explained_dead_letters = explained_dead_letters(&db, &dlq).await?;
+    // Delivery faults, killed receivers and terminated backends can each make QStash give up on a message.
+    report.retries_exhaustible =
+        outbox_testkit::given_up::can_exhaust_retries(&faults) || args.kill_every_ms > 0;
     report.drained = drained;
     report.relay_kills = counts.relay_kills.load(Ordering::Relaxed);
     report.consumer_kills = counts.consumer_kills.load(Ordering::Relaxed);
@@ -680,13 +769,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
     report.outage_secs = args.outage_secs;
     report.seed = args.seed;
     report.seconds = started.elapsed().as_secs_f64();
-    report.ok = drained
-        && report.applied_twice == 0
-        && report.lost == 0
-        && report.order_violations == 0
-        && report.left_leased == 0
-        && report.poison_applied == 0
-        && (args.outage_secs == 0 || report.dead_lettered_other == 0);
+    report.judge();
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -887,11 +970,11 @@ async fn progress(
     }
 }
 
-/// Counts every event's fate from the database.
+/// Counts every event's fate from the database ([`verdict`]), retrying while Postgres comes back from a restart.
 async fn account(db: &PgPool) -> anyhow::Result<SoakReport> {
     let mut tries = 0;
     loop {
-        match account_once(db).await {
+        match verdict(db).await {
             Ok(r) => return Ok(r),
             // Postgres may still be coming back from a restart.
             Err(e) if tries < 20 => {
@@ -904,11 +987,21 @@ async fn account(db: &PgPool) -> anyhow::Result<SoakReport> {
     }
 }
 
-async fn account_once(db: &PgPool) -> anyhow::Result<SoakReport> {
+/// Creates the soak consumer's table, `soak_applied` (in a database the library's migrations ran on).
+pub async fn create_table(db: &PgPool) -> anyhow::Result<()> {
+    sqlx::query(SOAK_TABLE).execute(db).await?;
+    Ok(())
+}
+
+/// The soak's verdict on a database (the library's tables and `soak_applied`, [`create_table`]): every figure of
+/// [`SoakReport`] that the database holds — enqueued, poison, applied once and twice, poison applied,
+/// dead-lettered (poison, other, the unexpected events' ids, the reasons), lost, order violations, left leased —
+/// in one transaction. The rest (kills, the dead letters the dev server explains, `ok`) is the caller's.
+pub async fn verdict(db: &PgPool) -> anyhow::Result<SoakReport> {
     let mut tx = db.begin().await?;
     sqlx::query(outbox::schema::q(
         "CREATE TEMP TABLE soak_fate ON COMMIT DROP AS
-         SELECT o.id, o.topic, (o.payload->>'poison')::boolean AS poison,
+         SELECT o.id, o.topic, coalesce((o.payload->>'poison')::boolean, false) AS poison,
                 coalesce(a.applied, 0) AS applied,
                 EXISTS (SELECT 1 FROM {schema}.dead_letters d WHERE d.outbox_id = o.id) AS dead
            FROM {schema}.outbox o
@@ -937,10 +1030,15 @@ async fn account_once(db: &PgPool) -> anyhow::Result<SoakReport> {
     )
     .fetch_one(&mut *tx)
     .await?;
-    let reasons: Vec<(bool, String, i64)> = sqlx::query_as(outbox::schema::q(
-        "SELECT f.poison, left(d.error || coalesce(': ' || d.response_body, ''), 160), count(DISTINCT f.id)
+    let unexpected: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM soak_fate WHERE dead AND applied = 0 AND NOT poison ORDER BY id",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let dead_letters: Vec<(bool, i64, String, Option<String>)> = sqlx::query_as(outbox::schema::q(
+        "SELECT f.poison, f.id, d.error, d.response_body
            FROM soak_fate f JOIN {schema}.dead_letters d ON d.outbox_id = f.id
-          WHERE f.applied = 0 GROUP BY 1, 2 ORDER BY 3 DESC",
+          WHERE f.applied = 0",
     ))
     .fetch_all(&mut *tx)
     .await?;
@@ -962,16 +1060,20 @@ async fn account_once(db: &PgPool) -> anyhow::Result<SoakReport> {
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
-    let mut merged: BTreeMap<(bool, String), i64> = BTreeMap::new();
-    for (p, r, c) in reasons {
-        *merged.entry((p, r)).or_default() += c;
+    // Grouped by normalised reason, counting distinct events (an event may carry several dead letters).
+    let mut merged: BTreeMap<(bool, String), std::collections::BTreeSet<i64>> = BTreeMap::new();
+    for (poison, id, error, response_body) in dead_letters {
+        merged
+            .entry((poison, reason_of(&error, response_body.as_deref(), id)))
+            .or_default()
+            .insert(id);
     }
     let mut dead_letter_reasons: Vec<Reason> = merged
         .into_iter()
-        .map(|((poison, reason), count)| Reason {
+        .map(|((poison, reason), ids)| Reason {
             poison,
             reason,
-            count,
+            count: ids.len() as i64,
         })
         .collect();
     dead_letter_reasons.sort_by_key(|r| std::cmp::Reverse(r.count));
@@ -983,10 +1085,124 @@ async fn account_once(db: &PgPool) -> anyhow::Result<SoakReport> {
         poison_applied,
         dead_lettered_poison: dead_poison,
         dead_lettered_other: dead_other,
+        unexpected_dead_letters: unexpected,
         dead_letter_reasons,
         lost,
         order_violations: violations,
         left_leased: leased,
         ..SoakReport::default()
     })
+}
+
+/// The events the dev server's DLQ (`dlq`, its own record) says QStash gave up on after faults, less the ones the
+/// soak's consumer applied (`soak_applied`) and the poison ones: what [`SoakReport::explained_dead_letters`]
+/// holds (`outbox_testkit::given_up`).
+pub async fn explained_dead_letters(
+    db: &PgPool,
+    dlq: &[qstash_dev::DlqEntryInfo],
+) -> anyhow::Result<Vec<i64>> {
+    let given_up = outbox_testkit::given_up::given_up(dlq);
+    let ids: Vec<i64> = given_up
+        .iter()
+        .flat_map(|m| m.events.iter().copied())
+        .collect();
+    let applied: std::collections::BTreeSet<i64> =
+        sqlx::query_scalar("SELECT DISTINCT outbox_id FROM soak_applied WHERE outbox_id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(db)
+            .await?
+            .into_iter()
+            .collect();
+    let poison: std::collections::BTreeSet<i64> = sqlx::query_scalar(outbox::schema::q(
+        "SELECT id FROM {schema}.outbox WHERE id = ANY($1) AND coalesce((payload->>'poison')::boolean, false)",
+    ))
+    .bind(&ids)
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .collect();
+    Ok(outbox_testkit::given_up::explained_dead_letters(
+        &given_up,
+        |id| applied.contains(&id),
+        |id| poison.contains(&id),
+    )
+    .into_iter()
+    .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_is_the_events_own_words_without_ids_or_json() {
+        // The soak's own case: a batch member's error, and the consumer's whole response in response_body.
+        let body = r#"{"error":"event 10400: soak poison event","events":[{"id":10398,"outcome":"processed"},{"id":10400,"outcome":"failed","error":"soak poison event"}],"status":"partial"}"#;
+        let batch_error = "QStash gave up after 1 attempt(s); last status 489; the consumer said about this event: \
+                           soak poison event";
+        assert_eq!(
+            reason_of(batch_error, Some(body), 10400),
+            "last status N: soak poison event"
+        );
+        // One event per message: the error has no consumer words; its own verdict is added.
+        let single = r#"{"error":"database error: pool timed out","events":[{"id":7,"outcome":"retry","error":"database error: pool timed out"}]}"#;
+        assert_eq!(
+            reason_of(
+                "QStash gave up after 4 attempt(s); last status 503",
+                Some(single),
+                7
+            ),
+            "last status N: database error: pool timed out"
+        );
+        assert_eq!(
+            reason_of(
+                "QStash gave up after 4 attempt(s); no response (network errors or timeouts)",
+                Some(""),
+                7
+            ),
+            "no response (network errors or timeouts)"
+        );
+        // Another event's verdict is never taken; JSON in an error is cut.
+        assert_eq!(
+            reason_of("last status 503", Some(single), 8),
+            "last status N"
+        );
+        assert_eq!(reason_of("boom: {\"a\":[1,2,3]}", None, 1), "boom");
+    }
+
+    #[test]
+    fn the_summary_line_stays_short_whatever_the_reasons_say() {
+        let long = "x".repeat(10_000);
+        // A full run's magnitudes (20,000 events, a thousand kills, an hour), fifty different long reasons.
+        let mut report = SoakReport {
+            enqueued: 20_000,
+            applied_once: 19_000,
+            dead_lettered_poison: 400,
+            dead_lettered_other: 600,
+            explained_dead_letters: vec![1; 600],
+            relay_kills: 1_000,
+            consumer_kills: 1_000,
+            callback_kills: 1_000,
+            backend_kills: 10_000,
+            restarts: 3_000,
+            seconds: 3_600.0,
+            seed: 12_345,
+            ..SoakReport::default()
+        };
+        report.dead_letter_reasons = (0..50i64)
+            .map(|i| Reason {
+                poison: i % 2 == 0,
+                reason: reason_of(&format!("{long} {i} {{\"events\":[]}}"), Some(&long), i),
+                count: 100 - i,
+            })
+            .collect();
+        let line = report.line();
+        assert!(
+            line.chars().count() < 500,
+            "{} chars: {line}",
+            line.chars().count()
+        );
+        assert!(line.contains("+23 more"), "{line}");
+        assert!(!line.contains('\n'));
+    }
 }

@@ -13,7 +13,8 @@
 //! in transaction mode. See `docs/scaling.md`.
 //!
 //! The test starts its own PgBouncer (`outbox_testkit::pgbouncer`, the Debian package that `scripts/test-deps`
-//! installs) and skips, loudly, only when the binary is absent. The database is migrated directly (the migrator
+//! installs) and skips, loudly, only when the binary is absent — and fails instead under CI (`CI=true`,
+//! `outbox_testkit::skip_or_fail_under_ci`): a CI run never passes without it. The database is migrated directly (the migrator
 //! takes a session-level advisory lock: run `outbox migrate` against Postgres, not through the pooler).
 
 use std::process::Stdio;
@@ -28,9 +29,10 @@ use sqlx::PgPool;
 async fn the_local_pipeline_runs_through_pgbouncer_in_transaction_mode(pool: PgPool) {
     let opts = pool.connect_options();
     let Some(bouncer) = PgBouncer::start(opts.get_host(), opts.get_port()).unwrap() else {
-        eprintln!(
-            "\n\n!!!!! SKIPPED: pgbouncer is not installed (scripts/test-deps installs it: apt-get install -y \
-             pgbouncer); the pipeline was NOT tested through PgBouncer in transaction mode !!!!!\n\n"
+        outbox_testkit::skip_or_fail_under_ci(
+            "pgbouncer",
+            "scripts/test-deps installs it: apt-get install -y pgbouncer",
+            "the pipeline was NOT tested through PgBouncer in transaction mode",
         );
         return;
     };

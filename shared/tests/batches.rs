@@ -20,7 +20,8 @@ struct Note {
     note: String,
 }
 
-/// Writes the note; `poison` is refused permanently, `flaky` transiently while the flag is set.
+/// Writes the note; `poison` and `rotten` are refused permanently (each with its own error), `flaky` transiently
+/// while the flag is set.
 #[derive(Clone)]
 struct Notes {
     flaky: Arc<AtomicBool>,
@@ -40,6 +41,7 @@ impl Handler<Note> for Notes {
             .await?;
         match event.payload.note.as_str() {
             "poison" => Err(HandlerError::permanent("poison refused")),
+            "rotten" => Err(HandlerError::permanent("rotten note refused")),
             "flaky" if self.flaky.load(Ordering::SeqCst) => {
                 Err(HandlerError::transient("downstream unavailable"))
             }
@@ -678,4 +680,56 @@ async fn without_a_verdict_the_first_unapplied_ordered_event_or_every_unapplied_
         .collect();
     assert_eq!(dls, vec![un[1], un[2]]);
     assert!(flags(&pool, un[0]).await.0);
+}
+
+/// A batch member's dead letter says what the consumer said about *that* event (decision record 0027), never the
+/// consumer's whole response (which names the other events and their errors: that stays in `response_body`).
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn a_dead_batch_members_error_is_its_own_error_not_the_whole_response(pool: PgPool) {
+    let (state, _) = setup(&pool).await;
+    let texts = ["a", "poison", "b", "rotten", "c"];
+    let ids = enqueue_n(&pool, &Topic::unordered("notes"), "k", &texts).await;
+    let b = notes(&ids, &texts);
+    let r = handle_event(&state, b.request()).await;
+    assert_eq!(r.status().as_u16(), 489);
+    let response = String::from_utf8(r.body().as_ref().to_vec()).unwrap();
+    let cb = callback_body(&b, 489, response.as_bytes(), Some("dlq-own"));
+    let r = handle_callback(&state.receiver, post("/failure", &cb)).await;
+    assert_eq!(parts(&r).0, 200, "{}", parts(&r).1);
+    let dead: Vec<(i64, String, Option<String>)> = sqlx::query_as(
+        "SELECT outbox_id, error, response_body FROM dead_letters WHERE resolved_at IS NULL ORDER BY outbox_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        dead.iter().map(|d| d.0).collect::<Vec<_>>(),
+        vec![ids[1], ids[3]],
+        "the two refused events, each its own dead letter"
+    );
+    for (id, error, response_body) in &dead {
+        let (own, other, other_id) = if *id == ids[1] {
+            ("poison refused", "rotten note refused", ids[3])
+        } else {
+            ("rotten note refused", "poison refused", ids[1])
+        };
+        assert!(error.contains(own), "event {id}: its own error: {error}");
+        assert!(
+            error.starts_with("QStash gave up after 1 attempt(s); last status 489"),
+            "event {id}: the message-level prefix stays: {error}"
+        );
+        assert!(
+            !error.contains(other) && !error.contains(&format!("event {other_id}:")),
+            "event {id}: nothing of the other refused event: {error}"
+        );
+        assert!(
+            !error.contains('{') && !error.contains("\"events\"") && !error.contains("outcome"),
+            "event {id}: no JSON of the consumer's response: {error}"
+        );
+        assert_eq!(
+            response_body.as_deref(),
+            Some(response.as_str()),
+            "event {id}: the whole response stays in response_body"
+        );
+    }
 }

@@ -8,11 +8,13 @@
 //!   the envelope [`receiving::Delivery`] builder, receiver and consumer states on a fixed clock;
 //! * [`sink`]: a stand-in consumer and callback endpoint that records what the dev server delivers;
 //! * [`db`]: URLs of `#[sqlx::test]` databases and hand-built outbox states;
+//! * [`given_up`]: which events may end as unexpected dead letters, by the dev server's own DLQ;
 //! * [`moto`]: a local AWS Secrets Manager;
 //! * [`sam`]: `template.yaml` as CloudFormation, its alarms and dashboard; [`previous_relay`]: what the relay of
 //!   the previous wire format left behind;
 //! * [`MIGRATOR`]: the library's and the example application's migrations, for tests that need both;
-//! * small helpers: [`repo_root`], [`free_port`], [`percentile`], [`median`], [`text`].
+//! * small helpers: [`repo_root`], [`free_port`], [`percentile`], [`median`], [`text`], and
+//!   [`skip_or_fail_under_ci`] for a test whose external tool is missing.
 //!
 //! A dev-dependency only of the production crates (`outbox`, the functions, `outbox-cli`, `qstash-dev`): it is
 //! never part of what ships (decision record 0010).
@@ -28,6 +30,7 @@ use std::sync::LazyLock;
 use sqlx::migrate::Migrator;
 
 pub mod db;
+pub mod given_up;
 pub mod moto;
 pub mod pgbouncer;
 pub mod previous_relay;
@@ -88,9 +91,35 @@ pub fn text(buf: &[u8]) -> String {
     String::from_utf8_lossy(buf).into_owned()
 }
 
+/// Whether the `CI` variable (set to `true` by CI services) says this is a CI run: set, and not empty, `0` or
+/// `false`.
+pub fn is_ci(value: Option<&str>) -> bool {
+    value.is_some_and(|v| {
+        let v = v.trim();
+        !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false")
+    })
+}
+
+/// A test cannot run because an external tool (`tool`) is missing: under CI ([`is_ci`] of `CI`) that fails the
+/// test (panics) — a CI run must never pass without running it; elsewhere it prints a loud SKIPPED line naming
+/// how to install the tool (`install`) and what went untested (`untested`), and the caller returns.
+pub fn skip_or_fail_under_ci(tool: &str, install: &str, untested: &str) {
+    let message = format!("{tool} is not installed ({install}); {untested}");
+    if is_ci(std::env::var("CI").ok().as_deref()) {
+        panic!("{message}. CI is set: a missing test tool fails the run instead of skipping");
+    }
+    eprintln!("\n\n!!!!! SKIPPED: {message} !!!!!\n\n");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ci_is_any_value_but_empty_zero_or_false() {
+        assert!(is_ci(Some("true")) && is_ci(Some("1")) && is_ci(Some("TRUE")));
+        assert!(!is_ci(None) && !is_ci(Some("")) && !is_ci(Some("0")) && !is_ci(Some("false")));
+    }
 
     #[test]
     fn percentile_is_nearest_rank_on_a_sorted_copy() {

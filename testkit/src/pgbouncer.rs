@@ -5,7 +5,8 @@
 //!
 //! [`PgBouncer::start`] writes an ini to a scratch directory (trust auth, `pool_mode = transaction`, a free
 //! loopback port, every database forwarded to `127.0.0.1:5432`) and runs the Debian package's binary on it
-//! (`scripts/test-deps` installs it). It returns `None` when no binary is installed: the caller skips, loudly.
+//! (`scripts/test-deps` installs it). It returns `None` when no binary is installed: the caller skips, loudly, or
+//! fails under CI ([`crate::skip_or_fail_under_ci`]).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

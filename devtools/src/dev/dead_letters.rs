@@ -112,7 +112,7 @@ impl DeadLetter {
 }
 
 /// Runs of digits become `N`: ids, amounts and counts differ between alike failures.
-fn generalise(s: &str) -> String {
+pub(crate) fn generalise(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut in_digits = false;
     for c in s.chars() {
