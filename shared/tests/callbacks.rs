@@ -225,6 +225,80 @@ async fn well_formed_failure_callback_is_recorded_once(pool: PgPool) {
     assert_eq!(count(&pool, "SELECT count(*) FROM dead_letters").await, 1);
 }
 
+/// Two QStash messages of one event both given up on (a batch formed again after a relay died, a republish):
+/// the second failure merges into the event's open dead letter — natural id remembered, attempts added, reason
+/// appended — so the event has one dead letter, listed once and redriven once; either callback retried is a
+/// duplicate. A dead letter that was redriven is handled: a later failure is a new dead letter.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn a_second_failure_of_an_event_merges_into_its_open_dead_letter(pool: PgPool) {
+    let id = enqueue_audit(&pool).await;
+    let st = state(&pool);
+    let delivery = audit_delivery(id).schema_version(2);
+    let first = failure_body(&delivery, "1701198458025-0").to_string();
+    let mut second = failure_body(&delivery, "1701198999000-0");
+    second["sourceMessageId"] = json!("msg_second");
+    second["status"] = json!(500);
+    second["retried"] = json!(2);
+    let second = second.to_string();
+    let r = handle_callback(&st, post("/failure", first.as_bytes())).await;
+    assert_eq!(parts(&r).1["status"], "recorded");
+    let r = handle_callback(&st, post("/failure", second.as_bytes())).await;
+    let (status, json) = parts(&r);
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["status"], "merged", "{json}");
+    assert_eq!(json["outbox_id"], id);
+
+    let dl = dead_letters(&pool).await;
+    assert_eq!(dl.len(), 1, "one dead letter per event");
+    let d = &dl[0];
+    assert_eq!(d.natural_id, "1701198458025-0");
+    assert_eq!(d.attempts, Some(6 + 3), "the attempts of both messages");
+    assert!(
+        d.error.contains("last status 503") && d.error.contains("last status 500"),
+        "both reasons kept: {}",
+        d.error
+    );
+    let (merged_ids, merged_count): (Vec<String>, i32) =
+        sqlx::query_as("SELECT merged_ids, merged_count FROM dead_letters")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(merged_ids, vec!["1701198999000-0".to_owned()]);
+    assert_eq!(merged_count, 1);
+
+    // Either callback retried by QStash changes nothing.
+    for body in [&first, &second] {
+        let r = handle_callback(&st, post("/failure", body.as_bytes())).await;
+        assert_eq!(parts(&r), (200, json!({"status":"duplicate"})));
+    }
+    assert_eq!(count(&pool, "SELECT count(*) FROM dead_letters").await, 1);
+    let mut conn = pool.acquire().await.unwrap();
+    let page = outbox::dead_letters::list(
+        &mut conn,
+        &outbox::dead_letters::ListQuery {
+            limit: 10,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        page.items.len(),
+        1,
+        "`dead-letters list` shows the event once"
+    );
+
+    // Once handled (redriven), a new failure of the event is a dead letter of its own.
+    sqlx::query("UPDATE dead_letters SET redriven_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let third = failure_body(&delivery, "1701199999000-0").to_string();
+    let r = handle_callback(&st, post("/failure", third.as_bytes())).await;
+    assert_eq!(parts(&r).1["status"], "recorded");
+    assert_eq!(count(&pool, "SELECT count(*) FROM dead_letters").await, 2);
+}
+
 #[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn outbox_id_of_an_older_relays_message_comes_from_the_source_headers(pool: PgPool) {
     // A message published before the signed contract (no contract version in its URL, payload as body): its
