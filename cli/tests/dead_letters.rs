@@ -307,7 +307,7 @@ async fn a_middle_event_is_refused_unless_out_of_order_and_then_goes_unordered(p
             .unwrap();
     assert_eq!(done, 3, "the key is not rewound");
 
-    // The unordered claim picks it up; its message carries no sequence and asks for no delivery callback.
+    // The unordered claim picks it up; its message carries no sequence and no key evidence.
     let relay = relay(&pool);
     let claimed = relay.claim().await.unwrap();
     assert_eq!(claimed.iter().map(|c| c.id).collect::<Vec<_>>(), vec![mid]);
@@ -318,7 +318,12 @@ async fn a_middle_event_is_refused_unless_out_of_order_and_then_goes_unordered(p
         (mid, None, None),
         "no sequence and no evidence in the signed envelope"
     );
-    assert!(msg.options.callback.is_none());
+    // A delivery callback, if any, reports an unordered event's outcome (`RELAY_UNORDERED_EVIDENCE`, decision
+    // 0015), never evidence for a key: the envelope above names none.
+    assert_eq!(
+        msg.options.callback.is_some(),
+        relay.config().accounting.unordered == outbox::config::OutcomeSource::Callback
+    );
     assert_eq!(
         msg.options.deduplication_id.as_deref(),
         Some(format!("outbox-{mid}-r1").as_str())

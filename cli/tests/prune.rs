@@ -25,11 +25,23 @@ async fn prune_removes_only_what_is_past_retention(pool: PgPool) {
                 "audit",
                 "old",
                 None,
-                "dispatched_at = now() - interval '30 hours'",
+                "dispatched_at = now() - interval '30 hours', delivered_at = now() - interval '30 hours'",
             )
             .await,
         );
     }
+    // Dispatched long ago but without an outcome (in flight: not applied, not dead): kept until it is accounted
+    // for (decision 0015).
+    kept.push(
+        event(
+            &pool,
+            "audit",
+            "in-flight",
+            None,
+            "dispatched_at = now() - interval '30 hours'",
+        )
+        .await,
+    );
     kept.push(
         event(
             &pool,

@@ -20,11 +20,12 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 /// The outbox's tables, as the migrations create them.
-const OUTBOX_TABLES: [&str; 8] = [
+const OUTBOX_TABLES: [&str; 9] = [
     "_sqlx_migrations",
     "consumer_sequences",
     "dead_letters",
     "outbox",
+    "outbox_accounting",
     "outbox_keys",
     "outbox_relay_outage",
     "outbox_sequences",
