@@ -160,22 +160,28 @@ async fn callback_receiver_down_then_up(pool: PgPool, mode: EvidenceMode, batch:
     );
     // Nothing recorded them: without the reconciler they would stay in flight forever.
     assert_eq!(scalar(&pool, "SELECT count(*) FROM dead_letters").await, 0);
-    // Meanwhile `outbox status` shows them as unaccounted once they pass the horizon.
+    // Meanwhile `outbox status` shows them as unaccounted once they pass the horizon, and so does the relay's
+    // invocation summary, whose `backlog.unaccounted` is the `UnaccountedEvents` metric the alarm reads.
     let horizon = Duration::from_secs(8);
-    let seen_unaccounted = eventually(Duration::from_secs(30), || async {
-        outbox::ops::status_with_horizon(&pool, horizon)
+    let (mut status_saw, mut metric_saw) = (false, false);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !(status_saw && metric_saw) && tokio::time::Instant::now() < deadline {
+        status_saw |= outbox::ops::status_with_horizon(&pool, horizon)
             .await
             .unwrap()
             .in_flight
             .unaccounted
-            > 0
-            || scalar(&pool, "SELECT count(*) FROM dead_letters").await > 0
-    })
-    .await;
+            > 0;
+        metric_saw |= stack
+            .last_invocation()
+            .is_some_and(|s| s.backlog.unaccounted > 0);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert!(
-        seen_unaccounted,
-        "status never showed the events unaccounted"
+        status_saw,
+        "`outbox status` never showed the events unaccounted"
     );
+    assert!(metric_saw, "the UnaccountedEvents metric never moved");
 
     stack.set_callbacks_down(false);
     // Within a horizon or two every poison event has exactly one dead letter, through the reconciler (QStash will

@@ -169,6 +169,13 @@ await step("dlq.listMessages / dlq.retry / dlq.delete and the failure callback",
   assert.ok(entry, "failed message is in the DLQ");
   assert.equal(entry.dlqId, fb.dlqId);
   assert.equal(entry.responseStatus, 500);
+  // What the outbox's reconciler asks (decision 0015): the DLQ entry of one message, by its id.
+  const byId = await client.dlq.listMessages({ filter: { messageId: res.messageId } });
+  assert.equal(byId.messages.length, 1);
+  assert.equal(byId.messages[0].dlqId, fb.dlqId);
+  assert.equal(byId.cursor, undefined);
+  const none = await client.dlq.listMessages({ filter: { messageId: "msg_unknown" } });
+  assert.equal(none.messages.length, 0);
   const retried = await client.dlq.retry(entry.dlqId);
   assert.equal(retried.responses.length, 1);
   assert.match(retried.responses[0].messageId, /^msg_/);

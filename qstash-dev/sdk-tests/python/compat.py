@@ -203,6 +203,13 @@ def _():
         time.sleep(0.02)
     e = client.dlq.get(entries[0].dlq_id)
     assert e.message_id == entries[0].message_id and e.response_status == 500
+    # What the outbox's reconciler asks (decision 0015): one message's DLQ entry by its id, and pages by cursor.
+    by_id = client.dlq.list(filter={"message_id": ids[1]})
+    assert [m.message_id for m in by_id.messages] == [ids[1]] and not by_id.cursor
+    page = client.dlq.list(count=1)
+    assert len(page.messages) == 1 and page.cursor
+    rest = client.dlq.list(cursor=page.cursor, count=100)
+    assert page.messages[0].dlq_id not in [m.dlq_id for m in rest.messages]
     client.dlq.delete(entries[0].dlq_id)
     assert client.dlq.delete_many([entries[1].dlq_id]) == 1
     assert not [m for m in client.dlq.list().messages if m.message_id in ids]
