@@ -103,7 +103,7 @@ async fn attempt(shared: &Shared, client: &HttpClient, job: &Job) -> (Outcome, O
     // (finalized like a cancellation: no attempt, no callback, no DLQ entry).
     if job.retried == 0
         && !job.duplicate
-        && data.kind == crate::types::AttemptKind::Destination
+        && data.is_destination()
         && shared.delivery_faults_active()
         && shared.draw_delivery(FaultKind::MessageLoss, data.fault_id, 0)
     {

@@ -48,6 +48,11 @@ pub(crate) fn header_multimap<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)
 }
 
 impl MsgData {
+    /// A published message (not a callback of one).
+    pub fn is_destination(&self) -> bool {
+        self.kind == crate::types::AttemptKind::Destination
+    }
+
     /// The headers the destination receives from the publisher: Content-Type and the forwarded ones.
     pub fn source_header_pairs(&self) -> Vec<(&str, &str)> {
         let mut v = Vec::with_capacity(self.forward.len() + 1);
