@@ -67,7 +67,9 @@ fn secret_of(function: &str) -> &'static str {
 /// Variables whose template default deliberately differs from the code's default.
 /// `RELAY_ORDERED_EVIDENCE`: `consumer` in this stack, whose consumer shares the outbox's database
 /// (docs/decisions/0007); the code defaults to `callback`, which works with any consumer.
-const DELIBERATE: &[&str] = &["RELAY_ORDERED_EVIDENCE"];
+/// `RELAY_UNORDERED_EVIDENCE`: `dedupe` for the same reason (docs/decisions/0015); the code's default follows
+/// `RELAY_ORDERED_EVIDENCE`, so `callback` here.
+const DELIBERATE: &[&str] = &["RELAY_ORDERED_EVIDENCE", "RELAY_UNORDERED_EVIDENCE"];
 
 fn resources(cfn: &Value) -> &serde_json::Map<String, Value> {
     cfn["Resources"].as_object().expect("Resources")
