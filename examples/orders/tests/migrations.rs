@@ -158,6 +158,7 @@ async fn the_two_migrators_make_what_the_single_one_made(pool: PgPool) {
             "consumer_sequences",
             "dead_letters",
             "outbox",
+            "outbox_accounting",
             "outbox_keys",
             "outbox_relay_outage",
             "outbox_sequences",
