@@ -19,10 +19,7 @@ use sqlx::PgPool;
 fn options(pool: &PgPool, mode: EvidenceMode, batch: u32) -> StackOptions {
     let mut opts = StackOptions::new(&url_of(pool)).unwrap();
     opts.relay.ordered_evidence = mode;
-    opts.relay.accounting.unordered = match mode {
-        EvidenceMode::Consumer => outbox::config::OutcomeSource::DedupeRow,
-        EvidenceMode::Callback => outbox::config::OutcomeSource::Callback,
-    };
+    // The unordered outcome follows: dedupe rows with consumer evidence, delivery callbacks otherwise.
     opts.relay.batching.default_n = batch;
     opts.dev.time_scale = 0.002;
     opts.relay.lease = Duration::from_secs(2);

@@ -451,6 +451,10 @@ async fn events_applied_behind_lost_responses_end_resolved_and_block_nothing(poo
     // failure callback marks the applied events delivered without a dead letter, decision record 0027; the
     // batched pipeline tests cover that.)
     opts.relay.batching.default_n = 1;
+    // Unordered outcomes from the dedupe rows (no delivery callbacks for `audit`), and the relay's own sweep of
+    // them held off: the failure callback alone must find that the consumer applied them.
+    opts.relay.accounting.unordered = Some(outbox::config::OutcomeSource::DedupeRow);
+    opts.relay.accounting.applied_grace = Duration::from_secs(600);
     let stack = LocalStack::start(opts).await.unwrap();
     for n in 1..=5 {
         place_order(&stack.pool, n, false, None).await.unwrap();

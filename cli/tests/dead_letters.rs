@@ -322,7 +322,7 @@ async fn a_middle_event_is_refused_unless_out_of_order_and_then_goes_unordered(p
     // 0015), never evidence for a key: the envelope above names none.
     assert_eq!(
         msg.options.callback.is_some(),
-        relay.config().accounting.unordered == outbox::config::OutcomeSource::Callback
+        relay.config().unordered_outcome() == outbox::config::OutcomeSource::Callback
     );
     assert_eq!(
         msg.options.deduplication_id.as_deref(),

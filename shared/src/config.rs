@@ -564,9 +564,10 @@ pub enum OutcomeSource {
 /// The reconciler's settings (decision record 0015, `outbox::accounting`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AccountingConfig {
-    /// `RELAY_UNORDERED_EVIDENCE` (`dedupe` or `callback`). Default: `dedupe` when `RELAY_ORDERED_EVIDENCE` is
-    /// `consumer` (the consumer shares the database), else `callback`.
-    pub unordered: OutcomeSource,
+    /// `RELAY_UNORDERED_EVIDENCE` (`dedupe` or `callback`); `None` (unset) follows `RELAY_ORDERED_EVIDENCE`:
+    /// `dedupe` with `consumer` (the consumer shares the database), else `callback`. Read it through
+    /// [`RelayConfig::unordered_outcome`].
+    pub unordered: Option<OutcomeSource>,
     /// `CONSUMER_NAME` (default `consumer`): the dedupe namespace the relay reads with [`OutcomeSource::DedupeRow`].
     pub consumer_name: String,
     /// `RELAY_RECONCILE_AFTER_SECS`: an event in flight for longer is looked up at QStash. Default:
@@ -589,7 +590,7 @@ pub struct AccountingConfig {
 impl Default for AccountingConfig {
     fn default() -> Self {
         AccountingConfig {
-            unordered: OutcomeSource::DedupeRow,
+            unordered: None,
             consumer_name: "consumer".into(),
             horizon: reconcile_horizon(5, None),
             applied_grace: Duration::from_secs(30),
@@ -614,22 +615,19 @@ pub fn reconcile_horizon(retries: u32, delivery_timeout: Option<Duration>) -> Du
 }
 
 impl AccountingConfig {
-    /// Reads the accounting variables; `retries` and `delivery_timeout` set the default horizon, `ordered` the
-    /// default outcome source.
+    /// Reads the accounting variables; `retries` and `delivery_timeout` set the default horizon.
     pub fn from_vars(
         v: &Vars<'_>,
         retries: u32,
         delivery_timeout: Option<Duration>,
-        ordered: EvidenceMode,
     ) -> Result<Self, ConfigError> {
         let unordered = match v
             .raw("RELAY_UNORDERED_EVIDENCE")
             .map(|m| m.trim().to_ascii_lowercase())
         {
-            None if ordered == EvidenceMode::Consumer => OutcomeSource::DedupeRow,
-            None => OutcomeSource::Callback,
-            Some(m) if m == "dedupe" => OutcomeSource::DedupeRow,
-            Some(m) if m == "callback" => OutcomeSource::Callback,
+            None => None,
+            Some(m) if m == "dedupe" => Some(OutcomeSource::DedupeRow),
+            Some(m) if m == "callback" => Some(OutcomeSource::Callback),
             Some(m) => {
                 return Err(ConfigError::InvalidVar {
                     name: "RELAY_UNORDERED_EVIDENCE",
@@ -831,12 +829,7 @@ impl RelayConfig {
             None => None,
         };
         Ok(RelayConfig {
-            accounting: AccountingConfig::from_vars(
-                v,
-                qstash_retries,
-                delivery_timeout,
-                ordered_evidence,
-            )?,
+            accounting: AccountingConfig::from_vars(v, qstash_retries, delivery_timeout)?,
             ordered_evidence,
             batching: DeliveryBatching::from_vars(v)?,
             outage_probe_base,
@@ -862,6 +855,18 @@ impl RelayConfig {
             housekeeping_batch: v.ranged_or("RELAY_HOUSEKEEPING_BATCH", 1000, 1, 100_000)?,
             listen_notify: v.bool_or("RELAY_LISTEN_NOTIFY", false)?,
         })
+    }
+
+    /// Where an unordered event's outcome comes from: `RELAY_UNORDERED_EVIDENCE`, else what
+    /// `RELAY_ORDERED_EVIDENCE` implies (the consumer records ordered evidence in the outbox's database: its dedupe
+    /// rows are there too).
+    pub fn unordered_outcome(&self) -> OutcomeSource {
+        self.accounting
+            .unordered
+            .unwrap_or(match self.ordered_evidence {
+                EvidenceMode::Consumer => OutcomeSource::DedupeRow,
+                EvidenceMode::Callback => OutcomeSource::Callback,
+            })
     }
 
     /// The policy for a topic's dead heads.

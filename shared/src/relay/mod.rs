@@ -354,7 +354,7 @@ impl Relay {
         let callback = if ordered {
             !by_consumer
         } else {
-            self.cfg.accounting.unordered == OutcomeSource::Callback
+            self.cfg.unordered_outcome() == OutcomeSource::Callback
         };
         let dedup: Vec<(i64, i32)> = events.iter().map(|e| (e.id, e.dedup_generation)).collect();
         // Ordered messages keep their key's flow-control key; an unordered message of several events (any keys)
