@@ -52,9 +52,9 @@ pub mod schema;
 pub mod secrets;
 pub mod telemetry;
 
+pub use headers::InvalidEvent;
 pub use producer::{
-    EnqueueError, EnqueuedEvent, InvalidEvent, NewEvent, Producer, Topic, TopicOrdering, enqueue,
-    enqueue_batch,
+    EnqueueError, EnqueuedEvent, NewEvent, Producer, Topic, TopicOrdering, enqueue, enqueue_batch,
 };
 
 /// The embedded schema migrations of the outbox's own tables (what the relay and the receivers expect). Run by
