@@ -265,14 +265,14 @@ fn source_files() -> Vec<File> {
                     path: f,
                 });
             }
-        } else if let Some(stem) = name.strip_suffix(".rs") {
-            if !NOT_LAYERED.contains(&name.as_str()) {
-                out.push(File {
-                    module: stem.to_string(),
-                    sub: None,
-                    path: p,
-                });
-            }
+        } else if let Some(stem) = name.strip_suffix(".rs")
+            && !NOT_LAYERED.contains(&name.as_str())
+        {
+            out.push(File {
+                module: stem.to_string(),
+                sub: None,
+                path: p,
+            });
         }
     }
     out
@@ -305,15 +305,15 @@ fn actual(lib: &str) -> (Graph, Graph, Vec<String>) {
                 Some(k) if k >= depth => &r.path,
                 // `super::x` in a module's file: a sibling file, or an item of `mod.rs` (not counted).
                 Some(k) if k == depth - 1 => {
-                    if let (Some(sub), true) = (&file.sub, is_sibling(&r.path[0])) {
-                        if *sub != r.path[0] {
-                            siblings
-                                .entry(format!("{}/{sub}", file.module))
-                                .or_default()
-                                .entry(format!("{}/{}", file.module, r.path[0]))
-                                .or_default()
-                                .push(place);
-                        }
+                    if let (Some(sub), true) = (&file.sub, is_sibling(&r.path[0]))
+                        && *sub != r.path[0]
+                    {
+                        siblings
+                            .entry(format!("{}/{sub}", file.module))
+                            .or_default()
+                            .entry(format!("{}/{}", file.module, r.path[0]))
+                            .or_default()
+                            .push(place);
                     }
                     continue;
                 }
@@ -340,15 +340,16 @@ fn actual(lib: &str) -> (Graph, Graph, Vec<String>) {
                     .entry(target)
                     .or_default()
                     .push(place);
-            } else if let (Some(next), Some(sub)) = (from_root.get(1), &file.sub) {
-                if is_sibling(next) && next != sub {
-                    siblings
-                        .entry(format!("{}/{sub}", file.module))
-                        .or_default()
-                        .entry(format!("{}/{next}", file.module))
-                        .or_default()
-                        .push(place);
-                }
+            } else if let (Some(next), Some(sub)) = (from_root.get(1), &file.sub)
+                && is_sibling(next)
+                && next != sub
+            {
+                siblings
+                    .entry(format!("{}/{sub}", file.module))
+                    .or_default()
+                    .entry(format!("{}/{next}", file.module))
+                    .or_default()
+                    .push(place);
             }
         }
     }
