@@ -17,8 +17,7 @@
 //! - at most [`MAX_HEADERS`] headers and [`MAX_TOTAL_BYTES`] bytes of names and values per event.
 
 use std::collections::BTreeMap;
-
-use crate::producer::InvalidEvent;
+use std::time::Duration;
 
 /// Most user headers on one event.
 pub const MAX_HEADERS: usize = 32;
@@ -28,6 +27,76 @@ pub const MAX_NAME_BYTES: usize = 64;
 pub const MAX_VALUE_BYTES: usize = 1024;
 /// Most bytes of names plus values on one event (they travel in every delivery and every dead letter).
 pub const MAX_TOTAL_BYTES: usize = 8192;
+
+/// Why an event was rejected before anything was written (by [`crate::producer`]: its topic, key, payload,
+/// delay, or a user header that breaks a rule of this module). Re-exported as `outbox::InvalidEvent` and
+/// `outbox::producer::InvalidEvent`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidEvent {
+    /// The topic name is empty.
+    #[error("topic is empty")]
+    EmptyTopic,
+    /// The topic name has characters that cannot be a URL path segment, or is too long.
+    #[error("topic {0:?} may only contain A-Z a-z 0-9 . _ - and be at most 100 characters")]
+    InvalidTopic(String),
+    /// The partition key is empty.
+    #[error("partition key is empty")]
+    EmptyKey,
+    /// The partition key is too long.
+    #[error("partition key is {len} bytes; the maximum is {max}")]
+    KeyTooLong { len: usize, max: usize },
+    /// The JSON payload is larger than the configured maximum.
+    #[error("payload is {size} bytes; the maximum is {max}")]
+    PayloadTooLarge { size: usize, max: usize },
+    /// The payload is not valid JSON.
+    #[error("payload is not valid JSON: {0}")]
+    NotJson(String),
+    /// The payload bytes are not UTF-8, so they cannot be JSON text.
+    #[error(
+        "payload is not UTF-8 (invalid bytes after the first {valid_up_to}), so it cannot be JSON text"
+    )]
+    NotUtf8 {
+        /// How many leading bytes are valid UTF-8.
+        valid_up_to: usize,
+    },
+    /// The payload contains a NUL character.
+    #[error("payload contains \\u0000, which Postgres jsonb cannot store")]
+    NulInPayload,
+    /// A header value is malformed.
+    #[error("{name} is invalid: {reason}")]
+    InvalidHeader {
+        /// Which header.
+        name: &'static str,
+        reason: String,
+    },
+    /// The delay is longer than [`crate::producer::MAX_DELAY`].
+    #[error("delay of {0:?} is longer than the maximum of 365 days")]
+    DelayTooLong(Duration),
+    /// A user header ([`crate::producer::NewEvent::header`]) breaks a rule of this module.
+    #[error("header {name:?} refused: {rule}")]
+    Header {
+        /// The header name as given (at most 80 characters of it).
+        name: String,
+        /// The rule it breaks.
+        rule: HeaderRule,
+    },
+    /// More user headers than [`MAX_HEADERS`].
+    #[error("{count} headers; the maximum is {max}")]
+    TooManyHeaders {
+        /// How many were set.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The user headers' names and values together exceed [`MAX_TOTAL_BYTES`].
+    #[error("headers total {size} bytes of names and values; the maximum is {max}")]
+    HeadersTooLarge {
+        /// Their size.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+}
 
 /// Names the pipeline owns or that mean something to HTTP, refused as user headers (lower case). `traceparent`,
 /// `x-correlation-id` and `x-schema-version` have their own setters on [`crate::NewEvent`]; `tracestate` and

@@ -29,6 +29,34 @@
 //! Cargo features, both off by default: `local` (a local HTTP server in front of the Lambda handlers, for the local
 //! pipeline and tests) and `testing` (a QStash-compatible token signer and the dev signing keys in [`receiver`],
 //! for fixtures and tests; the Lambda binaries never enable it).
+//!
+//! # Layout
+//!
+//! The modules from the bottom up: each uses only modules listed before it, so no two modules know each other.
+//! The unit test in `layering.rs` reads this list and checks every `crate::` path in the code under `src/`
+//! against it (the crate root's own items, such as [`install_crypto_provider`], are open to all), and that the
+//! files of one module (`consumer/http.rs`, `consumer/batch.rs`, …) do not use each other in a cycle.
+//!
+//! - `schema`: the schema the outbox's tables live in, and schema-qualified SQL.
+//! - `config`: typed configuration from environment variables.
+//! - `db`: the Lambda-sized Postgres pool and its connections.
+//! - `secrets`: the database URL, QStash token and signing keys, from Secrets Manager or the environment.
+//! - `telemetry`: logging setup.
+//! - `metrics`: CloudWatch EMF metrics.
+//! - `headers`: user headers and their rules, and [`InvalidEvent`] (why an event is refused).
+//! - `contract`: the signed wire contract between relay, QStash and the receivers.
+//! - `ordering`: per-key order: sequences, heads, delivery evidence.
+//! - `producer`: [`enqueue`] and [`Producer`]: writing events in the caller's transaction.
+//! - `once`: the dedupe row that applies a side effect once.
+//! - `qstash`: the QStash client.
+//! - `dead_letters`: recording, listing, redriving and purging dead letters.
+//! - `receiver`: the signature check, and what both receiver functions share.
+//! - `callbacks`: QStash failure and delivery callbacks.
+//! - `consumer`: typed handlers per topic and the consumer function's HTTP handler.
+//! - `accounting`: every event accounted for, and the reconciler for lost callbacks.
+//! - `relay`: the outbox to QStash, with its housekeeping.
+//! - `ops`: the operator figures of `outbox status`.
+//! - `local`: a local HTTP server in front of the Lambda handlers (feature `local`).
 
 pub mod accounting;
 pub mod callbacks;
@@ -38,6 +66,8 @@ pub mod contract;
 pub mod db;
 pub mod dead_letters;
 pub mod headers;
+#[cfg(test)]
+mod layering;
 #[cfg(feature = "local")]
 pub mod local;
 pub mod metrics;
@@ -52,9 +82,9 @@ pub mod schema;
 pub mod secrets;
 pub mod telemetry;
 
+pub use headers::InvalidEvent;
 pub use producer::{
-    EnqueueError, EnqueuedEvent, InvalidEvent, NewEvent, Producer, Topic, TopicOrdering, enqueue,
-    enqueue_batch,
+    EnqueueError, EnqueuedEvent, NewEvent, Producer, Topic, TopicOrdering, enqueue, enqueue_batch,
 };
 
 /// The embedded schema migrations of the outbox's own tables (what the relay and the receivers expect). Run by

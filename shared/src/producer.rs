@@ -33,6 +33,9 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::{PgConnection, Row};
 
+// Lives with the header rules it names, so that `headers` need not know the producer; re-exported here.
+pub use crate::headers::InvalidEvent;
+
 /// Payload limit by default: QStash's smallest plan accepts 1 MB messages.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1_000_000;
 /// Longest partition key accepted (it becomes part of HTTP headers and a flow-control key).
@@ -335,74 +338,6 @@ pub struct EnqueuedEvent {
     pub id: i64,
     /// The per-key sequence, for ordered topics.
     pub seq: Option<i64>,
-}
-
-/// Why an event was rejected before anything was written.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum InvalidEvent {
-    /// The topic name is empty.
-    #[error("topic is empty")]
-    EmptyTopic,
-    /// The topic name has characters that cannot be a URL path segment, or is too long.
-    #[error("topic {0:?} may only contain A-Z a-z 0-9 . _ - and be at most 100 characters")]
-    InvalidTopic(String),
-    /// The partition key is empty.
-    #[error("partition key is empty")]
-    EmptyKey,
-    /// The partition key is too long.
-    #[error("partition key is {len} bytes; the maximum is {max}")]
-    KeyTooLong { len: usize, max: usize },
-    /// The JSON payload is larger than the configured maximum.
-    #[error("payload is {size} bytes; the maximum is {max}")]
-    PayloadTooLarge { size: usize, max: usize },
-    /// The payload is not valid JSON.
-    #[error("payload is not valid JSON: {0}")]
-    NotJson(String),
-    /// The payload bytes are not UTF-8, so they cannot be JSON text.
-    #[error(
-        "payload is not UTF-8 (invalid bytes after the first {valid_up_to}), so it cannot be JSON text"
-    )]
-    NotUtf8 {
-        /// How many leading bytes are valid UTF-8.
-        valid_up_to: usize,
-    },
-    /// The payload contains a NUL character.
-    #[error("payload contains \\u0000, which Postgres jsonb cannot store")]
-    NulInPayload,
-    /// A header value is malformed.
-    #[error("{name} is invalid: {reason}")]
-    InvalidHeader {
-        /// Which header.
-        name: &'static str,
-        reason: String,
-    },
-    /// The delay is longer than [`MAX_DELAY`].
-    #[error("delay of {0:?} is longer than the maximum of 365 days")]
-    DelayTooLong(Duration),
-    /// A user header ([`NewEvent::header`]) breaks a rule of [`crate::headers`].
-    #[error("header {name:?} refused: {rule}")]
-    Header {
-        /// The header name as given (at most 80 characters of it).
-        name: String,
-        /// The rule it breaks.
-        rule: crate::headers::HeaderRule,
-    },
-    /// More user headers than [`crate::headers::MAX_HEADERS`].
-    #[error("{count} headers; the maximum is {max}")]
-    TooManyHeaders {
-        /// How many were set.
-        count: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// The user headers' names and values together exceed [`crate::headers::MAX_TOTAL_BYTES`].
-    #[error("headers total {size} bytes of names and values; the maximum is {max}")]
-    HeadersTooLarge {
-        /// Their size.
-        size: usize,
-        /// The limit.
-        max: usize,
-    },
 }
 
 /// An enqueue failure. Nothing was written in any case.

@@ -22,7 +22,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::delivery::Delivery;
-use super::http::Outcome;
+use super::outcome::Outcome;
 use super::registry::{EventMeta, HandlerError, Prepared, Route};
 use crate::ordering::{SequenceCheck, advance_consumer_sequence, check_consumer_sequence};
 use crate::receiver::ReceiverState;

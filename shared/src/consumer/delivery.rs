@@ -10,7 +10,7 @@ use lambda_http::Request;
 use sqlx::Row;
 
 use super::ReceiverState;
-use super::http::Outcome;
+use super::outcome::Outcome;
 use super::registry::{DEFAULT_SCHEMA_VERSION, EventMeta};
 use crate::config::LegacyDeliveries;
 use crate::contract::{self, legacy};

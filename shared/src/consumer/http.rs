@@ -1,118 +1,22 @@
-//! The consumer's HTTP handler and the outcome → status mapping (see the table in the parent module).
+//! The consumer's HTTP handler: the steps of the table in the parent module, ending in an [`Outcome`].
 
 use std::time::Duration;
 
 use chrono::Utc;
-use http::{HeaderValue, Method, StatusCode};
+use http::Method;
 use lambda_http::{Body, Request, Response};
 use serde_json::json;
 use tracing::field::Empty;
 
 use super::batch::{self, EventResult};
 use super::delivery::{current_delivery, legacy_delivery};
+use super::outcome::Outcome;
 use super::registry::EventMeta;
 use super::{ConsumerState, ReceiverState};
 use crate::contract::{self, Contract};
 use crate::metrics::{EmfRecord, Unit};
-use crate::receiver::http::{
-    NONRETRYABLE_HEADER, RequestOutcome, json_response, log_signature_rejected,
-    nonretryable_status, request_path, respond,
-};
-use crate::receiver::{VerifyError, verify_request};
-
-/// How a request ended. [`Outcome::into_response`] is the single place that maps outcomes to HTTP.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// Applied now (200).
-    Processed { outbox_id: i64 },
-    /// Applied before (200).
-    Duplicate { outbox_id: i64 },
-    /// Missing or invalid signature (401); nothing was read or written.
-    Unauthorized(VerifyError),
-    /// A valid signature, but a header copy or a legacy header disagrees with the signed data: the request was
-    /// altered after QStash signed it (401, counted as a rejected signature); nothing was written.
-    Tampered(String),
-    /// Body over the cap (413), refused before verification.
-    TooLarge { size: usize, max: usize },
-    /// Retrying cannot help (489 + `Upstash-NonRetryable-Error: true`).
-    Permanent(String),
-    /// Retrying may help (503, `Retry-After` when known).
-    Transient {
-        /// What failed.
-        message: String,
-        retry_after: Option<Duration>,
-    },
-}
-
-impl Outcome {
-    /// The HTTP status.
-    pub fn status(&self) -> StatusCode {
-        match self {
-            Outcome::Processed { .. } | Outcome::Duplicate { .. } => StatusCode::OK,
-            Outcome::Unauthorized(_) | Outcome::Tampered(_) => StatusCode::UNAUTHORIZED,
-            Outcome::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Outcome::Permanent(_) => nonretryable_status(),
-            Outcome::Transient { .. } => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
-
-    /// The metric this outcome counts in.
-    pub fn metric(&self) -> &'static str {
-        match self {
-            Outcome::Processed { .. } => "Applied",
-            Outcome::Duplicate { .. } => "Duplicates",
-            Outcome::Unauthorized(_) | Outcome::Tampered(_) => "RejectedSignatures",
-            Outcome::TooLarge { .. } | Outcome::Permanent(_) => "PermanentFailures",
-            Outcome::Transient { .. } => "TransientFailures",
-        }
-    }
-
-    /// The response: JSON `{"status":…}` on success, `{"error":…}` otherwise.
-    pub fn into_response(self) -> Response<Body> {
-        let status = self.status();
-        match self {
-            Outcome::Processed { outbox_id } => json_response(
-                status,
-                &json!({"status": "processed", "outbox_id": outbox_id}),
-            ),
-            Outcome::Duplicate { outbox_id } => json_response(
-                status,
-                &json!({"status": "duplicate", "outbox_id": outbox_id}),
-            ),
-            Outcome::Unauthorized(e) => json_response(
-                status,
-                &json!({"error": format!("signature rejected: {e}"), "check": e.check()}),
-            ),
-            Outcome::Tampered(message) => json_response(
-                status,
-                &json!({"error": format!("request refused: {message}"), "check": "header_mismatch"}),
-            ),
-            Outcome::TooLarge { size, max } => json_response(
-                status,
-                &json!({"error": format!("body is {size} bytes; the limit is {max} (MAX_BODY_BYTES)")}),
-            ),
-            Outcome::Permanent(message) => {
-                let mut r = json_response(status, &json!({"error": message}));
-                r.headers_mut()
-                    .insert(NONRETRYABLE_HEADER, HeaderValue::from_static("true"));
-                r
-            }
-            Outcome::Transient {
-                message,
-                retry_after,
-            } => {
-                let mut r = json_response(status, &json!({"error": message}));
-                if let Some(after) = retry_after {
-                    // Whole seconds, rounded up (QStash ignores values above one day).
-                    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-                    r.headers_mut()
-                        .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
-                }
-                r
-            }
-        }
-    }
-}
+use crate::receiver::http::{RequestOutcome, log_signature_rejected, request_path, respond};
+use crate::receiver::verify_request;
 
 /// The topic of `/events/{topic}` (the last `/events/` segment, so a path prefix in front is allowed).
 fn topic_of(path: &str) -> Option<&str> {

@@ -21,7 +21,8 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `http.rs` | [`handle_event`]: the steps above, and [`Outcome`] → status |
+//! | `http.rs` | [`handle_event`]: the steps above |
+//! | `outcome.rs` | [`Outcome`] → status and body (the handler, the batch and the delivery checks all produce one) |
 //! | `batch.rs` | the events of one delivery in one transaction, a savepoint each; per-event [`EventResult`] → the message's [`Outcome`] |
 //! | `delivery.rs` | what a delivery says about its event: the signed envelope, or a delivery in the previous format checked against its outbox row |
 //! | `registry.rs` | the typed handlers: [`Registry`], [`TopicRoute`], [`Handler`] |
@@ -31,6 +32,7 @@
 mod batch;
 mod delivery;
 mod http;
+mod outcome;
 mod registry;
 
 use crate::config::ConfigError;
@@ -38,7 +40,8 @@ use crate::config::ConfigError;
 // Shared by both receivers, so they live in `crate::receiver`; re-exported where they used to be.
 pub use crate::receiver::{NONRETRYABLE_HEADER, Receiver, ReceiverState, STATUS_NONRETRYABLE};
 pub use batch::EventResult;
-pub use http::{Outcome, handle_event};
+pub use http::handle_event;
+pub use outcome::Outcome;
 pub use registry::{
     DEFAULT_SCHEMA_VERSION, Event, EventMeta, Handler, HandlerError, Registry, TopicRoute,
 };

@@ -190,3 +190,26 @@ impl KeyRing {
         Some(fresh)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use secrecy::ExposeSecret;
+
+    use super::RECEIVER_SECRETS;
+    use crate::secrets::{SecretField, Secrets};
+
+    #[test]
+    fn a_receiver_loads_its_keys_and_withholds_the_qstash_token() {
+        let full = r#"{"DATABASE_URL":"postgres://u:p@h/db","QSTASH_TOKEN":"tok-hunter2","QSTASH_CURRENT_SIGNING_KEY":"sig_a","QSTASH_NEXT_SIGNING_KEY":"sig_b"}"#;
+        let s = Secrets::parse_json("receiver", full, &RECEIVER_SECRETS).unwrap();
+        assert!(s.get(SecretField::QstashToken).is_err());
+        assert_eq!(s.withheld(), &[SecretField::QstashToken]);
+        assert_eq!(
+            s.get(SecretField::CurrentSigningKey)
+                .unwrap()
+                .expose_secret(),
+            "sig_a"
+        );
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
+}
