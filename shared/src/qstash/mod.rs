@@ -20,6 +20,9 @@
 //!
 //! One `reqwest::Client` (rustls + ring, one connection pool) lives in the relay state and is reused across
 //! invocations.
+//!
+//! The same client makes the two management API calls of the relay's reconciler (`manage.rs`: the DLQ entries of
+//! given messages, and whether QStash still holds a message; decision record 0015).
 
 mod manage;
 mod options;
