@@ -40,7 +40,11 @@ fn relay_config() -> RelayConfig {
         ordered_evidence: outbox::config::EvidenceMode::Callback,
         outage_probe_base: Duration::from_millis(200),
         outage_probe_cap: Duration::from_millis(800),
-        accounting: Default::default(),
+        // Outcomes from dedupe rows (no delivery callbacks on unordered messages): these tests count messages.
+        accounting: outbox::config::AccountingConfig {
+            unordered: Some(outbox::config::OutcomeSource::DedupeRow),
+            ..Default::default()
+        },
         // One event per message: these tests count messages and deliveries per event (batches: relay_batches.rs).
         batching: outbox::config::DeliveryBatching {
             default_n: 1,

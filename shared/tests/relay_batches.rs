@@ -42,7 +42,11 @@ fn relay_config(batching: DeliveryBatching) -> RelayConfig {
         ordered_evidence: EvidenceMode::Consumer,
         outage_probe_base: Duration::from_millis(200),
         outage_probe_cap: Duration::from_millis(800),
-        accounting: Default::default(),
+        // Outcomes from dedupe rows (no delivery callbacks on unordered messages): these tests count messages.
+        accounting: outbox::config::AccountingConfig {
+            unordered: Some(outbox::config::OutcomeSource::DedupeRow),
+            ..Default::default()
+        },
         batching,
     }
 }
