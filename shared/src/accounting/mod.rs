@@ -193,10 +193,13 @@ pub async fn run(rec: &Reconciler<'_>, budget: Duration) -> Result<AccountingRep
     };
     let left = budget.saturating_sub(started.elapsed());
     let error = reconcile(rec, left, &mut report).await.err();
-    let mut conn = rec.pool.acquire().await?;
-    report.unaccounted = in_flight(&mut conn, rec.cfg.horizon, rec.persistent)
+    // Behind a transaction-mode pooler every statement outside a transaction needs one of its own.
+    let mut c = crate::db::Autocommit::acquire(rec.pool, rec.persistent).await?;
+    report.unaccounted = in_flight(&mut c, rec.cfg.horizon, rec.persistent)
         .await?
         .unaccounted;
+    c.finish().await?;
+    let mut conn = rec.pool.acquire().await?;
     let error_text = error.as_ref().map(|e| e.to_string());
     add_to_totals(&mut conn, &report, error_text.as_deref(), rec.persistent).await?;
     match error {
