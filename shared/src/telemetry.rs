@@ -100,6 +100,19 @@ pub fn init_from_env() {
     });
 }
 
+/// An error and its causes, `outer: inner: innermost`: for a summary field or a stored error text, where a log
+/// line's structured `cause` field is not available.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,8 +55,6 @@ pub struct AccountingReport {
     pub lookups: u64,
     /// Management API requests that failed (including a 429, which ends the pass).
     pub lookup_failures: u64,
-    /// In flight past the horizon when the pass ended (`UnaccountedEvents`).
-    pub unaccounted: i64,
 }
 
 /// In-flight events by age, from `outbox_inflight_idx` (what `outbox status` shows).
@@ -193,12 +191,6 @@ pub async fn run(rec: &Reconciler<'_>, budget: Duration) -> Result<AccountingRep
     };
     let left = budget.saturating_sub(started.elapsed());
     let error = reconcile(rec, left, &mut report).await.err();
-    // Behind a transaction-mode pooler every statement outside a transaction needs one of its own.
-    let mut c = crate::db::Autocommit::acquire(rec.pool, rec.persistent).await?;
-    report.unaccounted = in_flight(&mut c, rec.cfg.horizon, rec.persistent)
-        .await?
-        .unaccounted;
-    c.finish().await?;
     let mut conn = rec.pool.acquire().await?;
     let error_text = error.as_ref().map(|e| e.to_string());
     add_to_totals(&mut conn, &report, error_text.as_deref(), rec.persistent).await?;

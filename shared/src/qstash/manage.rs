@@ -75,7 +75,7 @@ impl QstashClient {
             .await
             .map_err(|e| ManageError::Transport {
                 what,
-                error: error_chain(&e),
+                error: crate::telemetry::error_chain(&e),
             })?;
         let status = resp.status().as_u16();
         if status == 404 {
@@ -88,7 +88,7 @@ impl QstashClient {
         }
         let text = resp.text().await.map_err(|e| ManageError::Transport {
             what,
-            error: error_chain(&e),
+            error: crate::telemetry::error_chain(&e),
         })?;
         if !(200..300).contains(&status) {
             return Err(ManageError::Status {
@@ -176,15 +176,4 @@ fn urlencoding_path(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
-}
-
-fn error_chain(e: &reqwest::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
 }

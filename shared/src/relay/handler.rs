@@ -245,14 +245,10 @@ pub async fn handle(
         Ok(r) => (r, None),
         Err(e) => {
             tracing::error!(error = %e, cause = ?std::error::Error::source(&e), "accounting pass failed");
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                text.push_str(": ");
-                text.push_str(&s.to_string());
-                source = s.source();
-            }
-            (AccountingReport::default(), Some(text))
+            (
+                AccountingReport::default(),
+                Some(crate::telemetry::error_chain(&e)),
+            )
         }
     };
     let backlog = housekeeping::backlog(relay.pool(), cfg.accounting.horizon, state.persistent)
