@@ -1,4 +1,4 @@
-//! Small shared helpers: database arguments, migrations, peak memory, and printing stored text safely
+//! Small shared helpers: database arguments, migrations, and printing stored text safely
 //! ([`printable`]: every table and line the CLI prints passes stored data through it).
 
 use anyhow::Context;
@@ -85,26 +85,6 @@ pub async fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
         println!("schema version {v} ({} migrations)", rows.len());
     }
     Ok(())
-}
-
-/// Peak resident set size of this process (VmHWM), in KiB.
-pub fn peak_rss_kib() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    s.lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-}
-
-/// CPU seconds (user + system) a process has used so far, from `/proc/<pid>/stat`.
-pub fn cpu_secs(pid: u32) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which is in parentheses and may contain spaces).
-    let rest = s.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = f.get(11)?.parse().ok()?;
-    let stime: f64 = f.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0) // USER_HZ is 100 on Linux
 }
 
 /// Characters that must not reach a terminal raw: C0 and C1 controls and DEL (they can move the cursor, rewrite

@@ -5,7 +5,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use outbox_cli::util::{connect, cpu_secs};
+use outbox_cli::util::connect;
 use outbox_testkit::db::with_database;
 use outbox_testkit::free_port;
 use sqlx::PgPool;
@@ -178,6 +178,28 @@ const SETTINGS: &[&str] = &[
     "max_connections",
     "autovacuum",
 ];
+
+/// The sum of two clock-tick fields of `/proc/<process>/stat`, in seconds (USER_HZ is 100 on Linux); `fields`
+/// count from the first field after the command name (in parentheses, and it may hold spaces).
+fn stat_secs(process: &str, fields: [usize; 2]) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{process}/stat")).ok()?;
+    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+    Some((ticks(fields[0])? + ticks(fields[1])?) / 100.0)
+}
+
+/// CPU seconds (user + system: `utime`, `stime`) process `pid` has used so far: the dev server's, or this
+/// process's (the receivers and clients of a scenario run here).
+pub fn cpu_secs(pid: u32) -> Option<f64> {
+    stat_secs(&pid.to_string(), [11, 12])
+}
+
+/// CPU seconds (user + system: `cutime`, `cstime`) used by this process's children that have ended and been
+/// waited for: the difference across one child's run is that child's CPU (the relay child's, which ends
+/// before it is read).
+pub fn reaped_children_cpu_secs() -> Option<f64> {
+    stat_secs("self", [13, 14])
+}
 
 /// The three load averages of `/proc/loadavg` (zeros where unreadable).
 pub fn load_average() -> [f64; 3] {

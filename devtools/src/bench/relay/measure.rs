@@ -85,7 +85,8 @@ pub(crate) async fn sql_only(
 }
 
 /// Runs `outbox relay --until-empty` (the operator CLI, a sibling binary) as a child process with the Lambda's
-/// configuration variables.
+/// configuration variables. Returns its summary, with the CPU seconds the child used added as `cpu_secs` (no
+/// other child of this process ends meanwhile).
 pub(crate) async fn relay_child(
     db_url: &str,
     qstash_url: &str,
@@ -112,7 +113,11 @@ pub(crate) async fn relay_child(
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
+    let cpu0 = reaped_children_cpu_secs();
     let out = cmd.output().await.context("running the relay child")?;
+    let cpu = reaped_children_cpu_secs()
+        .zip(cpu0)
+        .map(|(after, before)| after - before);
     if !out.status.success() {
         bail!("relay child failed: {}", out.status);
     }
@@ -122,7 +127,12 @@ pub(crate) async fn relay_child(
         .rev()
         .find(|l| l.starts_with('{'))
         .context("relay child printed no summary")?;
-    Ok(serde_json::from_str(line)?)
+    let mut summary: Value = serde_json::from_str(line)?;
+    summary
+        .as_object_mut()
+        .context("the relay child's summary is not a JSON object")?
+        .insert("cpu_secs".into(), cpu.into());
+    Ok(summary)
 }
 
 pub(crate) async fn claim_latency_ms(

@@ -14,10 +14,12 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::process::Command;
 
-use outbox_cli::util::{DbArgs, cpu_secs};
+use outbox_cli::util::DbArgs;
 use outbox_testkit::{median, percentile};
 
-use super::support::{DevServerProcess, ScratchDb, sibling};
+use super::support::{
+    DevServerProcess, ScratchDb, cpu_secs, reaped_children_cpu_secs, sibling,
+};
 
 mod measure;
 
