@@ -24,9 +24,9 @@ use outbox_testkit::median;
 use serde_json::{Value, json};
 
 use super::plot::{self, Series, XScale};
-use super::relay::{self, Knobs, OrderedRig};
+use super::relay::{self, OrderedRig};
 use super::steady;
-use super::support::{DevServerProcess, ScratchDb};
+use super::support::{DevServerProcess, Knobs, ScratchDb};
 
 /// The relay variable N is passed in.
 pub const DELIVERY_BATCH_VAR: &str = "RELAY_DELIVERY_BATCH";

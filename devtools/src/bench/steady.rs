@@ -16,8 +16,7 @@ use outbox_testkit::percentile;
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
-use super::relay::Knobs;
-use super::support::{DevServerProcess, ScratchDb, in_process_relay};
+use super::support::{DevServerProcess, Knobs, ScratchDb, in_process_relay};
 
 const TOPIC: Topic = Topic::unordered("bench_steady");
 

@@ -12,6 +12,17 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::process::{Child, Command};
 
+/// The relay settings a benchmark point varies.
+#[derive(Clone, Copy, Debug)]
+pub struct Knobs {
+    /// Rows per claim (`RELAY_BATCH_SIZE`).
+    pub batch: u32,
+    /// Cycles in flight (`RELAY_CONCURRENCY`).
+    pub concurrency: u32,
+    /// Messages per `/v2/batch` request (`QSTASH_BATCH_SIZE`).
+    pub qstash_batch: u32,
+}
+
 /// A scratch database, dropped on `drop_now`. Its name carries the process id, so two benchmark runs (or a run
 /// and the report test) never drop each other's database.
 pub struct ScratchDb {
@@ -259,7 +270,7 @@ impl Machine {
 pub async fn in_process_relay(
     db_url: &str,
     qstash_url: &str,
-    knobs: super::relay::Knobs,
+    knobs: Knobs,
     extra: &[(&str, String)],
 ) -> anyhow::Result<outbox::relay::Relay> {
     let mut env: std::collections::HashMap<String, String> = [

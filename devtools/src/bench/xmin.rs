@@ -16,8 +16,7 @@ use outbox_testkit::{median, percentile};
 use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 
-use super::relay::Knobs;
-use super::support::{DevServerProcess, ScratchDb, in_process_relay};
+use super::support::{DevServerProcess, Knobs, ScratchDb, in_process_relay};
 
 const SEED_SQL: &str = "INSERT INTO outbox (topic, partition_key, payload) \
     SELECT 'bench', 'k' || (g % 1000), jsonb_build_object('i', g, 'pad', repeat('x', 176)) \

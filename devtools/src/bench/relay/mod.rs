@@ -18,24 +18,13 @@ use outbox_cli::util::DbArgs;
 use outbox_testkit::{median, percentile};
 
 use super::support::{
-    DevServerProcess, ScratchDb, cpu_secs, reaped_children_cpu_secs, sibling,
+    DevServerProcess, Knobs, ScratchDb, cpu_secs, reaped_children_cpu_secs, sibling,
 };
 
 mod measure;
 
 pub(crate) use measure::*;
 pub use measure::{OrderedRun, RelayRun};
-
-/// The relay settings a benchmark point varies.
-#[derive(Clone, Copy, Debug)]
-pub struct Knobs {
-    /// Rows per claim (`RELAY_BATCH_SIZE`).
-    pub batch: u32,
-    /// Cycles in flight (`RELAY_CONCURRENCY`).
-    pub concurrency: u32,
-    /// Messages per `/v2/batch` request (`QSTASH_BATCH_SIZE`).
-    pub qstash_batch: u32,
-}
 
 #[derive(Args, Debug)]
 pub struct RelayBenchArgs {

@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 
 use super::batched::{self, BatchedPlan};
 use super::plot::{self, Series, XScale};
-use super::relay::{self, Knobs};
-use super::support::{DevServerProcess, Machine, ScratchDb, load_average};
+use super::relay;
+use super::support::{DevServerProcess, Knobs, Machine, ScratchDb, load_average};
 use super::{consumer, steady, xmin};
 
 mod markdown;
