@@ -2,7 +2,7 @@
 //! operator commands are the `outbox` CLI's.
 
 use clap::{Parser, Subcommand};
-use outbox_devtools::{bench, dev, soak};
+use outbox_devtools::{bench, dev, events, soak};
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +35,9 @@ enum Command {
     /// server's faults on, optionally a Postgres restart and a QStash outage. Prints one line (stdout; progress on stderr) and exits non-zero when an event was
     /// lost, applied twice or applied out of order, or rows are left leased.
     Soak(soak::SoakArgs),
+    /// The sample function-URL events in `events/` (for `cargo lambda invoke --data-file`).
+    #[command(subcommand)]
+    Events(events::EventsCommand),
     /// A worker process of `soak` (started by it).
     #[command(subcommand, hide = true)]
     SoakWorker(soak::worker::SoakWorker),
@@ -57,6 +60,7 @@ async fn main() {
             }
             Err(e) => Err(e),
         },
+        Command::Events(cmd) => events::run(cmd),
         Command::SoakWorker(w) => soak::worker::run(w).await,
     };
     if let Err(e) = result {

@@ -1,13 +1,21 @@
-//! Consumer scenario: verified-and-applied deliveries through the consumer's handler
-//! (`outbox::consumer::handle_event`, no HTTP server), each pre-signed by the dev server's signer as QStash would sign it, with a handler
-//! that writes one row; beside a SQL-only loop running the same transaction (dedupe row + one row) in the same
-//! run. Reports throughput and the per-delivery latency distribution.
+//! Consumer scenario (`outbox-dev bench consumer`, and a section of the report): verified-and-applied deliveries
+//! through the consumer's handler (`outbox::consumer::handle_event`, no HTTP server), each pre-signed by the dev
+//! server's signer as QStash would sign it, with a handler that writes one row; beside a SQL-only loop running the
+//! same transaction (dedupe row + one row) in the same run. Reports throughput and the per-delivery latency
+//! distribution.
+//!
+//! Per delivery the handler does what it does in production: cap, verify the HS256 token (HMAC + SHA-256 of the
+//! body + claims), route, parse the envelope and compare the `x-outbox-id` copy, decode the typed payload, then
+//! `BEGIN; INSERT dedupe row; INSERT one row; COMMIT`. The pool is the Lambda's (`DbConfig::pool`: a liveness
+//! ping only on a connection idle for over a second); `--ping-always` pings on every acquire instead, the pool
+//! before decision record 0008, to measure what that round trip costs.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{Context, bail};
+use clap::Args;
 use lambda_http::{Body, Request, RequestExt};
 use outbox::config::ConsumerConfig;
 use outbox::consumer::{
@@ -17,8 +25,10 @@ use outbox::contract::{CONTRACT_QUERY, OUTBOX_ID, WireEvent, destination, write_
 use outbox::receiver::{Clock, KeyRing, SigningKeys};
 use outbox_testkit::{median, percentile};
 use sqlx::PgConnection;
+use sqlx::postgres::PgPoolOptions;
 
 use super::support::ScratchDb;
+use outbox_cli::util::DbArgs;
 
 const HOST: &str = "bench.lambda-url.eu-west-1.on.aws";
 const NOW: i64 = 1_790_000_000;
@@ -134,30 +144,111 @@ impl ConsumerFigures {
     }
 }
 
-/// Runs `rounds` rounds of `secs` each with `concurrency` callers over a pool of `pool` connections.
-pub async fn run(
-    base_url: &str,
-    rounds: usize,
-    secs: f64,
-    concurrency: usize,
-    pool: u32,
-) -> anyhow::Result<ConsumerFigures> {
+/// Arguments of `outbox-dev bench consumer`.
+#[derive(Args, Debug, Clone)]
+pub struct ConsumerBenchArgs {
+    /// Rounds (each a handler run, then a SQL-only run of the same length); medians are reported.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 5.0)]
+    pub secs: f64,
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Pool connections.
+    #[arg(long, default_value_t = 8)]
+    pub pool: u32,
+    /// Ping every connection on acquire (the pool before decision record 0008) instead of only one idle for
+    /// over a second.
+    #[arg(long)]
+    pub ping_always: bool,
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// The consumer scenario's sizes.
+#[derive(Debug, Clone, Copy)]
+pub struct ConsumerPlan {
+    pub rounds: usize,
+    pub secs: f64,
+    pub concurrency: usize,
+    pub pool: u32,
+    pub ping_always: bool,
+}
+
+impl ConsumerBenchArgs {
+    fn plan(&self) -> ConsumerPlan {
+        ConsumerPlan {
+            rounds: self.rounds,
+            secs: self.secs,
+            concurrency: self.concurrency,
+            pool: self.pool,
+            ping_always: self.ping_always,
+        }
+    }
+}
+
+/// `outbox-dev bench consumer`: the scenario on its own, a line per round, then the medians and one
+/// `BENCH_JSON` line.
+pub async fn run_cli(args: ConsumerBenchArgs) -> anyhow::Result<()> {
+    let plan = args.plan();
+    println!(
+        "consumer bench: {} round(s) of {} s, {} concurrent callers, pool of {} (ping on every acquire: {}), {} CPU(s)",
+        plan.rounds,
+        plan.secs,
+        plan.concurrency,
+        plan.pool,
+        plan.ping_always,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
+    let figures = run(&args.db.database_url, plan).await?;
+    let json = figures.to_json();
+    println!(
+        "consumer: median {:.0} applied/s, SQL-only median {:.0} tx/s ({:.0} %); latency p50 {:.2} ms, p99 {:.2} ms",
+        json["msgs_per_sec_median"].as_f64().unwrap_or(f64::NAN),
+        json["sql_only_median"].as_f64().unwrap_or(f64::NAN),
+        100.0 * json["ratio_to_sql_only"].as_f64().unwrap_or(f64::NAN),
+        json["latency_ms"]["p50"].as_f64().unwrap_or(f64::NAN),
+        json["latency_ms"]["p99"].as_f64().unwrap_or(f64::NAN),
+    );
+    let mut line = json;
+    line["bench"] = "consumer".into();
+    line["concurrency"] = plan.concurrency.into();
+    line["pool"] = plan.pool.into();
+    line["ping_on_every_acquire"] = plan.ping_always.into();
+    println!("BENCH_JSON {line}");
+    Ok(())
+}
+
+/// Runs the scenario in a scratch database on `base_url`'s server: `plan.rounds` rounds of `plan.secs` each.
+pub async fn run(base_url: &str, plan: ConsumerPlan) -> anyhow::Result<ConsumerFigures> {
     let db = ScratchDb::create(base_url, "outbox_bench_consumer").await?;
-    let result = measure(&db, rounds, secs, concurrency, pool).await;
+    let result = measure(&db, plan).await;
     db.drop_now().await?;
     result
 }
 
-async fn measure(
-    db: &ScratchDb,
-    rounds: usize,
-    secs: f64,
-    concurrency: usize,
-    pool_size: u32,
-) -> anyhow::Result<ConsumerFigures> {
+async fn measure(db: &ScratchDb, plan: ConsumerPlan) -> anyhow::Result<ConsumerFigures> {
+    let ConsumerPlan {
+        rounds,
+        secs,
+        concurrency,
+        ..
+    } = plan;
     let mut cfg = outbox::db::DbConfig::defaults("bench-consumer");
-    cfg.max_connections = pool_size;
-    let pool = cfg.pool(&secrecy::SecretString::from(db.url.clone()))?;
+    cfg.max_connections = plan.pool;
+    let url = secrecy::SecretString::from(db.url.clone());
+    let pool = if plan.ping_always {
+        PgPoolOptions::new()
+            .max_connections(plan.pool)
+            .test_before_acquire(true)
+            .connect_lazy_with(cfg.connect_options(&url)?)
+    } else {
+        cfg.pool(&url)?
+    };
     sqlx::query("CREATE TABLE bench_effects (outbox_id bigint NOT NULL, n bigint NOT NULL)")
         .execute(&pool)
         .await?;
@@ -203,7 +294,21 @@ async fn measure(
         figures.sql_only.push(sn as f64 / ssecs);
         figures.latencies_ms.extend(lat);
     }
+    // Every applied delivery wrote exactly one row with its dedupe row (the warm-up and the SQL-only rounds
+    // included): a handler that applied twice, or not at all, is not a throughput.
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_effects")
+        .fetch_one(&pool)
+        .await?;
+    let dedupe: i64 = sqlx::query_scalar(outbox::schema::q(
+        "SELECT count(*) FROM {schema}.processed_messages",
+    ))
+    .fetch_one(&pool)
+    .await
+    .context("counting the dedupe rows")?;
     pool.close().await;
+    if rows != dedupe {
+        bail!("{rows} rows written for {dedupe} dedupe rows: one effect per dedupe row expected");
+    }
     Ok(figures)
 }
 

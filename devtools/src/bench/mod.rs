@@ -4,6 +4,7 @@
 pub mod accounting;
 pub mod batched;
 pub mod consumer;
+pub mod dev_server;
 pub mod plot;
 pub mod relay;
 pub mod report;
@@ -25,6 +26,12 @@ pub enum BenchCommand {
     /// Batched deliveries only: ordered over many keys, one hot key, unordered end to end and commit → applied
     /// at a low rate, for each N events per QStash message (`RELAY_DELIVERY_BATCH`), side by side.
     Batched(batched::BatchedArgs),
+    /// The consumer alone: verified-and-applied deliveries through its handler beside the same transaction
+    /// without HTTP, signature or routing; `--ping-always` measures the pool's liveness ping on every acquire.
+    Consumer(consumer::ConsumerBenchArgs),
+    /// The QStash-compatible dev server alone: `/v2/batch` accept-only and delivering to a trivial sink, on
+    /// loopback, server and clients in this process.
+    DevServer(dev_server::DevServerBenchArgs),
     /// What knowing every unordered event's outcome costs the relay: the dedupe-row sweep per event beside the
     /// dispatch settle it already pays (decision record 0015).
     Accounting(accounting::AccountingArgs),
@@ -36,5 +43,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Report(args) => report::run(args).await,
         BenchCommand::Batched(args) => batched::run_cli(args).await,
         BenchCommand::Accounting(args) => accounting::run(args).await,
+        BenchCommand::Consumer(args) => consumer::run_cli(args).await,
+        BenchCommand::DevServer(args) => dev_server::run(args).await,
     }
 }

@@ -290,7 +290,17 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
     let batched_out = batched::run(&base_url, &plan.batched, plan.base).await?;
     let (by_batch, by_conc) = unordered_sweeps(&base_url, &plan).await?;
     let ordered = ordered_sweep(&base_url, &plan).await?;
-    let cons = consumer::run(&base_url, plan.rounds, plan.consumer_secs, 16, 8).await?;
+    let cons = consumer::run(
+        &base_url,
+        consumer::ConsumerPlan {
+            rounds: plan.rounds,
+            secs: plan.consumer_secs,
+            concurrency: 16,
+            pool: 8,
+            ping_always: false,
+        },
+    )
+    .await?;
     let mut steady = steady::run(
         &base_url,
         plan.steady_rate,

@@ -1,19 +1,20 @@
-//! Throughput of `/v2/batch` on loopback: `cargo run --release -p qstash-dev --example batch_bench`.
+//! `outbox-dev bench dev-server`: throughput of the QStash-compatible dev server's `/v2/batch` on loopback.
 //!
-//! Starts the dev server in-process and posts batches of 500 messages with 200-byte JSON bodies (each shaped
-//! like the relay's contract-2 envelope to `/events/{topic}?contract=2`, with its own deduplication id, the
-//! forwarded `x-outbox-id` copy and a retries header, like the relay sends) from a few concurrent clients for a
-//! fixed time. Runs twice: accept-only (`Config::deliver = false`) and delivering
-//! to a trivial local sink. Prints human-readable figures and one JSON line per mode.
-//!
-//! Options (env): BENCH_SECS (default 5), BENCH_RUNS (3), BENCH_CLIENTS (4), BENCH_BATCH (500).
+//! Starts the dev server in process and posts batches of `--batch` messages with 200-byte JSON bodies (each
+//! shaped like the relay's contract-2 envelope to `/events/{topic}?contract=2`, with its own deduplication id,
+//! the forwarded `x-outbox-id` copy and a retries header, like the relay sends) from `--clients` concurrent
+//! keep-alive clients for `--secs`. Runs each mode `--runs` times: accept-only (`Config::deliver = false`) and
+//! delivering to a trivial local sink. Prints human-readable figures and one `BENCH_JSON` line per mode. Server,
+//! clients and sink share this process, so the per-CPU-second figures are the ones that survive other load.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use anyhow::{Context, bail};
 use bytes::Bytes;
+use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
@@ -22,33 +23,36 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use outbox_testkit::{median, percentile};
 use qstash_dev::{Config, DevServer};
 
-/// CPU seconds (user + system) used by this process so far, from /proc (Linux); 0 elsewhere.
-fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15 (1-based).
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return 0.0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
+use super::support::{cpu_secs, load_average};
+
+/// Arguments of `outbox-dev bench dev-server`.
+#[derive(Args, Debug, Clone)]
+pub struct DevServerBenchArgs {
+    /// Seconds of publishing per run.
+    #[arg(long, default_value_t = 5)]
+    pub secs: u64,
+    /// Runs per mode (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 4)]
+    pub clients: usize,
+    /// Messages per `/v2/batch` request.
+    #[arg(long, default_value_t = 500)]
+    pub batch: usize,
 }
 
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// CPU seconds this process has used so far (0 where `/proc` is unreadable).
+fn own_cpu_secs() -> f64 {
+    cpu_secs(std::process::id()).unwrap_or(0.0)
 }
 
-/// A trivial destination: 200 for everything.
-async fn start_sink() -> String {
+/// A trivial destination: 200 for everything. Returns its base URL.
+async fn start_sink() -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .expect("bind sink");
-    let addr = listener.local_addr().expect("sink addr");
+        .context("binding the sink")?;
+    let addr = listener.local_addr()?;
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -66,10 +70,11 @@ async fn start_sink() -> String {
             });
         }
     });
-    format!("http://{addr}")
+    Ok(format!("http://{addr}"))
 }
 
-fn build_batch(dest: &str, start_id: u64, n: usize) -> Bytes {
+/// A `/v2/batch` body of `n` messages to `dest`, outbox ids from `start_id`.
+fn build_batch(dest: &str, start_id: u64, n: usize) -> anyhow::Result<Bytes> {
     // A 200-byte envelope body (the relay's wire contract 2), escaped as a JSON string inside the batch item.
     let mut out = String::with_capacity(n * 420);
     out.push('[');
@@ -85,16 +90,16 @@ fn build_batch(dest: &str, start_id: u64, n: usize) -> Bytes {
         let tail = "\"}}]}";
         let pad = 200usize.saturating_sub(head.len() + tail.len());
         let payload = format!("{head}{}{tail}", "x".repeat(pad));
-        debug_assert_eq!(payload.len(), 200);
-        let escaped = serde_json::to_string(&payload).expect("string");
+        let escaped = serde_json::to_string(&payload)?;
         out.push_str(&format!(
             r#"{{"destination":"{dest}/events/orders?contract=2","headers":{{"content-type":"application/json","upstash-deduplication-id":"outbox-{id}","upstash-forward-x-outbox-id":"{id}","upstash-retries":"3","upstash-method":"POST"}},"body":{escaped}}}"#
         ));
     }
     out.push(']');
-    Bytes::from(out)
+    Ok(Bytes::from(out))
 }
 
+/// One run's figures.
 struct RunResult {
     accepted_per_s: f64,
     /// Accepted messages per CPU-second of the whole process (server + clients + sink): a figure that
@@ -107,9 +112,49 @@ struct RunResult {
     drain_s: Option<f64>,
 }
 
-async fn run_once(deliver: bool, secs: u64, clients: usize, batch: usize) -> RunResult {
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// What the clients of one run share.
+struct Publishing {
+    /// The dev server's `/v2/batch` URL.
+    url: String,
+    /// Its `Authorization` header value.
+    auth: String,
+    /// Where the messages go.
+    sink: String,
+    batch: usize,
+    next_id: AtomicU64,
+    stop: AtomicBool,
+    accepted: AtomicU64,
+}
+
+/// One client: posts batches until `stop`, counting the accepted messages; returns each request's latency (ms).
+async fn client_loop(client: HttpClient, p: Arc<Publishing>) -> anyhow::Result<Vec<f64>> {
+    let mut lat = vec![];
+    while !p.stop.load(Ordering::Relaxed) {
+        let id = p.next_id.fetch_add(p.batch as u64, Ordering::Relaxed);
+        let body = build_batch(&p.sink, id, p.batch)?;
+        let req = hyper::Request::post(&p.url)
+            .header("authorization", &p.auth)
+            .header("content-type", "application/json")
+            .body(Full::new(body))?;
+        let t = Instant::now();
+        let resp = client.request(req).await.context("batch request")?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        if !status.is_success() {
+            bail!("batch failed: {status} {}", String::from_utf8_lossy(&bytes));
+        }
+        let ok = bytes.windows(11).filter(|w| w == b"\"messageId\"").count();
+        p.accepted.fetch_add(ok as u64, Ordering::Relaxed);
+    }
+    Ok(lat)
+}
+
+async fn run_once(deliver: bool, args: &DevServerBenchArgs) -> anyhow::Result<RunResult> {
     let sink = if deliver {
-        start_sink().await
+        start_sink().await?
     } else {
         "http://127.0.0.1:9".to_string()
     };
@@ -120,68 +165,44 @@ async fn run_once(deliver: bool, secs: u64, clients: usize, batch: usize) -> Run
         ..Config::default()
     })
     .await
-    .expect("server");
-    let url = format!("{}/v2/batch", server.url());
-    let auth = format!("Bearer {}", server.token());
+    .context("starting the dev server")?;
+    let publishing = Arc::new(Publishing {
+        url: format!("{}/v2/batch", server.url()),
+        auth: format!("Bearer {}", server.token()),
+        sink,
+        batch: args.batch,
+        next_id: AtomicU64::new(1),
+        stop: AtomicBool::new(false),
+        accepted: AtomicU64::new(0),
+    });
     let mut conn = HttpConnector::new();
     conn.set_nodelay(true);
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build(conn);
-    let next_id = Arc::new(AtomicU64::new(1));
-    let stop = Arc::new(AtomicBool::new(false));
-    let accepted = Arc::new(AtomicU64::new(0));
-    let cpu0 = cpu_seconds();
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build(conn);
+    let cpu0 = own_cpu_secs();
     let start = Instant::now();
-    let mut tasks = vec![];
-    for _ in 0..clients {
-        let (client, url, auth, sink) = (client.clone(), url.clone(), auth.clone(), sink.clone());
-        let (next_id, stop, accepted) = (next_id.clone(), stop.clone(), accepted.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut lat = vec![];
-            while !stop.load(Ordering::Relaxed) {
-                let id = next_id.fetch_add(batch as u64, Ordering::Relaxed);
-                let body = build_batch(&sink, id, batch);
-                let req = hyper::Request::post(&url)
-                    .header("authorization", &auth)
-                    .header("content-type", "application/json")
-                    .body(Full::new(body))
-                    .expect("request");
-                let t = Instant::now();
-                let resp = client.request(req).await.expect("batch request");
-                let status = resp.status();
-                let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-                lat.push(t.elapsed().as_secs_f64() * 1000.0);
-                assert!(
-                    status.is_success(),
-                    "batch failed: {status} {}",
-                    String::from_utf8_lossy(&bytes)
-                );
-                let ok = bytes.windows(11).filter(|w| w == b"\"messageId\"").count();
-                accepted.fetch_add(ok as u64, Ordering::Relaxed);
-            }
-            lat
-        }));
-    }
-    tokio::time::sleep(Duration::from_secs(secs)).await;
-    stop.store(true, Ordering::Relaxed);
+    let tasks: Vec<_> = (0..args.clients)
+        .map(|_| tokio::spawn(client_loop(client.clone(), publishing.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(args.secs)).await;
+    publishing.stop.store(true, Ordering::Relaxed);
     let mut latencies = vec![];
     for t in tasks {
-        latencies.extend(t.await.expect("client task"));
+        latencies.extend(t.await??);
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let cpu = (cpu_seconds() - cpu0).max(0.01);
+    let cpu = (own_cpu_secs() - cpu0).max(0.01);
     let h = server.handle();
     let delivered_during = h.stats().delivered;
     let mut drain_s = None;
     let mut delivered_per_cpu_s = 0.0;
     if deliver {
         let t = Instant::now();
-        let cpu_drain0 = cpu_seconds();
+        let cpu_drain0 = own_cpu_secs();
         if h.wait_idle(Duration::from_secs(120)).await.is_ok() {
             drain_s = Some(t.elapsed().as_secs_f64());
         }
         let drained = h.stats().delivered.saturating_sub(delivered_during);
-        delivered_per_cpu_s = drained as f64 / (cpu_seconds() - cpu_drain0).max(0.01);
+        delivered_per_cpu_s = drained as f64 / (own_cpu_secs() - cpu_drain0).max(0.01);
     }
     let total_delivered = h.stats().delivered;
     let delivered_per_s = if deliver {
@@ -190,24 +211,22 @@ async fn run_once(deliver: bool, secs: u64, clients: usize, batch: usize) -> Run
         0.0
     };
     server.shutdown().await;
-    RunResult {
-        accepted_per_s: accepted.load(Ordering::Relaxed) as f64 / elapsed,
-        accepted_per_cpu_s: accepted.load(Ordering::Relaxed) as f64 / cpu,
+    let accepted = publishing.accepted.load(Ordering::Relaxed) as f64;
+    Ok(RunResult {
+        accepted_per_s: accepted / elapsed,
+        accepted_per_cpu_s: accepted / cpu,
         latencies_ms: latencies,
         delivered_per_s,
         delivered_per_cpu_s,
         drain_s,
-    }
+    })
 }
 
-#[tokio::main]
-async fn main() {
-    let secs = env_num("BENCH_SECS", 5);
-    let runs = env_num("BENCH_RUNS", 3) as usize;
-    let clients = env_num("BENCH_CLIENTS", 4) as usize;
-    let batch = env_num("BENCH_BATCH", 500) as usize;
+/// `outbox-dev bench dev-server`: both modes, `--runs` runs each.
+pub async fn run(args: DevServerBenchArgs) -> anyhow::Result<()> {
     println!(
-        "qstash-dev /v2/batch benchmark: {runs} runs x {secs}s, {clients} clients, {batch} items x 200 B"
+        "qstash-dev /v2/batch benchmark: {} runs x {}s, {} clients, {} items x 200 B",
+        args.runs, args.secs, args.clients, args.batch
     );
     for (mode, deliver) in [("accept-only", false), ("deliver-to-sink", true)] {
         let mut rates = vec![];
@@ -215,8 +234,8 @@ async fn main() {
         let mut delivered_cpu = vec![];
         let mut delivered = vec![];
         let mut lat = vec![];
-        for r in 0..runs {
-            let res = run_once(deliver, secs, clients, batch).await;
+        for r in 0..args.runs {
+            let res = run_once(deliver, &args).await?;
             println!(
                 "  {mode} run {}: {:.0} accepted/s ({:.0} per CPU-second), batch p50 {:.1} ms{}",
                 r + 1,
@@ -244,10 +263,10 @@ async fn main() {
         }
         let (p50, p99) = (percentile(&lat, 0.5), percentile(&lat, 0.99));
         let med = median(&rates);
+        let load = load_average()[0];
         println!(
-            "{mode}: median {med:.0} accepted messages/s ({:.0} per CPU-second, load average {:.1}); batch latency p50 {p50:.1} ms, p99 {p99:.1} ms{}",
+            "{mode}: median {med:.0} accepted messages/s ({:.0} per CPU-second, load average {load:.1}); batch latency p50 {p50:.1} ms, p99 {p99:.1} ms{}",
             median(&per_cpu),
-            load_avg(),
             if deliver {
                 format!("; median delivered {:.0}/s", median(&delivered))
             } else {
@@ -255,30 +274,24 @@ async fn main() {
             }
         );
         println!(
-            "{}",
+            "BENCH_JSON {}",
             serde_json::json!({
                 "bench": "qstash-dev-batch",
                 "mode": mode,
                 "accepted_per_s_median": med.round(),
                 "accepted_per_s_runs": rates.iter().map(|r| r.round()).collect::<Vec<_>>(),
                 "accepted_per_cpu_s_median": median(&per_cpu).round(),
-                "load_avg_1m": load_avg(),
+                "load_avg_1m": load,
                 "delivered_per_s_median": if deliver { Some(median(&delivered).round()) } else { None },
                 "delivered_per_cpu_s_median": if deliver { Some(median(&delivered_cpu).round()) } else { None },
                 "batch_latency_p50_ms": (p50 * 10.0).round() / 10.0,
                 "batch_latency_p99_ms": (p99 * 10.0).round() / 10.0,
-                "clients": clients,
-                "items_per_batch": batch,
+                "clients": args.clients,
+                "items_per_batch": args.batch,
                 "body_bytes": 200,
-                "secs_per_run": secs,
+                "secs_per_run": args.secs,
             })
         );
     }
-}
-
-fn load_avg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(0.0)
+    Ok(())
 }
