@@ -27,8 +27,7 @@ enum Command {
     /// Retention: dispatched outbox rows, consumer dedupe rows, handled dead letters and unreferenced dead rows,
     /// in bounded batches with progress.
     Prune(prune::PruneArgs),
-    /// Apply the embedded migrations (the outbox tables the Lambdas expect; --with-example: the example
-    /// application's tables too) and show the schema version.
+    /// Apply the embedded migrations (the outbox tables the Lambdas expect) and show the schema version.
     Migrate(util::MigrateArgs),
     /// Run the relay locally with the Lambda's configuration variables (QSTASH_URL, QSTASH_TOKEN, CONSUMER_URL,
     /// CALLBACK_URL, DATABASE_URL, RELAY_*): one simulated invocation after another.

@@ -4,6 +4,7 @@
 use anyhow::Context;
 use clap::Args;
 use sqlx::PgPool;
+use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPoolOptions;
 
 /// Where the database is.
@@ -52,25 +53,29 @@ pub async fn connect(url: &str) -> anyhow::Result<PgPool> {
 pub struct MigrateArgs {
     #[command(flatten)]
     pub db: DbArgs,
-    /// Also apply the example application's migrations (its orders, charges, shipments and audit tables): what
-    /// the consumer function as shipped writes to. Not needed once the consumer runs your own handlers.
-    #[arg(long)]
-    pub with_example: bool,
 }
 
-/// `outbox migrate`: the library's migrations (in the outbox's schema, see [`outbox::migrate`]), then
-/// (`--with-example`) the example application's (in the connection's own search path, `public` by default).
+/// `outbox migrate`: the library's migrations (in the outbox's schema, see [`outbox::migrate`]), then the
+/// applied list and the schema version.
 pub async fn migrate(args: &MigrateArgs) -> anyhow::Result<()> {
-    let schema = args.db.schema()?;
-    let pool = connect(&args.db.database_url).await?;
+    migrate_with(&args.db, &[]).await
+}
+
+/// The library's migrations (in the outbox's schema), then each application's in `apps` (named, in the
+/// connection's own search path, `public` by default), then the applied list and the schema version. The
+/// application migrators must set `ignore_missing`: they share the migrations table with the library's
+/// (decision record 0010).
+pub async fn migrate_with(db: &DbArgs, apps: &[(&str, &Migrator)]) -> anyhow::Result<()> {
+    let schema = db.schema()?;
+    let pool = connect(&db.database_url).await?;
     outbox::migrate(&pool, &schema)
         .await
         .with_context(|| format!("applying migrations in schema {schema}"))?;
-    if args.with_example {
-        orders_example::MIGRATOR
+    for (name, migrator) in apps {
+        migrator
             .run(&pool)
             .await
-            .context("applying the example application's migrations")?;
+            .with_context(|| format!("applying {name}'s migrations"))?;
     }
     let rows: Vec<(i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT version, description FROM {} WHERE success ORDER BY version",

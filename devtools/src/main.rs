@@ -2,7 +2,7 @@
 //! operator commands are the `outbox` CLI's.
 
 use clap::{Parser, Subcommand};
-use outbox_devtools::{bench, dev, events, soak};
+use outbox_devtools::{bench, dev, events, example, soak};
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +35,9 @@ enum Command {
     /// server's faults on, optionally a Postgres restart and a QStash outage. Prints one line (stdout; progress on stderr) and exits non-zero when an event was
     /// lost, applied twice or applied out of order, or rows are left leased.
     Soak(soak::SoakArgs),
+    /// The example application the consumer function ships with: its migrations.
+    #[command(subcommand)]
+    Example(example::ExampleCommand),
     /// The sample function-URL events in `events/` (for `cargo lambda invoke --data-file`).
     #[command(subcommand)]
     Events(events::EventsCommand),
@@ -61,6 +64,7 @@ async fn main() {
             Err(e) => Err(e),
         },
         Command::Events(cmd) => events::run(cmd),
+        Command::Example(cmd) => example::run(cmd).await,
         Command::SoakWorker(w) => soak::worker::run(w).await,
     };
     if let Err(e) = result {

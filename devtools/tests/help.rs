@@ -14,6 +14,7 @@ fn help_hides_the_database_url_from_the_environment() {
         &["bench", "relay", "--help"],
         &["bench", "report", "--help"],
         &["soak", "--help"],
+        &["example", "migrate", "--help"],
     ] {
         let o = Command::new(bin)
             .args(args)
