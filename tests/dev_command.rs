@@ -3,6 +3,7 @@
 //! else) must end in the dead letters, and the shutdown must drain cleanly. What its console looks like with
 //! stdout redirected is `devtools/tests/dev_console.rs` (the real binary).
 
+use outbox_cli::util::DbArgs;
 use outbox_devtools::dev::{DevArgs, run};
 use outbox_testkit::db::url_of;
 use sqlx::PgPool;
@@ -10,7 +11,9 @@ use sqlx::PgPool;
 #[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn the_local_pipeline_runs_end_to_end(pool: PgPool) {
     let summary = run(DevArgs {
-        database_url: url_of(&pool),
+        db: DbArgs {
+            database_url: url_of(&pool),
+        },
         existing_db: true,
         no_demo: false,
         faults: false,

@@ -22,7 +22,7 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 
 use orders_example::demo::{self, DemoCounts, DemoOptions};
-use outbox_cli::util::connect;
+use outbox_cli::util::{DbArgs, connect};
 use outbox_testkit::db::with_database;
 use outbox_testkit::stack::{LocalStack, StackOptions};
 
@@ -32,16 +32,11 @@ use dead_letters::{CauseCount, Tally};
 /// Arguments of `outbox-dev dev`.
 #[derive(Args, Debug, Clone)]
 pub struct DevArgs {
-    /// Postgres server (its database is used only with --existing-db).
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        hide_env_values = true,
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    pub database_url: String,
+    /// The Postgres server: a fresh `outbox_local` database on it, or (--existing-db) its own database.
+    #[command(flatten)]
+    pub db: DbArgs,
     /// Run against DATABASE_URL's database as it is (migrated, never dropped) instead of a fresh `outbox_local`
-    /// database.
+    /// database on the same server.
     #[arg(long)]
     pub existing_db: bool,
     /// Do not run the demo producer (publish your own events, or just inspect).
@@ -167,9 +162,9 @@ pub async fn progress(pool: &PgPool) -> anyhow::Result<Progress> {
 
 async fn prepare_database(args: &DevArgs) -> anyhow::Result<String> {
     if args.existing_db {
-        return Ok(args.database_url.clone());
+        return Ok(args.db.database_url.clone());
     }
-    let admin = connect(&args.database_url).await?;
+    let admin = connect(&args.db.database_url).await?;
     sqlx::query("DROP DATABASE IF EXISTS outbox_local WITH (FORCE)")
         .execute(&admin)
         .await?;
@@ -180,7 +175,7 @@ async fn prepare_database(args: &DevArgs) -> anyhow::Result<String> {
             "creating the outbox_local database (the user needs CREATEDB, or use --existing-db)",
         )?;
     admin.close().await;
-    Ok(with_database(&args.database_url, "outbox_local"))
+    Ok(with_database(&args.db.database_url, "outbox_local"))
 }
 
 /// How stdout shows progress: JSON when asked, a live table on a terminal, plain lines otherwise.

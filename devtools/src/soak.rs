@@ -41,7 +41,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
 use tokio::process::{Child, Command};
 
-use outbox_cli::util::connect;
+use outbox_cli::util::{DbArgs, connect};
 use outbox_testkit::db::with_database;
 
 /// The soak's ordered topic (dead heads are skipped: `RELAY_SKIP_DEAD_HEAD_TOPICS`).
@@ -54,15 +54,10 @@ pub const POISON_REASON: &str = "soak poison event";
 /// Arguments of `outbox-dev soak`.
 #[derive(Args, Debug, Clone)]
 pub struct SoakArgs {
-    /// Postgres server; the soak runs in a fresh database (--database) on it, dropped first if it exists.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        hide_env_values = true,
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    pub database_url: String,
-    /// Name of the soak's database (dropped and created).
+    /// The Postgres server; the soak runs in a fresh database (--database) on it.
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Name of the soak's database on DATABASE_URL's server (dropped first if it exists, then created).
     #[arg(long, default_value = "outbox_soak")]
     pub database: String,
     /// Events to write (half to the ordered topic, half to the unordered one).
@@ -511,7 +506,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
     anyhow::ensure!(args.rate > 0.0, "--rate must be positive");
 
     // A fresh database, migrated, with the soak's table.
-    let admin = connect(&args.database_url).await?;
+    let admin = connect(&args.db.database_url).await?;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
         args.database.replace('"', "")
@@ -526,7 +521,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
     .await
     .context("creating the soak database (the user needs CREATEDB)")?;
     admin.close().await;
-    let url = with_database(&args.database_url, &args.database);
+    let url = with_database(&args.db.database_url, &args.database);
     let db = pool(&url, "soak-producer", (args.producers + 4) as u32)?;
     outbox::migrate(&db, outbox::schema::current())
         .await

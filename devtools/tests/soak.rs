@@ -33,7 +33,7 @@ async fn soak_with_kills_loses_doubles_and_reorders_nothing() {
         "150",
     ])
     .unwrap();
-    args.database_url = base.clone();
+    args.db.database_url = base.clone();
     args.database = database.clone();
     args.log_dir = Some(log_dir.clone());
     args.worker_exe = Some(env!("CARGO_BIN_EXE_outbox-dev").into());
