@@ -1,7 +1,7 @@
 //! Guarantee 2 — **no side effect is applied twice.**
 //!
 //! QStash delivers at least once (and the relay republishes after an ambiguous publish or a lost delivery
-//! callback), so a consumer sees the same event more than once. [`handle_once`] makes applying it idempotent:
+//! callback), so a consumer sees the same event more than once. Applying it is made idempotent by these steps:
 //!
 //! 1. `BEGIN`;
 //! 2. `INSERT INTO processed_messages (consumer, message_id) … ON CONFLICT DO NOTHING` — **first**, before any
@@ -16,11 +16,13 @@
 //! gets a new QStash message id but is still the same event. A failed commit is ambiguous (it may have
 //! committed): the caller answers 5xx, and the redelivery finds the row and answers "duplicate".
 //!
-//! A batched delivery (several events in one message, decision record 0027) runs the same steps for all its events
-//! inside one transaction: step 2 for every event at once ([`claim_all`], one statement), then each event's work
-//! inside its own `SAVEPOINT`, so an event that fails is undone alone and the events before it still commit; the
-//! dedupe rows of the events that did not commit are removed before the commit ([`forget`]), so their next
-//! delivery applies them.
+//! The consumer runtime (`consumer::handle_event`) applies every delivery — one event, or a batch of several in
+//! one message (decision record 0027) — with these steps for all its events inside one transaction: step 2 for
+//! every event at once ([`claim_all`], one statement), then each event's work inside its own `SAVEPOINT` (a single
+//! event needs none), so an event that fails is undone alone and the events before it still commit; the dedupe
+//! rows of the events that did not commit are removed before the commit ([`forget`]), so their next delivery
+//! applies them. [`handle_once`] is the same guarantee for one piece of work of your own, outside the consumer
+//! runtime (it is not the consumer's path).
 //!
 //! Keep `processed_messages` rows longer than any redelivery horizon (QStash retries span a day, redrives can be
 //! later): the relay's housekeeping prunes them after `PROCESSED_TTL_HOURS` (default 7 days). *Dedupe row* and

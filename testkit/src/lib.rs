@@ -19,8 +19,9 @@
 //! A dev-dependency only of the production crates (`outbox`, the functions, `outbox-cli`, `qstash-dev`): it is
 //! never part of what ships (decision record 0010).
 
-// The receivers' handler futures nest deeply (respond → process → handle_once → the handler), and serving them
-// through `outbox::local` adds more: computing their layout needs more than the default query depth.
+// The receivers' handler futures nest deeply (respond → process → the batch's transaction → each event's
+// handler), and serving them through `outbox::local` adds more: computing their layout needs more than the default
+// query depth.
 #![recursion_limit = "256"]
 
 use std::net::TcpListener;

@@ -1,5 +1,7 @@
-//! The consumer Lambda (function URL): `POST /events/{topic}` from QStash → verify → the topic's handler inside
-//! `handle_once`. All logic lives in `outbox::consumer`; this is wiring only.
+//! The consumer Lambda (function URL): `POST /events/{topic}` from QStash → `outbox::consumer::handle_event`:
+//! verify the signature, read the delivery's events from the signed envelope, then apply them in one transaction
+//! (the dedupe rows first, each event's sequence check and the topic's handler in a savepoint of its own) and
+//! answer the status QStash acts on. All logic lives in `outbox::consumer`; this is wiring only.
 
 use lambda_http::{Error, Request, run, service_fn};
 use outbox::consumer::{ConsumerState, Registry, handle_event};

@@ -26,8 +26,9 @@
 //! let registry = Registry::new().route(TopicRoute::new("customers.registered", SendWelcome));
 //! ```
 //!
-//! The handler runs inside [`crate::once::handle_once`]'s transaction: everything it writes through `conn`
-//! commits together with the dedupe row, or not at all. It must not have other side effects that cannot roll
+//! The handler runs inside the delivery's transaction (the steps of [`crate::once`], in `batch.rs`), in a
+//! savepoint of its own when the delivery carries several events: everything it writes through `conn` commits
+//! together with its event's dedupe row, or not at all. It must not have other side effects that cannot roll
 //! back (or must make them idempotent on `event.meta.outbox_id`).
 //!
 //! The producer's own metadata ([`crate::NewEvent::header`]: a tenant, a causation id, …) is read with
@@ -44,25 +45,28 @@ use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use sqlx::PgConnection;
 
-/// The schema version assumed when an event carries no `x-schema-version` header.
+/// The schema version assumed when an event's envelope entry has no `schema_version` (the producer set none).
 pub const DEFAULT_SCHEMA_VERSION: u32 = 1;
 
-/// Everything about an event except its payload (from the signed envelope, and QStash's own headers).
+/// Everything about an event except its payload: from its entry in the signed envelope (`crate::contract`; for a
+/// delivery in the previous wire format, from its outbox row), plus the topic of the path and QStash's own
+/// headers. The `x-outbox-*` / `x-schema-version` request headers are informational copies, only compared with
+/// the envelope (a copy that disagrees is refused); nothing here is read from them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventMeta {
     /// The outbox id: the dedupe key.
     pub outbox_id: i64,
-    /// The topic (from the path `/events/{topic}`).
+    /// The topic (from the path `/events/{topic}`; the envelope's must be the same).
     pub topic: String,
-    /// The partition key (decoded from `x-outbox-key`).
+    /// The partition key (the envelope's `key`).
     pub key: Option<String>,
-    /// The per-key sequence (ordered topics only).
+    /// The per-key sequence (the envelope's `seq`; ordered topics only).
     pub seq: Option<i64>,
-    /// The payload schema version (`x-schema-version`, default 1).
+    /// The payload schema version (the envelope's `schema_version`, default [`DEFAULT_SCHEMA_VERSION`]).
     pub schema_version: u32,
-    /// When the producer's transaction wrote the event.
+    /// When the producer's transaction wrote the event (the envelope's `created_at`).
     pub created_at: Option<DateTime<Utc>>,
-    /// The producer's W3C trace context.
+    /// The producer's W3C trace context (the envelope's `headers`).
     pub traceparent: Option<String>,
     pub correlation_id: Option<String>,
     /// The application's own headers ([`crate::NewEvent::header`]) by lower-case name, from the signed envelope
@@ -204,7 +208,7 @@ where
     P: DeserializeOwned + Send + Sync + 'static,
     H: Handler<P>,
 {
-    /// A topic whose payload is `P` at schema version 1 (or without a version header).
+    /// A topic whose payload is `P` at schema version 1 (or without a schema version in the envelope).
     pub fn new(topic: impl Into<String>, handler: H) -> Self {
         TopicRoute {
             topic: topic.into(),
