@@ -578,7 +578,7 @@ fn the_relay_runs_every_minute_with_a_fixed_input_and_no_retries() {
         cfn["Resources"]["RelayFunction"]["Properties"]["Timeout"],
         json!({"Ref": "RelayTimeoutSeconds"})
     );
-    // Issue 13.5: every timeout the template accepts holds every lease plus every margin it accepts (the relay
+    // Every timeout the template accepts holds every lease plus every margin it accepts (the relay
     // refuses to run otherwise: RelayConfig::check_invocation_budget). CloudFormation cannot compare two
     // parameters, so the bounds do it.
     let bound = |name: &str, which: &str| {

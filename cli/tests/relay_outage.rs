@@ -1,6 +1,6 @@
 //! The relay's outage and settings, as the operator sees them: `outbox status` shows a recorded QStash outage
 //! (decision record 0012), `outbox relay --until-empty` rides one out, and `outbox relay` refuses an invocation too
-//! short for one lease plus the margin instead of spinning (issue 13.5).
+//! short for one lease plus the margin instead of spinning.
 
 use std::time::{Duration, Instant};
 
@@ -60,8 +60,8 @@ async fn status_shows_the_qstash_outage(pool: PgPool) {
     assert!(j["qstash_outage"]["next_probe_at"].is_string(), "{j}");
 }
 
-/// Issue 13.5: `outbox relay --invocation-secs 10` with the default 15 s lease used to claim nothing and start a
-/// new invocation every few milliseconds, logging success each time. Now it exits with an error naming both.
+/// `outbox relay --invocation-secs 10` with the default 15 s lease would claim nothing and start a new invocation
+/// every few milliseconds, logging success each time: it exits with an error naming both values instead.
 #[test]
 fn relay_refuses_an_invocation_shorter_than_a_lease_plus_the_margin() {
     let bin = env!("CARGO_BIN_EXE_outbox");

@@ -1,4 +1,4 @@
-//! The CI-sized soak (issue 13): `outbox-dev soak`'s library entry with 3,000 events over 500 keys, poison
+//! The CI-sized soak: `outbox-dev soak`'s library entry with 3,000 events over 500 keys, poison
 //! events, two relays, the consumer and the callback receiver as separate processes SIGKILLed at random moments,
 //! their Postgres backends terminated, the dev server's faults on. No Postgres restart here: other tests share
 //! the server. Fails on any lost, doubled or reordered event, a poison event applied, rows left leased, or a

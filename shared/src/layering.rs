@@ -1,5 +1,5 @@
-//! Keeps the module layering honest (issue 21). It reads the "Layout" list of the crate documentation (`lib.rs`)
-//! and every source file under `src/`, and checks that:
+//! Keeps the module layering honest: one-way dependencies between the library's modules. It reads the "Layout"
+//! list of the crate documentation (`lib.rs`) and every source file under `src/`, and checks that:
 //!
 //! - every module declared in `lib.rs` has an entry, and every entry names a declared module;
 //! - every `crate::` path in a module's code (and every `super::` path that climbs to the crate root) names a

@@ -521,8 +521,7 @@ fn legacy_deliveries_are_verified_unless_refused() {
     );
 }
 
-/// Issue 13.5: an invocation budget that cannot hold one lease plus the deadline margin is refused with both
-/// values named (the CLI's `--invocation-secs` and the Lambda share this check), not run as a silent spin.
+/// An invocation budget that cannot hold one lease plus the deadline margin is refused with both values named (the CLI's `--invocation-secs` and the Lambda share this check), not run as a silent spin.
 #[test]
 fn an_invocation_shorter_than_a_lease_plus_the_margin_is_refused() {
     let e = env(&[]);
@@ -585,8 +584,8 @@ fn the_outage_probe_settings_are_bounded() {
     assert!(relay(&[("RELAY_OUTAGE_PROBE_CAP_SECS", "3601")]).is_err());
 }
 
-/// Issue 14: delivery batching settings — defaults publish one event per message; per-topic overrides; every
-/// malformed value is refused with the variable and the problem named.
+/// Delivery batching settings: the default N events per message (`DEFAULT_DELIVERY_BATCH`) and message size cap;
+/// per-topic overrides; every malformed value is refused with the variable and the problem named.
 #[test]
 fn the_delivery_batch_settings_are_validated() {
     let relay = |pairs: &[(&str, &str)]| {
