@@ -1,10 +1,13 @@
 //! `outbox-dev bench report --quick` writes the whole report: the Markdown, one SVG plot per figure (real SVG
-//! with drawn data, from the plotting crate) and a figures JSON holding every scenario. Only the files and their
-//! shape are checked: never a timing (performance is for the benchmark's own output, not for assertions).
+//! with drawn data, from the plotting crate), a figures JSON holding every scenario, and the figures block of a
+//! README beside it. Only the files and their shape are checked: never a timing (performance is for the
+//! benchmark's own output, not for assertions). And the repository's README.md quotes exactly what the committed
+//! `docs/benchmarks/figures.json` gives.
 
 use std::path::Path;
 use std::process::Command;
 
+use outbox_devtools::bench::report::readme::{self, BEGIN, END};
 use outbox_devtools::bench::report::{SCENARIOS, files};
 
 /// The relay and the dev server run as the `outbox` and `qstash-dev` binaries next to `outbox-dev`. A workspace
@@ -55,6 +58,9 @@ fn quick_report_writes_markdown_svg_plots_and_every_scenario_in_json() {
     build_siblings();
     let out = std::env::temp_dir().join(format!("outbox-bench-report-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    let page = out.join("README.md");
+    std::fs::write(&page, format!("before {BEGIN}stale figures{END} after\n")).unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_outbox-dev"))
         .args([
             "bench",
@@ -64,8 +70,10 @@ fn quick_report_writes_markdown_svg_plots_and_every_scenario_in_json() {
             "2000",
             "--delivery-batch",
             "1,4",
-            "--out",
+            "--readme",
         ])
+        .arg(&page)
+        .arg("--out")
         .arg(&out)
         .output()
         .expect("running outbox-dev bench report");
@@ -140,8 +148,37 @@ fn quick_report_writes_markdown_svg_plots_and_every_scenario_in_json() {
         }
     }
     assert!(json["machine"]["cpus"].as_u64().unwrap_or(0) >= 1);
+    // The README's block was rewritten from these figures, and nothing else on the page changed.
+    assert_eq!(
+        std::fs::read_to_string(&page).unwrap(),
+        format!(
+            "before {BEGIN}{}{END} after\n",
+            readme::block(&json).unwrap()
+        )
+    );
     // The figures went to stdout too.
     assert!(stdout.contains("BENCH_JSON "), "{stdout}");
     let _ = std::fs::remove_dir_all(&out);
     assert!(!Path::new(&out).exists());
+}
+
+/// README.md quotes benchmark figures only inside its generated block, and the block is what the committed
+/// `docs/benchmarks/figures.json` gives: a report run rewrites both, and so does `outbox-dev bench readme`.
+#[test]
+fn readme_quotes_the_committed_figures() {
+    let root = outbox_testkit::repo_root();
+    let figures: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("docs/benchmarks/figures.json")).unwrap(),
+    )
+    .unwrap();
+    let page = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let want = readme::with_block(&page, &readme::block(&figures).unwrap())
+        .unwrap()
+        .expect("README.md has a figures block");
+    assert!(
+        want == page,
+        "README.md's figures block is not what docs/benchmarks/figures.json gives; rewrite it with \
+         `cargo run -p outbox-devtools -- bench readme`. Expected block: {}",
+        readme::block(&figures).unwrap()
+    );
 }

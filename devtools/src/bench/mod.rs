@@ -23,6 +23,8 @@ pub enum BenchCommand {
     /// by number of keys, consumer latency, commit → applied at a steady rate, a long transaction pinning the
     /// xmin horizon — written as docs/benchmarks.md with SVG plots and figures.json.
     Report(report::ReportArgs),
+    /// Rewrite README.md's figures block from a report's figures.json (no benchmark run).
+    Readme(report::readme::ReadmeArgs),
     /// Batched deliveries only: ordered over many keys, one hot key, unordered end to end and commit → applied
     /// at a low rate, for each N events per QStash message (`RELAY_DELIVERY_BATCH`), side by side.
     Batched(batched::BatchedArgs),
@@ -41,6 +43,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Relay(args) => relay::run(args).await,
         BenchCommand::Report(args) => report::run(args).await,
+        BenchCommand::Readme(args) => report::readme::run(args),
         BenchCommand::Batched(args) => batched::run_cli(args).await,
         BenchCommand::Accounting(args) => accounting::run(args).await,
         BenchCommand::Consumer(args) => consumer::run_cli(args).await,

@@ -2,7 +2,8 @@
 
 use super::*;
 
-fn k(v: f64) -> String {
+/// A rate for a page: `22.6k` from 10,000 up, else whole numbers; `n/a` when not finite.
+pub(super) fn k(v: f64) -> String {
     if !v.is_finite() {
         "n/a".into()
     } else if v >= 10_000.0 {
@@ -12,7 +13,8 @@ fn k(v: f64) -> String {
     }
 }
 
-fn pct(v: f64) -> String {
+/// A ratio as a whole percentage: `64 %`.
+pub(super) fn pct(v: f64) -> String {
     format!("{:.0} %", 100.0 * v)
 }
 

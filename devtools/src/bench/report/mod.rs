@@ -2,7 +2,8 @@
 //! self-contained report — `<out>/benchmarks.md`, plots as `<out>/benchmarks/*.svg` and every figure in
 //! `<out>/benchmarks/figures.json` — and printed to stdout. Medians over rounds and ratios to the same-run
 //! baseline, because these small shared machines are noisy; the machine and the Postgres settings that matter
-//! are read at run time and written next to the figures.
+//! are read at run time and written next to the figures. The figures README.md quotes are rewritten from the
+//! same figures ([`readme`]).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -21,6 +22,7 @@ use super::support::{DevServerProcess, Knobs, Machine, ScratchDb, load_average};
 use super::{consumer, steady, xmin};
 
 mod markdown;
+pub mod readme;
 
 use markdown::markdown;
 
@@ -44,6 +46,11 @@ pub struct ReportArgs {
     /// default.
     #[arg(long, value_delimiter = ',', default_values_t = batched::default_ns())]
     delivery_batch: Vec<u32>,
+    /// The page whose figures block (between `<!-- figures:begin -->` and `<!-- figures:end -->`) is rewritten
+    /// from the new figures [default: README.md in the parent directory of --out]. A page that is missing or has
+    /// no block is left alone.
+    #[arg(long)]
+    readme: Option<PathBuf>,
     #[command(flatten)]
     db: DbArgs,
 }
@@ -466,6 +473,11 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
     )?;
     let md = markdown(&figures, &plan);
     std::fs::write(args.out.join("benchmarks.md"), &md)?;
+    let readme_path = args
+        .readme
+        .clone()
+        .unwrap_or_else(|| args.out.join("..").join("README.md"));
+    let readme_written = readme_path.is_file() && readme::update(&readme_path, &figures)?;
     println!("\n{md}");
     println!("BENCH_JSON {}", figures);
     println!(
@@ -474,6 +486,9 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
         plots_dir.display(),
         plots_dir.join("figures.json").display()
     );
+    if readme_written {
+        println!("rewrote the figures block of {}", readme_path.display());
+    }
     Ok(())
 }
 
