@@ -1,0 +1,139 @@
+//! The worker processes from the supervising side: how each is started ([`Spawner`]: this executable's hidden
+//! `soak-worker` command with the functions' environment, its output in a log file), restarted when it exits by
+//! itself ([`supervise`]) and killed ([`kill`], SIGKILL).
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::process::{Child, Command};
+
+use super::Counts;
+
+/// What a worker process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Relay,
+    Consumer,
+    Callback,
+}
+
+impl Kind {
+    fn app_name(self) -> &'static str {
+        match self {
+            Kind::Relay => "soak-relay",
+            Kind::Consumer => "soak-consumer",
+            Kind::Callback => "soak-callback",
+        }
+    }
+}
+
+/// One worker process and how to start it again.
+pub(super) struct Worker {
+    pub(super) kind: Kind,
+    pub(super) index: usize,
+    pub(super) port: Option<u16>,
+    pub(super) child: Option<Child>,
+}
+
+/// Everything a worker needs to start.
+pub(super) struct Spawner {
+    pub(super) exe: PathBuf,
+    pub(super) env: Vec<(String, String)>,
+    pub(super) log_dir: PathBuf,
+}
+
+impl Spawner {
+    pub(super) fn spawn(&self, w: &mut Worker) -> anyhow::Result<()> {
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("soak-worker");
+        match (w.kind, w.port) {
+            (Kind::Relay, _) => cmd.args(["relay", "--invocation-secs", "30"]),
+            (Kind::Consumer, Some(p)) => cmd
+                .args(["consumer", "--port", &p.to_string()])
+                .env("PUBLIC_BASE_URL", format!("http://127.0.0.1:{p}")),
+            (Kind::Callback, Some(p)) => cmd
+                .args(["callback", "--port", &p.to_string()])
+                .env("PUBLIC_BASE_URL", format!("http://127.0.0.1:{p}")),
+            _ => anyhow::bail!("a receiver needs a port"),
+        };
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        let name = format!("{}-{}", w.kind.app_name(), w.index);
+        cmd.env("DB_APPLICATION_NAME", &name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_dir.join(format!("{name}.log")))
+            .context("opening a worker log")?;
+        cmd.stdout(log.try_clone()?)
+            .stderr(log)
+            .stdin(std::process::Stdio::null());
+        cmd.kill_on_drop(true);
+        w.child = Some(cmd.spawn().with_context(|| format!("starting {name}"))?);
+        Ok(())
+    }
+}
+
+pub(super) async fn kill(w: &mut Worker) {
+    if let Some(mut c) = w.child.take() {
+        let _ = c.start_kill(); // SIGKILL
+        let _ = c.wait().await;
+    }
+}
+
+/// Restarts workers that exited by themselves.
+pub(super) async fn supervise(spawner: &Spawner, workers: &mut [Worker], counts: &Counts) {
+    for w in workers.iter_mut() {
+        let exited = match w.child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(Some(_))) | Some(Err(_)) | None => true,
+            Some(Ok(None)) => false,
+        };
+        if exited {
+            counts.worker_exits.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = spawner.spawn(w) {
+                eprintln!("soak: restarting a worker failed: {e:#}");
+            } else {
+                counts.restarts.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+pub(super) fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+pub(super) async fn wait_listening(port: u16, timeout: Duration) -> anyhow::Result<()> {
+    let until = Instant::now() + timeout;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        anyhow::ensure!(
+            Instant::now() < until,
+            "no worker listening on port {port} after {timeout:?} (see the worker logs)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+pub(super) fn default_log_dir() -> PathBuf {
+    let file = crate::dev::logs::default_path();
+    let parent = file.parent().map(PathBuf::from).unwrap_or_default();
+    parent.join(format!(
+        "soak-{}-{}",
+        chrono::Utc::now().format("%Y%m%dT%H%M%SZ"),
+        std::process::id()
+    ))
+}
+
+/// Sets `name` in `env` unless the process environment has it (the caller's relay settings pass through).
+pub(super) fn default_env(env: &mut Vec<(String, String)>, name: &str, value: &str) {
+    if std::env::var_os(name).is_none() {
+        env.push((name.to_owned(), value.to_owned()));
+    }
+}
