@@ -68,7 +68,7 @@ pub(super) async fn account(db: &PgPool) -> anyhow::Result<SoakReport> {
     }
 }
 
-/// The soak's verdict on a database (the library's tables and `soak_applied`, [`create_table`]): every figure of
+/// The soak's verdict on a database (the library's tables and `soak_applied`, [`create_table`](super::create_table)): every figure of
 /// [`SoakReport`] that the database holds — enqueued, poison, applied once and twice, poison applied,
 /// dead-lettered (poison, other, the unexpected events' ids, the reasons), lost, order violations, left leased —
 /// in one transaction. The rest (kills, the dead letters the dev server explains, `ok`) is the caller's.
