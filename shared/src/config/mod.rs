@@ -1,0 +1,34 @@
+//! Typed configuration from environment variables.
+//!
+//! Every Lambda reads only the sections it needs, so a variable one function requires never breaks another.
+//! Values are parsed into domain types at this edge; an invalid value is a [`ConfigError`] that names the
+//! variable (and, for non-secret variables only, the offending value). Secrets are not read here: see
+//! [`crate::secrets`].
+//!
+//! | file | what |
+//! |---|---|
+//! | `env.rs` | [`EnvSource`], [`Vars`] (typed, checked reads) and [`ConfigError`] |
+//! | `relay.rs` | the relay function's: [`QstashConfig`], [`RelayConfig`], [`DeliveryBatching`], [`AccountingConfig`] |
+//! | `consumer.rs` | the receivers' (consumer and callback function): [`ConsumerConfig`] |
+
+mod consumer;
+mod env;
+mod relay;
+
+pub use consumer::{
+    ConsumerConfig, LegacyDeliveries, MAX_CLOCK_TOLERANCE, MIN_SECRET_REFRESH_INTERVAL,
+};
+pub use env::{ConfigError, EnvSource, ProcessEnv, Vars};
+pub use relay::{
+    AccountingConfig, DEFAULT_DELIVERY_BATCH, DeliveryBatching, EvidenceMode, MAX_DELIVERY_BATCH,
+    OutcomeSource, QstashConfig, RelayConfig, qstash_retry_horizon, reconcile_horizon,
+};
+
+/// What happens to the later events of an ordered key whose head is dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadHeadPolicy {
+    /// The key stops until an operator redrives or discards the head (default).
+    Block,
+    /// The head is recorded as a dead letter and the key moves on.
+    Skip,
+}
