@@ -6,113 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use outbox::config::{QstashConfig, RelayConfig};
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
-use outbox::qstash::QstashClient;
-use outbox::relay::Relay;
 use outbox::relay::claim::ClaimStatements;
 use outbox::relay::settle::{SettleItem, Settlement, settle};
-use outbox_testkit::sink::Sink;
-use qstash_dev::{Config as DevConfig, DevServer, Faults, WaitlistOrder};
-use secrecy::SecretString;
+use outbox_testkit::relaying::{RelayEnv, relay_config};
+use qstash_dev::{Config as DevConfig, Faults, WaitlistOrder};
 use serde_json::json;
 use sqlx::{PgPool, Row};
 
 const ORDERS: Topic = Topic::ordered("orders");
 const AUDIT: Topic = Topic::unordered("audit");
-
-fn relay_config() -> RelayConfig {
-    RelayConfig {
-        batch_size: 50,
-        lease: Duration::from_secs(1),
-        max_attempts: 12,
-        backoff_base: Duration::from_secs(30),
-        backoff_cap: Duration::from_secs(3600),
-        poll_interval: Duration::from_millis(20),
-        deadline_margin: Duration::from_millis(0),
-        concurrency: 2,
-        skip_topics: vec![],
-        evidence_timeout: Duration::from_secs(30),
-        retention: Duration::from_secs(86_400),
-        processed_ttl: Duration::from_secs(7 * 86_400),
-        housekeeping_batch: 1000,
-        listen_notify: false,
-        ordered_evidence: outbox::config::EvidenceMode::Callback,
-        outage_probe_base: Duration::from_millis(200),
-        outage_probe_cap: Duration::from_millis(800),
-        // Outcomes from dedupe rows (no delivery callbacks on unordered messages): these tests count messages.
-        accounting: outbox::config::AccountingConfig {
-            unordered: Some(outbox::config::OutcomeSource::DedupeRow),
-            ..Default::default()
-        },
-        // One event per message: these tests count messages and deliveries per event (batches: relay_batches.rs).
-        batching: outbox::config::DeliveryBatching {
-            default_n: 1,
-            ..Default::default()
-        },
-    }
-}
-
-fn qstash_config(dev: &DevServer, sink: &Sink) -> QstashConfig {
-    QstashConfig {
-        base_url: dev.url(),
-        retries: 5,
-        publish_timeout: Duration::from_secs(2),
-        batch_size: 25,
-        delivery_timeout: None,
-        flow_parallelism: 1,
-        flow_rate: None,
-        flow_period: Duration::from_secs(1),
-        consumer_url: sink.url.clone(),
-        callback_url: sink.url.clone(),
-    }
-}
-
-struct Env {
-    dev: DevServer,
-    sink: Sink,
-    pool: PgPool,
-}
-
-async fn env(pool: PgPool, dev_cfg: DevConfig) -> Env {
-    let dev = DevServer::start(dev_cfg).await.expect("dev server starts");
-    let sink = Sink::start(pool.clone()).await;
-    Env { dev, sink, pool }
-}
-
-impl Env {
-    fn relay_with(&self, cfg: RelayConfig) -> Relay {
-        let client = QstashClient::new(
-            &self.dev.url(),
-            SecretString::from(self.dev.token().to_owned()),
-            Duration::from_secs(2),
-        )
-        .unwrap();
-        Relay::new(
-            self.pool.clone(),
-            client,
-            cfg,
-            qstash_config(&self.dev, &self.sink),
-            true,
-        )
-    }
-
-    fn relay(&self) -> Relay {
-        self.relay_with(relay_config())
-    }
-
-    /// Makes every waiting row and key due now (skips backoff and leases without waiting).
-    async fn make_due(&self) {
-        sqlx::query("UPDATE outbox SET available_at = now() - interval '1 ms' WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL")
-            .execute(&self.pool)
-            .await
-            .unwrap();
-        sqlx::query("UPDATE outbox_keys SET available_at = now() - interval '1 ms'")
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-}
 
 fn fast() -> DevConfig {
     DevConfig {
@@ -279,7 +182,7 @@ async fn transient_failures_back_off_within_bounds_then_dead_letter_with_the_las
 ) {
     // Failures that are about the events (a batch item's own 5xx): a QStash that fails every request as a whole
     // is an outage instead and spends nothing (tests/relay_outage.rs).
-    let e = env(pool.clone(), fast()).await;
+    let e = RelayEnv::start(pool.clone(), fast()).await;
     let ids = enqueue_n(&pool, &AUDIT, 3, 1).await;
     let mut cfg = relay_config();
     cfg.max_attempts = 3;
@@ -371,7 +274,7 @@ async fn transient_failures_back_off_within_bounds_then_dead_letter_with_the_las
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_permanent_refusal_dead_letters_at_once_and_only_the_culprit(pool: PgPool) {
-    let e = env(
+    let e = RelayEnv::start(
         pool.clone(),
         DevConfig {
             max_request_bytes: 4000,
@@ -434,7 +337,7 @@ async fn a_permanent_refusal_dead_letters_at_once_and_only_the_culprit(pool: PgP
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn an_ambiguous_publish_yields_one_delivery(pool: PgPool) {
-    let e = env(pool.clone(), fast()).await;
+    let e = RelayEnv::start(pool.clone(), fast()).await;
     let ids = enqueue_n(&pool, &AUDIT, 5, 1).await;
     let relay = e.relay();
     // QStash stores the messages but the response never arrives.
@@ -475,7 +378,7 @@ async fn an_ambiguous_publish_yields_one_delivery(pool: PgPool) {
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_relay_killed_after_claim_or_after_publish_loses_nothing(pool: PgPool) {
-    let e = env(pool.clone(), fast()).await;
+    let e = RelayEnv::start(pool.clone(), fast()).await;
     let ids = enqueue_n(&pool, &AUDIT, 6, 1).await;
     let ordered = enqueue_n(&pool, &ORDERS, 3, 2).await;
     let relay = e.relay();
@@ -565,7 +468,7 @@ async fn two_relays_never_hold_the_same_key(pool: PgPool) {
 /// a key may be delivered before its predecessor was delivered successfully.
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn ordered_keys_arrive_in_sequence_under_shuffling_retries_and_two_relays(pool: PgPool) {
-    let e = env(pool.clone(), DevConfig { seed: 11, ..fast() }).await;
+    let e = RelayEnv::start(pool.clone(), DevConfig { seed: 11, ..fast() }).await;
     let keys = 30;
     let per_key = 8;
     enqueue_n(&pool, &ORDERS, keys, per_key).await;
@@ -653,7 +556,7 @@ async fn ordered_keys_arrive_in_sequence_under_shuffling_retries_and_two_relays(
 /// may need more drains, never a faster clock.
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn the_drain_loop_stops_before_the_deadline(pool: PgPool) {
-    let e = env(pool.clone(), fast()).await;
+    let e = RelayEnv::start(pool.clone(), fast()).await;
     enqueue_n(&pool, &AUDIT, 20, 1).await;
     let relay = e.relay();
     let lease = relay_config().lease;

@@ -8,13 +8,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use outbox::config::{DeliveryBatching, EvidenceMode, QstashConfig, RelayConfig};
+use outbox::config::{DeliveryBatching, EvidenceMode, RelayConfig};
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
-use outbox::qstash::{QstashClient, flow_control_key};
+use outbox::qstash::flow_control_key;
 use outbox::relay::Relay;
-use outbox_testkit::sink::Sink;
-use qstash_dev::{Config as DevConfig, DevServer};
-use secrecy::SecretString;
+use outbox_testkit::relaying::{self, RelayEnv};
+use qstash_dev::Config as DevConfig;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -22,32 +21,14 @@ const ORDERS: Topic = Topic::ordered("orders");
 const AUDIT: Topic = Topic::unordered("audit");
 const METRICS: Topic = Topic::unordered("metrics");
 
+/// The relay tests' settings with evidence recorded by this test only (no delivery callbacks; the timeout long
+/// enough never to republish) and `batching`.
 fn relay_config(batching: DeliveryBatching) -> RelayConfig {
     RelayConfig {
-        batch_size: 50,
-        lease: Duration::from_secs(1),
-        max_attempts: 12,
-        backoff_base: Duration::from_secs(30),
-        backoff_cap: Duration::from_secs(3600),
-        poll_interval: Duration::from_millis(20),
-        deadline_margin: Duration::from_millis(0),
-        concurrency: 2,
-        skip_topics: vec![],
         evidence_timeout: Duration::from_secs(600),
-        retention: Duration::from_secs(86_400),
-        processed_ttl: Duration::from_secs(7 * 86_400),
-        housekeeping_batch: 1000,
-        listen_notify: false,
-        // Evidence comes from this test only (no delivery callbacks).
         ordered_evidence: EvidenceMode::Consumer,
-        outage_probe_base: Duration::from_millis(200),
-        outage_probe_cap: Duration::from_millis(800),
-        // Outcomes from dedupe rows (no delivery callbacks on unordered messages): these tests count messages.
-        accounting: outbox::config::AccountingConfig {
-            unordered: Some(outbox::config::OutcomeSource::DedupeRow),
-            ..Default::default()
-        },
         batching,
+        ..relaying::relay_config()
     }
 }
 
@@ -59,95 +40,58 @@ fn batching(default_n: u32, topics: &[(&str, u32)], max_message_bytes: usize) ->
     }
 }
 
-struct Env {
-    dev: DevServer,
-    sink: Sink,
-    pool: PgPool,
+/// A relay with `batching` and no QStash retries.
+fn batching_relay(e: &RelayEnv, batching: DeliveryBatching) -> Relay {
+    e.relay_with_qstash(relay_config(batching), e.qstash(0))
 }
 
-async fn env(pool: PgPool, dev_cfg: DevConfig) -> Env {
-    let dev = DevServer::start(dev_cfg).await.expect("dev server starts");
-    let sink = Sink::start(pool.clone()).await;
-    Env { dev, sink, pool }
-}
-
-impl Env {
-    fn relay(&self, batching: DeliveryBatching) -> Relay {
-        let client = QstashClient::new(
-            &self.dev.url(),
-            SecretString::from(self.dev.token().to_owned()),
-            Duration::from_secs(2),
-        )
+/// The messages the consumer received, in arrival order: each one's event ids and its `x-outbox-id` copy.
+async fn delivered(e: &RelayEnv) -> Vec<(Vec<i64>, String)> {
+    e.dev
+        .handle()
+        .wait_idle(Duration::from_secs(20))
+        .await
         .unwrap();
-        let qstash = QstashConfig {
-            base_url: self.dev.url(),
-            retries: 0,
-            publish_timeout: Duration::from_secs(2),
-            batch_size: 25,
-            delivery_timeout: None,
-            flow_parallelism: 1,
-            flow_rate: None,
-            flow_period: Duration::from_secs(1),
-            consumer_url: self.sink.url.clone(),
-            callback_url: self.sink.url.clone(),
-        };
-        Relay::new(
-            self.pool.clone(),
-            client,
-            relay_config(batching),
-            qstash,
-            true,
-        )
-    }
+    e.sink
+        .seen()
+        .iter()
+        .map(|s| {
+            let v: Value = serde_json::from_slice(&s.body).unwrap();
+            let ids = v["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["id"].as_i64().unwrap())
+                .collect();
+            (
+                ids,
+                s.headers.get("x-outbox-id").cloned().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
 
-    /// The messages the consumer received, in arrival order: each one's event ids and its `x-outbox-id` copy.
-    async fn delivered(&self) -> Vec<(Vec<i64>, String)> {
-        self.dev
-            .handle()
-            .wait_idle(Duration::from_secs(20))
-            .await
-            .unwrap();
-        self.sink
-            .seen()
-            .iter()
-            .map(|s| {
-                let v: Value = serde_json::from_slice(&s.body).unwrap();
-                let ids = v["events"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|e| e["id"].as_i64().unwrap())
-                    .collect();
-                (
-                    ids,
-                    s.headers.get("x-outbox-id").cloned().unwrap_or_default(),
-                )
-            })
-            .collect()
-    }
-
-    /// Delivery evidence for every event of a message, in one transaction.
-    async fn evidence(&self, ids: &[i64]) {
-        let mut tx = self.pool.begin().await.unwrap();
-        for id in ids {
-            outbox::ordering::record_delivery(&mut tx, *id, true)
-                .await
-                .unwrap();
-        }
-        tx.commit().await.unwrap();
-    }
-
-    /// Ends every lease now (as if it had run out), without waiting.
-    async fn expire_leases(&self) {
-        sqlx::query("UPDATE outbox SET available_at = least(available_at, now() - interval '1 ms'), locked_until = now() - interval '1 ms' WHERE dispatched_at IS NULL")
-            .execute(&self.pool)
-            .await
-            .unwrap();
-        sqlx::query("UPDATE outbox_keys SET available_at = now() - interval '1 ms', locked_until = now() - interval '1 ms'")
-            .execute(&self.pool)
+/// Delivery evidence for every event of a message, in one transaction.
+async fn evidence(e: &RelayEnv, ids: &[i64]) {
+    let mut tx = e.pool.begin().await.unwrap();
+    for id in ids {
+        outbox::ordering::record_delivery(&mut tx, *id, true)
             .await
             .unwrap();
     }
+    tx.commit().await.unwrap();
+}
+
+/// Ends every lease now (as if it had run out), without waiting.
+async fn expire_leases(e: &RelayEnv) {
+    sqlx::query("UPDATE outbox SET available_at = least(available_at, now() - interval '1 ms'), locked_until = now() - interval '1 ms' WHERE dispatched_at IS NULL")
+        .execute(&e.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE outbox_keys SET available_at = now() - interval '1 ms', locked_until = now() - interval '1 ms'")
+        .execute(&e.pool)
+        .await
+        .unwrap();
 }
 
 fn dev() -> DevConfig {
@@ -167,7 +111,7 @@ fn joined(ids: &[i64]) -> String {
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn an_ordered_key_goes_out_in_runs_of_n_only_as_evidence_arrives(pool: PgPool) {
-    let e = env(pool.clone(), dev()).await;
+    let e = RelayEnv::start(pool.clone(), dev()).await;
     let ids = enqueue(
         &pool,
         &(0..7)
@@ -175,7 +119,7 @@ async fn an_ordered_key_goes_out_in_runs_of_n_only_as_evidence_arrives(pool: PgP
             .collect::<Vec<_>>(),
     )
     .await;
-    let relay = e.relay(batching(1, &[("orders", 3)], 1_000_000));
+    let relay = batching_relay(&e, batching(1, &[("orders", 3)], 1_000_000));
 
     let mut runs: Vec<Vec<i64>> = Vec::new();
     for expected in [&ids[0..3], &ids[3..6], &ids[6..7]] {
@@ -193,12 +137,12 @@ async fn an_ordered_key_goes_out_in_runs_of_n_only_as_evidence_arrives(pool: PgP
         assert!(waiting);
         let r = relay.run_cycle().await.unwrap();
         assert_eq!(r.claimed, 0, "nothing more before the evidence");
-        let delivered = e.delivered().await;
+        let delivered = delivered(&e).await;
         assert_eq!(delivered.len(), runs.len() + 1);
         let (got, header) = delivered.last().unwrap().clone();
         assert_eq!(got, expected);
         assert_eq!(header, joined(expected));
-        e.evidence(expected).await;
+        evidence(&e, expected).await;
         runs.push(got);
     }
     assert_eq!(runs.concat(), ids);
@@ -213,7 +157,7 @@ async fn an_ordered_key_goes_out_in_runs_of_n_only_as_evidence_arrives(pool: PgP
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn unordered_events_are_grouped_per_topic_up_to_each_topics_n(pool: PgPool) {
-    let e = env(pool.clone(), dev()).await;
+    let e = RelayEnv::start(pool.clone(), dev()).await;
     let mut events = Vec::new();
     for i in 0..5 {
         events.push(NewEvent::new(&AUDIT, format!("a{i}"), &json!({"i": i})).unwrap());
@@ -222,7 +166,7 @@ async fn unordered_events_are_grouped_per_topic_up_to_each_topics_n(pool: PgPool
         }
     }
     let ids = enqueue(&pool, &events).await;
-    let relay = e.relay(batching(2, &[("audit", 3)], 1_000_000));
+    let relay = batching_relay(&e, batching(2, &[("audit", 3)], 1_000_000));
 
     let claimed = relay.claim().await.unwrap();
     let formed = relay.messages_for(&claimed);
@@ -256,7 +200,7 @@ async fn unordered_events_are_grouped_per_topic_up_to_each_topics_n(pool: PgPool
         .await
         .unwrap();
     assert_eq!(distinct, 4, "one QStash message id per message");
-    let mut delivered = e.delivered().await;
+    let mut delivered = delivered(&e).await;
     delivered.sort();
     assert_eq!(delivered.len(), 4);
     for (got, header) in &delivered {
@@ -266,7 +210,7 @@ async fn unordered_events_are_grouped_per_topic_up_to_each_topics_n(pool: PgPool
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn the_size_limit_splits_messages_and_a_huge_event_goes_alone(pool: PgPool) {
-    let e = env(pool.clone(), dev()).await;
+    let e = RelayEnv::start(pool.clone(), dev()).await;
     let blob = "x".repeat(1500);
     let mut events: Vec<NewEvent> = (0..5)
         .map(|i| NewEvent::new(&AUDIT, "k", &json!({"i": i, "blob": blob})).unwrap())
@@ -274,7 +218,7 @@ async fn the_size_limit_splits_messages_and_a_huge_event_goes_alone(pool: PgPool
     events.push(NewEvent::new(&AUDIT, "k", &json!({"huge": "y".repeat(9000)})).unwrap());
     let ids = enqueue(&pool, &events).await;
     let limit = 4000;
-    let relay = e.relay(batching(10, &[], limit));
+    let relay = batching_relay(&e, batching(10, &[], limit));
     let claimed = relay.claim().await.unwrap();
     let formed = relay.messages_for(&claimed);
     let groups: Vec<Vec<i64>> = formed
@@ -302,7 +246,7 @@ async fn the_size_limit_splits_messages_and_a_huge_event_goes_alone(pool: PgPool
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn dedup_ids_follow_the_composition_and_a_crash_reforms_the_same_message(pool: PgPool) {
-    let e = env(pool.clone(), dev()).await;
+    let e = RelayEnv::start(pool.clone(), dev()).await;
     let ids = enqueue(
         &pool,
         &(0..3)
@@ -310,7 +254,7 @@ async fn dedup_ids_follow_the_composition_and_a_crash_reforms_the_same_message(p
             .collect::<Vec<_>>(),
     )
     .await;
-    let relay = e.relay(batching(3, &[], 1_000_000));
+    let relay = batching_relay(&e, batching(3, &[], 1_000_000));
     // Killed after publishing, before settling.
     let claimed = relay.claim().await.unwrap();
     assert_eq!(claimed.len(), 3);
@@ -334,7 +278,7 @@ async fn dedup_ids_follow_the_composition_and_a_crash_reforms_the_same_message(p
             .all(|o| matches!(o, outbox::qstash::PublishOutcome::Accepted { .. }))
     );
     drop(claimed);
-    e.expire_leases().await;
+    expire_leases(&e).await;
     // The reclaim forms the same message: same id, and QStash drops the copy.
     let again = relay.claim().await.unwrap();
     assert_eq!(again.len(), 3);
@@ -348,15 +292,15 @@ async fn dedup_ids_follow_the_composition_and_a_crash_reforms_the_same_message(p
     let items = relay.decide(&again, &published.outcomes);
     assert_eq!(relay.settle(&items).await.unwrap().dispatched, 3);
     assert_eq!(e.dev.handle().stats().deduplicated, 1);
-    assert_eq!(e.delivered().await, vec![(ids.clone(), joined(&ids))]);
+    assert_eq!(delivered(&e).await, vec![(ids.clone(), joined(&ids))]);
 
     // Another composition (the first two only) gets another id.
-    e.expire_leases().await;
+    expire_leases(&e).await;
     sqlx::query("UPDATE outbox_keys SET inflight_id = NULL")
         .execute(&pool)
         .await
         .unwrap();
-    let two = e.relay(batching(2, &[], 1_000_000));
+    let two = batching_relay(&e, batching(2, &[], 1_000_000));
     let claimed = two.claim().await.unwrap();
     assert_eq!(claimed.len(), 2);
     let other = two.messages_for(&claimed).messages[0]
@@ -373,7 +317,7 @@ async fn dedup_ids_follow_the_composition_and_a_crash_reforms_the_same_message(p
 async fn a_refused_batch_falls_back_to_single_events(pool: PgPool) {
     // The dev server refuses any request over 4000 bytes with 413: the batch of four is refused, each small
     // event alone passes, the big one alone is refused and is the only dead letter.
-    let e = env(
+    let e = RelayEnv::start(
         pool.clone(),
         DevConfig {
             max_request_bytes: 4000,
@@ -386,7 +330,7 @@ async fn a_refused_batch_falls_back_to_single_events(pool: PgPool) {
         .collect();
     events.push(NewEvent::new(&AUDIT, "k", &json!({"blob": "x".repeat(6000)})).unwrap());
     let ids = enqueue(&pool, &events).await;
-    let relay = e.relay(batching(4, &[], 1_000_000));
+    let relay = batching_relay(&e, batching(4, &[], 1_000_000));
     let r = relay.run_cycle().await.unwrap();
     assert_eq!(r.claimed, 4);
     assert_eq!(
@@ -398,7 +342,7 @@ async fn a_refused_batch_falls_back_to_single_events(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(dead, vec![ids[3]]);
-    let mut delivered = e.delivered().await;
+    let mut delivered = delivered(&e).await;
     delivered.sort();
     assert_eq!(
         delivered,
@@ -411,7 +355,7 @@ async fn a_refused_batch_falls_back_to_single_events(pool: PgPool) {
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_dead_ordered_head_blocks_its_key_and_its_followers_go_back_to_pending(pool: PgPool) {
-    let e = env(
+    let e = RelayEnv::start(
         pool.clone(),
         DevConfig {
             max_request_bytes: 4000,
@@ -422,7 +366,7 @@ async fn a_dead_ordered_head_blocks_its_key_and_its_followers_go_back_to_pending
     let mut events = vec![NewEvent::new(&ORDERS, "k", &json!({"blob": "x".repeat(6000)})).unwrap()];
     events.extend((0..2).map(|i| NewEvent::new(&ORDERS, "k", &json!({"i": i})).unwrap()));
     let ids = enqueue(&pool, &events).await;
-    let relay = e.relay(batching(3, &[], 1_000_000));
+    let relay = batching_relay(&e, batching(3, &[], 1_000_000));
     let r = relay.run_cycle().await.unwrap();
     assert_eq!(r.claimed, 3);
     assert_eq!((r.settled.dead, r.settled.released), (1, 2));
@@ -450,18 +394,18 @@ async fn a_dead_ordered_head_blocks_its_key_and_its_followers_go_back_to_pending
         vec![(ids[1], true, true, 0), (ids[2], true, true, 0)],
         "followers are pending again, not leased, their attempt given back"
     );
-    assert!(e.delivered().await.is_empty());
+    assert!(delivered(&e).await.is_empty());
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn without_batching_every_event_is_its_own_message_as_before(pool: PgPool) {
-    let e = env(pool.clone(), dev()).await;
+    let e = RelayEnv::start(pool.clone(), dev()).await;
     let mut events: Vec<NewEvent> = (0..3)
         .map(|i| NewEvent::new(&AUDIT, format!("a{i}"), &json!({"i": i})).unwrap())
         .collect();
     events.extend((0..3).map(|i| NewEvent::new(&ORDERS, "k", &json!({"i": i})).unwrap()));
     enqueue(&pool, &events).await;
-    let relay = e.relay(batching(1, &[], 1_000_000));
+    let relay = batching_relay(&e, batching(1, &[], 1_000_000));
     let claimed = relay.claim().await.unwrap();
     // Unordered rows plus one head: nothing behind the head is claimed.
     assert_eq!(claimed.len(), 4);
@@ -488,7 +432,7 @@ async fn without_batching_every_event_is_its_own_message_as_before(pool: PgPool)
     let published = relay.publish_classified(&claimed).await;
     let items = relay.decide(&claimed, &published.outcomes);
     assert_eq!(relay.settle(&items).await.unwrap().dispatched, 4);
-    for (ids, header) in e.delivered().await {
+    for (ids, header) in delivered(&e).await {
         assert_eq!(ids.len(), 1);
         assert_eq!(header, ids[0].to_string());
     }

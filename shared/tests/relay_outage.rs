@@ -6,13 +6,12 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use outbox::config::{QstashConfig, RelayConfig};
+use outbox::config::RelayConfig;
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
-use outbox::qstash::QstashClient;
 use outbox::relay::{DrainSummary, Relay, outage};
+use outbox_testkit::relaying;
 use outbox_testkit::sink::Sink;
 use qstash_dev::{Config as DevConfig, DevServer, Faults};
-use secrecy::SecretString;
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -22,33 +21,11 @@ const AUDIT: Topic = Topic::unordered("audit");
 /// A budget of 3 attempts with 1 s backoff windows: without outage handling the whole horizon is a few seconds.
 fn relay_config() -> RelayConfig {
     RelayConfig {
-        batch_size: 50,
-        lease: Duration::from_secs(1),
         max_attempts: 3,
         backoff_base: Duration::from_millis(250),
         backoff_cap: Duration::from_secs(1),
-        poll_interval: Duration::from_millis(20),
-        deadline_margin: Duration::ZERO,
-        concurrency: 2,
-        skip_topics: vec![],
         evidence_timeout: Duration::from_secs(60),
-        retention: Duration::from_secs(86_400),
-        processed_ttl: Duration::from_secs(7 * 86_400),
-        housekeeping_batch: 1000,
-        listen_notify: false,
-        ordered_evidence: outbox::config::EvidenceMode::Callback,
-        outage_probe_base: Duration::from_millis(200),
-        outage_probe_cap: Duration::from_millis(800),
-        // Outcomes from dedupe rows (no delivery callbacks on unordered messages): these tests count messages.
-        accounting: outbox::config::AccountingConfig {
-            unordered: Some(outbox::config::OutcomeSource::DedupeRow),
-            ..Default::default()
-        },
-        // One event per message: these tests count messages and deliveries per event (batches: relay_batches.rs).
-        batching: outbox::config::DeliveryBatching {
-            default_n: 1,
-            ..Default::default()
-        },
+        ..relaying::relay_config()
     }
 }
 
@@ -60,26 +37,14 @@ fn dev_config(port: u16, token: &str) -> DevConfig {
     }
 }
 
+/// A relay publishing to `url` with `token` (3 QStash retries, 500 ms per publish), delivering to `sink`.
 fn relay(pool: &PgPool, url: &str, token: &str, sink: &Sink) -> Relay {
-    let client = QstashClient::new(
-        url,
-        SecretString::from(token.to_owned()),
-        Duration::from_millis(500),
+    relaying::relay_to(
+        pool,
+        token,
+        relay_config(),
+        relaying::qstash_config(url, sink, 3, Duration::from_millis(500)),
     )
-    .unwrap();
-    let qstash = QstashConfig {
-        base_url: url.to_owned(),
-        retries: 3,
-        publish_timeout: Duration::from_millis(500),
-        batch_size: 25,
-        delivery_timeout: None,
-        flow_parallelism: 1,
-        flow_rate: None,
-        flow_period: Duration::from_secs(1),
-        consumer_url: sink.url.clone(),
-        callback_url: sink.url.clone(),
-    };
-    Relay::new(pool.clone(), client, relay_config(), qstash, true)
 }
 
 async fn enqueue(pool: &PgPool) -> Vec<i64> {

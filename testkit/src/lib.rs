@@ -7,6 +7,7 @@
 //! * [`receiving`]: QStash-like tokens signed independently of `outbox::receiver`, function-URL requests,
 //!   the envelope [`receiving::Delivery`] builder, receiver and consumer states on a fixed clock;
 //! * [`sink`]: a stand-in consumer and callback endpoint that records what the dev server delivers;
+//! * [`relaying`]: a relay wired to the dev server and a sink, with the relay tests' settings;
 //! * [`db`]: URLs of `#[sqlx::test]` databases and hand-built outbox states;
 //! * [`given_up`]: which events may end as unexpected dead letters, by the dev server's own DLQ;
 //! * [`moto`]: a local AWS Secrets Manager;
@@ -36,6 +37,7 @@ pub mod moto;
 pub mod pgbouncer;
 pub mod previous_relay;
 pub mod receiving;
+pub mod relaying;
 pub mod sam;
 pub mod sink;
 pub mod stack;
