@@ -753,13 +753,12 @@ async fn unsigned_oversized_and_unknown_paths_are_refused(pool: PgPool) {
     // No signature.
     let r = handle_callback(
         &st,
-        request_from_event(&function_url_event(
-            "POST",
+        post_with_headers(
             "/failure",
             "",
             &[("x-outbox-id", &id.to_string())],
             body.as_bytes(),
-        )),
+        ),
     )
     .await;
     assert_eq!(parts(&r).0, 401);
@@ -767,13 +766,12 @@ async fn unsigned_oversized_and_unknown_paths_are_refused(pool: PgPool) {
     let sig = token(KEY, &url("/delivered"), body.as_bytes());
     let r = handle_callback(
         &st,
-        request_from_event(&function_url_event(
-            "POST",
+        post_with_headers(
             "/failure",
             "",
             &[("upstash-signature", &sig)],
             body.as_bytes(),
-        )),
+        ),
     )
     .await;
     let (status, json) = parts(&r);

@@ -67,7 +67,7 @@ fn delivery_to(path: &str, query: &str, id: i64, body: &[u8], headers: &[(&str, 
     let id = id.to_string();
     let mut h: Vec<(&str, &str)> = vec![("x-outbox-id", &id), ("upstash-message-id", "msg_corpus")];
     h.extend_from_slice(headers);
-    request_from_event(&function_url_event("POST", path, query, &h, body))
+    post_with_headers(path, query, &h, body)
 }
 
 fn claims_for(id: i64) -> (Vec<u8>, Value) {
@@ -1307,13 +1307,7 @@ async fn secret_is_re_read_at_most_once_per_interval() {
 
 #[test]
 fn url_is_rebuilt_from_the_function_url_event() {
-    let req = request_from_event(&function_url_event(
-        "POST",
-        "/events/a%2Fb",
-        "x=1&y=a%20b",
-        &[],
-        b"",
-    ));
+    let req = post_with_headers("/events/a%2Fb", "x=1&y=a%20b", &[], b"");
     assert_eq!(
         request_url(&req, UrlSource::FunctionUrl),
         format!("https://{HOST}/events/a%2Fb?x=1&y=a%20b")
@@ -1332,8 +1326,7 @@ fn url_is_rebuilt_from_the_function_url_event() {
         format!("https://{HOST}/failure")
     );
     // Client-sent Host and X-Forwarded-* headers choose nothing unless a setting trusts a proxy in front.
-    let req = request_from_event(&function_url_event(
-        "POST",
+    let req = post_with_headers(
         "/failure",
         "",
         &[
@@ -1343,7 +1336,7 @@ fn url_is_rebuilt_from_the_function_url_event() {
             ("x-forwarded-proto", "http"),
         ],
         b"",
-    ));
+    );
     assert_eq!(
         request_url(&req, UrlSource::FunctionUrl),
         format!("https://{HOST}/failure")
@@ -1393,7 +1386,7 @@ fn forged(path: &str, query: &str, i: usize) -> Request {
     if let Some(s) = &sig {
         headers.push(("upstash-signature", s));
     }
-    request_from_event(&function_url_event("POST", path, query, &headers, &body))
+    post_with_headers(path, query, &headers, &body)
 }
 
 /// The child of [`a_flood_of_bad_signatures_does_no_database_work_logs_no_warn_per_request_and_is_counted`]: both

@@ -131,6 +131,19 @@ pub fn request_from_event(event: &str) -> Request {
     lambda_http::request::from_str(event).expect("function URL event")
 }
 
+/// A function-URL POST of `body` to `path?query` carrying exactly `headers` besides the platform's (host,
+/// `x-forwarded-proto`, content type, user agent; a header given here replaces one of those), as the Lambda
+/// runtime hands it to a handler: what every signature case is made of, with whatever `upstash-signature` (or
+/// none) the case needs.
+pub fn post_with_headers(
+    path: &str,
+    query: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Request {
+    request_from_event(&function_url_event("POST", path, query, headers, body))
+}
+
 /// The URL QStash would sign for a path on the test host.
 pub fn url(path: &str) -> String {
     format!("https://{HOST}{path}")
@@ -396,13 +409,7 @@ impl Delivery {
         for (k, v) in &self.request_headers {
             headers.push((k, v));
         }
-        request_from_event(&function_url_event(
-            "POST",
-            &self.request_path(),
-            &self.query,
-            &headers,
-            body,
-        ))
+        post_with_headers(&self.request_path(), &self.query, &headers, body)
     }
 }
 
@@ -459,13 +466,7 @@ impl Batch {
             ("upstash-signature", &sig),
             ("x-outbox-id", copy),
         ];
-        request_from_event(&function_url_event(
-            "POST",
-            &first.request_path(),
-            &first.query,
-            &headers,
-            &body,
-        ))
+        post_with_headers(&first.request_path(), &first.query, &headers, &body)
     }
 }
 
@@ -489,7 +490,7 @@ pub fn legacy_request(
         ("x-outbox-topic", topic),
     ];
     h.extend_from_slice(headers);
-    request_from_event(&function_url_event("POST", &path, "", &h, body))
+    post_with_headers(&path, "", &h, body)
 }
 
 /// A signed POST to `path` on the test host.
@@ -507,7 +508,7 @@ pub fn signed_post_with_query(
     let sig = token(KEY, &url_with_query(path, query), body);
     let mut headers: Vec<(&str, &str)> = vec![("upstash-signature", &sig)];
     headers.extend_from_slice(extra);
-    request_from_event(&function_url_event("POST", path, query, &headers, body))
+    post_with_headers(path, query, &headers, body)
 }
 
 /// Receiver state over `pool` with the dev keys, the clock fixed at [`NOW`] and metrics off.
