@@ -2,14 +2,17 @@
 //! headers, payloads and callbacks holding ANSI escapes, `\r`, C1 controls and bidi overrides are printed
 //! escaped by `status`, `dead-letters list`, `show` and `redrive`.
 
+mod common;
+
 use outbox_cli::dead_letters::{
     Confirm, DeadLettersCommand, FilterArgs, ListArgs, RedriveArgs, ShowArgs, run,
 };
 use outbox_cli::status::{self, StatusArgs};
-use outbox_cli::util::DbArgs;
-use outbox_testkit::db::{dead_letter, event, key_state, url_of};
+use outbox_testkit::db::{dead_letter, event, key_state};
 use outbox_testkit::text;
 use sqlx::PgPool;
+
+use common::db;
 
 /// Red colour, carriage return, right-to-left override, and U+009B (the one-character C1 form of ESC `[`).
 const NASTY: &str = "\x1b[31mred\r\u{202e}rev\u{9b}c1";
@@ -22,12 +25,6 @@ fn assert_printable(what: &str, out: &str, tabs: bool) {
         let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
         let ok = c == '\n' || (tabs && c == '\t') || !(c.is_control() || bidi);
         assert!(ok, "{what} printed a raw {c:?}:\n{}", out.escape_debug());
-    }
-}
-
-fn db(pool: &PgPool) -> DbArgs {
-    DbArgs {
-        database_url: url_of(pool),
     }
 }
 

@@ -3,6 +3,8 @@
 //! their id, refusals change nothing — and the CLI: bulk redrive moves exactly the filtered set, bulk operations
 //! need a filter and a confirmation, paging, purge, show.
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -15,12 +17,13 @@ use outbox::relay::Relay;
 use outbox_cli::dead_letters::{
     Confirm, DeadLettersCommand, FilterArgs, ListArgs, PurgeArgs, RedriveArgs, ShowArgs, run,
 };
-use outbox_cli::util::DbArgs;
-use outbox_testkit::db::{dead_letter, event, key_state, url_of};
+use outbox_testkit::db::{dead_letter, event, key_state};
 use outbox_testkit::text;
 use secrecy::SecretString;
 use serde_json::json;
 use sqlx::PgPool;
+
+use common::{db, outbox};
 
 const IN_ORDER: RedriveOptions = RedriveOptions {
     out_of_order: false,
@@ -553,12 +556,6 @@ async fn one_redrive_marks_every_unhandled_dead_letter_of_the_event(pool: PgPool
     );
 }
 
-fn db(pool: &PgPool) -> DbArgs {
-    DbArgs {
-        database_url: url_of(pool),
-    }
-}
-
 fn redrive_args(
     pool: &PgPool,
     filter: FilterArgs,
@@ -763,11 +760,7 @@ async fn bulk_operations_need_a_filter_and_a_confirmation(pool: PgPool) {
     assert_eq!(before, snapshot(&pool).await);
 
     // The binary, without a terminal: refuses without --yes (exit 1, says what to do), works with it.
-    let bin = env!("CARGO_BIN_EXE_outbox");
-    let o = std::process::Command::new(bin)
-        .args(["dead-letters", "redrive", "--topic", "audit"])
-        .env("DATABASE_URL", url_of(&pool))
-        .stdin(std::process::Stdio::null())
+    let o = outbox(&pool, &["dead-letters", "redrive", "--topic", "audit"])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
@@ -777,20 +770,14 @@ async fn bulk_operations_need_a_filter_and_a_confirmation(pool: PgPool) {
         "{err}"
     );
     assert_eq!(before, snapshot(&pool).await);
-    let o = std::process::Command::new(bin)
-        .args(["dlq", "redrive", "--topic", "audit", "--yes"])
-        .env("DATABASE_URL", url_of(&pool))
-        .stdin(std::process::Stdio::null())
+    let o = outbox(&pool, &["dlq", "redrive", "--topic", "audit", "--yes"])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(text(&o.stdout).contains("redriven 1, skipped 0, failed 0"));
     assert!(redriven_at_set(&pool, dl).await);
     // A single redrive by id needs no confirmation; a refused one exits 1 with the reason.
-    let o = std::process::Command::new(bin)
-        .args(["dlq", "redrive", &dl.to_string()])
-        .env("DATABASE_URL", url_of(&pool))
-        .stdin(std::process::Stdio::null())
+    let o = outbox(&pool, &["dlq", "redrive", &dl.to_string()])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));

@@ -3,11 +3,14 @@
 //! nothing refers to and that block no key, idle keys — in bounded batches with a progress line per batch, and
 //! nothing else: pending rows, young rows, unhandled dead letters and the dead rows they need stay.
 
+mod common;
+
 use outbox_cli::prune::{PruneArgs, PruneReport, run};
-use outbox_cli::util::DbArgs;
-use outbox_testkit::db::{dead_letter, event, key_state, url_of};
+use outbox_testkit::db::{dead_letter, event, key_state};
 use outbox_testkit::text;
 use sqlx::PgPool;
+
+use common::db;
 
 async fn ids(pool: &PgPool, sql: &'static str) -> Vec<i64> {
     sqlx::query_scalar(sql).fetch_all(pool).await.unwrap()
@@ -204,9 +207,7 @@ async fn prune_removes_only_what_is_past_retention(pool: PgPool) {
     let mut out = Vec::new();
     let report = run(
         PruneArgs {
-            db: DbArgs {
-                database_url: url_of(&pool),
-            },
+            db: db(&pool),
             outbox_hours: Some(24.0),
             processed_hours: Some(168.0),
             dead_letters_days: 30.0,
@@ -281,9 +282,7 @@ async fn prune_removes_only_what_is_past_retention(pool: PgPool) {
     let mut out = Vec::new();
     let again = run(
         PruneArgs {
-            db: DbArgs {
-                database_url: url_of(&pool),
-            },
+            db: db(&pool),
             outbox_hours: Some(24.0),
             processed_hours: Some(168.0),
             dead_letters_days: 30.0,
@@ -304,9 +303,7 @@ async fn prune_removes_only_what_is_past_retention(pool: PgPool) {
 async fn prune_refuses_nonsense_retention(pool: PgPool) {
     let e = run(
         PruneArgs {
-            db: DbArgs {
-                database_url: url_of(&pool),
-            },
+            db: db(&pool),
             outbox_hours: Some(0.0),
             processed_hours: Some(168.0),
             dead_letters_days: 30.0,

@@ -4,6 +4,8 @@
 //! order, each applied once. On a skip-policy topic the dead head is a middle event: refused without
 //! `--out-of-order`, then applied after the later events of its key (unordered, not refused as late).
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -11,12 +13,13 @@ use std::time::Duration;
 use outbox::consumer::{Event, Handler, HandlerError, Registry, TopicRoute};
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
 use outbox_cli::dead_letters::{Confirm, DeadLettersCommand, FilterArgs, RedriveArgs, run};
-use outbox_cli::util::DbArgs;
 use outbox_testkit::db::url_of;
 use outbox_testkit::stack::{LocalStack, StackOptions};
 use outbox_testkit::text;
 use serde_json::{Value, json};
 use sqlx::PgPool;
+
+use common::db;
 
 const LEDGER: Topic = Topic::ordered("ledger");
 const LEDGER_SKIP: Topic = Topic::ordered("ledger.skip");
@@ -85,9 +88,7 @@ async fn applied(pool: &PgPool, ids: &[i64]) -> Vec<i64> {
 
 fn redrive(pool: &PgPool, id: i64, out_of_order: bool) -> DeadLettersCommand {
     DeadLettersCommand::Redrive(RedriveArgs {
-        db: DbArgs {
-            database_url: url_of(pool),
-        },
+        db: db(pool),
         id: Some(id),
         filter: FilterArgs::default(),
         out_of_order,

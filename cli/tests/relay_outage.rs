@@ -2,21 +2,22 @@
 //! (decision record 0012), `outbox relay --until-empty` rides one out, and `outbox relay` refuses an invocation too
 //! short for one lease plus the margin instead of spinning.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use outbox_cli::status::{StatusArgs, run};
-use outbox_cli::util::DbArgs;
 use outbox_testkit::db::url_of;
 use outbox_testkit::text;
 use sqlx::PgPool;
+
+use common::db;
 
 async fn table(pool: &PgPool, json: bool) -> String {
     let mut out = Vec::new();
     run(
         StatusArgs {
-            db: DbArgs {
-                database_url: url_of(pool),
-            },
+            db: db(pool),
             json,
             warn_age_secs: 300,
         },

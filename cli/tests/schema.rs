@@ -12,6 +12,8 @@
 //! Every in-process statement of this test binary uses the `outbox` schema (one outbox schema per process, see
 //! `outbox::schema`); the `public` cases run the CLI as a child process.
 
+mod common;
+
 use std::time::Duration;
 
 use outbox_testkit::db::url_of;
@@ -95,12 +97,8 @@ fn tables(snapshot: &[(String, String, String)]) -> Vec<String> {
 
 /// Runs the `outbox` binary; `schema` is `OUTBOX_SCHEMA` (unset when `None`).
 async fn cli(pool: &PgPool, schema: Option<&str>, args: &[&str]) -> (bool, String, String) {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
-    cmd.args(args)
-        .env("DATABASE_URL", url_of(pool))
-        .env_remove("OUTBOX_SCHEMA")
-        .env_remove("RUST_LOG")
-        .kill_on_drop(true);
+    let mut cmd = tokio::process::Command::from(common::outbox(pool, args));
+    cmd.kill_on_drop(true);
     if let Some(s) = schema {
         cmd.env("OUTBOX_SCHEMA", s);
     }

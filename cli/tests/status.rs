@@ -1,12 +1,15 @@
 //! `outbox status` against a hand-built state: every figure (the three status queries, blocked keys,
 //! evidence, dead letters by topic and source) must match what was built, in the library, the JSON and the table.
 
+mod common;
+
 use outbox::ops::{DeadLetterCounts, status};
 use outbox_cli::status::{StatusArgs, run};
-use outbox_cli::util::DbArgs;
-use outbox_testkit::db::{dead_letter, event, key_state, url_of};
+use outbox_testkit::db::{dead_letter, event, key_state};
 use outbox_testkit::text;
 use sqlx::PgPool;
+
+use common::db;
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn status_figures_match_a_hand_built_state(pool: PgPool) {
@@ -241,9 +244,7 @@ async fn status_figures_match_a_hand_built_state(pool: PgPool) {
     assert_eq!(s.unresolved_dead_letters(), 3);
 
     // The CLI: --json carries the same figures; the table shows them with what to do next.
-    let db = DbArgs {
-        database_url: url_of(&pool),
-    };
+    let db = db(&pool);
     let mut out = Vec::new();
     run(
         StatusArgs {
@@ -307,9 +308,7 @@ async fn status_of_an_empty_outbox(pool: PgPool) {
     let mut out = Vec::new();
     run(
         StatusArgs {
-            db: DbArgs {
-                database_url: url_of(&pool),
-            },
+            db: db(&pool),
             json: false,
             warn_age_secs: 300,
         },
