@@ -129,10 +129,6 @@ impl ConsumerConfig {
 
     /// The policy for a topic's dead heads (same rule as the relay's).
     pub fn dead_head_policy(&self, topic: &str) -> DeadHeadPolicy {
-        if self.skip_topics.iter().any(|t| t == topic) {
-            DeadHeadPolicy::Skip
-        } else {
-            DeadHeadPolicy::Block
-        }
+        DeadHeadPolicy::for_topic(&self.skip_topics, topic)
     }
 }

@@ -32,3 +32,16 @@ pub enum DeadHeadPolicy {
     /// The head is recorded as a dead letter and the key moves on.
     Skip,
 }
+
+impl DeadHeadPolicy {
+    /// The policy for `topic`: [`DeadHeadPolicy::Skip`] when it is one of `skip_topics`
+    /// (`RELAY_SKIP_DEAD_HEAD_TOPICS`), else [`DeadHeadPolicy::Block`]. The relay and the callback function
+    /// decide alike ([`RelayConfig::dead_head_policy`], [`ConsumerConfig::dead_head_policy`]).
+    pub fn for_topic(skip_topics: &[String], topic: &str) -> Self {
+        if skip_topics.iter().any(|t| t == topic) {
+            DeadHeadPolicy::Skip
+        } else {
+            DeadHeadPolicy::Block
+        }
+    }
+}

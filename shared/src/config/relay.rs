@@ -447,11 +447,7 @@ impl RelayConfig {
 
     /// The policy for a topic's dead heads.
     pub fn dead_head_policy(&self, topic: &str) -> DeadHeadPolicy {
-        if self.skip_topics.iter().any(|t| t == topic) {
-            DeadHeadPolicy::Skip
-        } else {
-            DeadHeadPolicy::Block
-        }
+        DeadHeadPolicy::for_topic(&self.skip_topics, topic)
     }
 
     /// Refuses an invocation budget (the Lambda timeout, or the CLI's `--invocation-secs`) that cannot hold one
