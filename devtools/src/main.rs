@@ -1,5 +1,6 @@
-//! `outbox-dev`: developer commands. The whole pipeline locally (`dev`) and the benchmarks (`bench`). The
-//! operator commands are the `outbox` CLI's.
+//! `outbox-dev`: developer commands. The whole pipeline locally (`dev`), the benchmarks (`bench`), the soak
+//! (`soak`), the example application's migrations (`example migrate`) and the sample events (`events resign`).
+//! The operator commands are the `outbox` CLI's.
 
 use clap::{Parser, Subcommand};
 use outbox_devtools::{bench, dev, events, example, soak};
