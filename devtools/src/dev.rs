@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use outbox::db::{Db, Statements};
 use outbox::relay::housekeeping;
 use serde::Serialize;
 use sqlx::PgPool;
@@ -133,24 +134,21 @@ pub struct DevSummary {
 /// Reads the progress figures.
 pub async fn progress(pool: &PgPool) -> anyhow::Result<Progress> {
     // Unnamed, in a transaction of its own: safe behind PgBouncer in transaction mode.
-    let mut c = outbox::db::Autocommit::acquire(pool, false).await?;
-    let (enqueued, dispatched, applied, retried, dead): (i64, i64, i64, i64, i64) = sqlx::query_as(
-        outbox::schema::q("SELECT (SELECT count(*) FROM {schema}.outbox), \
+    let db = Db::new(pool.clone(), Statements::Unnamed);
+    let (enqueued, dispatched, applied, retried, dead): (i64, i64, i64, i64, i64) = db
+        .run(async |c| {
+            db.query_as(outbox::schema::q(
+                "SELECT (SELECT count(*) FROM {schema}.outbox), \
                 (SELECT count(*) FROM {schema}.outbox WHERE dispatched_at IS NOT NULL), \
                 (SELECT count(*) FROM {schema}.processed_messages), \
                 (SELECT coalesce(sum(attempts - 1), 0)::bigint FROM {schema}.outbox WHERE attempts > 1), \
-                (SELECT count(*) FROM {schema}.dead_letters)"),
-    )
-    .persistent(false)
-    .fetch_one(&mut *c)
-    .await?;
-    c.finish().await?;
-    let b = housekeeping::backlog(
-        pool,
-        outbox::config::AccountingConfig::default().horizon,
-        false,
-    )
-    .await?;
+                (SELECT count(*) FROM {schema}.dead_letters)",
+            ))
+            .fetch_one(c)
+            .await
+        })
+        .await?;
+    let b = housekeeping::backlog(&db, outbox::config::AccountingConfig::default().horizon).await?;
     Ok(Progress {
         enqueued,
         dispatched,

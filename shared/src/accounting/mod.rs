@@ -31,6 +31,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
+use crate::db::Statements;
+
 pub use reconcile::{Reconciler, reconcile};
 pub use sweep::sweep_applied;
 
@@ -83,10 +85,11 @@ pub struct InFlight {
 pub async fn in_flight(
     conn: &mut PgConnection,
     horizon: Duration,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<InFlight, sqlx::Error> {
-    let row: (i64, i64, i64, i64, i64, i64, f64) = sqlx::query_as(crate::schema::q(
-        "SELECT count(*), \
+    let row: (i64, i64, i64, i64, i64, i64, f64) = statements
+        .query_as(crate::schema::q(
+            "SELECT count(*), \
                 count(*) FILTER (WHERE dispatched_at >= now() - interval '1 minute'), \
                 count(*) FILTER (WHERE dispatched_at < now() - interval '1 minute' \
                                    AND dispatched_at >= now() - interval '10 minutes'), \
@@ -97,11 +100,10 @@ pub async fn in_flight(
                 coalesce(extract(epoch FROM now() - min(dispatched_at))::float8, 0) \
          FROM {schema}.outbox \
          WHERE dispatched_at IS NOT NULL AND delivered_at IS NULL AND dead_lettered_at IS NULL",
-    ))
-    .persistent(persistent)
-    .bind(horizon.as_secs_f64())
-    .fetch_one(&mut *conn)
-    .await?;
+        ))
+        .bind(horizon.as_secs_f64())
+        .fetch_one(&mut *conn)
+        .await?;
     Ok(InFlight {
         total: row.0,
         under_1m: row.1,
@@ -132,14 +134,14 @@ pub struct AccountingTotals {
 /// Reads [`AccountingTotals`].
 pub async fn totals(
     conn: &mut PgConnection,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<AccountingTotals, sqlx::Error> {
-    let t: Option<AccountingTotals> = sqlx::query_as(crate::schema::q(
-        "SELECT swept_applied, recorded_from_dlq, republished, still_retrying, unaccounted_dead, lookup_failures, \
+    let t: Option<AccountingTotals> = statements
+        .query_as(crate::schema::q(
+            "SELECT swept_applied, recorded_from_dlq, republished, still_retrying, unaccounted_dead, lookup_failures, \
                 last_run_at, last_error FROM {schema}.outbox_accounting",
-    ))
-    .persistent(persistent)
-    .fetch_optional(&mut *conn)
+        ))
+        .fetch_optional(&mut *conn)
     .await?;
     Ok(t.unwrap_or_default())
 }

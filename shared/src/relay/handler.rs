@@ -228,12 +228,17 @@ pub async fn handle(
         batch: cfg.housekeeping_batch,
         time_budget: Duration::from_secs(2),
     };
-    let pruned = housekeeping::run(relay.pool(), retention, state.persistent)
-        .await
-        .map_err(|source| RelayError::Database {
-            step: "housekeeping",
-            source,
-        })?;
+    let db = crate::db::Db::new(
+        relay.pool().clone(),
+        crate::db::Statements::from_persistent(state.persistent),
+    );
+    let pruned =
+        housekeeping::run(&db, retention)
+            .await
+            .map_err(|source| RelayError::Database {
+                step: "housekeeping",
+                source,
+            })?;
     // The accounting pass runs beside the drain (its QStash lookups are paced; the drain must not wait for them),
     // bounded by a share of the invocation.
     let accounting_budget = deadline
@@ -251,7 +256,7 @@ pub async fn handle(
             )
         }
     };
-    let backlog = housekeeping::backlog(relay.pool(), cfg.accounting.horizon, state.persistent)
+    let backlog = housekeeping::backlog(&db, cfg.accounting.horizon)
         .await
         .map_err(|source| RelayError::Database {
             step: "backlog",
