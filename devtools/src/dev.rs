@@ -215,7 +215,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
     outbox::schema::install(&schema)?;
     let url = prepare_database(&args).await?;
     let mut opts = StackOptions::new(&url)?;
-    let opts_persistent = opts.persistent_statements;
+    let statements = opts.statements;
     opts.dev.port = if args.qstash_port != 0
         && std::net::TcpListener::bind(("127.0.0.1", args.qstash_port)).is_ok()
     {
@@ -280,11 +280,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
     let (counts_tx, counts_rx) = watch::channel(DemoCounts::default());
     let demo_task = (!args.no_demo).then(|| {
         tokio::spawn(demo::run(
-            stack.pool.clone(),
+            Db::new(stack.pool.clone(), statements),
             DemoOptions {
                 orders_per_sec: args.rate,
                 poison_every: args.poison_every,
-                persistent_statements: opts_persistent,
             },
             stop_rx.clone(),
             counts_tx,

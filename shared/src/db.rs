@@ -30,10 +30,10 @@ pub struct DbConfig {
     pub statement_timeout: Duration,
     /// `DB_IDLE_IN_TRANSACTION_TIMEOUT_MS` (default 10000).
     pub idle_in_transaction_timeout: Duration,
-    /// `DB_PERSISTENT_STATEMENTS` (default true). Set false behind RDS Proxy or PgBouncer (transaction mode):
-    /// every query then uses an unnamed statement. (sqlx 0.9's `statement_cache_capacity(0)` leaks named
-    /// statements instead, so it is not used.)
-    pub persistent_statements: bool,
+    /// `DB_PERSISTENT_STATEMENTS` (default true: [`Statements::Prepared`]). Set false behind RDS Proxy or
+    /// PgBouncer (transaction mode): [`Statements::Unnamed`], every query then uses an unnamed statement.
+    /// (sqlx 0.9's `statement_cache_capacity(0)` leaks named statements instead, so it is not used.)
+    pub statements: Statements,
     /// `DB_ASYNC_COMMIT` (default false here; the relay and the callback function default to true for their own
     /// pools, see `docs/decisions/0006-relay-async-commit.md`).
     pub async_commit: bool,
@@ -56,7 +56,7 @@ impl DbConfig {
             acquire_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(30),
             idle_in_transaction_timeout: Duration::from_secs(10),
-            persistent_statements: true,
+            statements: Statements::Prepared,
             async_commit: false,
             max_lifetime: Duration::from_secs(1800),
             idle_timeout: Duration::from_secs(300),
@@ -81,8 +81,9 @@ impl DbConfig {
                 "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS",
                 d.idle_in_transaction_timeout,
             )?,
-            persistent_statements: v
-                .bool_or("DB_PERSISTENT_STATEMENTS", d.persistent_statements)?,
+            statements: Statements::from_persistent(
+                v.bool_or("DB_PERSISTENT_STATEMENTS", d.statements.is_prepared())?,
+            ),
             async_commit: v.bool_or("DB_ASYNC_COMMIT", d.async_commit)?,
             max_lifetime: v.duration_or("DB_MAX_LIFETIME_SECS", d.max_lifetime)?,
             idle_timeout: v.duration_or("DB_IDLE_TIMEOUT_SECS", d.idle_timeout)?,
@@ -130,14 +131,9 @@ impl DbConfig {
             .options(settings))
     }
 
-    /// The statement mode `DB_PERSISTENT_STATEMENTS` names.
-    pub fn statements(&self) -> Statements {
-        Statements::from_persistent(self.persistent_statements)
-    }
-
     /// The database handle: [`DbConfig::pool`] with [`DbConfig::statements`].
     pub fn handle(&self, url: &SecretString) -> Result<Db, ConfigError> {
-        Ok(Db::new(self.pool(url)?, self.statements()))
+        Ok(Db::new(self.pool(url)?, self.statements))
     }
 
     /// A lazily connecting pool: building it does no I/O, the first query connects. Fixes the process's outbox
@@ -385,24 +381,6 @@ enum Inner<'c> {
     Tx(Transaction<'c, Postgres>),
 }
 
-impl<'c> Autocommit<'c> {
-    /// Wraps `conn`: a transaction on it when `persistent` is false and it is not in one already.
-    pub async fn on(conn: &'c mut PgConnection, persistent: bool) -> Result<Self, sqlx::Error> {
-        Statements::from_persistent(persistent)
-            .autocommit(conn)
-            .await
-    }
-}
-
-impl Autocommit<'static> {
-    /// A connection from `pool`: a transaction begun on it when `persistent` is false.
-    pub async fn acquire(pool: &PgPool, persistent: bool) -> Result<Self, sqlx::Error> {
-        Db::new(pool.clone(), Statements::from_persistent(persistent))
-            .autocommit()
-            .await
-    }
-}
-
 impl Autocommit<'_> {
     /// Finishes: commits the transaction if one was begun; nothing otherwise.
     pub async fn finish(self) -> Result<(), sqlx::Error> {
@@ -459,7 +437,7 @@ mod tests {
         .into();
         let c = DbConfig::from_vars(&Vars::new(&env), "relay").unwrap();
         assert_eq!(c.max_connections, 1);
-        assert!(!c.persistent_statements);
+        assert_eq!(c.statements, Statements::Unnamed);
         let env: HashMap<&'static str, &'static str> = [("DB_MAX_CONNECTIONS", "0")].into();
         assert!(DbConfig::from_vars(&Vars::new(&env), "relay").is_err());
         let env: HashMap<&'static str, &'static str> = [("OUTBOX_SCHEMA", "outbox")].into();

@@ -151,26 +151,24 @@ pub(crate) async fn add_to_totals(
     conn: &mut PgConnection,
     r: &AccountingReport,
     error: Option<&str>,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<(), sqlx::Error> {
-    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
-    sqlx::query(crate::schema::q(
-        "UPDATE {schema}.outbox_accounting SET swept_applied = swept_applied + $1, \
+    let q = statements
+        .query(crate::schema::q(
+            "UPDATE {schema}.outbox_accounting SET swept_applied = swept_applied + $1, \
                 recorded_from_dlq = recorded_from_dlq + $2, republished = republished + $3, \
                 still_retrying = still_retrying + $4, unaccounted_dead = unaccounted_dead + $5, \
                 lookup_failures = lookup_failures + $6, last_run_at = now(), last_error = $7",
-    ))
-    .persistent(persistent)
-    .bind(r.swept_applied as i64)
-    .bind(r.recorded_from_dlq as i64)
-    .bind(r.republished as i64)
-    .bind(r.still_retrying as i64)
-    .bind(r.unaccounted_dead as i64)
-    .bind(r.lookup_failures as i64)
-    .bind(error)
-    .execute(&mut *c)
-    .await?;
-    c.finish().await
+        ))
+        .bind(r.swept_applied as i64)
+        .bind(r.recorded_from_dlq as i64)
+        .bind(r.republished as i64)
+        .bind(r.still_retrying as i64)
+        .bind(r.unaccounted_dead as i64)
+        .bind(r.lookup_failures as i64)
+        .bind(error);
+    statements.execute(conn, q).await?;
+    Ok(())
 }
 
 /// One accounting pass: [`sweep_applied`], then [`reconcile`], then the totals. Bounded by `budget` (wall time) and the reconciler's lookup budget.
@@ -180,11 +178,10 @@ pub async fn run(rec: &Reconciler<'_>, budget: Duration) -> Result<AccountingRep
     // its dedupe rows elsewhere the sweep finds none (its cost is one scan of the in-flight rows, which delivery
     // callbacks keep few).
     let swept_applied = sweep_applied(
-        rec.pool,
+        rec.db,
         &rec.cfg.consumer_name,
         rec.cfg.applied_grace,
         budget / 2,
-        rec.persistent,
     )
     .await?;
     let mut report = AccountingReport {
@@ -193,9 +190,15 @@ pub async fn run(rec: &Reconciler<'_>, budget: Duration) -> Result<AccountingRep
     };
     let left = budget.saturating_sub(started.elapsed());
     let error = reconcile(rec, left, &mut report).await.err();
-    let mut conn = rec.pool.acquire().await?;
+    let mut conn = rec.db.pool().acquire().await?;
     let error_text = error.as_ref().map(|e| e.to_string());
-    add_to_totals(&mut conn, &report, error_text.as_deref(), rec.persistent).await?;
+    add_to_totals(
+        &mut conn,
+        &report,
+        error_text.as_deref(),
+        rec.db.statements(),
+    )
+    .await?;
     match error {
         Some(reconcile::ReconcileError::Database(e)) => Err(e),
         _ => Ok(report),
