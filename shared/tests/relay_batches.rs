@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use outbox::config::{DeliveryBatching, EvidenceMode, RelayConfig};
+use outbox::db::Statements;
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
 use outbox::qstash::flow_control_key;
 use outbox::relay::Relay;
@@ -75,7 +76,7 @@ async fn delivered(e: &RelayEnv) -> Vec<(Vec<i64>, String)> {
 async fn evidence(e: &RelayEnv, ids: &[i64]) {
     let mut tx = e.pool.begin().await.unwrap();
     for id in ids {
-        outbox::ordering::record_delivery(&mut tx, *id, true)
+        outbox::ordering::record_delivery(&mut tx, *id, Statements::Prepared)
             .await
             .unwrap();
     }

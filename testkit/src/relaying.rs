@@ -11,6 +11,7 @@ use std::time::Duration;
 use outbox::config::{
     AccountingConfig, DeliveryBatching, EvidenceMode, OutcomeSource, QstashConfig, RelayConfig,
 };
+use outbox::db::{Db, Statements};
 use outbox::qstash::QstashClient;
 use outbox::relay::Relay;
 use qstash_dev::{Config as DevConfig, DevServer};
@@ -77,8 +78,8 @@ pub fn qstash_config(
     }
 }
 
-/// A relay over `pool` publishing to `qstash.base_url` with `token`, its HTTP client timing out after
-/// `qstash.publish_timeout`.
+/// A relay over `pool` (named statements) publishing to `qstash.base_url` with `token`, its HTTP client timing
+/// out after `qstash.publish_timeout`.
 pub fn relay_to(pool: &PgPool, token: &str, cfg: RelayConfig, qstash: QstashConfig) -> Relay {
     let client = QstashClient::new(
         &qstash.base_url,
@@ -86,7 +87,12 @@ pub fn relay_to(pool: &PgPool, token: &str, cfg: RelayConfig, qstash: QstashConf
         qstash.publish_timeout,
     )
     .expect("QStash client");
-    Relay::new(pool.clone(), client, cfg, qstash, true)
+    Relay::new(
+        Db::new(pool.clone(), Statements::Prepared),
+        client,
+        cfg,
+        qstash,
+    )
 }
 
 /// A running dev server, a sink it delivers to, and the test's pool.
