@@ -35,6 +35,7 @@
 pub mod backoff;
 pub mod claim;
 mod drain;
+pub mod forming;
 pub mod handler;
 pub mod housekeeping;
 pub mod outage;
@@ -46,16 +47,14 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
-use crate::config::{DeadHeadPolicy, EvidenceMode, OutcomeSource, QstashConfig, RelayConfig};
-use crate::contract;
-use crate::qstash::{
-    FlowControl, Message, PublishOptions, PublishOutcome, QstashClient, flow_control_key,
-    request_level_failure,
-};
+use crate::config::{DeadHeadPolicy, QstashConfig, RelayConfig};
+use crate::qstash::{Message, PublishOutcome, QstashClient, request_level_failure};
 use backoff::Backoff;
 use claim::{ClaimStatements, ClaimedEvent};
 use drain::StopSignal;
 pub use drain::{DrainSummary, StopHandle};
+use forming::Forming;
+pub use forming::{Formed, Outgoing};
 use settle::{SettleCounts, SettleItem, Settlement};
 
 /// A relay failure that ends an invocation.
@@ -122,27 +121,6 @@ pub struct Published {
     pub unsent: Vec<bool>,
 }
 
-/// Messages formed from a claim ([`Relay::messages_for`]).
-#[derive(Debug, Clone, Default)]
-pub struct Formed {
-    /// The messages, each with the indexes of the events it carries.
-    pub messages: Vec<Outgoing>,
-    /// Claimed ordered events that are in no message this cycle.
-    pub left_over: Vec<usize>,
-}
-
-/// One message and the events (indexes into the claim) it carries.
-#[derive(Debug, Clone)]
-pub struct Outgoing {
-    /// The QStash message.
-    pub message: Message,
-    /// Indexes of its events, in envelope order.
-    pub events: Vec<usize>,
-}
-
-/// How claimed events are grouped into messages: (ordered, topic, key or "", lease token or 0).
-type GroupKey<'a> = (bool, &'a str, &'a str, i64);
-
 #[derive(Debug, Default)]
 struct Sent {
     outcomes: Vec<PublishOutcome>,
@@ -150,21 +128,6 @@ struct Sent {
     requests_ok: u64,
     requests_failed: u64,
     latencies: Vec<Duration>,
-}
-
-fn wire_event<'a>(
-    ev: &'a ClaimedEvent,
-    headers: &'a [(&'a str, &'a str)],
-) -> contract::WireEvent<'a> {
-    contract::WireEvent {
-        id: ev.id,
-        key: &ev.partition_key,
-        seq: ev.seq,
-        created_at: ev.created_at,
-        schema_version: ev.headers.schema_version,
-        headers,
-        payload: &ev.payload,
-    }
 }
 
 impl Published {
@@ -301,229 +264,23 @@ impl Relay {
     /// The QStash message for one claimed event (a message of one event; [`Relay::messages_for`] forms the
     /// messages of a claim).
     pub fn message_for(&self, ev: &ClaimedEvent) -> Message {
-        self.message_of(&[ev])
+        self.forming().message_of(&[ev])
     }
 
-    /// The QStash message carrying `events` (the relay half of [`crate::contract`]; decision record 0014): all
-    /// of one topic, and for an ordered topic consecutive events of one key in sequence order. Everything that
-    /// decides a write is in the signed envelope body and the signed destination URL; `x-outbox-id` (the ids,
-    /// comma-joined) and `traceparent` (the first event's) are informational header copies. The application's
-    /// own headers travel in the envelope only (decision record 0026).
-    fn message_of(&self, events: &[&ClaimedEvent]) -> Message {
-        let first = events[0];
-        let header_lists: Vec<Vec<(&str, &str)>> = events
-            .iter()
-            .map(|ev| {
-                let mut headers: Vec<(&str, &str)> = Vec::with_capacity(2 + ev.headers.user.len());
-                if let Some(tp) = &ev.headers.traceparent {
-                    headers.push((contract::TRACEPARENT, tp));
-                }
-                if let Some(c) = &ev.headers.correlation_id {
-                    headers.push((contract::CORRELATION_ID, c));
-                }
-                // The producer refused reserved names; a row written by hand could still hold one, and it must
-                // not shadow the pipeline's own entries in the envelope.
-                headers.extend(
-                    ev.headers
-                        .user
-                        .iter()
-                        .filter(|(name, _)| !crate::headers::is_reserved(name))
-                        .map(|(n, v)| (n.as_str(), v.as_str())),
-                );
-                headers
-            })
-            .collect();
-        let cb = &self.qstash.callback_url;
-        let ordered = first.seq.is_some();
-        let evidence = self.evidence_for(ordered);
-        let by_consumer = evidence == Some(contract::Evidence::Consumer);
-        let wire: Vec<contract::WireEvent<'_>> = events
-            .iter()
-            .zip(&header_lists)
-            .map(|(ev, headers)| wire_event(ev, headers))
-            .collect();
-        let body = contract::write_envelope(&first.topic, evidence, &wire);
-        let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
-        let mut forward: Vec<(crate::qstash::HeaderName, String)> = Vec::with_capacity(2);
-        forward.push((contract::OUTBOX_ID.into(), contract::outbox_id_header(&ids)));
-        if let Some(tp) = &first.headers.traceparent {
-            forward.push((contract::TRACEPARENT.into(), tp.clone()));
-        }
-        // Delivery callbacks: an ordered key's evidence unless the consumer records it; an unordered event's outcome
-        // when its dedupe row cannot be read here (decision record 0015).
-        let callback = if ordered {
-            !by_consumer
-        } else {
-            self.cfg.unordered_outcome() == OutcomeSource::Callback
-        };
-        let dedup: Vec<(i64, i32)> = events.iter().map(|e| (e.id, e.dedup_generation)).collect();
-        // Ordered messages keep their key's flow-control key; an unordered message of several events (any keys)
-        // uses its topic's.
-        let flow_key = if ordered || events.len() == 1 {
-            flow_control_key(&format!("{}.{}", first.topic, first.partition_key))
-        } else {
-            flow_control_key(&first.topic)
-        };
-        Message {
-            destination: contract::destination(&self.qstash.consumer_url, &first.topic),
-            body,
-            options: PublishOptions {
-                content_type: Some("application/json".into()),
-                deduplication_id: Some(contract::batch_dedup_id(&dedup)),
-                retries: Some(self.qstash.retries),
-                timeout: self.qstash.delivery_timeout,
-                failure_callback: Some(format!("{cb}{}", contract::FAILURE_PATH)),
-                callback: callback.then(|| format!("{cb}{}", contract::DELIVERED_PATH)),
-                forward,
-                flow_control: Some(FlowControl {
-                    key: flow_key,
-                    parallelism: Some(self.qstash.flow_parallelism),
-                    rate: self.qstash.flow_rate,
-                    period: self.qstash.flow_rate.map(|_| self.qstash.flow_period),
-                }),
-                label: Some(first.topic.clone()),
-                ..Default::default()
-            },
+    /// The settings message forming reads.
+    fn forming(&self) -> Forming<'_> {
+        Forming {
+            cfg: &self.cfg,
+            qstash: &self.qstash,
         }
     }
 
-    fn evidence_for(&self, ordered: bool) -> Option<contract::Evidence> {
-        ordered.then_some(if self.cfg.ordered_evidence == EvidenceMode::Consumer {
-            contract::Evidence::Consumer
-        } else {
-            contract::Evidence::Callback
-        })
-    }
-
-    /// Groups claimed events into QStash messages (decision record 0014), each with the indexes (into `events`)
-    /// of the events it carries:
-    ///
-    /// - an ordered key's claimed run (its head and the consecutive events behind it) is one message, up to its
-    ///   topic's `RELAY_DELIVERY_BATCH` events and under `QSTASH_MAX_MESSAGE_BYTES`;
-    /// - unordered events are grouped by topic in ascending id into messages of up to the topic's
-    ///   `RELAY_DELIVERY_BATCH`, each under `QSTASH_MAX_MESSAGE_BYTES`;
-    /// - an event larger than the limit on its own still goes alone (QStash's verdict decides).
-    ///
-    /// An ordered key's events that do not fit its one message (size limit, a gap) are in
-    /// [`Formed::left_over`]: a key never has two messages in flight, so they wait for the next claim.
+    /// Groups claimed events into QStash messages (decision record 0014; [`forming`] says how), each with the
+    /// indexes (into `events`) of the events it carries. An ordered key's events that do not fit its one message
+    /// (size limit, a gap) are in [`Formed::left_over`]: a key never has two messages in flight, so they wait for
+    /// the next claim.
     pub fn messages_for(&self, events: &[ClaimedEvent]) -> Formed {
-        let batching = &self.cfg.batching;
-        let mut formed = Formed::default();
-        if !batching.any_batching() {
-            formed.messages = events
-                .iter()
-                .enumerate()
-                .map(|(i, e)| Outgoing {
-                    message: self.message_for(e),
-                    events: vec![i],
-                })
-                .collect();
-            return formed;
-        }
-        // Ordered: one group per key lease, in sequence order. Unordered: one group per topic, in id order.
-        let mut groups: Vec<(GroupKey<'_>, Vec<usize>)> = Vec::new();
-        let mut index: std::collections::HashMap<GroupKey<'_>, usize> =
-            std::collections::HashMap::new();
-        for (i, e) in events.iter().enumerate() {
-            let g = match e.seq {
-                Some(_) => (
-                    true,
-                    e.topic.as_str(),
-                    e.partition_key.as_str(),
-                    e.lease_token,
-                ),
-                None => (false, e.topic.as_str(), "", 0),
-            };
-            let at = *index.entry(g).or_insert_with(|| {
-                groups.push((g, Vec::new()));
-                groups.len() - 1
-            });
-            groups[at].1.push(i);
-        }
-        for ((ordered, topic, _, _), mut members) in groups {
-            let n = batching.n_for(topic).max(1) as usize;
-            if ordered {
-                members.sort_by_key(|&i| events[i].seq);
-            } else {
-                members.sort_by_key(|&i| events[i].id);
-            }
-            let overhead = contract::write_envelope(topic, self.evidence_for(ordered), &[]).len();
-            let mut current: Vec<usize> = Vec::new();
-            let mut size = overhead;
-            let mut closed_key = false;
-            for i in members {
-                if closed_key {
-                    formed.left_over.push(i);
-                    continue;
-                }
-                let ev = &events[i];
-                let event_size = self.event_size(ev, overhead);
-                let contiguous = !ordered
-                    || current
-                        .last()
-                        .is_none_or(|&p| events[p].seq.map(|s| s + 1) == ev.seq);
-                let fits = current.is_empty()
-                    || (current.len() < n
-                        && size + 1 + event_size <= batching.max_message_bytes.saturating_sub(1));
-                if fits && contiguous {
-                    size += event_size + usize::from(!current.is_empty());
-                    current.push(i);
-                    continue;
-                }
-                if ordered {
-                    // One message per key at a time: the rest waits for the key's next claim.
-                    closed_key = true;
-                    formed.left_over.push(i);
-                    continue;
-                }
-                formed
-                    .messages
-                    .push(self.outgoing(events, std::mem::take(&mut current)));
-                size = overhead + event_size;
-                current.push(i);
-            }
-            if !current.is_empty() {
-                formed.messages.push(self.outgoing(events, current));
-            }
-        }
-        formed
-    }
-
-    /// The bytes one event adds to an envelope (its envelope alone minus the empty envelope).
-    fn event_size(&self, ev: &ClaimedEvent, overhead: usize) -> usize {
-        let headers: Vec<(&str, &str)> = ev
-            .headers
-            .traceparent
-            .iter()
-            .map(|t| (contract::TRACEPARENT, t.as_str()))
-            .chain(
-                ev.headers
-                    .correlation_id
-                    .iter()
-                    .map(|c| (contract::CORRELATION_ID, c.as_str())),
-            )
-            .chain(
-                ev.headers
-                    .user
-                    .iter()
-                    .filter(|(name, _)| !crate::headers::is_reserved(name))
-                    .map(|(n, v)| (n.as_str(), v.as_str())),
-            )
-            .collect();
-        let one = contract::write_envelope(
-            &ev.topic,
-            self.evidence_for(ev.seq.is_some()),
-            &[wire_event(ev, &headers)],
-        );
-        one.len().saturating_sub(overhead)
-    }
-
-    fn outgoing(&self, events: &[ClaimedEvent], members: Vec<usize>) -> Outgoing {
-        let refs: Vec<&ClaimedEvent> = members.iter().map(|&i| &events[i]).collect();
-        Outgoing {
-            message: self.message_of(&refs),
-            events: members,
-        }
+        self.forming().messages_for(events)
     }
 
     /// Step 2: publishes events through `/v2/batch` (requests of `QSTASH_BATCH_SIZE` messages run
