@@ -40,6 +40,7 @@ pub mod handler;
 pub mod housekeeping;
 pub mod outage;
 pub mod settle;
+pub mod triage;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
@@ -56,6 +57,7 @@ pub use drain::{DrainSummary, StopHandle};
 use forming::Forming;
 pub use forming::{Formed, Outgoing};
 use settle::{SettleCounts, SettleItem, Settlement};
+use triage::Triage;
 
 /// A relay failure that ends an invocation.
 #[derive(Debug, thiserror::Error)]
@@ -504,51 +506,15 @@ impl Relay {
         if events.is_empty() {
             return Ok(CycleReport::default());
         }
+        let claimed = events.len() as u64;
+        let unordered = events.iter().filter(|e| e.seq.is_none()).count() as u64;
         let max = self.cfg.max_attempts as i32;
-        // An ordered key's claimed run shares its head's fate: its budget is the head's (followers are only
-        // along for the ride), and when the head's budget was already used up the followers go back untouched.
-        let mut heads: std::collections::HashMap<(&str, &str, i64), i64> =
-            std::collections::HashMap::new();
-        for e in &events {
-            if let Some(seq) = e.seq {
-                let h = heads
-                    .entry((e.topic.as_str(), e.partition_key.as_str(), e.lease_token))
-                    .or_insert(seq);
-                *h = (*h).min(seq);
-            }
-        }
-        let head_of = |e: &ClaimedEvent| -> Option<i64> {
-            e.seq.and_then(|_| {
-                heads
-                    .get(&(e.topic.as_str(), e.partition_key.as_str(), e.lease_token))
-                    .copied()
-            })
-        };
-        let mut exhausted: Vec<ClaimedEvent> = Vec::new();
-        let mut held_back: Vec<ClaimedEvent> = Vec::new();
-        let mut to_publish: Vec<ClaimedEvent> = Vec::new();
-        let spent_heads: Vec<(&str, &str, i64)> = events
-            .iter()
-            .filter(|e| e.attempts > max && head_of(e) == e.seq)
-            .filter(|e| e.seq.is_some())
-            .map(|e| (e.topic.as_str(), e.partition_key.as_str(), e.lease_token))
-            .collect();
-        for e in &events {
-            let is_head = e.seq.is_none() || head_of(e) == e.seq;
-            if is_head && e.attempts > max {
-                exhausted.push(e.clone());
-            } else if !is_head
-                && spent_heads.contains(&(
-                    e.topic.as_str(),
-                    e.partition_key.as_str(),
-                    e.lease_token,
-                ))
-            {
-                held_back.push(e.clone());
-            } else {
-                to_publish.push(e.clone());
-            }
-        }
+        let Triage {
+            publish: to_publish,
+            exhausted,
+            held_back,
+            ordered_runs,
+        } = triage::triage(events, max);
         let published = self.publish_classified(&to_publish).await;
         let outcomes = &published.outcomes;
         let mut items = self.decide(&to_publish, outcomes);
@@ -644,15 +610,13 @@ impl Relay {
                 "QStash answers again: outage over"
             );
         }
-        let claimed = events.len() as u64;
         let batch = u64::from(claims.batch_size());
-        let unordered = events.iter().filter(|e| e.seq.is_none()).count() as u64;
         Ok(CycleReport {
             claimed,
             fenced: claimed.saturating_sub(settled.total()),
             settled,
             // Ordered claims are counted in keys: a key's run may hold several events.
-            full: unordered >= batch || heads.len() as u64 >= batch,
+            full: unordered >= batch || ordered_runs as u64 >= batch,
             publish_latencies: published.latencies.clone(),
             config_problems: outcomes
                 .iter()
