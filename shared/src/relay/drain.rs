@@ -84,7 +84,23 @@ impl Relay {
                     break;
                 }
             }
-            self.run_workers(&st).await;
+            // One round: the workers until they all stop, with the `NOTIFY` listener when enabled (inline: each
+            // nested `async fn` deepens the drain's future, which callers lay out).
+            let workers = futures::future::join_all(
+                (0..self.cfg.concurrency.max(1)).map(|n| self.worker(&st, n)),
+            );
+            if self.cfg.listen_notify {
+                let stop = Arc::new(Notify::new());
+                let listener = self.listen(st.wake.clone(), stop.clone());
+                tokio::pin!(listener);
+                tokio::select! {
+                    _ = workers => {}
+                    _ = &mut listener => {}
+                }
+                stop.notify_waiters();
+            } else {
+                workers.await;
+            }
             if let Ok(mut slot) = st.last_error.lock()
                 && let Some(e) = slot.take()
             {
@@ -98,24 +114,6 @@ impl Relay {
             .await
             .map_err(db("read outage"))?;
         Ok(st.summary(&state, gate_empty))
-    }
-
-    /// One round: `RELAY_CONCURRENCY` workers until they all stop, with the `NOTIFY` listener when enabled.
-    async fn run_workers(&self, st: &DrainState) {
-        let workers =
-            futures::future::join_all((0..self.cfg.concurrency.max(1)).map(|n| self.worker(st, n)));
-        if self.cfg.listen_notify {
-            let stop = Arc::new(Notify::new());
-            let listener = self.listen(st.wake.clone(), stop.clone());
-            tokio::pin!(listener);
-            tokio::select! {
-                _ = workers => {}
-                _ = &mut listener => {}
-            }
-            stop.notify_waiters();
-        } else {
-            workers.await;
-        }
     }
 
     /// One worker: cycles until the deadline (less a lease), a stop, an outage, three database errors in a row, or
@@ -137,10 +135,14 @@ impl Relay {
             match self.run_cycle().await {
                 Ok(r) => {
                     consecutive_errors = 0;
-                    match self.after_cycle(st, &r).await {
+                    match self.after_cycle(st, &r) {
                         Next::Again => continue,
                         Next::Stop => break,
-                        Next::Nap => {}
+                        Next::AskEmpty if self.is_empty().await.unwrap_or(false) => {
+                            st.empty.store(true, AtomicOrdering::Relaxed);
+                            break;
+                        }
+                        Next::AskEmpty | Next::Nap => {}
                     }
                 }
                 Err(e) => {
@@ -171,8 +173,9 @@ impl Relay {
         }
     }
 
-    /// What a worker does after a successful cycle.
-    async fn after_cycle(&self, st: &DrainState, r: &CycleReport) -> Next {
+    /// What a worker does after a successful cycle (the caller asks whether anything is left: an `async fn` of
+    /// its own here would deepen every drain's future).
+    fn after_cycle(&self, st: &DrainState, r: &CycleReport) -> Next {
         st.record(r);
         if r.outage {
             st.out.store(true, AtomicOrdering::Relaxed);
@@ -181,19 +184,20 @@ impl Relay {
         if r.full {
             return Next::Again;
         }
+        if !st.stop_when_empty || r.claimed > 0 {
+            return Next::Nap;
+        }
+        if st.empty.load(AtomicOrdering::Relaxed) {
+            return Next::Stop;
+        }
         // Whether anything is left is asked at most once per poll interval, by whichever idle worker comes first:
         // the question scans the outbox, and every idle worker asking at every poll cost the database more than
         // the drain itself.
-        let poll_ms = self.cfg.poll_interval.as_millis() as u64;
-        if st.stop_when_empty
-            && r.claimed == 0
-            && (st.empty.load(AtomicOrdering::Relaxed)
-                || (st.emptiness_check_due(poll_ms) && self.is_empty().await.unwrap_or(false)))
-        {
-            st.empty.store(true, AtomicOrdering::Relaxed);
-            return Next::Stop;
+        if st.emptiness_check_due(self.cfg.poll_interval.as_millis() as u64) {
+            Next::AskEmpty
+        } else {
+            Next::Nap
         }
-        Next::Nap
     }
 
     /// Before any claim, and again after a cycle found QStash out. No outage recorded: [`Gate::Drain`]. An outage
@@ -387,6 +391,8 @@ enum Next {
     Again,
     /// Nap for the poll interval (or until a `NOTIFY`), then claim.
     Nap,
+    /// Ask whether anything is left: stop if not, else nap.
+    AskEmpty,
     /// Stop this worker.
     Stop,
 }

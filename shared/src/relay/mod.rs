@@ -78,6 +78,7 @@ use forming::Forming;
 pub use forming::{Formed, Outgoing};
 pub use publish::{Published, PublishedEvent, Reach};
 use settle::{SettleCounts, SettleItem};
+use triage::Triage;
 
 /// A relay failure that ends an invocation.
 #[derive(Debug, thiserror::Error)]
@@ -306,45 +307,8 @@ impl Relay {
         let items = self.decider().settle_inputs(&triage, &published);
         decide::log_dead_letters(&items, &triage);
         let settled = self.settle(&items).await?;
-        self.note_availability(&published, settled.released, probe)
-            .await?;
-        let batch = u64::from(claims.batch_size());
-        let config_problems = published
-            .events
-            .iter()
-            .filter(|e| {
-                matches!(
-                    e.outcome,
-                    PublishOutcome::Transient {
-                        config_problem: true,
-                        ..
-                    }
-                )
-            })
-            .count() as u64;
-        Ok(CycleReport {
-            claimed,
-            fenced: claimed.saturating_sub(settled.total()),
-            settled,
-            // Ordered claims are counted in keys: a key's run may hold several events.
-            full: unordered >= batch || triage.ordered_runs as u64 >= batch,
-            config_problems,
-            requests_ok: published.requests_ok,
-            requests_failed: published.requests_failed,
-            outage: published.is_outage(),
-            publish_latencies: published.latencies,
-        })
-    }
-
-    /// After a cycle's settle: when every publish request failed at request level, the outage is recorded (a
-    /// probe's failure advances the probe backoff); when a request was answered and this process saw an outage,
-    /// it is cleared.
-    async fn note_availability(
-        &self,
-        published: &Published,
-        released: u64,
-        probe: bool,
-    ) -> Result<(), RelayError> {
+        // An outage (every publish request failed at request level) is recorded, a probe's failure advancing the
+        // probe backoff; a request answered after this process saw an outage clears it.
         if published.is_outage() {
             let error = published
                 .first_request_error()
@@ -360,7 +324,7 @@ impl Relay {
             .await
             .map_err(db("record outage"))?;
             self.outage_hint.store(true, AtomicOrdering::Relaxed);
-            tracing::warn!(error = %error, released, probe, failures = state.failures,
+            tracing::warn!(error = %error, released = settled.released, probe, failures = state.failures,
                 next_probe_in_secs = state.until_probe().as_secs_f64(),
                 "QStash unavailable as a whole: claim released without spending attempts; publishing paused until the next probe");
         } else if published.requests_ok > 0
@@ -374,7 +338,54 @@ impl Relay {
                 "QStash answers again: outage over"
             );
         }
-        Ok(())
+        Ok(CycleReport::of(
+            claimed,
+            unordered,
+            &triage,
+            published,
+            settled,
+            claims.batch_size(),
+        ))
+    }
+}
+
+impl CycleReport {
+    /// The report of a cycle that claimed `claimed` events (`unordered` of them unordered) with a claim of
+    /// `batch_size` per kind.
+    fn of(
+        claimed: u64,
+        unordered: u64,
+        triage: &Triage,
+        published: Published,
+        settled: SettleCounts,
+        batch_size: u32,
+    ) -> Self {
+        let batch = u64::from(batch_size);
+        let config_problems = published
+            .events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e.outcome,
+                    PublishOutcome::Transient {
+                        config_problem: true,
+                        ..
+                    }
+                )
+            })
+            .count() as u64;
+        CycleReport {
+            claimed,
+            fenced: claimed.saturating_sub(settled.total()),
+            settled,
+            // Ordered claims are counted in keys: a key's run may hold several events.
+            full: unordered >= batch || triage.ordered_runs as u64 >= batch,
+            config_problems,
+            requests_ok: published.requests_ok,
+            requests_failed: published.requests_failed,
+            outage: published.is_outage(),
+            publish_latencies: published.latencies,
+        }
     }
 }
 

@@ -169,19 +169,24 @@ impl Relay {
         let mut formed = self.messages_for(events);
         let messages: Vec<Message> = formed.messages.iter().map(|m| m.message.clone()).collect();
         let mut sent = self.send(&messages).await;
-        self.resend_refused_singly(events, &mut formed, &mut sent)
-            .await;
+        let singles = self.refused_singly(events, &mut formed, &sent);
+        if !singles.is_empty() {
+            let messages: Vec<Message> = singles.iter().map(|o| o.message.clone()).collect();
+            sent.absorb(self.send(&messages).await);
+            formed.messages.extend(singles);
+        }
         Published::assemble(events.len(), &formed, sent)
     }
 
-    /// Permanent refusals of multi-event messages: their events again, one per message. The refused message
-    /// keeps its place with no events; the single messages and their results are appended.
-    async fn resend_refused_singly(
+    /// Permanent refusals of multi-event messages: the messages to send instead, one event each. The refused
+    /// message keeps its place with no events (its results stay in line with `formed`); an ordered run's
+    /// followers are left over.
+    fn refused_singly(
         &self,
         events: &[ClaimedEvent],
         formed: &mut Formed,
-        sent: &mut Sent,
-    ) {
+        sent: &Sent,
+    ) -> Vec<Outgoing> {
         let mut singles: Vec<usize> = Vec::new();
         for (out, result) in formed.messages.iter_mut().zip(&sent.results) {
             let PublishOutcome::Permanent { status, error } = &result.outcome else {
@@ -200,17 +205,11 @@ impl Relay {
                 singles.extend(members);
             }
         }
-        if singles.is_empty() {
-            return;
-        }
         let forming = self.forming();
-        let outgoing: Vec<Outgoing> = singles
+        singles
             .iter()
             .map(|&i| forming.outgoing(events, vec![i]))
-            .collect();
-        let messages: Vec<Message> = outgoing.iter().map(|o| o.message.clone()).collect();
-        sent.absorb(self.send(&messages).await);
-        formed.messages.extend(outgoing);
+            .collect()
     }
 
     /// Sends messages through `/v2/batch` requests of `QSTASH_BATCH_SIZE`: one result per message.
