@@ -157,7 +157,6 @@ mod tests {
 
     use super::*;
     use crate::config::Vars;
-    use crate::producer::EventHeaders;
     use crate::relay::publish::{PublishedEvent, Reach};
 
     fn config() -> RelayConfig {
@@ -182,17 +181,9 @@ mod tests {
 
     fn event(id: i64, topic: &str, seq: Option<i64>, attempts: i32) -> ClaimedEvent {
         ClaimedEvent {
-            id,
-            topic: topic.into(),
-            partition_key: "k".into(),
-            seq,
-            payload: "{}".into(),
-            headers: EventHeaders::default(),
             attempts,
-            created_at: chrono::DateTime::UNIX_EPOCH,
-            dedup_generation: 0,
             last_error: Some("boom".into()),
-            lease_token: 9,
+            ..ClaimedEvent::for_test(id, topic, "k", seq, 9)
         }
     }
 

@@ -286,7 +286,6 @@ mod tests {
 
     use super::*;
     use crate::config::Vars;
-    use crate::producer::EventHeaders;
 
     struct Settings {
         cfg: RelayConfig,
@@ -318,19 +317,7 @@ mod tests {
     }
 
     fn event(id: i64, topic: &str, key: &str, seq: Option<i64>, lease_token: i64) -> ClaimedEvent {
-        ClaimedEvent {
-            id,
-            topic: topic.into(),
-            partition_key: key.into(),
-            seq,
-            payload: format!("{{\"n\":{id}}}"),
-            headers: EventHeaders::default(),
-            attempts: 1,
-            created_at: chrono::DateTime::UNIX_EPOCH,
-            dedup_generation: 0,
-            last_error: None,
-            lease_token,
-        }
+        ClaimedEvent::for_test(id, topic, key, seq, lease_token)
     }
 
     /// The outbox ids of each message, in message order.
@@ -340,6 +327,10 @@ mod tests {
             .iter()
             .map(|m| m.events.iter().map(|&i| events[i].id).collect())
             .collect()
+    }
+
+    fn flow_control(m: &Message) -> &FlowControl {
+        m.options.flow_control.as_ref().expect("flow control")
     }
 
     fn envelope_ids(m: &Message) -> Vec<i64> {
@@ -373,12 +364,7 @@ mod tests {
             ]
         );
         for (m, ev) in formed.messages.iter().zip(&events) {
-            let fc = m
-                .message
-                .options
-                .flow_control
-                .as_ref()
-                .expect("flow control");
+            let fc = flow_control(&m.message);
             assert_eq!(
                 fc.key,
                 flow_control_key(&format!("{}.{}", ev.topic, ev.partition_key))
@@ -404,12 +390,7 @@ mod tests {
         assert!(formed.left_over.is_empty());
         for (m, group) in formed.messages.iter().zip(&groups) {
             let topic = &events[m.events[0]].topic;
-            let fc = m
-                .message
-                .options
-                .flow_control
-                .as_ref()
-                .expect("flow control");
+            let fc = flow_control(&m.message);
             if m.events.len() > 1 {
                 // Several events of any keys: the topic's flow-control key, a composition's dedup id.
                 assert_eq!(fc.key, flow_control_key(topic));
@@ -461,7 +442,7 @@ mod tests {
                 Some("https://callbacks.example/delivered")
             );
             let ev = &events[m.events[0]];
-            let fc = opts.flow_control.as_ref().expect("flow control");
+            let fc = flow_control(&m.message);
             assert_eq!(
                 fc.key,
                 flow_control_key(&format!("orders.{}", ev.partition_key))

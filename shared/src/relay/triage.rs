@@ -101,7 +101,6 @@ impl Triage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::producer::EventHeaders;
 
     const MAX: i32 = 3;
 
@@ -113,17 +112,8 @@ mod tests {
         lease_token: i64,
     ) -> ClaimedEvent {
         ClaimedEvent {
-            id,
-            topic: "t".into(),
-            partition_key: key.into(),
-            seq,
-            payload: "{}".into(),
-            headers: EventHeaders::default(),
             attempts,
-            created_at: chrono::DateTime::UNIX_EPOCH,
-            dedup_generation: 0,
-            last_error: None,
-            lease_token,
+            ..ClaimedEvent::for_test(id, "t", key, seq, lease_token)
         }
     }
 
