@@ -7,6 +7,7 @@
 mod bench_report;
 mod dev_console;
 mod help;
+mod pg_local;
 mod pgbouncer;
 mod soak;
 mod soak_verdict;

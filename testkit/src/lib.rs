@@ -10,6 +10,7 @@
 //! * [`db`]: URLs of `#[sqlx::test]` databases and hand-built outbox states;
 //! * [`given_up`]: which events may end as unexpected dead letters, by the dev server's own DLQ;
 //! * [`moto`]: a local AWS Secrets Manager;
+//! * [`pg_local`]: a throwaway Postgres cluster for when none is running (`outbox-dev dev`);
 //! * [`sam`]: `template.yaml` as CloudFormation, its alarms and dashboard; [`previous_relay`]: what the relay of
 //!   the previous wire format left behind;
 //! * [`MIGRATOR`]: the library's and the example application's migrations, for tests that need both;
@@ -32,6 +33,7 @@ use sqlx::migrate::Migrator;
 pub mod db;
 pub mod given_up;
 pub mod moto;
+pub mod pg_local;
 pub mod pgbouncer;
 pub mod previous_relay;
 pub mod receiving;
