@@ -7,6 +7,10 @@
 //! Files that declare `mod common;` are loaded with `#[path]`, so that their `common` resolves to
 //! `common/mod.rs` beside them as it does when the file is a test binary's root.
 
+// Each of those files has its own copy of `common` (as when each was a binary of its own), so that the files
+// stay as they are.
+#![allow(clippy::duplicate_mod)]
+
 #[path = "api.rs"]
 mod api;
 #[path = "delivery.rs"]
