@@ -68,7 +68,7 @@ impl Drop for ReplayHint {
         if std::thread::panicking() {
             eprintln!(
                 "pipeline run ({:?} evidence, delivery batch {}) failed with seed {seed}; replay its faults \
-                 with PIPELINE_SEED={seed} cargo test -p outbox-system --test pipeline",
+                 with PIPELINE_SEED={seed} cargo test -p outbox-system --test it pipeline::",
                 self.mode,
                 self.batch,
                 seed = self.seed

@@ -1029,7 +1029,8 @@ async fn child_prints_the_receivers_emf_lines() {
 fn receivers_emf_lines() -> Vec<Value> {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
-            "child_prints_the_receivers_emf_lines",
+            outbox_testkit::test_path(module_path!(), "child_prints_the_receivers_emf_lines")
+                .as_str(),
             "--exact",
             "--ignored",
             "--nocapture",

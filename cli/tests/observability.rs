@@ -224,7 +224,7 @@ fn sum(lines: &[&Value], metric: &str) -> f64 {
 async fn logs_and_metrics_of_the_whole_stack(pool: PgPool) {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
-            "child_runs_the_stack",
+            outbox_testkit::test_path(module_path!(), "child_runs_the_stack").as_str(),
             "--exact",
             "--ignored",
             "--nocapture",

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use orders_example::demo::{self, DemoCounts, DemoOptions};
 use outbox_cli::util::{DbArgs, connect};
 use outbox_testkit::db::with_database;
+use outbox_testkit::pg_local;
 use outbox_testkit::stack::{LocalStack, StackOptions};
 
 use console::{Console, Frame, Style};
@@ -33,7 +34,10 @@ use dead_letters::{CauseCount, Tally};
 /// Arguments of `outbox-dev dev`.
 #[derive(Args, Debug, Clone)]
 pub struct DevArgs {
-    /// The Postgres server: a fresh `outbox_local` database on it, or (--existing-db) its own database.
+    /// The Postgres server: a fresh `outbox_local` database on it, or (--existing-db) its own database. When
+    /// this is the default and nothing answers at 127.0.0.1:5432 (OUTBOX_PG_PROBE overrides the address probed),
+    /// a throwaway cluster is started from the server binaries on this machine (initdb, pg_ctl) and stopped at
+    /// exit.
     #[command(flatten)]
     pub db: DbArgs,
     /// Run against DATABASE_URL's database as it is (migrated, never dropped) instead of a fresh `outbox_local`
@@ -158,11 +162,13 @@ pub async fn progress(pool: &PgPool) -> anyhow::Result<Progress> {
     })
 }
 
-async fn prepare_database(args: &DevArgs) -> anyhow::Result<String> {
-    if args.existing_db {
-        return Ok(args.db.database_url.clone());
+/// The database to run against on the server at `server_url`: that URL's own with `--existing-db`, else a fresh
+/// `outbox_local`.
+async fn prepare_database(server_url: &str, existing_db: bool) -> anyhow::Result<String> {
+    if existing_db {
+        return Ok(server_url.to_owned());
     }
-    let admin = connect(&args.db.database_url).await?;
+    let admin = connect(server_url).await?;
     sqlx::query("DROP DATABASE IF EXISTS outbox_local WITH (FORCE)")
         .execute(&admin)
         .await?;
@@ -173,7 +179,7 @@ async fn prepare_database(args: &DevArgs) -> anyhow::Result<String> {
             "creating the outbox_local database (the user needs CREATEDB, or use --existing-db)",
         )?;
     admin.close().await;
-    Ok(with_database(&args.db.database_url, "outbox_local"))
+    Ok(with_database(server_url, "outbox_local"))
 }
 
 /// How stdout shows progress: JSON when asked, a live table on a terminal, plain lines otherwise.
@@ -208,7 +214,19 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
     // OUTBOX_SCHEMA is checked here, at the edge: a bad name stops the command instead of falling back to public.
     let schema = outbox::schema::from_process_env()?;
     outbox::schema::install(&schema)?;
-    let url = prepare_database(&args).await?;
+    // No DATABASE_URL (or the default) and nothing at the default address: a throwaway cluster, stopped when
+    // `local_pg` is dropped at the end of this function (also on an error or a panic).
+    let parent = logs::target_dir()
+        .map(|t| t.join("pg-local"))
+        .unwrap_or_else(|| std::env::temp_dir().join("outbox-pg-local"));
+    let requested = args.db.database_url.clone();
+    let local_pg =
+        tokio::task::spawn_blocking(move || pg_local::start_unless_reachable(&requested, &parent))
+            .await??;
+    let server_url = local_pg
+        .as_ref()
+        .map_or_else(|| args.db.database_url.clone(), |pg| pg.url());
+    let url = prepare_database(&server_url, args.existing_db).await?;
     let mut opts = StackOptions::new(&url)?;
     let statements = opts.statements;
     opts.dev.port = if args.qstash_port != 0

@@ -1440,7 +1440,12 @@ async fn flood_child() {
 #[test]
 fn a_flood_of_bad_signatures_does_no_database_work_logs_no_warn_per_request_and_is_counted() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["flood_child", "--exact", "--ignored", "--nocapture"])
+        .args([
+            outbox_testkit::test_path(module_path!(), "flood_child").as_str(),
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
         .env("OUTBOX_FLOOD_CHILD", "1")
         // Everything of ours down to DEBUG, where each rejection is logged.
         .env("RUST_LOG", "debug,sqlx=error,hyper=warn")

@@ -11,10 +11,11 @@
 //! * [`db`]: URLs of `#[sqlx::test]` databases and hand-built outbox states;
 //! * [`given_up`]: which events may end as unexpected dead letters, by the dev server's own DLQ;
 //! * [`moto`]: a local AWS Secrets Manager;
+//! * [`pg_local`]: a throwaway Postgres cluster for when none is running (`outbox-dev dev`);
 //! * [`sam`]: `template.yaml` as CloudFormation, its alarms and dashboard; [`previous_relay`]: what the relay of
 //!   the previous wire format left behind;
 //! * [`MIGRATOR`]: the library's and the example application's migrations, for tests that need both;
-//! * small helpers: [`repo_root`], [`free_port`], [`percentile`], [`median`], [`text`], and
+//! * small helpers: [`repo_root`], [`free_port`], [`percentile`], [`median`], [`text`], [`test_path`], and
 //!   [`skip_or_fail_under_ci`] for a test whose external tool is missing.
 //!
 //! A dev-dependency only of the production crates (`outbox`, the functions, `outbox-cli`, `qstash-dev`): it is
@@ -34,6 +35,7 @@ use sqlx::migrate::Migrator;
 pub mod db;
 pub mod given_up;
 pub mod moto;
+pub mod pg_local;
 pub mod pgbouncer;
 pub mod previous_relay;
 pub mod receiving;
@@ -89,6 +91,16 @@ pub fn median(v: &[f64]) -> f64 {
     percentile(v, 0.5)
 }
 
+/// The name libtest knows a test function by, to run it alone in a child process (`current_exe()` with the name
+/// and `--exact`): `name` under the module path of the caller (`module_path!()`) without the crate's name. A
+/// test file compiled as a module of a package's one test binary (`tests/it.rs`) names its tests `file::test`.
+pub fn test_path(module_path: &str, name: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_owned(),
+    }
+}
+
 /// Output a command wrote, as text.
 pub fn text(buf: &[u8]) -> String {
     String::from_utf8_lossy(buf).into_owned()
@@ -131,5 +143,12 @@ mod tests {
         assert_eq!(percentile(&[5.0, 1.0, 4.0, 2.0, 3.0], 0.99), 5.0);
         assert_eq!(percentile(&[5.0, 1.0, 4.0, 2.0, 3.0], 0.0), 1.0);
         assert!(repo_root().join("Cargo.lock").exists());
+    }
+
+    #[test]
+    fn test_path_drops_the_crate_name() {
+        assert_eq!(test_path("it::relay", "a_test"), "relay::a_test");
+        assert_eq!(test_path("it::a::b", "t"), "a::b::t");
+        assert_eq!(test_path("schema", "t"), "t");
     }
 }

@@ -34,7 +34,7 @@ pub fn binary() -> Option<PathBuf> {
     })
 }
 
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()

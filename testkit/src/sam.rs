@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -38,8 +39,13 @@ pub fn translate(template: &Path) -> Result<Value, String> {
 }
 
 /// The generated CloudFormation of the repository's `template.yaml` (panics with the transform's messages).
+/// Translated once per process: the transform is a Python run of seconds, and a package's tests share one
+/// process (`tests/it.rs`).
 pub fn translated_template() -> Value {
-    translate(Path::new("template.yaml"))
+    static TRANSLATED: OnceLock<Result<Value, String>> = OnceLock::new();
+    TRANSLATED
+        .get_or_init(|| translate(Path::new("template.yaml")))
+        .clone()
         .unwrap_or_else(|e| panic!("the SAM transform rejected template.yaml:\n{e}"))
 }
 

@@ -34,7 +34,7 @@ pub fn default_path() -> PathBuf {
 
 /// The cargo target directory this executable was built in (`CARGO_TARGET_DIR` when set): above the profile
 /// directory (the one with cargo's `.fingerprint`) of `target/debug/outbox-dev` or `target/debug/deps/<test>`.
-fn target_dir() -> Option<PathBuf> {
+pub fn target_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
         return Some(PathBuf::from(dir));
     }
