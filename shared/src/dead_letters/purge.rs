@@ -42,7 +42,7 @@ pub async fn count_purge(
     let schema = crate::schema::current().quoted();
     let sql = format!(
         "SELECT count(*) FILTER (WHERE NOT {BLOCKING_SQL}), count(*) FILTER (WHERE {BLOCKING_SQL}) \
-         FROM {schema}.dead_letters d WHERE {FILTER_SQL} AND (NOT $6 OR NOT ({UNHANDLED_SQL}))"
+         FROM {schema}.dead_letters d WHERE {FILTER_SQL} AND (NOT $9 OR NOT ({UNHANDLED_SQL}))"
     );
     // BLOCKING_SQL is a template of its own.
     let row = bind_filter(
@@ -79,7 +79,7 @@ pub async fn purge(
     let schema = crate::schema::current().quoted();
     let sql = format!(
         "DELETE FROM {schema}.dead_letters WHERE id IN (SELECT d.id FROM {schema}.dead_letters d \
-         WHERE {FILTER_SQL} AND (NOT $6 OR NOT ({UNHANDLED_SQL})) AND NOT {BLOCKING_SQL} \
+         WHERE {FILTER_SQL} AND (NOT $9 OR NOT ({UNHANDLED_SQL})) AND NOT {BLOCKING_SQL} \
          ORDER BY d.id LIMIT {} FOR UPDATE SKIP LOCKED)",
         batch.clamp(1, 100_000)
     );

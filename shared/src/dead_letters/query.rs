@@ -95,7 +95,7 @@ pub async fn list(conn: &mut PgConnection, q: &ListQuery) -> Result<Page, sqlx::
         "SELECT d.id, d.created_at, d.source, d.outbox_id, d.topic, d.partition_key, d.seq, d.attempts, d.status, \
                 d.error, d.redriven_at, d.resolved_at, d.resolution \
          FROM {schema}.dead_letters d \
-         WHERE {FILTER_SQL} AND ($6 OR ({UNHANDLED_SQL})) AND d.id > $7 \
+         WHERE {FILTER_SQL} AND ($9 OR ({UNHANDLED_SQL})) AND d.id > $10 \
          ORDER BY d.id LIMIT {}",
         limit + 1
     );
