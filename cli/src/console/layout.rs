@@ -62,6 +62,10 @@ pub fn page(ctx: &Ctx, title: &str, refresh: Option<u32>, body: &Html) -> Html {
             .text(secs)
             .lit("\">");
     }
+    // The session's CSRF token, also on pages without a form (the same value every form carries).
+    h.lit("<meta name=\"csrf-token\" content=\"")
+        .text(&ctx.csrf)
+        .lit("\">");
     h.lit("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">")
         .lit("<link rel=\"stylesheet\" href=\"/console.css\"><title>")
         .text(title)

@@ -81,7 +81,8 @@ impl std::str::FromStr for Source {
 
 /// Which dead letters an operation applies to. Every set field must match; an empty filter matches everything
 /// (bulk redrive and purge refuse an empty filter).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Filter {
     pub topic: Option<String>,
     pub source: Option<Source>,
