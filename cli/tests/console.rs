@@ -5,7 +5,7 @@
 mod console_kit;
 
 use console_kit::{
-    Tab, args, assert_no_raw_hostile_text, by_id, csrf, field, form, hidden_fields, hostile,
+    Tab, args, assert_no_raw_hostile_text, by_id, csrf, field, form, hidden_fields, seed_hostile,
     selected, selection, token_file,
 };
 use outbox_cli::console::Console;
@@ -167,49 +167,7 @@ async fn every_page_answers_with_the_data(pool: PgPool) {
 /// page that shows them escapes all of it, and still shows it (escaped, readable).
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn hostile_text_is_escaped_on_every_page(pool: PgPool) {
-    let topic = hostile("topic");
-    let key = hostile("key");
-    let head: i64 = sqlx::query_scalar(
-        "INSERT INTO outbox (topic, partition_key, seq, payload, headers, dead_lettered_at, attempts, last_error) \
-         VALUES ($1, $2, 1, jsonb_build_object('note', $3::text), jsonb_build_object('user', jsonb_build_object('x', $4::text)), \
-                 now(), 4, $5) RETURNING id",
-    )
-    .bind(&topic)
-    .bind(&key)
-    .bind(hostile("payload"))
-    .bind(hostile("header"))
-    .bind(hostile("last-error"))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    key_state(
-        &pool,
-        &topic,
-        &key,
-        1,
-        0,
-        "blocked_at = now(), blocked_reason = 'x'",
-    )
-    .await;
-    sqlx::query("UPDATE outbox_keys SET blocked_id = $1, blocked_reason = $2")
-        .bind(head)
-        .bind(hostile("reason"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let dl = dead_letter(&pool, "qstash", Some(head), "").await;
-    sqlx::query("UPDATE dead_letters SET error = $2, response_body = $3, raw_callback = $4, parse_error = $5 WHERE id = $1")
-        .bind(dl)
-        .bind(hostile("error"))
-        .bind(hostile("response"))
-        .bind(hostile("raw").into_bytes())
-        .bind(hostile("parse"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    // Pending and flapping, so the overview lists it too.
-    event(&pool, &topic, &key, None, "attempts = 9, last_error = 'x'").await;
-
+    let (head, dl, topic, key) = seed_hostile(&pool).await;
     let console = Console::start(&args(&pool)).await.unwrap();
     let mut tab = Tab::new(&console);
     let enc = |s: &str| -> String { url::form_urlencoded::byte_serialize(s.as_bytes()).collect() };

@@ -130,7 +130,7 @@ pub fn plain(status: StatusCode, message: &'static str) -> Response {
 }
 
 /// Security headers on every answer: no script at all, styles from this origin, no framing, no caching, no
-/// referrer.
+/// referrer to other sites.
 fn harden(headers: &mut HeaderMap) {
     let set = |h: &mut HeaderMap, name: header::HeaderName, value: &'static str| {
         h.insert(name, HeaderValue::from_static(value));
@@ -143,7 +143,8 @@ fn harden(headers: &mut HeaderMap) {
     );
     set(headers, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
     set(headers, header::X_FRAME_OPTIONS, "DENY");
-    set(headers, header::REFERRER_POLICY, "no-referrer");
+    // Not `no-referrer`: with it, browsers send `Origin: null` on this console's own form posts.
+    set(headers, header::REFERRER_POLICY, "same-origin");
     if !headers.contains_key(header::CACHE_CONTROL) {
         set(headers, header::CACHE_CONTROL, "no-store");
     }

@@ -1,14 +1,17 @@
 //! What the console's tests share: a console on a free port against a test database, an HTTP client that
-//! keeps the session cookie like a browser, reading forms out of pages, and the hostile-text corpus.
+//! keeps the session cookie like a browser, reading forms out of pages, the hostile-text corpus stored in every
+//! field, and a WebDriver client for the browser tests.
 
 #![allow(dead_code)]
+
+pub mod webdriver;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
 use outbox_cli::console::{Console, ConsoleArgs};
 use outbox_cli::util::DbArgs;
-use outbox_testkit::db::url_of;
+use outbox_testkit::db::{dead_letter, event, key_state, url_of};
 use reqwest::StatusCode;
 use reqwest::header::{COOKIE, HeaderMap, SET_COOKIE};
 use sqlx::PgPool;
@@ -41,6 +44,56 @@ pub fn assert_no_raw_hostile_text(page: &str, what: &str) {
             u32::from(c)
         );
     }
+}
+
+/// Stores [`HOSTILE`] text in every field the console shows: an ordered event's topic, key, payload, headers and
+/// last error, its key's blocked reason, its dead letter's error, response body, raw callback and parse error; and
+/// a flapping pending event of the same key. Returns (event, dead letter, topic, key).
+pub async fn seed_hostile(pool: &PgPool) -> (i64, i64, String, String) {
+    let topic = hostile("topic");
+    let key = hostile("key");
+    let head: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox (topic, partition_key, seq, payload, headers, dead_lettered_at, attempts, last_error) \
+         VALUES ($1, $2, 1, jsonb_build_object('note', $3::text), jsonb_build_object('user', jsonb_build_object('x', $4::text)), \
+                 now(), 4, $5) RETURNING id",
+    )
+    .bind(&topic)
+    .bind(&key)
+    .bind(hostile("payload"))
+    .bind(hostile("header"))
+    .bind(hostile("last-error"))
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    key_state(
+        pool,
+        &topic,
+        &key,
+        1,
+        0,
+        "blocked_at = now(), blocked_reason = 'x'",
+    )
+    .await;
+    sqlx::query("UPDATE outbox_keys SET blocked_id = $1, blocked_reason = $2")
+        .bind(head)
+        .bind(hostile("reason"))
+        .execute(pool)
+        .await
+        .unwrap();
+    let dl = dead_letter(pool, "qstash", Some(head), "").await;
+    sqlx::query("UPDATE dead_letters SET error = $2, response_body = $3, raw_callback = $4, parse_error = $5 WHERE id = $1")
+        .bind(dl)
+        .bind(hostile("error"))
+        .bind(hostile("response"))
+        .bind(hostile("raw").into_bytes())
+        .bind(hostile("parse"))
+        .execute(pool)
+        .await
+        .unwrap();
+    // Pending and flapping, so the overview lists it too.
+    event(pool, &topic, &key, None, "attempts = 9, last_error = 'x'").await;
+
+    (head, dl, topic, key)
 }
 
 /// The arguments of a loopback console on a free port against `pool`'s database.
