@@ -150,8 +150,10 @@ fn harden(headers: &mut HeaderMap) {
     }
 }
 
-/// Refuses a request whose `Host` does not name this console (421) or whose `Origin` is another site (403).
+/// Refuses a request whose `Host` does not name this console (421) or whose `Origin` is another site (403);
+/// sets the security headers and `Server-Timing` on every answer.
 async fn check_host(State(app): S, req: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
     let local = req
         .extensions()
         .get::<ConnectInfo<ConnInfo>>()
@@ -186,6 +188,11 @@ async fn check_host(State(app): S, req: Request, next: Next) -> Response {
         next.run(req).await
     };
     harden(response.headers_mut());
+    // How long the console took (`outbox-dev bench console` reads it; so can a browser's developer tools).
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    if let Ok(v) = HeaderValue::from_str(&format!("app;dur={ms:.2}")) {
+        response.headers_mut().insert("server-timing", v);
+    }
     response
 }
 
