@@ -232,8 +232,8 @@ pub async fn list(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
     if groups.is_empty() {
         h.lit("<p class=\"muted\">none</p>");
     } else {
-        h.lit("<table id=\"groups\"><tr><th class=\"n\">count</th><th>normalised error</th><th class=\"n\">topics</th>")
-            .lit("<th>first</th><th>last</th><th>example</th></tr>");
+        h.lit("<table id=\"groups\"><tr><th class=\"n\">count</th><th>normalised error</th>")
+            .lit("<th>first</th><th>last</th><th>newest</th></tr>");
         for g in &groups {
             let mut with_group = filter.clone();
             with_group.error_group = Some(g.error_group.clone());
@@ -245,12 +245,10 @@ pub async fn list(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
                 .href("/dead-letters", &[pairs(&gp), vec![("all", all)]].concat())
                 .lit("\">")
                 .text(crate::util::one_line(&g.error_group, 200))
-                .lit("</a></td><td class=\"n\">")
-                .text(g.topics)
-                .lit("</td><td>");
-            time(&mut h, g.first_at);
+                .lit("</a></td><td>");
+            opt_time(&mut h, g.first_at);
             h.lit("</td><td>");
-            time(&mut h, g.last_at);
+            opt_time(&mut h, g.last_at);
             h.lit("</td><td>");
             dead_letter_link(&mut h, g.last_id);
             h.lit("</td></tr>");
