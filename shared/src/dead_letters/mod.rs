@@ -25,7 +25,7 @@
 
 mod groups;
 mod purge;
-mod query;
+pub(crate) mod query;
 mod record;
 mod redrive;
 mod redrive_bulk;

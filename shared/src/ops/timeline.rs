@@ -46,17 +46,14 @@ pub struct EventRow {
 }
 
 impl EventRow {
-    /// `pending`, `in flight` (dispatched, no evidence yet), `delivered` or `dead`.
+    /// `pending`, `dispatched` (accepted by QStash, no outcome yet), `delivered` or `dead`, as
+    /// [`crate::dead_letters::EventState::state`].
     pub fn state(&self) -> &'static str {
-        if self.delivered_at.is_some() {
-            "delivered"
-        } else if self.dead_lettered_at.is_some() {
-            "dead"
-        } else if self.dispatched_at.is_some() {
-            "in flight"
-        } else {
-            "pending"
-        }
+        crate::dead_letters::query::outbox_state(
+            self.delivered_at,
+            self.dead_lettered_at,
+            self.dispatched_at,
+        )
     }
 }
 
