@@ -566,3 +566,126 @@ async fn a_bulk_redrive_redrives_exactly_what_its_confirmation_counted(pool: PgP
     assert_eq!(left, [other_topic]);
     console.stop().await.unwrap();
 }
+
+/// The library queries behind the keys and dead-letter pages: keys page by (topic, key) and search by a literal
+/// prefix (`%` and `_` in it match themselves); dead letters group by normalised error, and `max_id` and the
+/// error filters select what they say.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn keys_page_by_key_and_dead_letters_group_by_error(pool: PgPool) {
+    use outbox::dead_letters::{self, Filter};
+    use outbox::ops::keys::{KeyQuery, keys};
+
+    for k in ["a%1", "a_2", "ab3", "b-1", "b-2"] {
+        key_state(&pool, "t", k, 1, 1, "").await;
+    }
+    let mut conn = pool.acquire().await.unwrap();
+    let page = |after: Option<(String, String)>, prefix: Option<&str>| KeyQuery {
+        key_prefix: prefix.map(str::to_owned),
+        after,
+        limit: 2,
+        ..KeyQuery::default()
+    };
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let p = keys(&mut conn, &page(after, None)).await.unwrap();
+        seen.extend(p.items.iter().map(|k| k.partition_key.clone()));
+        match p.next_after {
+            Some(a) => after = Some(a),
+            None => break,
+        }
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    assert_eq!(seen.len(), 5, "every key once: {seen:?}");
+    assert_eq!(seen, sorted, "in key order");
+    let only = |prefix: &'static str| {
+        let q = page(None, Some(prefix));
+        let pool = pool.clone();
+        async move {
+            let mut c = pool.acquire().await.unwrap();
+            keys(&mut c, &KeyQuery { limit: 10, ..q })
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|k| k.partition_key)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(only("a%").await, ["a%1"]);
+    assert_eq!(only("a_").await, ["a_2"]);
+    assert_eq!(only("b-").await, ["b-1", "b-2"]);
+
+    let mut ids = Vec::new();
+    for (n, error) in [
+        (3, "consumer answered 489 for order 17"),
+        (2, "QStash refused the message: 400"),
+    ] {
+        for i in 0..n {
+            let e = event(
+                &pool,
+                "orders",
+                &format!("o{i}"),
+                None,
+                "dead_lettered_at = now()",
+            )
+            .await;
+            let set = format!("error = '{}'", error.replace("17", &(17 + i).to_string()));
+            ids.push(dead_letter(&pool, "relay", Some(e), &set).await);
+        }
+    }
+    let (groups, total) = dead_letters::error_groups(&mut conn, &Filter::default(), false, 10)
+        .await
+        .unwrap();
+    assert_eq!(total, 5);
+    let summary: Vec<(&str, i64)> = groups
+        .iter()
+        .map(|g| (g.error_group.as_str(), g.count))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("consumer answered N for order N", 3),
+            ("QStash refused the message: N", 2)
+        ]
+    );
+    assert_eq!((groups[0].first_id, groups[0].last_id), (ids[0], ids[2]));
+    assert!(groups[0].first_at.is_some() && groups[0].last_at.is_some());
+    let count = |f: Filter| {
+        let pool = pool.clone();
+        async move {
+            let mut c = pool.acquire().await.unwrap();
+            dead_letters::count_unhandled(&mut c, &f).await.unwrap()
+        }
+    };
+    let filter = |error: Option<&str>, group: Option<&str>, max_id: Option<i64>| Filter {
+        error: error.map(str::to_owned),
+        error_group: group.map(str::to_owned),
+        max_id,
+        ..Filter::default()
+    };
+    assert_eq!(
+        count(filter(Some("ORDER 18"), None, None)).await,
+        1,
+        "case-insensitive text"
+    );
+    assert_eq!(
+        count(filter(Some("%"), None, None)).await,
+        0,
+        "% is literal"
+    );
+    assert_eq!(
+        count(filter(None, Some("QStash refused the message: N"), None)).await,
+        2
+    );
+    assert_eq!(
+        count(filter(None, None, Some(ids[1]))).await,
+        2,
+        "up to an id"
+    );
+    assert!(
+        filter(None, None, Some(1)).is_empty(),
+        "max_id alone is no selection"
+    );
+}
