@@ -218,7 +218,9 @@ async fn callback_receiver_down_then_up(pool: PgPool, mode: EvidenceMode, batch:
     // totals are written when its pass ends).
     let totals = || async {
         let mut c = pool.acquire().await.unwrap();
-        outbox::accounting::totals(&mut c, true).await.unwrap()
+        outbox::accounting::totals(&mut c, outbox::db::Statements::Prepared)
+            .await
+            .unwrap()
     };
     let recorded = eventually(Duration::from_secs(30), || async {
         totals().await.recorded_from_dlq >= poison.len() as i64
@@ -349,7 +351,9 @@ async fn an_accepted_message_qstash_lost_is_published_again_and_applied_once(poo
     );
     let totals = {
         let mut c = pool.acquire().await.unwrap();
-        outbox::accounting::totals(&mut c, true).await.unwrap()
+        outbox::accounting::totals(&mut c, outbox::db::Statements::Prepared)
+            .await
+            .unwrap()
     };
     assert!(totals.republished >= 3, "{totals:?}");
     stack.stop().await;

@@ -18,7 +18,7 @@ use outbox::config::{
     RelayConfig, Vars,
 };
 use outbox::consumer::{ConsumerState, ReceiverState, handle_event};
-use outbox::db::DbConfig;
+use outbox::db::{Db, DbConfig, Statements};
 use outbox::receiver::{DEV_SIGNING_KEYS, KeyRing, RECEIVER_SECRETS, SigningKeys};
 use outbox::relay::handler::{InvocationSummary, emf};
 use outbox::secrets::{SECRET_ID_VAR, SecretField};
@@ -1008,7 +1008,7 @@ async fn child_prints_the_receivers_emf_lines() {
         let keys = SigningKeys::new(DEV_SIGNING_KEYS.0, Some(DEV_SIGNING_KEYS.1.to_owned()));
         ReceiverState::new(
             ConsumerConfig::defaults(),
-            pool.clone(),
+            Db::new(pool.clone(), Statements::Prepared),
             KeyRing::fixed(keys),
         )
     };

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use outbox::config::{ProcessEnv, RelayConfig, Vars};
+use outbox::db::{Db, Statements};
 use outbox::relay::housekeeping;
 use serde::Serialize;
-use sqlx::PgPool;
 
 use crate::util::DbArgs;
 
@@ -137,10 +137,11 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
         );
     }
     let dead_ttl = Duration::from_secs_f64(args.dead_letters_days * 86_400.0);
-    let pool: PgPool = args.db.connect().await?;
+    // Run against Postgres directly (like `outbox migrate`): named statements.
+    let db = Db::new(args.db.connect().await?, Statements::Prepared);
     let b = args.batch;
     let j = args.json;
-    let p = &pool;
+    let p = &db;
     let mut r = PruneReport {
         outbox: step(
             out,
@@ -148,7 +149,7 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
             "outbox",
             &format!("dispatched outbox rows older than {outbox_hours}h"),
             b,
-            || housekeeping::prune_outbox_batch(p, outbox_ttl, b, true),
+            || housekeeping::prune_outbox_batch(p, outbox_ttl, b),
         )
         .await?,
         ..Default::default()
@@ -159,7 +160,7 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
         "processed_messages",
         &format!("consumer dedupe rows older than {processed_hours}h"),
         b,
-        || housekeeping::prune_processed_batch(p, processed_ttl, b, true),
+        || housekeeping::prune_processed_batch(p, processed_ttl, b),
     )
     .await?;
     r.consumer_sequences = step(
@@ -168,7 +169,7 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
         "consumer_sequences",
         &format!("consumer sequence rows idle for {processed_hours}h"),
         b,
-        || housekeeping::prune_consumer_sequences_batch(p, processed_ttl, b, true),
+        || housekeeping::prune_consumer_sequences_batch(p, processed_ttl, b),
     )
     .await?;
     r.dead_letters = step(
@@ -180,7 +181,7 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
             args.dead_letters_days
         ),
         b,
-        || housekeeping::prune_dead_letters_batch(p, dead_ttl, b, true),
+        || housekeeping::prune_dead_letters_batch(p, dead_ttl, b),
     )
     .await?;
     r.dead_events = step(
@@ -192,11 +193,11 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
             args.dead_letters_days
         ),
         b,
-        || housekeeping::prune_dead_events_batch(p, dead_ttl, b, true),
+        || housekeeping::prune_dead_events_batch(p, dead_ttl, b),
     )
     .await?;
     r.idle_keys = step(out, j, "idle_keys", "idle ordered keys", b, || {
-        housekeeping::release_idle_keys(p, b, true)
+        housekeeping::release_idle_keys(p, b)
     })
     .await?;
     if j {

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use outbox::config::{QstashConfig, RelayConfig, Vars};
+use outbox::db::{Db, Statements};
 use outbox::dead_letters::{
     self, Filter, ListQuery, PurgeError, RedriveError, RedriveOptions, RedriveOrder, Source,
 };
@@ -51,7 +52,12 @@ fn relay(pool: &PgPool) -> Relay {
         Duration::from_secs(1),
     )
     .unwrap();
-    Relay::new(pool.clone(), client, cfg, qstash, true)
+    Relay::new(
+        Db::new(pool.clone(), Statements::Prepared),
+        client,
+        cfg,
+        qstash,
+    )
 }
 
 /// Every outbox row and dead letter, to prove that refusals and filtered operations touch nothing else.

@@ -15,6 +15,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use orders_example::{LineItem, OrderEvent, OrderPlaced, order_event};
+use outbox::db::{Db, Statements};
 use outbox::producer::enqueue_batch;
 use outbox_testkit::db::url_with_password;
 use outbox_testkit::stack::{LocalStack, StackOptions};
@@ -180,7 +181,12 @@ async fn child_runs_the_stack() {
     let pool = outbox::db::DbConfig::defaults("obs")
         .pool(&secrecy::SecretString::from(url.clone()))
         .unwrap();
-    let relay = outbox::relay::Relay::new(pool.clone(), client, cfg, qstash, true);
+    let relay = outbox::relay::Relay::new(
+        Db::new(pool.clone(), Statements::Prepared),
+        client,
+        cfg,
+        qstash,
+    );
     let r = relay.run_cycle().await.unwrap();
     assert_eq!(r.settled.dead, 1);
 

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use outbox::db::{Db, Statements};
 use outbox::relay::housekeeping;
 use serde::Serialize;
 use sqlx::PgPool;
@@ -134,24 +135,21 @@ pub struct DevSummary {
 /// Reads the progress figures.
 pub async fn progress(pool: &PgPool) -> anyhow::Result<Progress> {
     // Unnamed, in a transaction of its own: safe behind PgBouncer in transaction mode.
-    let mut c = outbox::db::Autocommit::acquire(pool, false).await?;
-    let (enqueued, dispatched, applied, retried, dead): (i64, i64, i64, i64, i64) = sqlx::query_as(
-        outbox::schema::q("SELECT (SELECT count(*) FROM {schema}.outbox), \
+    let db = Db::new(pool.clone(), Statements::Unnamed);
+    let (enqueued, dispatched, applied, retried, dead): (i64, i64, i64, i64, i64) = db
+        .run(async |c| {
+            db.query_as(outbox::schema::q(
+                "SELECT (SELECT count(*) FROM {schema}.outbox), \
                 (SELECT count(*) FROM {schema}.outbox WHERE dispatched_at IS NOT NULL), \
                 (SELECT count(*) FROM {schema}.processed_messages), \
                 (SELECT coalesce(sum(attempts - 1), 0)::bigint FROM {schema}.outbox WHERE attempts > 1), \
-                (SELECT count(*) FROM {schema}.dead_letters)"),
-    )
-    .persistent(false)
-    .fetch_one(&mut *c)
-    .await?;
-    c.finish().await?;
-    let b = housekeeping::backlog(
-        pool,
-        outbox::config::AccountingConfig::default().horizon,
-        false,
-    )
-    .await?;
+                (SELECT count(*) FROM {schema}.dead_letters)",
+            ))
+            .fetch_one(c)
+            .await
+        })
+        .await?;
+    let b = housekeeping::backlog(&db, outbox::config::AccountingConfig::default().horizon).await?;
     Ok(Progress {
         enqueued,
         dispatched,
@@ -218,7 +216,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
     outbox::schema::install(&schema)?;
     let url = prepare_database(&args).await?;
     let mut opts = StackOptions::new(&url)?;
-    let opts_persistent = opts.persistent_statements;
+    let statements = opts.statements;
     opts.dev.port = if args.qstash_port != 0
         && std::net::TcpListener::bind(("127.0.0.1", args.qstash_port)).is_ok()
     {
@@ -290,11 +288,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
     let (counts_tx, counts_rx) = watch::channel(DemoCounts::default());
     let demo_task = (!args.no_demo).then(|| {
         tokio::spawn(demo::run(
-            stack.pool.clone(),
+            Db::new(stack.pool.clone(), statements),
             DemoOptions {
                 orders_per_sec: args.rate,
                 poison_every: args.poison_every,
-                persistent_statements: opts_persistent,
             },
             stop_rx.clone(),
             counts_tx,

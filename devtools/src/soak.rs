@@ -335,10 +335,9 @@ impl Handler<SoakPayload> for Apply {
         if event.payload.poison {
             return Err(HandlerError::permanent(POISON_REASON));
         }
-        sqlx::query(
+        event.statements.query(
             "INSERT INTO soak_applied (outbox_id, topic, partition_key, seq, n) VALUES ($1, $2, $3, $4, $5)",
         )
-        .persistent(event.persistent)
         .bind(event.meta.outbox_id)
         .bind(&event.meta.topic)
         .bind(event.meta.key.as_deref())

@@ -27,6 +27,7 @@ use outbox::consumer::{
     ConsumerState, Event, Handler, HandlerError, ReceiverState, Registry, handle_event,
 };
 use outbox::contract::{CONTRACT_QUERY, OUTBOX_ID, WireEvent, destination, write_envelope};
+use outbox::db::{Db, Statements};
 use outbox::receiver::{Clock, DEV_SIGNING_KEYS, KeyRing, SigningKeys, sign};
 use outbox_testkit::{median, percentile};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -48,8 +49,9 @@ impl Handler<Tick> for WriteOneRow {
         conn: &mut PgConnection,
         event: &Event<Tick>,
     ) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO bench_effects (outbox_id, n) VALUES ($1, $2)")
-            .persistent(event.persistent)
+        event
+            .statements
+            .query("INSERT INTO bench_effects (outbox_id, n) VALUES ($1, $2)")
             .bind(event.meta.outbox_id)
             .bind(event.payload.n)
             .execute(&mut *conn)
@@ -189,7 +191,7 @@ async fn run(a: &Args, opts: PgConnectOptions) -> Result<(), Box<dyn std::error:
     let state = Arc::new(ConsumerState::new(
         ReceiverState::new(
             ConsumerConfig::defaults(),
-            pool.clone(),
+            Db::new(pool.clone(), Statements::Prepared),
             KeyRing::fixed(SigningKeys::new(
                 DEV_SIGNING_KEYS.0,
                 Some(DEV_SIGNING_KEYS.1.into()),

@@ -2,6 +2,9 @@
 //! a server-side `idle_in_transaction_session_timeout` so a frozen or killed invocation can never pin the xmin
 //! horizon, and a switch for the prepared-statement cache (off behind RDS Proxy / PgBouncer in transaction
 //! mode, where named statements break or pin sessions).
+//!
+//! The pool and that switch travel together as one handle, [`Db`]; code that runs in a caller's transaction
+//! gets the switch alone, [`Statements`] (decision record 0016).
 
 use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
@@ -9,8 +12,9 @@ use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::query::{Query, QueryAs, QueryScalar};
+use sqlx::{Connection, FromRow, PgConnection, PgPool, Postgres, SqlSafeStr, Transaction};
 
 use crate::config::{ConfigError, Vars};
 use crate::schema::Schema;
@@ -26,10 +30,10 @@ pub struct DbConfig {
     pub statement_timeout: Duration,
     /// `DB_IDLE_IN_TRANSACTION_TIMEOUT_MS` (default 10000).
     pub idle_in_transaction_timeout: Duration,
-    /// `DB_PERSISTENT_STATEMENTS` (default true). Set false behind RDS Proxy or PgBouncer (transaction mode):
-    /// every query then uses an unnamed statement. (sqlx 0.9's `statement_cache_capacity(0)` leaks named
-    /// statements instead, so it is not used.)
-    pub persistent_statements: bool,
+    /// `DB_PERSISTENT_STATEMENTS` (default true: [`Statements::Prepared`]). Set false behind RDS Proxy or
+    /// PgBouncer (transaction mode): [`Statements::Unnamed`], every query then uses an unnamed statement.
+    /// (sqlx 0.9's `statement_cache_capacity(0)` leaks named statements instead, so it is not used.)
+    pub statements: Statements,
     /// `DB_ASYNC_COMMIT` (default false here; the relay and the callback function default to true for their own
     /// pools, see `docs/decisions/0006-relay-async-commit.md`).
     pub async_commit: bool,
@@ -52,7 +56,7 @@ impl DbConfig {
             acquire_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(30),
             idle_in_transaction_timeout: Duration::from_secs(10),
-            persistent_statements: true,
+            statements: Statements::Prepared,
             async_commit: false,
             max_lifetime: Duration::from_secs(1800),
             idle_timeout: Duration::from_secs(300),
@@ -77,8 +81,9 @@ impl DbConfig {
                 "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS",
                 d.idle_in_transaction_timeout,
             )?,
-            persistent_statements: v
-                .bool_or("DB_PERSISTENT_STATEMENTS", d.persistent_statements)?,
+            statements: Statements::from_persistent(
+                v.bool_or("DB_PERSISTENT_STATEMENTS", d.statements.is_prepared())?,
+            ),
             async_commit: v.bool_or("DB_ASYNC_COMMIT", d.async_commit)?,
             max_lifetime: v.duration_or("DB_MAX_LIFETIME_SECS", d.max_lifetime)?,
             idle_timeout: v.duration_or("DB_IDLE_TIMEOUT_SECS", d.idle_timeout)?,
@@ -126,6 +131,11 @@ impl DbConfig {
             .options(settings))
     }
 
+    /// The database handle: [`DbConfig::pool`] with [`DbConfig::statements`].
+    pub fn handle(&self, url: &SecretString) -> Result<Db, ConfigError> {
+        Ok(Db::new(self.pool(url)?, self.statements))
+    }
+
     /// A lazily connecting pool: building it does no I/O, the first query connects. Fixes the process's outbox
     /// schema to [`DbConfig::schema`] ([`crate::schema::install`]); a different one already in use is an error.
     pub fn pool(&self, url: &SecretString) -> Result<PgPool, ConfigError> {
@@ -169,15 +179,194 @@ pub fn ping_when_idle(options: PgPoolOptions) -> PgPoolOptions {
         })
 }
 
-/// Where a statement that would otherwise run in autocommit runs: on the connection as is when
-/// `DB_PERSISTENT_STATEMENTS` is true (or the connection is already in a transaction), inside an explicit
-/// transaction of its own when it is false.
+/// How statements are sent: `DB_PERSISTENT_STATEMENTS` as a type. Every statement the library runs, and every
+/// statement an application handler runs on the connection it is given, goes out in this mode: build it with
+/// [`Statements::query`] (or [`Db::query`]) rather than `sqlx::query`, so nobody has to remember
+/// `.persistent(..)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Statements {
+    /// Named prepared statements, cached per connection (the default): Postgres directly, or a pooler that
+    /// keeps a client on one server connection.
+    #[default]
+    Prepared,
+    /// Unnamed statements, and each statement outside a transaction in a transaction of its own
+    /// ([`Autocommit`]): behind RDS Proxy or PgBouncer in transaction mode, where a named statement is missing
+    /// on the next server connection.
+    Unnamed,
+}
+
+impl Statements {
+    /// The mode `DB_PERSISTENT_STATEMENTS` names: `true` is [`Statements::Prepared`].
+    pub fn from_persistent(persistent: bool) -> Self {
+        if persistent {
+            Statements::Prepared
+        } else {
+            Statements::Unnamed
+        }
+    }
+
+    /// Whether statements are named and cached (the value sqlx's `.persistent(..)` takes).
+    pub fn is_prepared(self) -> bool {
+        self == Statements::Prepared
+    }
+
+    /// `sqlx::query(sql)` in this mode.
+    pub fn query<'q>(self, sql: impl SqlSafeStr) -> Query<'q, Postgres, PgArguments> {
+        sqlx::query(sql).persistent(self.is_prepared())
+    }
+
+    /// `sqlx::query_as(sql)` in this mode.
+    pub fn query_as<'q, O>(self, sql: impl SqlSafeStr) -> QueryAs<'q, Postgres, O, PgArguments>
+    where
+        O: for<'r> FromRow<'r, PgRow>,
+    {
+        sqlx::query_as(sql).persistent(self.is_prepared())
+    }
+
+    /// `sqlx::query_scalar(sql)` in this mode.
+    pub fn query_scalar<'q, O>(
+        self,
+        sql: impl SqlSafeStr,
+    ) -> QueryScalar<'q, Postgres, O, PgArguments>
+    where
+        (O,): for<'r> FromRow<'r, PgRow>,
+    {
+        sqlx::query_scalar(sql).persistent(self.is_prepared())
+    }
+
+    /// Wraps `conn` for statements that would otherwise run in autocommit: as is when statements are prepared
+    /// or `conn` is already in a transaction, in a transaction of its own otherwise (see [`Autocommit`]).
+    pub async fn autocommit(self, conn: &mut PgConnection) -> Result<Autocommit<'_>, sqlx::Error> {
+        if self.is_prepared() || conn.is_in_transaction() {
+            Ok(Autocommit(Inner::Conn(conn)))
+        } else {
+            Ok(Autocommit(Inner::Tx(conn.begin().await?)))
+        }
+    }
+
+    /// Runs `work` on `conn` wrapped by [`Statements::autocommit`], then finishes the wrapper (commits the
+    /// transaction it began, if any).
+    pub async fn run<T>(
+        self,
+        conn: &mut PgConnection,
+        work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+    ) -> Result<T, sqlx::Error> {
+        self.autocommit(conn).await?.run(work).await
+    }
+
+    /// Executes one statement on `conn` as [`Statements::run`] does, in this mode; returns the rows affected.
+    pub async fn execute(
+        self,
+        conn: &mut PgConnection,
+        query: Query<'_, Postgres, PgArguments>,
+    ) -> Result<u64, sqlx::Error> {
+        self.run(conn, async |c| self.rows_affected(c, query).await)
+            .await
+    }
+
+    async fn rows_affected(
+        self,
+        conn: &mut PgConnection,
+        query: Query<'_, Postgres, PgArguments>,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(query
+            .persistent(self.is_prepared())
+            .execute(conn)
+            .await?
+            .rows_affected())
+    }
+}
+
+/// The database handle: the pool and the [`Statements`] mode its statements go out in. Built once per process
+/// ([`DbConfig::handle`]); cheap to clone (the pool is reference-counted). Code that runs in a caller's
+/// transaction takes the mode alone ([`Statements`]) with the connection.
+#[derive(Debug, Clone)]
+pub struct Db {
+    pool: PgPool,
+    statements: Statements,
+}
+
+impl Db {
+    /// A handle on `pool` whose statements go out as `statements` says.
+    pub fn new(pool: PgPool, statements: Statements) -> Self {
+        Db { pool, statements }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The statement mode.
+    pub fn statements(&self) -> Statements {
+        self.statements
+    }
+
+    /// [`Statements::query`] in this handle's mode.
+    pub fn query<'q>(&self, sql: impl SqlSafeStr) -> Query<'q, Postgres, PgArguments> {
+        self.statements.query(sql)
+    }
+
+    /// [`Statements::query_as`] in this handle's mode.
+    pub fn query_as<'q, O>(&self, sql: impl SqlSafeStr) -> QueryAs<'q, Postgres, O, PgArguments>
+    where
+        O: for<'r> FromRow<'r, PgRow>,
+    {
+        self.statements.query_as(sql)
+    }
+
+    /// [`Statements::query_scalar`] in this handle's mode.
+    pub fn query_scalar<'q, O>(
+        &self,
+        sql: impl SqlSafeStr,
+    ) -> QueryScalar<'q, Postgres, O, PgArguments>
+    where
+        (O,): for<'r> FromRow<'r, PgRow>,
+    {
+        self.statements.query_scalar(sql)
+    }
+
+    /// A pooled connection for statements that would otherwise run in autocommit: a plain one when statements
+    /// are prepared, one in a transaction of its own otherwise (see [`Autocommit`]).
+    pub async fn autocommit(&self) -> Result<Autocommit<'static>, sqlx::Error> {
+        if self.statements.is_prepared() {
+            Ok(Autocommit(Inner::Pooled(self.pool.acquire().await?)))
+        } else {
+            Ok(Autocommit(Inner::Tx(self.pool.begin().await?)))
+        }
+    }
+
+    /// Runs `work` on a connection from [`Db::autocommit`], then finishes it (commits the transaction it began,
+    /// if any): for a statement, or a few, that need no transaction of their own.
+    pub async fn run<T>(
+        &self,
+        work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+    ) -> Result<T, sqlx::Error> {
+        self.autocommit().await?.run(work).await
+    }
+
+    /// Executes one statement (a bounded `DELETE` or `UPDATE`) as [`Db::run`] does, in this handle's mode;
+    /// returns the rows affected.
+    pub async fn execute(
+        &self,
+        query: Query<'_, Postgres, PgArguments>,
+    ) -> Result<u64, sqlx::Error> {
+        let statements = self.statements;
+        self.run(async |c| statements.rows_affected(c, query).await)
+            .await
+    }
+}
+
+/// Where a statement that would otherwise run in autocommit runs: on the connection as is when statements are
+/// [`Statements::Prepared`] (or the connection is already in a transaction), inside an explicit transaction of
+/// its own when they are [`Statements::Unnamed`]. Made by [`Db::autocommit`] and [`Statements::autocommit`];
+/// [`Db::run`] and [`Statements::run`] wrap a piece of work in one.
 ///
 /// sqlx sends an unnamed statement in two round trips, each ended by a Sync (Parse/Describe, then
 /// Bind/Execute). A pooler in transaction mode (PgBouncer) hands the server connection back at the first Sync
 /// outside a transaction, so the Bind reaches another server connection: `unnamed prepared statement does not
-/// exist`. `BEGIN … COMMIT` keeps one server connection for both. With named statements (persistent) nothing
-/// changes: no extra round trip.
+/// exist`. `BEGIN … COMMIT` keeps one server connection for both. With named statements nothing changes: no
+/// extra round trip.
 ///
 /// Derefs to [`PgConnection`]: run the statement on `&mut *guard`, then call [`Autocommit::finish`] (which
 /// commits when it began a transaction). Dropped without `finish`, the transaction rolls back.
@@ -192,16 +381,7 @@ enum Inner<'c> {
     Tx(Transaction<'c, Postgres>),
 }
 
-impl<'c> Autocommit<'c> {
-    /// Wraps `conn`: a transaction on it when `persistent` is false and it is not in one already.
-    pub async fn on(conn: &'c mut PgConnection, persistent: bool) -> Result<Self, sqlx::Error> {
-        if persistent || conn.is_in_transaction() {
-            Ok(Autocommit(Inner::Conn(conn)))
-        } else {
-            Ok(Autocommit(Inner::Tx(conn.begin().await?)))
-        }
-    }
-
+impl Autocommit<'_> {
     /// Finishes: commits the transaction if one was begun; nothing otherwise.
     pub async fn finish(self) -> Result<(), sqlx::Error> {
         match self.0 {
@@ -209,16 +389,15 @@ impl<'c> Autocommit<'c> {
             Inner::Conn(_) | Inner::Pooled(_) => Ok(()),
         }
     }
-}
 
-impl Autocommit<'static> {
-    /// A connection from `pool`: a transaction begun on it when `persistent` is false.
-    pub async fn acquire(pool: &PgPool, persistent: bool) -> Result<Self, sqlx::Error> {
-        if persistent {
-            Ok(Autocommit(Inner::Pooled(pool.acquire().await?)))
-        } else {
-            Ok(Autocommit(Inner::Tx(pool.begin().await?)))
-        }
+    /// Runs `work` on the connection, then [`Autocommit::finish`]es (a failed `work` rolls back).
+    async fn run<T>(
+        mut self,
+        work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+    ) -> Result<T, sqlx::Error> {
+        let out = work(&mut self).await?;
+        self.finish().await?;
+        Ok(out)
     }
 }
 
@@ -258,7 +437,7 @@ mod tests {
         .into();
         let c = DbConfig::from_vars(&Vars::new(&env), "relay").unwrap();
         assert_eq!(c.max_connections, 1);
-        assert!(!c.persistent_statements);
+        assert_eq!(c.statements, Statements::Unnamed);
         let env: HashMap<&'static str, &'static str> = [("DB_MAX_CONNECTIONS", "0")].into();
         assert!(DbConfig::from_vars(&Vars::new(&env), "relay").is_err());
         let env: HashMap<&'static str, &'static str> = [("OUTBOX_SCHEMA", "outbox")].into();

@@ -26,7 +26,9 @@
 //! later): the relay's housekeeping prunes them after `PROCESSED_TTL_HOURS` (default 7 days). *Dedupe row* and
 //! the other terms are defined in the repository's `docs/glossary.md`.
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
+
+use crate::db::{Db, Statements};
 
 /// What [`handle_once`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,14 +55,15 @@ pub enum OnceError<E> {
 pub const DEDUPE_SQL: &str = "INSERT INTO {schema}.processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
 
 /// Runs `work` at most once per `(consumer, message_id)`: dedupe row first, then the work in the same
-/// transaction, then commit. `persistent` is the pool's prepared-statement switch (`DbConfig`).
+/// transaction, then commit. `db` is the database handle (its [`crate::db::Statements`] mode goes to the dedupe
+/// insert; use [`Db::query`] for the work's own statements).
 ///
 /// ```no_run
-/// # async fn f(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn f(db: outbox::db::Db) -> Result<(), Box<dyn std::error::Error>> {
 /// use outbox::once::{handle_once, Once};
 /// let amount = 42_i64;
-/// let outcome = handle_once(&pool, "billing", "1234", true, async |conn: &mut sqlx::PgConnection| {
-///     sqlx::query("INSERT INTO payments (invoice_id, amount_cents) VALUES ('i-1', $1)")
+/// let outcome = handle_once(&db, "billing", "1234", async |conn: &mut sqlx::PgConnection| {
+///     db.query("INSERT INTO payments (invoice_id, amount_cents) VALUES ('i-1', $1)")
 ///         .bind(amount)
 ///         .execute(&mut *conn)
 ///         .await?;
@@ -71,18 +74,17 @@ pub const DEDUPE_SQL: &str = "INSERT INTO {schema}.processed_messages (consumer,
 /// # Ok(()) }
 /// ```
 pub async fn handle_once<T, E, F>(
-    pool: &PgPool,
+    db: &Db,
     consumer: &str,
     message_id: &str,
-    persistent: bool,
     work: F,
 ) -> Result<Once<T>, OnceError<E>>
 where
     F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
 {
-    let mut tx = pool.begin().await.map_err(OnceError::Database)?;
-    let inserted = sqlx::query(crate::schema::q(DEDUPE_SQL))
-        .persistent(persistent)
+    let mut tx = db.pool().begin().await.map_err(OnceError::Database)?;
+    let inserted = db
+        .query(crate::schema::q(DEDUPE_SQL))
         .bind(consumer)
         .bind(message_id)
         .execute(&mut *tx)
@@ -119,21 +121,21 @@ pub async fn claim_all(
     conn: &mut PgConnection,
     consumer: &str,
     message_ids: &[String],
-    persistent: bool,
+    statements: Statements,
 ) -> Result<Vec<bool>, sqlx::Error> {
     let mut sorted: Vec<&str> = message_ids.iter().map(String::as_str).collect();
     sorted.sort_unstable();
     sorted.dedup();
-    let inserted: Vec<String> = sqlx::query_scalar(crate::schema::q(
-        "INSERT INTO {schema}.processed_messages (consumer, message_id) \
-         SELECT $1, m FROM unnest($2::text[]) WITH ORDINALITY AS u(m, i) ORDER BY i \
-         ON CONFLICT DO NOTHING RETURNING message_id",
-    ))
-    .persistent(persistent)
-    .bind(consumer)
-    .bind(&sorted)
-    .fetch_all(&mut *conn)
-    .await?;
+    let inserted: Vec<String> = statements
+        .query_scalar(crate::schema::q(
+            "INSERT INTO {schema}.processed_messages (consumer, message_id) \
+             SELECT $1, m FROM unnest($2::text[]) WITH ORDINALITY AS u(m, i) ORDER BY i \
+             ON CONFLICT DO NOTHING RETURNING message_id",
+        ))
+        .bind(consumer)
+        .bind(&sorted)
+        .fetch_all(&mut *conn)
+        .await?;
     let mut fresh: std::collections::HashSet<String> = inserted.into_iter().collect();
     // `remove`: the first occurrence of an id is the one to apply; a repeat is a duplicate.
     Ok(message_ids.iter().map(|id| fresh.remove(id)).collect())
@@ -145,15 +147,15 @@ pub async fn forget(
     conn: &mut PgConnection,
     consumer: &str,
     message_ids: &[String],
-    persistent: bool,
+    statements: Statements,
 ) -> Result<(), sqlx::Error> {
     if message_ids.is_empty() {
         return Ok(());
     }
-    sqlx::query(crate::schema::q(
-        "DELETE FROM {schema}.processed_messages WHERE consumer = $1 AND message_id = ANY($2::text[])",
-    ))
-    .persistent(persistent)
+    statements
+        .query(crate::schema::q(
+            "DELETE FROM {schema}.processed_messages WHERE consumer = $1 AND message_id = ANY($2::text[])",
+        ))
     .bind(consumer)
     .bind(message_ids)
     .execute(&mut *conn)

@@ -20,6 +20,8 @@ use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::db::Statements;
+
 /// How many rows each list shows.
 pub const LIST_LIMIT: i64 = 10;
 
@@ -272,8 +274,8 @@ pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Sta
     let qstash_outage = sqlx::query_as(crate::schema::q(crate::relay::outage::SELECT))
         .fetch_one(&mut *conn)
         .await?;
-    let in_flight = crate::accounting::in_flight(&mut conn, horizon, true).await?;
-    let reconciler = crate::accounting::totals(&mut conn, true).await?;
+    let in_flight = crate::accounting::in_flight(&mut conn, horizon, Statements::Prepared).await?;
+    let reconciler = crate::accounting::totals(&mut conn, Statements::Prepared).await?;
 
     Ok(Status {
         in_flight,

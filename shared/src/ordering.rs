@@ -25,6 +25,7 @@
 use sqlx::{PgConnection, Row};
 
 use crate::config::DeadHeadPolicy;
+use crate::db::Statements;
 
 /// The part both ordered claims share: take a fencing token, lock up to `{limit}` due, unblocked keys (`SKIP
 /// LOCKED`) and lease each key that has a due head with it (see [`CLAIM_HEADS_SQL`]).
@@ -138,9 +139,9 @@ pub enum DeliveryRecorded {
 pub async fn record_delivery(
     conn: &mut PgConnection,
     outbox_id: i64,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<DeliveryRecorded, sqlx::Error> {
-    let batch = record_delivery_batch(conn, &[outbox_id], persistent).await?;
+    let batch = record_delivery_batch(conn, &[outbox_id], statements).await?;
     if batch.found.is_empty() {
         return Ok(DeliveryRecorded::UnknownEvent);
     }
@@ -214,18 +215,20 @@ FROM (SELECT 1) one LEFT JOIN advanced a ON true
 pub async fn record_delivery_batch(
     conn: &mut PgConnection,
     outbox_ids: &[i64],
-    persistent: bool,
+    statements: Statements,
 ) -> Result<BatchDeliveryRecorded, sqlx::Error> {
     if outbox_ids.is_empty() {
         return Ok(BatchDeliveryRecorded::default());
     }
-    let mut c = crate::db::Autocommit::on(&mut *conn, persistent).await?;
-    let rows = sqlx::query(crate::schema::q(RECORD_DELIVERY_BATCH_SQL))
-        .persistent(persistent)
-        .bind(outbox_ids)
-        .fetch_all(&mut *c)
+    let rows = statements
+        .run(conn, async |c| {
+            statements
+                .query(crate::schema::q(RECORD_DELIVERY_BATCH_SQL))
+                .bind(outbox_ids)
+                .fetch_all(c)
+                .await
+        })
         .await?;
-    c.finish().await?;
     let mut out = BatchDeliveryRecorded::default();
     let mut idle = Vec::new();
     for (i, row) in rows.iter().enumerate() {
@@ -246,7 +249,7 @@ pub async fn record_delivery_batch(
         }
     }
     for (topic, key, done) in idle {
-        release_idle_key(conn, &topic, &key, done, persistent).await?;
+        release_idle_key(conn, &topic, &key, done, statements).await?;
     }
     out.unknown = outbox_ids
         .iter()
@@ -265,11 +268,14 @@ pub async fn release_idle_key(
     topic: &str,
     key: &str,
     done_seq: i64,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<bool, sqlx::Error> {
-    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
-    let deleted = sqlx::query(
-        crate::schema::q(r#"
+    let deleted = statements
+        .execute(
+            conn,
+            statements
+                .query(crate::schema::q(
+                    r#"
         DELETE FROM {schema}.outbox_keys k
         WHERE k.topic = $1 AND k.partition_key = $2 AND k.done_seq = $3
           AND k.blocked_at IS NULL AND k.inflight_id IS NULL
@@ -278,16 +284,13 @@ pub async fn release_idle_key(
               SELECT 1 FROM {schema}.outbox_sequences s
               WHERE s.topic = k.topic AND s.partition_key = k.partition_key AND s.last_seq = k.done_seq
               FOR UPDATE SKIP LOCKED)
-        "#),
-    )
-    .persistent(persistent)
-    .bind(topic)
-    .bind(key)
-    .bind(done_seq)
-    .execute(&mut *c)
-    .await?
-    .rows_affected();
-    c.finish().await?;
+        "#,
+                ))
+                .bind(topic)
+                .bind(key)
+                .bind(done_seq),
+        )
+        .await?;
     Ok(deleted > 0)
 }
 
@@ -299,7 +302,7 @@ pub async fn apply_dead_head(
     outbox_id: i64,
     policy: DeadHeadPolicy,
     reason: &str,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<bool, sqlx::Error> {
     let sql = match policy {
         DeadHeadPolicy::Block => {
@@ -323,15 +326,15 @@ pub async fn apply_dead_head(
             "#
         }
     };
-    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
-    let n = sqlx::query(crate::schema::q(sql))
-        .persistent(persistent)
-        .bind(outbox_id)
-        .bind(reason)
-        .execute(&mut *c)
-        .await?
-        .rows_affected();
-    c.finish().await?;
+    let n = statements
+        .execute(
+            conn,
+            statements
+                .query(crate::schema::q(sql))
+                .bind(outbox_id)
+                .bind(reason),
+        )
+        .await?;
     Ok(n > 0)
 }
 
@@ -355,10 +358,9 @@ pub async fn check_consumer_sequence(
     topic: &str,
     key: &str,
     seq: i64,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<SequenceCheck, sqlx::Error> {
-    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
-    let row = sqlx::query(crate::schema::q(
+    let sql = crate::schema::q(
         r#"
         WITH up AS (
             INSERT INTO {schema}.consumer_sequences AS c (consumer, topic, partition_key, last_seq)
@@ -372,15 +374,19 @@ pub async fn check_consumer_sequence(
                (SELECT last_seq FROM {schema}.consumer_sequences
                  WHERE consumer = $1 AND topic = $2 AND partition_key = $3) AS last_seq
         "#,
-    ))
-    .persistent(persistent)
-    .bind(consumer)
-    .bind(topic)
-    .bind(key)
-    .bind(seq)
-    .fetch_one(&mut *c)
-    .await?;
-    c.finish().await?;
+    );
+    let row = statements
+        .run(conn, async |c| {
+            statements
+                .query(sql)
+                .bind(consumer)
+                .bind(topic)
+                .bind(key)
+                .bind(seq)
+                .fetch_one(c)
+                .await
+        })
+        .await?;
     let applied: i64 = row.try_get("applied")?;
     if applied > 0 {
         Ok(SequenceCheck::InOrder)
@@ -402,19 +408,19 @@ pub async fn advance_consumer_sequence(
     topic: &str,
     key: &str,
     seq: i64,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(crate::schema::q(
-        "UPDATE {schema}.consumer_sequences SET last_seq = $4, updated_at = now() \
-         WHERE consumer = $1 AND topic = $2 AND partition_key = $3 AND last_seq < $4",
-    ))
-    .persistent(persistent)
-    .bind(consumer)
-    .bind(topic)
-    .bind(key)
-    .bind(seq)
-    .execute(&mut *conn)
-    .await?;
+    statements
+        .query(crate::schema::q(
+            "UPDATE {schema}.consumer_sequences SET last_seq = $4, updated_at = now() \
+             WHERE consumer = $1 AND topic = $2 AND partition_key = $3 AND last_seq < $4",
+        ))
+        .bind(consumer)
+        .bind(topic)
+        .bind(key)
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
@@ -424,18 +430,19 @@ pub async fn record_failed_attempt(
     conn: &mut PgConnection,
     outbox_id: i64,
     description: &str,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<bool, sqlx::Error> {
-    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
-    let n = sqlx::query(
-        crate::schema::q("UPDATE {schema}.outbox SET last_error = left($2, 2000) WHERE id = $1 AND delivered_at IS NULL AND dead_lettered_at IS NULL"),
-    )
-    .persistent(persistent)
-    .bind(outbox_id)
-    .bind(description)
-    .execute(&mut *c)
-    .await?
-    .rows_affected();
-    c.finish().await?;
+    let n = statements
+        .execute(
+            conn,
+            statements
+                .query(crate::schema::q(
+                    "UPDATE {schema}.outbox SET last_error = left($2, 2000) \
+                     WHERE id = $1 AND delivered_at IS NULL AND dead_lettered_at IS NULL",
+                ))
+                .bind(outbox_id)
+                .bind(description),
+        )
+        .await?;
     Ok(n > 0)
 }

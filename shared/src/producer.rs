@@ -33,6 +33,8 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::{PgConnection, Row};
 
+use crate::db::Statements;
+
 // Lives with the header rules it names, so that `headers` need not know the producer; re-exported here.
 pub use crate::headers::InvalidEvent;
 
@@ -372,7 +374,7 @@ impl EnqueueError {
 #[derive(Debug, Clone)]
 pub struct Producer {
     max_payload_bytes: usize,
-    persistent_statements: bool,
+    statements: Statements,
     notify: bool,
 }
 
@@ -380,7 +382,7 @@ impl Default for Producer {
     fn default() -> Self {
         Producer {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
-            persistent_statements: true,
+            statements: Statements::Prepared,
             notify: false,
         }
     }
@@ -440,9 +442,10 @@ impl Producer {
         self
     }
 
-    /// Named prepared statements (default) or unnamed ones (behind RDS Proxy / PgBouncer transaction mode).
-    pub fn persistent_statements(mut self, persistent: bool) -> Self {
-        self.persistent_statements = persistent;
+    /// Named prepared statements ([`Statements::Prepared`], the default) or unnamed ones (behind RDS Proxy /
+    /// PgBouncer transaction mode): pass the mode of the pool the connection comes from ([`crate::db::Db::statements`]).
+    pub fn statements(mut self, statements: Statements) -> Self {
+        self.statements = statements;
         self
     }
 
@@ -516,9 +519,10 @@ impl Producer {
             delays.push(e.delay.map(|d| d.as_secs_f64()).unwrap_or(0.0));
         }
         // On a bare connection with unnamed statements, one transaction keeps a pooler's server connection.
-        let mut c = crate::db::Autocommit::on(conn, self.persistent_statements).await?;
-        let rows = sqlx::query(crate::schema::q(ENQUEUE_SQL))
-            .persistent(self.persistent_statements)
+        let st = self.statements;
+        let mut c = st.autocommit(conn).await?;
+        let rows = st
+            .query(crate::schema::q(ENQUEUE_SQL))
             .bind(&topics)
             .bind(&keys)
             .bind(&ordered)
@@ -528,8 +532,7 @@ impl Producer {
             .fetch_all(&mut *c)
             .await?;
         if self.notify {
-            sqlx::query("SELECT pg_notify($1, '')")
-                .persistent(self.persistent_statements)
+            st.query("SELECT pg_notify($1, '')")
                 .bind(NOTIFY_CHANNEL)
                 .execute(&mut *c)
                 .await?;

@@ -33,8 +33,9 @@ impl Handler<Note> for Notes {
         conn: &mut PgConnection,
         event: &Event<Note>,
     ) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO effects (outbox_id, note) VALUES ($1, $2)")
-            .persistent(event.persistent)
+        event
+            .statements
+            .query("INSERT INTO effects (outbox_id, note) VALUES ($1, $2)")
             .bind(event.meta.outbox_id)
             .bind(&event.payload.note)
             .execute(&mut *conn)

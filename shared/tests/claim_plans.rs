@@ -2,6 +2,7 @@
 //! under a generic plan (what a prepared statement switches to after five executions), on a table with a
 //! large pending backlog and history.
 
+use outbox::db::Statements;
 use outbox::relay::claim::ClaimStatements;
 use sqlx::PgPool;
 
@@ -80,7 +81,7 @@ async fn claims_use_their_partial_indexes_under_a_generic_plan(pool: PgPool) {
         .await
         .unwrap();
 
-    let claims = ClaimStatements::new(500, true);
+    let claims = ClaimStatements::new(500, Statements::Prepared);
     let unordered = generic_plan(&pool, claims.unordered_sql(), "15").await;
     assert!(
         unordered
@@ -114,12 +115,13 @@ async fn claims_use_their_partial_indexes_under_a_generic_plan(pool: PgPool) {
         "ordered claim scans a table: {ordered:?}"
     );
     // With delivery batches the ordered claim takes runs: the same indexes, no table scan.
-    let runs =
-        ClaimStatements::new(500, true).with_delivery_batching(&outbox::config::DeliveryBatching {
+    let runs = ClaimStatements::new(500, Statements::Prepared).with_delivery_batching(
+        &outbox::config::DeliveryBatching {
             default_n: 1,
             topics: vec![("orders".into(), 3)],
             max_message_bytes: 1_000_000,
-        });
+        },
+    );
     assert_ne!(runs.ordered_sql(), claims.ordered_sql());
     let ordered = generic_plan(
         &pool,

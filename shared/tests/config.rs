@@ -64,7 +64,7 @@ async fn env_only_configuration_loads_every_section() {
         Some("https://abc.lambda-url.eu-west-1.on.aws")
     );
     let d = DbConfig::from_vars(&vars, "relay").unwrap();
-    assert!(!d.persistent_statements);
+    assert_eq!(d.statements, outbox::db::Statements::Unnamed);
 
     let source = SecretSource::from_env(e.clone()).await;
     assert!(matches!(source, SecretSource::Env(_)));

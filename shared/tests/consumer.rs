@@ -11,6 +11,7 @@ use orders_example::{self as example, LineItem, OrderCancelled, OrderEvent, Orde
 use outbox::consumer::{
     ConsumerState, Event, Handler, HandlerError, Registry, TopicRoute, handle_event,
 };
+use outbox::db::{Db, Statements};
 use outbox::once::{Once, OnceError, handle_once};
 use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
@@ -112,8 +113,9 @@ impl Handler<Note> for SlowInsert {
         event: &Event<Note>,
     ) -> Result<(), HandlerError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        sqlx::query("INSERT INTO effects (outbox_id, note) VALUES ($1, $2)")
-            .persistent(event.persistent)
+        event
+            .statements
+            .query("INSERT INTO effects (outbox_id, note) VALUES ($1, $2)")
             .bind(event.meta.outbox_id)
             .bind(&event.payload.note)
             .execute(&mut *conn)
@@ -169,8 +171,9 @@ impl Handler<Note> for FailsAfterWriting {
         event: &Event<Note>,
     ) -> Result<(), HandlerError> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
-        sqlx::query("INSERT INTO effects (outbox_id, note) VALUES ($1, $2)")
-            .persistent(event.persistent)
+        event
+            .statements
+            .query("INSERT INTO effects (outbox_id, note) VALUES ($1, $2)")
             .bind(event.meta.outbox_id)
             .bind(&event.payload.note)
             .execute(&mut *conn)
@@ -251,14 +254,17 @@ async fn handle_once_directly(pool: PgPool) {
             .execute(&mut *conn)
             .await
     };
-    let r = handle_once(&pool, "c1", "m1", true, async |conn: &mut PgConnection| {
+    let db = Db::new(pool.clone(), Statements::Prepared);
+    // The same table through a handle whose statements are unnamed (behind a transaction-mode pooler).
+    let unnamed = Db::new(pool.clone(), Statements::Unnamed);
+    let r = handle_once(&db, "c1", "m1", async |conn: &mut PgConnection| {
         insert(conn, "a").await?;
         Ok::<_, sqlx::Error>(5)
     })
     .await
     .unwrap();
     assert_eq!(r, Once::Applied(5));
-    let r = handle_once(&pool, "c1", "m1", true, async |conn: &mut PgConnection| {
+    let r = handle_once(&db, "c1", "m1", async |conn: &mut PgConnection| {
         insert(conn, "b").await?;
         Ok::<_, sqlx::Error>(6)
     })
@@ -266,7 +272,7 @@ async fn handle_once_directly(pool: PgPool) {
     .unwrap();
     assert_eq!(r, Once::Duplicate);
     // Another consumer has its own namespace.
-    let r = handle_once(&pool, "c2", "m1", false, async |conn: &mut PgConnection| {
+    let r = handle_once(&unnamed, "c2", "m1", async |conn: &mut PgConnection| {
         insert(conn, "c").await?;
         Ok::<_, sqlx::Error>(7)
     })
@@ -274,7 +280,7 @@ async fn handle_once_directly(pool: PgPool) {
     .unwrap();
     assert_eq!(r, Once::Applied(7));
     // A failing work leaves nothing.
-    let r = handle_once(&pool, "c1", "m2", true, async |conn: &mut PgConnection| {
+    let r = handle_once(&db, "c1", "m2", async |conn: &mut PgConnection| {
         insert(conn, "d").await.map_err(|_| "insert failed")?;
         Err::<(), _>("boom")
     })

@@ -2,6 +2,7 @@
 //! released when idle (never while a producer holds the key), re-created by a later producer after the last
 //! finished event, and claimed head by head.
 
+use outbox::db::Statements;
 use outbox::ordering::{DeliveryRecorded, record_delivery};
 use outbox::producer::{NewEvent, Topic, enqueue};
 use outbox::relay::claim::ClaimStatements;
@@ -27,7 +28,7 @@ async fn put(pool: &PgPool, n: i32) -> i64 {
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn keys_advance_release_and_come_back(pool: PgPool) {
-    let claims = ClaimStatements::new(10, true);
+    let claims = ClaimStatements::new(10, Statements::Prepared);
     let a = put(&pool, 1).await;
     let b = put(&pool, 2).await;
     assert_eq!(key_row(&pool).await, Some((0, None)));
@@ -41,20 +42,26 @@ async fn keys_advance_release_and_come_back(pool: PgPool) {
     );
     // Evidence for the head advances the key; a successor exists, so the key stays.
     assert_eq!(
-        record_delivery(&mut conn, a, true).await.unwrap(),
+        record_delivery(&mut conn, a, Statements::Prepared)
+            .await
+            .unwrap(),
         DeliveryRecorded::Recorded { key_advanced: true }
     );
     assert_eq!(key_row(&pool).await, Some((1, None)));
     // Repeated evidence changes nothing.
     assert_eq!(
-        record_delivery(&mut conn, a, true).await.unwrap(),
+        record_delivery(&mut conn, a, Statements::Prepared)
+            .await
+            .unwrap(),
         DeliveryRecorded::Recorded {
             key_advanced: false
         }
     );
     assert_eq!(key_row(&pool).await, Some((1, None)));
     assert_eq!(
-        record_delivery(&mut conn, 999_999, true).await.unwrap(),
+        record_delivery(&mut conn, 999_999, Statements::Prepared)
+            .await
+            .unwrap(),
         DeliveryRecorded::UnknownEvent
     );
 
@@ -70,7 +77,9 @@ async fn keys_advance_release_and_come_back(pool: PgPool) {
     )
     .await
     .unwrap();
-    record_delivery(&mut conn, b, true).await.unwrap();
+    record_delivery(&mut conn, b, Statements::Prepared)
+        .await
+        .unwrap();
     assert_eq!(
         key_row(&pool).await,
         Some((2, None)),
@@ -81,7 +90,9 @@ async fn keys_advance_release_and_come_back(pool: PgPool) {
     assert_eq!(heads.iter().map(|e| e.id).collect::<Vec<_>>(), vec![c.id]);
 
     // The last event delivered with no producer around: the key is released.
-    record_delivery(&mut conn, c.id, true).await.unwrap();
+    record_delivery(&mut conn, c.id, Statements::Prepared)
+        .await
+        .unwrap();
     assert_eq!(key_row(&pool).await, None, "an idle key is released");
 
     // A later producer brings it back, starting after the last finished event.

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use outbox::config::{QstashConfig, RelayConfig};
+use outbox::db::{Db, Statements};
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
 use outbox::qstash::QstashClient;
 use outbox::relay::Relay;
@@ -89,11 +90,10 @@ impl Env {
         )
         .unwrap();
         Relay::new(
-            self.pool.clone(),
+            Db::new(self.pool.clone(), Statements::Prepared),
             client,
             cfg,
             qstash_config(&self.dev, &self.sink),
-            true,
         )
     }
 
@@ -152,7 +152,7 @@ async fn db_epoch(pool: &PgPool) -> f64 {
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn leased_rows_are_skipped_and_expired_leases_reclaimed(pool: PgPool) {
     enqueue_n(&pool, &AUDIT, 10, 1).await;
-    let claims = ClaimStatements::new(100, true);
+    let claims = ClaimStatements::new(100, Statements::Prepared);
     let mut a = pool.acquire().await.unwrap();
     // A lease long enough that no run of this test outlives it by accident...
     let first = claims.claim_unordered(&mut a, 600.0).await.unwrap();
@@ -183,7 +183,7 @@ async fn leased_rows_are_skipped_and_expired_leases_reclaimed(pool: PgPool) {
 async fn a_stale_relays_settle_changes_nothing(pool: PgPool) {
     enqueue_n(&pool, &AUDIT, 5, 1).await;
     enqueue_n(&pool, &ORDERS, 5, 2).await;
-    let claims = ClaimStatements::new(100, true);
+    let claims = ClaimStatements::new(100, Statements::Prepared);
     let mut conn = pool.acquire().await.unwrap();
     let mut stale = claims.claim_unordered(&mut conn, 0.2).await.unwrap();
     stale.extend(claims.claim_ordered(&mut conn, 0.2).await.unwrap());
@@ -221,7 +221,7 @@ async fn a_stale_relays_settle_changes_nothing(pool: PgPool) {
             &mut conn,
             &as_items(&stale, s),
             Duration::from_secs(60),
-            true,
+            Statements::Prepared,
         )
         .await
         .unwrap();
@@ -258,7 +258,7 @@ async fn a_stale_relays_settle_changes_nothing(pool: PgPool) {
             },
         ),
         Duration::from_secs(60),
-        true,
+        Statements::Prepared,
     )
     .await
     .unwrap();
@@ -530,7 +530,7 @@ async fn a_relay_killed_after_claim_or_after_publish_loses_nothing(pool: PgPool)
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn two_relays_never_hold_the_same_key(pool: PgPool) {
     enqueue_n(&pool, &ORDERS, 100, 3).await;
-    let claims = ClaimStatements::new(1000, true);
+    let claims = ClaimStatements::new(1000, Statements::Prepared);
     let (mut c1, mut c2) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
     let (a, b) = tokio::join!(
         claims.claim_ordered(&mut c1, 30.0),

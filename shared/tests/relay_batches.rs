@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use outbox::config::{DeliveryBatching, EvidenceMode, QstashConfig, RelayConfig};
+use outbox::db::{Db, Statements};
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
 use outbox::qstash::{QstashClient, flow_control_key};
 use outbox::relay::Relay;
@@ -92,11 +93,10 @@ impl Env {
             callback_url: self.sink.url.clone(),
         };
         Relay::new(
-            self.pool.clone(),
+            Db::new(self.pool.clone(), Statements::Prepared),
             client,
             relay_config(batching),
             qstash,
-            true,
         )
     }
 
@@ -130,7 +130,7 @@ impl Env {
     async fn evidence(&self, ids: &[i64]) {
         let mut tx = self.pool.begin().await.unwrap();
         for id in ids {
-            outbox::ordering::record_delivery(&mut tx, *id, true)
+            outbox::ordering::record_delivery(&mut tx, *id, Statements::Prepared)
                 .await
                 .unwrap();
         }

@@ -4,6 +4,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lambda_runtime::{Context, LambdaEvent};
 use outbox::config::{QstashConfig, RelayConfig};
+use outbox::db::{Db, Statements};
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
 use outbox::qstash::QstashClient;
 use outbox::relay::Relay;
@@ -66,9 +67,13 @@ async fn handler_runs_from_the_scheduled_event_fixtures(pool: PgPool) {
     )
     .unwrap();
     let state = RelayState::new(
-        Relay::new(pool.clone(), client, relay_cfg, qstash, true),
+        Relay::new(
+            Db::new(pool.clone(), Statements::Prepared),
+            client,
+            relay_cfg,
+            qstash,
+        ),
         "relay",
-        true,
     );
 
     for (name, trigger, n) in [

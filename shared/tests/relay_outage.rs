@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use outbox::config::{QstashConfig, RelayConfig};
+use outbox::db::{Db, Statements};
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
 use outbox::qstash::QstashClient;
 use outbox::relay::{DrainSummary, Relay, outage};
@@ -60,6 +61,11 @@ fn dev_config(port: u16, token: &str) -> DevConfig {
     }
 }
 
+/// The tests' database handle: named statements.
+fn db(pool: &PgPool) -> Db {
+    Db::new(pool.clone(), Statements::Prepared)
+}
+
 fn relay(pool: &PgPool, url: &str, token: &str, sink: &Sink) -> Relay {
     let client = QstashClient::new(
         url,
@@ -79,7 +85,7 @@ fn relay(pool: &PgPool, url: &str, token: &str, sink: &Sink) -> Relay {
         consumer_url: sink.url.clone(),
         callback_url: sink.url.clone(),
     };
-    Relay::new(pool.clone(), client, relay_config(), qstash, true)
+    Relay::new(db(pool), client, relay_config(), qstash)
 }
 
 async fn enqueue(pool: &PgPool) -> Vec<i64> {
@@ -197,7 +203,7 @@ async fn outage_then_back(pool: PgPool, fault: Fault) {
         0,
         "{fault:?}: every claim was given back"
     );
-    let state = outage::load(&pool, true).await.unwrap();
+    let state = outage::load(&db(&pool)).await.unwrap();
     assert!(
         state.active() && state.failures >= 2,
         "{fault:?}: {state:?}"
@@ -225,7 +231,7 @@ async fn outage_then_back(pool: PgPool, fault: Fault) {
                 .unwrap()
         }
     };
-    let back = outage::load(&pool, true).await.unwrap();
+    let back = outage::load(&db(&pool)).await.unwrap();
     // The next probe is at most one probe window (the cap) away, on the database's clock.
     assert!(
         back.until_probe() <= relay_config().outage_probe_cap,
@@ -242,7 +248,7 @@ async fn outage_then_back(pool: PgPool, fault: Fault) {
         if s.dispatched > 0 && first_dispatch.is_none() {
             first_dispatch = Some(back_at.elapsed());
         }
-        let now = outage::load(&pool, true).await.unwrap();
+        let now = outage::load(&db(&pool)).await.unwrap();
         assert!(
             now.failures <= back.failures,
             "{fault:?}: a probe after QStash came back failed: {now:?}"
@@ -266,7 +272,7 @@ async fn outage_then_back(pool: PgPool, fault: Fault) {
         .await
         .unwrap();
     assert!(
-        !outage::load(&pool, true).await.unwrap().active(),
+        !outage::load(&db(&pool)).await.unwrap().active(),
         "{fault:?}: the outage is cleared"
     );
     assert_eq!(scalar(&pool, "SELECT count(*) FROM dead_letters").await, 0);
@@ -342,8 +348,9 @@ async fn a_relay_started_during_an_outage_does_not_publish_before_the_probe(pool
         .execute(&pool)
         .await
         .unwrap();
+    let handle = db(&pool);
     let takes = futures::future::join_all(
-        (0..6).map(|_| outage::take_probe(&pool, Duration::from_secs(1), true)),
+        (0..6).map(|_| outage::take_probe(&handle, Duration::from_secs(1))),
     )
     .await;
     assert_eq!(
@@ -361,7 +368,7 @@ async fn a_relay_started_during_an_outage_does_not_publish_before_the_probe(pool
     let s = invoke(&fresh).await;
     assert!(s.dispatched >= 2, "the probe and what follows: {s:?}");
     assert!(!s.qstash_outage, "{s:?}");
-    assert!(!outage::load(&pool, true).await.unwrap().active());
+    assert!(!outage::load(&db(&pool)).await.unwrap().active());
     for _ in 0..20 {
         // Nothing claimed in a whole invocation: drained (ordered heads wait only for their evidence).
         if invoke(&fresh).await.claimed == 0 {
@@ -405,7 +412,7 @@ async fn invocations_started_during_an_outage_wait_for_the_probe_and_drain_every
     let first = relay(&pool, &dev.url(), RIGHT, &sink);
     let s = invoke(&first).await;
     assert_eq!((s.dispatched, s.stopped), (0, "outage"), "{s:?}");
-    assert!(outage::load(&pool, true).await.unwrap().active());
+    assert!(outage::load(&db(&pool)).await.unwrap().active());
 
     // QStash recovers; the recorded outage's next probe is two seconds away. Two relays start now, each with a
     // deadline well past the probe plus a lease: both wait instead of returning, one takes the probe, it gets
@@ -427,7 +434,7 @@ async fn invocations_started_during_an_outage_wait_for_the_probe_and_drain_every
         ids.len() as u64,
         "every event dispatched once, in these invocations: {a:?} {b:?}"
     );
-    let state = outage::load(&pool, true).await.unwrap();
+    let state = outage::load(&db(&pool)).await.unwrap();
     assert!(!state.active(), "the probe cleared the outage: {state:?}");
     assert!(
         dev.handle().stats().publish_requests > published_before,
@@ -465,7 +472,7 @@ async fn an_invocation_whose_deadline_comes_before_the_probe_returns_without_pub
     // The probe is 2 s away; the invocation has 2.5 s, so its last claim (one 1 s lease before the deadline)
     // would come before the probe: it waits for nothing and publishes nothing.
     outage_with_probe_in(&pool, Duration::from_secs(2)).await;
-    let before = outage::load(&pool, true).await.unwrap();
+    let before = outage::load(&db(&pool)).await.unwrap();
     let fresh = relay(&pool, &dev.url(), RIGHT, &sink);
     let s = fresh
         .drain(Instant::now() + Duration::from_millis(2500))
@@ -478,7 +485,7 @@ async fn an_invocation_whose_deadline_comes_before_the_probe_returns_without_pub
     );
     assert!(s.qstash_outage, "{s:?}");
     assert_eq!(dev.handle().stats().publish_requests, 0);
-    let after = outage::load(&pool, true).await.unwrap();
+    let after = outage::load(&db(&pool)).await.unwrap();
     assert_eq!(
         (after.failures, after.next_probe_at),
         (before.failures, before.next_probe_at),

@@ -13,6 +13,7 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use lambda_http::Request;
 use outbox::config::{ConsumerConfig, EnvSource};
 use outbox::consumer::{ConsumerState, handle_event};
+use outbox::db::{Db, Statements};
 use outbox::receiver::{
     Clock, KeyRing, KeyUsed, SigningKeys, UrlSource, VerifyError, VerifyOptions, request_url,
     verify,
@@ -1413,7 +1414,7 @@ async fn flood_child() {
     let receiver = || {
         outbox::receiver::ReceiverState::new(
             ConsumerConfig::defaults(),
-            pool.clone(),
+            Db::new(pool.clone(), Statements::Prepared),
             KeyRing::fixed(SigningKeys::new(KEY, Some(NEXT.into()))),
         )
         .with_clock(Clock::Fixed(NOW))

@@ -10,6 +10,7 @@ use hmac::{Hmac, Mac};
 use lambda_http::{Body, Request, Response};
 use outbox::config::ConsumerConfig;
 use outbox::consumer::{ConsumerState, ReceiverState, Registry};
+use outbox::db::{Db, Statements};
 use outbox::receiver::{Clock, KeyRing, SigningKeys};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -514,7 +515,7 @@ pub fn signed_post_with_query(
 pub fn receiver(pool: &PgPool, config: ConsumerConfig) -> ReceiverState {
     ReceiverState::new(
         config,
-        pool.clone(),
+        Db::new(pool.clone(), Statements::Prepared),
         KeyRing::fixed(SigningKeys::new(KEY, Some(NEXT.into()))),
     )
     .with_clock(Clock::Fixed(NOW))

@@ -19,6 +19,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use outbox::db::Statements;
 use serde_json::Value;
 use sqlx::PgPool;
 
@@ -200,7 +201,7 @@ async fn delivered(State(s): State<Inner>, body: Bytes) -> StatusCode {
     let status = v.get("status").and_then(|s| s.as_u64()).unwrap_or(0);
     let mut conn = s.pool.acquire().await.unwrap();
     if (200..300).contains(&status) {
-        outbox::ordering::record_delivery(&mut conn, id, true)
+        outbox::ordering::record_delivery(&mut conn, id, Statements::Prepared)
             .await
             .unwrap();
     } else {
@@ -208,7 +209,7 @@ async fn delivered(State(s): State<Inner>, body: Bytes) -> StatusCode {
             &mut conn,
             id,
             &format!("delivery attempt returned {status}"),
-            true,
+            Statements::Prepared,
         )
         .await
         .unwrap();
@@ -244,7 +245,7 @@ async fn failure(State(s): State<Inner>, body: Bytes) -> StatusCode {
         |_| outbox::config::DeadHeadPolicy::Block,
         // The sink keeps no dedupe rows; no dead letter of its is ever "applied".
         "consumer",
-        true,
+        Statements::Prepared,
     )
     .await
     .unwrap();

@@ -14,7 +14,7 @@ use lambda_runtime::{Context as LambdaContext, LambdaEvent};
 use outbox::callbacks::handle_callback;
 use outbox::config::{ConsumerConfig, ProcessEnv, QstashConfig, RelayConfig, Vars};
 use outbox::consumer::{ConsumerState, ReceiverState, Registry, handle_event};
-use outbox::db::DbConfig;
+use outbox::db::{Db, DbConfig, Statements};
 use outbox::qstash::QstashClient;
 use outbox::receiver::{KeyRing, SigningKeys};
 use outbox::relay::handler::{InvocationSummary, RelayState, handle};
@@ -49,9 +49,9 @@ pub struct StackOptions {
     pub registry: Registry,
     /// Print the EMF metric lines (one per consumer request, one per relay invocation; noisy on a terminal).
     pub consumer_metrics: bool,
-    /// Named prepared statements in every component (`DB_PERSISTENT_STATEMENTS` from the environment, default
-    /// true): false behind PgBouncer in transaction mode or RDS Proxy.
-    pub persistent_statements: bool,
+    /// The statement mode of every component (`DB_PERSISTENT_STATEMENTS` from the environment, default named
+    /// prepared statements): [`Statements::Unnamed`] behind PgBouncer in transaction mode or RDS Proxy.
+    pub statements: Statements,
     /// Keep a copy of every request the consumer and the callback receiver get, with the status they answered
     /// ([`LocalStack::recorded_requests`]): tests replay real signed deliveries from it. Off by default (it
     /// keeps every body in memory).
@@ -82,8 +82,7 @@ impl StackOptions {
                 port: 0,
                 ..qstash_dev::Config::default()
             },
-            persistent_statements: DbConfig::from_vars(&Vars::new(&ProcessEnv), "outbox-local")?
-                .persistent_statements,
+            statements: DbConfig::from_vars(&Vars::new(&ProcessEnv), "outbox-local")?.statements,
             relay,
             qstash_retries: 3,
             qstash_batch_size: 100,
@@ -269,8 +268,8 @@ async fn all_applied(pool: &PgPool, table: &str, migrator: &Migrator) -> anyhow:
         .begin()
         .await
         .context("reaching Postgres (is it running and DATABASE_URL right?)")?;
-    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
-        .persistent(false)
+    let exists: Option<String> = Statements::Unnamed
+        .query_scalar("SELECT to_regclass($1)::text")
         .bind(table)
         .fetch_one(&mut *tx)
         .await?;
@@ -278,13 +277,13 @@ async fn all_applied(pool: &PgPool, table: &str, migrator: &Migrator) -> anyhow:
         return Ok(false);
     }
     let versions: Vec<i64> = migrator.iter().map(|m| m.version).collect();
-    let applied: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT count(DISTINCT version) FROM {table} WHERE success AND version = ANY($1)"
-    )))
-    .persistent(false)
-    .bind(&versions)
-    .fetch_one(&mut *tx)
-    .await?;
+    let applied: i64 = Statements::Unnamed
+        .query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(DISTINCT version) FROM {table} WHERE success AND version = ANY($1)"
+        )))
+        .bind(&versions)
+        .fetch_one(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(applied == versions.len() as i64)
 }
@@ -357,20 +356,24 @@ impl LocalStack {
         let consumer = Arc::new(ConsumerState::new(
             ReceiverState::new(
                 receiver_config(&consumer_url),
-                pool_for(&opts.database_url, "outbox-local-consumer", 16, false)?,
+                Db::new(
+                    pool_for(&opts.database_url, "outbox-local-consumer", 16, false)?,
+                    opts.statements,
+                ),
                 ring(),
             )
-            .with_persistent(opts.persistent_statements)
             .with_metrics(opts.consumer_metrics),
             opts.registry,
         ));
         let callbacks = Arc::new(
             ReceiverState::new(
                 receiver_config(&callback_url),
-                pool_for(&opts.database_url, "outbox-local-callbacks", 8, true)?,
+                Db::new(
+                    pool_for(&opts.database_url, "outbox-local-callbacks", 8, true)?,
+                    opts.statements,
+                ),
                 ring(),
             )
-            .with_persistent(opts.persistent_statements)
             .with_metrics(opts.consumer_metrics),
         );
         let recorder: Option<Recorder> = opts.record_requests.then(Default::default);
@@ -414,12 +417,15 @@ impl LocalStack {
             opts.relay.concurrency + 1,
             true,
         )?;
-        let persistent = opts.persistent_statements;
-        let relay = Relay::new(relay_pool, client, opts.relay, qstash, persistent);
-        let relay_stop = relay.stop_handle();
-        let relay_state = Arc::new(
-            RelayState::new(relay, "relay", persistent).with_metrics(opts.consumer_metrics),
+        let relay = Relay::new(
+            Db::new(relay_pool, opts.statements),
+            client,
+            opts.relay,
+            qstash,
         );
+        let relay_stop = relay.stop_handle();
+        let relay_state =
+            Arc::new(RelayState::new(relay, "relay").with_metrics(opts.consumer_metrics));
         let last_summary = Arc::new(std::sync::Mutex::new(None));
         let relay_task = {
             let state = relay_state.clone();

@@ -11,6 +11,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use outbox::db::{Db, Statements};
 use outbox_testkit::median;
 use serde_json::json;
 
@@ -74,11 +75,10 @@ async fn round(db: &ScratchDb, events: u64) -> anyhow::Result<(f64, f64, u64)> {
         .await?;
     let t = Instant::now();
     let marked = outbox::accounting::sweep_applied(
-        &db.pool,
+        &Db::new(db.pool.clone(), Statements::Prepared),
         "consumer",
         Duration::from_secs(30),
         Duration::from_secs(3600),
-        true,
     )
     .await?;
     let sweep = t.elapsed().as_secs_f64();

@@ -14,6 +14,7 @@ use outbox::consumer::{
     ConsumerState, Event, Handler, HandlerError, ReceiverState, Registry, handle_event,
 };
 use outbox::contract::{CONTRACT_QUERY, OUTBOX_ID, WireEvent, destination, write_envelope};
+use outbox::db::{Db, Statements};
 use outbox::receiver::{Clock, KeyRing, SigningKeys};
 use outbox_testkit::{median, percentile};
 use sqlx::PgConnection;
@@ -36,8 +37,9 @@ impl Handler<Tick> for WriteOneRow {
         conn: &mut PgConnection,
         event: &Event<Tick>,
     ) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO bench_effects (outbox_id, n) VALUES ($1, $2)")
-            .persistent(event.persistent)
+        event
+            .statements
+            .query("INSERT INTO bench_effects (outbox_id, n) VALUES ($1, $2)")
             .bind(event.meta.outbox_id)
             .bind(event.payload.n)
             .execute(&mut *conn)
@@ -164,7 +166,7 @@ async fn measure(
     let state = Arc::new(ConsumerState::new(
         ReceiverState::new(
             ConsumerConfig::defaults(),
-            pool.clone(),
+            Db::new(pool.clone(), Statements::Prepared),
             KeyRing::fixed(SigningKeys::new(
                 qstash_dev::DEV_CURRENT_SIGNING_KEY,
                 Some(qstash_dev::DEV_NEXT_SIGNING_KEY.to_owned()),

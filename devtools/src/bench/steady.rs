@@ -58,7 +58,7 @@ async fn consumer_endpoint(
     let consumer = std::sync::Arc::new(outbox::consumer::ConsumerState::new(
         ReceiverState::new(
             cfg,
-            db.pool(&secrecy::SecretString::from(db_url.to_owned()))?,
+            db.handle(&secrecy::SecretString::from(db_url.to_owned()))?,
             KeyRing::fixed(SigningKeys::new(
                 qstash_dev::DEV_CURRENT_SIGNING_KEY,
                 Some(qstash_dev::DEV_NEXT_SIGNING_KEY.to_owned()),

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use outbox::db::{Db, Statements};
 use outbox_cli::util::{one_line, printable};
 use serde::Serialize;
 use serde_json::Value;
@@ -155,6 +156,8 @@ impl Tally {
     /// Reads the dead letters recorded since the last call, counts them and returns them in order.
     pub async fn update(&mut self, pool: &PgPool) -> anyhow::Result<Vec<DeadLetter>> {
         let mut new = Vec::new();
+        // Unnamed, in a transaction of its own: safe behind PgBouncer in transaction mode.
+        let db = Db::new(pool.clone(), Statements::Unnamed);
         loop {
             type Row = (
                 i64,
@@ -167,17 +170,13 @@ impl Tally {
                 Option<i32>,
                 Option<Value>,
             );
-            // Unnamed, in a transaction of its own: safe behind PgBouncer in transaction mode.
-            let mut c = outbox::db::Autocommit::acquire(pool, false).await?;
-            let rows: Vec<Row> = sqlx::query_as(
-                outbox::schema::q("SELECT id, source, topic, partition_key, error, status, response_body, attempts, payload \
-                 FROM {schema}.dead_letters WHERE id > $1 ORDER BY id LIMIT 500"),
-            )
-            .persistent(false)
-            .bind(self.last_id)
-            .fetch_all(&mut *c)
-            .await?;
-            c.finish().await?;
+            let q = db
+                .query_as(outbox::schema::q(
+                    "SELECT id, source, topic, partition_key, error, status, response_body, attempts, payload \
+                     FROM {schema}.dead_letters WHERE id > $1 ORDER BY id LIMIT 500",
+                ))
+                .bind(self.last_id);
+            let rows: Vec<Row> = db.run(async |c| q.fetch_all(c).await).await?;
             let done = rows.len() < 500;
             for (id, source, topic, key, error, status, response_body, attempts, payload) in rows {
                 let d = DeadLetter {

@@ -55,13 +55,13 @@ impl Handler<SignedUp> for SendWelcome {
         let Some(tenant) = event.header("tenant") else {
             return Err(HandlerError::permanent("no tenant header")); // 489: dead letter, no retries
         };
-        let welcomed =
-            sqlx::query("UPDATE signups SET welcomed_at = now() WHERE id = $1 AND tenant = $2")
-                .persistent(event.persistent)
-                .bind(event.payload.user_id)
-                .bind(tenant)
-                .execute(conn)
-                .await?; // a database error: retried, or dead-lettered when the data is at fault
+        let welcomed = event
+            .statements
+            .query("UPDATE signups SET welcomed_at = now() WHERE id = $1 AND tenant = $2")
+            .bind(event.payload.user_id)
+            .bind(tenant)
+            .execute(conn)
+            .await?; // a database error: retried, or dead-lettered when the data is at fault
         if welcomed.rows_affected() == 0 {
             return Err(HandlerError::permanent("no such signup for this tenant"));
         }

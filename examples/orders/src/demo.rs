@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::time::Duration;
 
+use outbox::db::{Db, Statements};
 use outbox::producer::{EnqueueError, Producer};
 use rand::Rng;
 use sqlx::PgPool;
@@ -27,9 +28,6 @@ pub struct DemoOptions {
     pub orders_per_sec: f64,
     /// One order in `poison_every` is poison (0 = never).
     pub poison_every: u64,
-    /// Named prepared statements (`DB_PERSISTENT_STATEMENTS`): off behind PgBouncer in transaction mode or RDS
-    /// Proxy, like the library's own.
-    pub persistent_statements: bool,
 }
 
 /// What the demo wrote.
@@ -63,16 +61,22 @@ pub async fn place_order(
     poison: bool,
     cancel: Option<u64>,
 ) -> Result<Placed, EnqueueError> {
-    place_order_with(pool, n, poison, cancel, true).await
+    place_order_with(
+        &Db::new(pool.clone(), Statements::Prepared),
+        n,
+        poison,
+        cancel,
+    )
+    .await
 }
 
-/// [`place_order`] with named prepared statements on or off (`persistent`): off behind a transaction-mode pooler.
+/// [`place_order`] through a database handle: its statements (the order's, the cancellation's, the producer's)
+/// go out in the handle's mode, unnamed behind a transaction-mode pooler (`DB_PERSISTENT_STATEMENTS=false`).
 pub async fn place_order_with(
-    pool: &PgPool,
+    db: &Db,
     n: u64,
     poison: bool,
     cancel: Option<u64>,
-    persistent: bool,
 ) -> Result<Placed, EnqueueError> {
     let order_id = format!("order-{n}");
     let (customer, amount) = {
@@ -83,11 +87,10 @@ pub async fn place_order_with(
         )
     };
     let amount = if poison { -amount } else { amount };
-    let mut tx = pool.begin().await?;
-    sqlx::query(
+    let mut tx = db.pool().begin().await?;
+    db.query(
         "INSERT INTO orders (id, customer_id, amount_cents, currency) VALUES ($1, $2, $3, 'EUR')",
     )
-    .persistent(persistent)
     .bind(&order_id)
     .bind(&customer)
     .bind(amount)
@@ -120,15 +123,15 @@ pub async fn place_order_with(
     let mut cancelled = false;
     if let Some(c) = cancel {
         let order = format!("order-{c}");
-        let found = sqlx::query(
-            "UPDATE orders SET status = 'cancelled', updated_at = now() \
+        let found = db
+            .query(
+                "UPDATE orders SET status = 'cancelled', updated_at = now() \
              WHERE id = $1 AND status <> 'cancelled'",
-        )
-        .persistent(persistent)
-        .bind(&order)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+            )
+            .bind(&order)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
         if found == 1 {
             cancelled = true;
             events.push(order_event(&OrderEvent::OrderCancelled(OrderCancelled {
@@ -138,7 +141,7 @@ pub async fn place_order_with(
         }
     }
     let written = Producer::default()
-        .persistent_statements(persistent)
+        .statements(db.statements())
         .enqueue_batch(&mut tx, &events)
         .await?
         .len() as u64;
@@ -149,17 +152,17 @@ pub async fn place_order_with(
     })
 }
 
-/// Runs until `stop` turns true; reports counts through `counts`.
+/// Runs until `stop` turns true; reports counts through `counts`. Orders go through `db` (its statement mode
+/// like the library's own: `DB_PERSISTENT_STATEMENTS`).
 pub async fn run(
-    pool: PgPool,
+    db: Db,
     opts: DemoOptions,
     stop: watch::Receiver<bool>,
     counts: watch::Sender<DemoCounts>,
 ) {
-    let persistent = opts.persistent_statements;
     run_with(opts, stop, counts, move |n, poison, cancel| {
-        let pool = pool.clone();
-        async move { place_order_with(&pool, n, poison, cancel, persistent).await }
+        let db = db.clone();
+        async move { place_order_with(&db, n, poison, cancel).await }
     })
     .await
 }

@@ -157,15 +157,14 @@ impl Handler<OrderEvent> for OrdersHandler {
         conn: &mut PgConnection,
         event: &Event<OrderEvent>,
     ) -> Result<(), HandlerError> {
-        let p = event.persistent;
+        let st = event.statements;
         match &event.payload {
             OrderEvent::OrderPlaced(o) => {
                 o.validate()?;
-                sqlx::query(
+                st.query(
                     "INSERT INTO charges (order_id, customer_id, amount_cents, currency, outbox_id) \
                      VALUES ($1, $2, $3, $4, $5)",
                 )
-                .persistent(p)
                 .bind(&o.order_id)
                 .bind(&o.customer_id)
                 .bind(o.amount_cents)
@@ -173,10 +172,9 @@ impl Handler<OrderEvent> for OrdersHandler {
                 .bind(event.meta.outbox_id)
                 .execute(&mut *conn)
                 .await?;
-                sqlx::query(
+                st.query(
                     "INSERT INTO shipments (order_id, customer_id, items, outbox_id) VALUES ($1, $2, $3, $4)",
                 )
-                .persistent(p)
                 .bind(&o.order_id)
                 .bind(&o.customer_id)
                 .bind(sqlx::types::Json(&o.items))
@@ -186,10 +184,9 @@ impl Handler<OrderEvent> for OrdersHandler {
                 Ok(())
             }
             OrderEvent::OrderCancelled(c) => {
-                let refunded = sqlx::query(
+                let refunded = st.query(
                     "UPDATE charges SET status = 'refunded', updated_at = now() WHERE order_id = $1",
                 )
-                .persistent(p)
                 .bind(&c.order_id)
                 .execute(&mut *conn)
                 .await?
@@ -200,10 +197,9 @@ impl Handler<OrderEvent> for OrdersHandler {
                         c.order_id
                     )));
                 }
-                sqlx::query(
+                st.query(
                     "UPDATE shipments SET status = 'cancelled', updated_at = now() WHERE order_id = $1",
                 )
-                .persistent(p)
                 .bind(&c.order_id)
                 .execute(&mut *conn)
                 .await?;
@@ -244,16 +240,17 @@ impl Handler<AuditEntry> for AuditHandler {
         } else {
             a.details.clone()
         };
-        sqlx::query(
-            "INSERT INTO audit_log (outbox_id, actor, action, details) VALUES ($1, $2, $3, $4)",
-        )
-        .persistent(event.persistent)
-        .bind(event.meta.outbox_id)
-        .bind(&a.actor)
-        .bind(&a.action)
-        .bind(details)
-        .execute(&mut *conn)
-        .await?;
+        event
+            .statements
+            .query(
+                "INSERT INTO audit_log (outbox_id, actor, action, details) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(event.meta.outbox_id)
+            .bind(&a.actor)
+            .bind(&a.action)
+            .bind(details)
+            .execute(&mut *conn)
+            .await?;
         Ok(())
     }
 }

@@ -38,7 +38,6 @@ async fn an_order_whose_transaction_failed_is_never_cancelled(pool: PgPool) {
     let opts = DemoOptions {
         orders_per_sec: 200.0,
         poison_every: 0,
-        persistent_statements: true,
     };
     let demo = tokio::spawn({
         let pool = pool.clone();

@@ -31,6 +31,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
+use crate::db::Statements;
+
 pub use reconcile::{Reconciler, reconcile};
 pub use sweep::sweep_applied;
 
@@ -83,10 +85,11 @@ pub struct InFlight {
 pub async fn in_flight(
     conn: &mut PgConnection,
     horizon: Duration,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<InFlight, sqlx::Error> {
-    let row: (i64, i64, i64, i64, i64, i64, f64) = sqlx::query_as(crate::schema::q(
-        "SELECT count(*), \
+    let row: (i64, i64, i64, i64, i64, i64, f64) = statements
+        .query_as(crate::schema::q(
+            "SELECT count(*), \
                 count(*) FILTER (WHERE dispatched_at >= now() - interval '1 minute'), \
                 count(*) FILTER (WHERE dispatched_at < now() - interval '1 minute' \
                                    AND dispatched_at >= now() - interval '10 minutes'), \
@@ -97,11 +100,10 @@ pub async fn in_flight(
                 coalesce(extract(epoch FROM now() - min(dispatched_at))::float8, 0) \
          FROM {schema}.outbox \
          WHERE dispatched_at IS NOT NULL AND delivered_at IS NULL AND dead_lettered_at IS NULL",
-    ))
-    .persistent(persistent)
-    .bind(horizon.as_secs_f64())
-    .fetch_one(&mut *conn)
-    .await?;
+        ))
+        .bind(horizon.as_secs_f64())
+        .fetch_one(&mut *conn)
+        .await?;
     Ok(InFlight {
         total: row.0,
         under_1m: row.1,
@@ -132,14 +134,14 @@ pub struct AccountingTotals {
 /// Reads [`AccountingTotals`].
 pub async fn totals(
     conn: &mut PgConnection,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<AccountingTotals, sqlx::Error> {
-    let t: Option<AccountingTotals> = sqlx::query_as(crate::schema::q(
-        "SELECT swept_applied, recorded_from_dlq, republished, still_retrying, unaccounted_dead, lookup_failures, \
+    let t: Option<AccountingTotals> = statements
+        .query_as(crate::schema::q(
+            "SELECT swept_applied, recorded_from_dlq, republished, still_retrying, unaccounted_dead, lookup_failures, \
                 last_run_at, last_error FROM {schema}.outbox_accounting",
-    ))
-    .persistent(persistent)
-    .fetch_optional(&mut *conn)
+        ))
+        .fetch_optional(&mut *conn)
     .await?;
     Ok(t.unwrap_or_default())
 }
@@ -149,26 +151,24 @@ pub(crate) async fn add_to_totals(
     conn: &mut PgConnection,
     r: &AccountingReport,
     error: Option<&str>,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<(), sqlx::Error> {
-    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
-    sqlx::query(crate::schema::q(
-        "UPDATE {schema}.outbox_accounting SET swept_applied = swept_applied + $1, \
+    let q = statements
+        .query(crate::schema::q(
+            "UPDATE {schema}.outbox_accounting SET swept_applied = swept_applied + $1, \
                 recorded_from_dlq = recorded_from_dlq + $2, republished = republished + $3, \
                 still_retrying = still_retrying + $4, unaccounted_dead = unaccounted_dead + $5, \
                 lookup_failures = lookup_failures + $6, last_run_at = now(), last_error = $7",
-    ))
-    .persistent(persistent)
-    .bind(r.swept_applied as i64)
-    .bind(r.recorded_from_dlq as i64)
-    .bind(r.republished as i64)
-    .bind(r.still_retrying as i64)
-    .bind(r.unaccounted_dead as i64)
-    .bind(r.lookup_failures as i64)
-    .bind(error)
-    .execute(&mut *c)
-    .await?;
-    c.finish().await
+        ))
+        .bind(r.swept_applied as i64)
+        .bind(r.recorded_from_dlq as i64)
+        .bind(r.republished as i64)
+        .bind(r.still_retrying as i64)
+        .bind(r.unaccounted_dead as i64)
+        .bind(r.lookup_failures as i64)
+        .bind(error);
+    statements.execute(conn, q).await?;
+    Ok(())
 }
 
 /// One accounting pass: [`sweep_applied`], then [`reconcile`], then the totals. Bounded by `budget` (wall time) and the reconciler's lookup budget.
@@ -178,11 +178,10 @@ pub async fn run(rec: &Reconciler<'_>, budget: Duration) -> Result<AccountingRep
     // its dedupe rows elsewhere the sweep finds none (its cost is one scan of the in-flight rows, which delivery
     // callbacks keep few).
     let swept_applied = sweep_applied(
-        rec.pool,
+        rec.db,
         &rec.cfg.consumer_name,
         rec.cfg.applied_grace,
         budget / 2,
-        rec.persistent,
     )
     .await?;
     let mut report = AccountingReport {
@@ -191,9 +190,15 @@ pub async fn run(rec: &Reconciler<'_>, budget: Duration) -> Result<AccountingRep
     };
     let left = budget.saturating_sub(started.elapsed());
     let error = reconcile(rec, left, &mut report).await.err();
-    let mut conn = rec.pool.acquire().await?;
+    let mut conn = rec.db.pool().acquire().await?;
     let error_text = error.as_ref().map(|e| e.to_string());
-    add_to_totals(&mut conn, &report, error_text.as_deref(), rec.persistent).await?;
+    add_to_totals(
+        &mut conn,
+        &report,
+        error_text.as_deref(),
+        rec.db.statements(),
+    )
+    .await?;
     match error {
         Some(reconcile::ReconcileError::Database(e)) => Err(e),
         _ => Ok(report),

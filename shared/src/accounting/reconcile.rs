@@ -8,20 +8,19 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Map, Value, json};
-use sqlx::{PgPool, Row};
+use sqlx::Row;
 
 use super::AccountingReport;
 use crate::callbacks::{CallbackOutcome, FailureRecorder, record_failure};
 use crate::config::{AccountingConfig, DeadHeadPolicy};
+use crate::db::Db;
 use crate::dead_letters::FailureRecorded;
 use crate::qstash::{DLQ_IDS_PER_REQUEST, ManageError, QstashClient};
 
-/// What the reconciler works with: the relay's pool, QStash client and settings.
+/// What the reconciler works with: the relay's database handle, QStash client and settings.
 pub struct Reconciler<'a> {
     /// The outbox's database.
-    pub pool: &'a PgPool,
-    /// `DB_PERSISTENT_STATEMENTS`.
-    pub persistent: bool,
+    pub db: &'a Db,
     /// The relay's QStash client (its token).
     pub client: &'a QstashClient,
     /// The accounting settings.
@@ -198,15 +197,13 @@ fn stop(report: &mut AccountingReport, e: ManageError) -> Result<(), ReconcileEr
 
 async fn candidates(rec: &Reconciler<'_>) -> Result<Vec<Pending>, sqlx::Error> {
     let limit = i64::from(rec.cfg.max_lookups) * DLQ_IDS_PER_REQUEST as i64;
-    let mut c = crate::db::Autocommit::acquire(rec.pool, rec.persistent).await?;
-    let rows = sqlx::query(crate::schema::q(CANDIDATES_SQL))
-        .persistent(rec.persistent)
+    let q = rec
+        .db
+        .query(crate::schema::q(CANDIDATES_SQL))
         .bind(rec.cfg.horizon.as_secs_f64())
         .bind(rec.cfg.horizon.as_secs_f64() / 4.0)
-        .bind(limit)
-        .fetch_all(&mut *c)
-        .await?;
-    c.finish().await?;
+        .bind(limit);
+    let rows = rec.db.run(async |c| q.fetch_all(c).await).await?;
     let mut out: Vec<Pending> = Vec::new();
     let mut index: HashMap<Option<String>, usize> = HashMap::new();
     for r in rows {
@@ -238,8 +235,7 @@ async fn record_entry(
     let body = callback_body_from_dlq(entry);
     let raw = serde_json::to_vec(&body).unwrap_or_default();
     let recorder = FailureRecorder {
-        pool: rec.pool,
-        persistent: rec.persistent,
+        db: rec.db,
         consumer: &rec.cfg.consumer_name,
         policy: rec.policy,
     };
@@ -335,17 +331,15 @@ async fn unknown_to_qstash(
         rec.cfg.horizon.as_secs_f64()
     );
     let ttl = rec.processed_ttl.saturating_sub(TTL_MARGIN);
-    let mut c = crate::db::Autocommit::acquire(rec.pool, rec.persistent).await?;
-    let republished: Vec<i64> = sqlx::query_scalar(crate::schema::q(REPUBLISH_SQL))
-        .persistent(rec.persistent)
+    let q = rec
+        .db
+        .query_scalar(crate::schema::q(REPUBLISH_SQL))
         .bind(&m.unordered)
         .bind(m.message_id.as_deref())
         .bind(format!("{reason}: published again"))
         .bind(rec.cfg.max_republish as i32)
-        .bind(ttl.as_secs_f64())
-        .fetch_all(&mut *c)
-        .await?;
-    c.finish().await?;
+        .bind(ttl.as_secs_f64());
+    let republished: Vec<i64> = rec.db.run(async |c| q.fetch_all(c).await).await?;
     report.republished += republished.len() as u64;
     let rest: Vec<i64> = m
         .unordered
@@ -356,19 +350,17 @@ async fn unknown_to_qstash(
     if rest.is_empty() {
         return Ok(());
     }
-    let mut c = crate::db::Autocommit::acquire(rec.pool, rec.persistent).await?;
-    let dead: Vec<i64> = sqlx::query_scalar(crate::schema::q(UNACCOUNTED_SQL))
-        .persistent(rec.persistent)
+    let q = rec
+        .db
+        .query_scalar(crate::schema::q(UNACCOUNTED_SQL))
         .bind(&rest)
         .bind(m.message_id.as_deref())
         .bind(format!(
             "{reason}; not published again: republished {} time(s) already (RELAY_RECONCILE_MAX_REPUBLISH) or \
              too old for the consumer's dedupe row to prove it was not applied (PROCESSED_TTL_HOURS)",
             rec.cfg.max_republish
-        ))
-        .fetch_all(&mut *c)
-        .await?;
-    c.finish().await?;
+        ));
+    let dead: Vec<i64> = rec.db.run(async |c| q.fetch_all(c).await).await?;
     report.unaccounted_dead += dead.len() as u64;
     for id in &dead {
         tracing::error!(
@@ -387,13 +379,10 @@ async fn execute_ids(
     if ids.is_empty() {
         return Ok(());
     }
-    let mut c = crate::db::Autocommit::acquire(rec.pool, rec.persistent).await?;
-    sqlx::query(crate::schema::q(sql))
-        .persistent(rec.persistent)
-        .bind(ids)
-        .execute(&mut *c)
+    rec.db
+        .execute(rec.db.query(crate::schema::q(sql)).bind(ids))
         .await?;
-    c.finish().await
+    Ok(())
 }
 
 /// Keeps management API requests at least `interval` apart.

@@ -6,7 +6,9 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::Row;
+
+use crate::db::Db;
 
 /// Rows read per statement.
 const PAGE: i64 = 2000;
@@ -28,27 +30,23 @@ LIMIT $5
 /// Marks in-flight events (accepted by QStash more than `grace` ago) that the dedupe rows of `consumer` show
 /// applied as delivered, oldest first, page by page until none is left or `budget` is spent. Returns how many.
 pub async fn sweep_applied(
-    pool: &PgPool,
+    db: &Db,
     consumer: &str,
     grace: Duration,
     budget: Duration,
-    persistent: bool,
 ) -> Result<u64, sqlx::Error> {
     let started = Instant::now();
     let mut cursor: (DateTime<Utc>, i64) = (DateTime::<Utc>::UNIX_EPOCH, 0);
     let mut marked = 0u64;
     loop {
-        let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
-        let rows = sqlx::query(crate::schema::q(PAGE_SQL))
-            .persistent(persistent)
+        let q = db
+            .query(crate::schema::q(PAGE_SQL))
             .bind(grace.as_secs_f64())
             .bind(consumer)
             .bind(cursor.0)
             .bind(cursor.1)
-            .bind(PAGE)
-            .fetch_all(&mut *c)
-            .await?;
-        c.finish().await?;
+            .bind(PAGE);
+        let rows = db.run(async |c| q.fetch_all(c).await).await?;
         let mut applied = Vec::new();
         for r in &rows {
             let id: i64 = r.try_get("id")?;
@@ -58,9 +56,10 @@ pub async fn sweep_applied(
             }
         }
         if !applied.is_empty() {
-            let mut conn = pool.acquire().await?;
+            let mut conn = db.pool().acquire().await?;
             let recorded =
-                crate::ordering::record_delivery_batch(&mut conn, &applied, persistent).await?;
+                crate::ordering::record_delivery_batch(&mut conn, &applied, db.statements())
+                    .await?;
             marked += recorded.found.len() as u64;
         }
         if (rows.len() as i64) < PAGE || started.elapsed() >= budget {

@@ -41,6 +41,7 @@ use tracing::field::Empty;
 
 use crate::config::DeadHeadPolicy;
 use crate::contract;
+use crate::db::{Db, Statements};
 use crate::dead_letters::{
     BatchFailureRecorded, BatchMember, FailureRecorded, QstashFailure, record_qstash_batch_failure,
     record_qstash_failure,
@@ -520,9 +521,7 @@ async fn process(state: &ReceiverState, req: &Request) -> CallbackOutcome {
 /// would have been.
 pub struct FailureRecorder<'a> {
     /// The outbox's database.
-    pub pool: &'a sqlx::PgPool,
-    /// `DB_PERSISTENT_STATEMENTS`.
-    pub persistent: bool,
+    pub db: &'a Db,
     /// `CONSUMER_NAME`: whose dedupe rows show an event applied after all.
     pub consumer: &'a str,
     /// The dead-head policy of an ordered topic.
@@ -532,8 +531,7 @@ pub struct FailureRecorder<'a> {
 async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOutcome {
     let policy = |topic: &str| state.config.dead_head_policy(topic);
     let recorder = FailureRecorder {
-        pool: &state.pool,
-        persistent: state.persistent,
+        db: &state.db,
         consumer: &state.config.name,
         policy: &policy,
     };
@@ -586,7 +584,7 @@ pub(crate) async fn record_failure(
     if let Some(e) = &failure.parse_error {
         tracing::error!(parse_error = %e, "failure callback body not fully parsed: stored raw");
     }
-    let mut conn = match rec.pool.acquire().await {
+    let mut conn = match rec.db.pool().acquire().await {
         Ok(c) => c,
         Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
     };
@@ -595,7 +593,7 @@ pub(crate) async fn record_failure(
         &failure,
         |topic| (rec.policy)(topic),
         rec.consumer,
-        rec.persistent,
+        rec.db.statements(),
     )
     .await
     {
@@ -679,13 +677,13 @@ async fn batch_failure(
             dead,
         })
         .collect();
-    let mut conn = match rec.pool.acquire().await {
+    let mut conn = match rec.db.pool().acquire().await {
         Ok(c) => c,
         Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
     };
     if ordered && !verdict_readable {
         // The first event the consumer has not applied is the dead head; the rest wait behind it.
-        let applied = match applied_ids(&mut conn, rec.consumer, &ids, rec.persistent).await {
+        let applied = match applied_ids(&mut conn, rec.consumer, &ids, rec.db.statements()).await {
             Ok(a) => a,
             Err(e) => {
                 return CallbackOutcome::Database(format!("could not read the dedupe rows: {e}"));
@@ -703,7 +701,7 @@ async fn batch_failure(
         &members,
         |topic| (rec.policy)(topic),
         rec.consumer,
-        rec.persistent,
+        rec.db.statements(),
     )
     .await
     {
@@ -716,19 +714,16 @@ async fn applied_ids(
     conn: &mut sqlx::PgConnection,
     consumer: &str,
     ids: &[i64],
-    persistent: bool,
+    statements: Statements,
 ) -> Result<Vec<i64>, sqlx::Error> {
     let texts: Vec<String> = ids.iter().map(i64::to_string).collect();
-    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
-    let applied: Vec<String> = sqlx::query_scalar(crate::schema::q(
-        "SELECT message_id FROM {schema}.processed_messages WHERE consumer = $1 AND message_id = ANY ($2::text[])",
-    ))
-    .persistent(persistent)
-    .bind(consumer)
-    .bind(&texts)
-    .fetch_all(&mut *c)
-    .await?;
-    c.finish().await?;
+    let q = statements
+        .query_scalar(crate::schema::q(
+            "SELECT message_id FROM {schema}.processed_messages WHERE consumer = $1 AND message_id = ANY ($2::text[])",
+        ))
+        .bind(consumer)
+        .bind(&texts);
+    let applied: Vec<String> = statements.run(conn, async |c| q.fetch_all(c).await).await?;
     Ok(applied.iter().filter_map(|s| s.parse().ok()).collect())
 }
 
@@ -770,18 +765,19 @@ async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) -> Callback
         );
     };
     span.record("outbox_id", outbox_id);
-    let mut conn = match state.pool.acquire().await {
+    let mut conn = match state.db.pool().acquire().await {
         Ok(c) => c,
         Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
     };
     if (200..300).contains(&status) {
-        match record_delivery(&mut conn, outbox_id, state.persistent).await {
+        match record_delivery(&mut conn, outbox_id, state.db.statements()).await {
             Ok(result) => CallbackOutcome::Delivered { outbox_id, result },
             Err(e) => CallbackOutcome::Database(format!("could not record delivery evidence: {e}")),
         }
     } else {
         let description = attempt_description(callback, status);
-        match record_failed_attempt(&mut conn, outbox_id, &description, state.persistent).await {
+        match record_failed_attempt(&mut conn, outbox_id, &description, state.db.statements()).await
+        {
             Ok(recorded) => CallbackOutcome::AttemptFailed {
                 outbox_id,
                 recorded,
@@ -808,12 +804,12 @@ async fn batch_delivered(
         return CallbackOutcome::Tampered(e);
     }
     tracing::Span::current().record("outbox_id", contract::id_copy(ids.iter().copied()));
-    let mut conn = match state.pool.acquire().await {
+    let mut conn = match state.db.pool().acquire().await {
         Ok(c) => c,
         Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
     };
     if (200..300).contains(&status) {
-        match record_delivery_batch(&mut conn, &ids, state.persistent).await {
+        match record_delivery_batch(&mut conn, &ids, state.db.statements()).await {
             Ok(result) => CallbackOutcome::BatchDelivered {
                 outbox_ids: ids,
                 result,
@@ -824,7 +820,7 @@ async fn batch_delivered(
         let description = attempt_description(callback, status);
         let mut recorded = 0;
         for id in &ids {
-            match record_failed_attempt(&mut conn, *id, &description, state.persistent).await {
+            match record_failed_attempt(&mut conn, *id, &description, state.db.statements()).await {
                 Ok(r) => recorded += usize::from(r),
                 Err(e) => {
                     return CallbackOutcome::Database(format!(

@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use super::delivery::Delivery;
 use super::outcome::Outcome;
 use super::registry::{EventMeta, HandlerError, Prepared, Route};
+use crate::db::Statements;
 use crate::ordering::{SequenceCheck, advance_consumer_sequence, check_consumer_sequence};
 use crate::receiver::ReceiverState;
 
@@ -123,13 +124,13 @@ pub(super) async fn apply(
     events: &[Delivery<'_>],
 ) -> Vec<EventResult> {
     let ordered = events.first().is_some_and(|d| d.meta.seq.is_some());
-    let persistent = receiver.persistent;
+    let statements = receiver.db.statements();
     let consumer = receiver.config.name.as_str();
     // Decoding the typed payloads needs no database; a payload that does not decode is that event's permanent
     // failure.
     let prepared: Vec<Result<Box<dyn Prepared>, HandlerError>> = events
         .iter()
-        .map(|d| route.prepare(d.meta.clone(), d.payload, persistent))
+        .map(|d| route.prepare(d.meta.clone(), d.payload, statements))
         .collect();
     // A database error outside a handler: every event `retry` (nothing of the message is known to be committed).
     let all_retry = |e: sqlx::Error| vec![retry(format!("database error: {e}")); events.len()];
@@ -138,7 +139,7 @@ pub(super) async fn apply(
     if let [Err(e)] = prepared.as_slice() {
         return vec![from_handler(e.clone())];
     }
-    let mut tx = match receiver.pool.begin().await {
+    let mut tx = match receiver.db.pool().begin().await {
         Ok(tx) => tx,
         Err(e) => return all_retry(e),
     };
@@ -146,7 +147,7 @@ pub(super) async fn apply(
         .iter()
         .map(|d| d.meta.outbox_id.to_string())
         .collect();
-    let fresh = match crate::once::claim_all(&mut tx, consumer, &ids, persistent).await {
+    let fresh = match crate::once::claim_all(&mut tx, consumer, &ids, statements).await {
         Ok(f) => f,
         Err(e) => return all_retry(e),
     };
@@ -175,7 +176,7 @@ pub(super) async fn apply(
                     }
                     savepoint_open = true;
                 }
-                match apply_one(&mut tx, consumer, m, p.as_ref(), &mut sequences, persistent).await
+                match apply_one(&mut tx, consumer, m, p.as_ref(), &mut sequences, statements).await
                 {
                     Ok(()) => EventResult::Processed,
                     Err(Failure::Database(e)) => {
@@ -216,7 +217,7 @@ pub(super) async fn apply(
         return results;
     }
     if let Err(e) = finish(
-        &mut tx, consumer, &undo, &sequences, &evidence, failed, persistent,
+        &mut tx, consumer, &undo, &sequences, &evidence, failed, statements,
     )
     .await
     {
@@ -245,7 +246,7 @@ async fn apply_one<'a>(
     m: &'a EventMeta,
     p: &dyn Prepared,
     sequences: &mut Sequences<'a>,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<(), Failure> {
     let key = match (m.seq, m.key.as_deref()) {
         (Some(seq), Some(key)) => Some((seq, (m.topic.as_str(), key))),
@@ -266,7 +267,7 @@ async fn apply_one<'a>(
             Some(&(last, _)) if seq <= last => return Err(late(last, seq, k.1)),
             Some(_) => {}
             None => {
-                match check_consumer_sequence(conn, consumer, k.0, k.1, seq, persistent)
+                match check_consumer_sequence(conn, consumer, k.0, k.1, seq, statements)
                     .await
                     .map_err(Failure::Database)?
                 {
@@ -297,16 +298,16 @@ async fn finish(
     sequences: &Sequences<'_>,
     evidence: &[i64],
     failed: bool,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<(), sqlx::Error> {
-    crate::once::forget(conn, consumer, undo, persistent).await?;
+    crate::once::forget(conn, consumer, undo, statements).await?;
     for (&(topic, key), &(seq, moved)) in sequences {
         if moved {
-            advance_consumer_sequence(conn, consumer, topic, key, seq, persistent).await?;
+            advance_consumer_sequence(conn, consumer, topic, key, seq, statements).await?;
         }
     }
     if !failed && !evidence.is_empty() {
-        crate::ordering::record_delivery_batch(conn, evidence, persistent).await?;
+        crate::ordering::record_delivery_batch(conn, evidence, statements).await?;
     }
     Ok(())
 }

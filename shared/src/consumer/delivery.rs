@@ -196,38 +196,31 @@ pub(super) async fn legacy_delivery<'b>(
             "delivery in the previous wire format whose body is not JSON: it cannot be an outbox payload".into(),
         ));
     }
-    let mut c = crate::db::Autocommit::acquire(&receiver.pool, receiver.persistent)
+    let q = receiver
+        .db
+        .query(crate::schema::q(LEGACY_ROW_SQL))
+        .bind(outbox_id)
+        .bind(std::str::from_utf8(body).unwrap_or_default())
+        .bind(receiver.config.name.as_str());
+    let row = receiver
+        .db
+        .run(async |c| q.fetch_optional(c).await)
         .await
-        .map_err(|e| Outcome::Transient {
-            message: format!("database error while verifying a legacy delivery: {e}"),
-            retry_after: None,
+        .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
+            Some(code) if code.starts_with("22") => Outcome::Permanent(format!(
+                "delivery in the previous wire format whose body Postgres refuses as jsonb ({e}): it cannot be an \
+                 outbox payload"
+            )),
+            Some(code) if code == "42P01" => Outcome::Permanent(
+                "a delivery in the previous wire format can only be verified against the outbox table, which is \
+                 not in this consumer's database"
+                    .into(),
+            ),
+            _ => Outcome::Transient {
+                message: format!("database error while verifying a legacy delivery: {e}"),
+                retry_after: None,
+            },
         })?;
-    let row = sqlx::query(crate::schema::q(LEGACY_ROW_SQL))
-    .persistent(receiver.persistent)
-    .bind(outbox_id)
-    .bind(std::str::from_utf8(body).unwrap_or_default())
-    .bind(receiver.config.name.as_str())
-    .fetch_optional(&mut *c)
-    .await
-    .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
-        Some(code) if code.starts_with("22") => Outcome::Permanent(format!(
-            "delivery in the previous wire format whose body Postgres refuses as jsonb ({e}): it cannot be an \
-             outbox payload"
-        )),
-        Some(code) if code == "42P01" => Outcome::Permanent(
-            "a delivery in the previous wire format can only be verified against the outbox table, which is not \
-             in this consumer's database"
-                .into(),
-        ),
-        _ => Outcome::Transient {
-            message: format!("database error while verifying a legacy delivery: {e}"),
-            retry_after: None,
-        },
-    })?;
-    c.finish().await.map_err(|e| Outcome::Transient {
-        message: format!("database error while verifying a legacy delivery: {e}"),
-        retry_after: None,
-    })?;
     let Some(row) = row else {
         return Err(Outcome::Permanent(format!(
             "delivery in the previous wire format names outbox id {outbox_id}, which is not in the outbox (pruned, \

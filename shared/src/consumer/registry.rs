@@ -13,8 +13,7 @@
 //!         if !event.payload.email.contains('@') {
 //!             return Err(HandlerError::permanent("email has no @"));
 //!         }
-//!         sqlx::query("INSERT INTO mails (outbox_id, email) VALUES ($1, $2)")
-//!             .persistent(event.persistent)
+//!         event.statements.query("INSERT INTO mails (outbox_id, email) VALUES ($1, $2)")
 //!             .bind(event.meta.outbox_id)
 //!             .bind(&event.payload.email)
 //!             .execute(&mut *conn)
@@ -28,7 +27,9 @@
 //!
 //! The handler runs inside [`crate::once::handle_once`]'s transaction: everything it writes through `conn`
 //! commits together with the dedupe row, or not at all. It must not have other side effects that cannot roll
-//! back (or must make them idempotent on `event.meta.outbox_id`).
+//! back (or must make them idempotent on `event.meta.outbox_id`). Build its statements with `event.statements`
+//! ([`crate::db::Statements::query`] and friends) so that they go out as the consumer's own do: named and cached,
+//! or unnamed behind a transaction-mode pooler (`DB_PERSISTENT_STATEMENTS=false`).
 //!
 //! The producer's own metadata ([`crate::NewEvent::header`]: a tenant, a causation id, …) is read with
 //! `event.header("tenant")` or `event.headers()`. It comes from the signed envelope, never from request headers,
@@ -43,6 +44,8 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use sqlx::PgConnection;
+
+use crate::db::Statements;
 
 /// The schema version assumed when an event carries no `x-schema-version` header.
 pub const DEFAULT_SCHEMA_VERSION: u32 = 1;
@@ -81,9 +84,9 @@ pub struct Event<P> {
     /// Ids, key, sequence, version, trace context.
     pub meta: EventMeta,
     pub payload: P,
-    /// The pool's prepared-statement switch (`DB_PERSISTENT_STATEMENTS`): pass it to `.persistent(..)` on every
-    /// query the handler runs (false behind RDS Proxy / PgBouncer).
-    pub persistent: bool,
+    /// The consumer's statement mode (`DB_PERSISTENT_STATEMENTS`): build every query the handler runs with it
+    /// (`event.statements.query(..)`), so it is unnamed behind RDS Proxy / PgBouncer in transaction mode.
+    pub statements: Statements,
 }
 
 impl EventMeta {
@@ -261,7 +264,7 @@ pub(crate) trait Route: Send + Sync {
         &self,
         meta: EventMeta,
         body: &[u8],
-        persistent: bool,
+        statements: Statements,
     ) -> Result<Box<dyn Prepared>, HandlerError>;
     fn supported_versions(&self) -> Vec<u32>;
 }
@@ -281,7 +284,7 @@ where
         &self,
         meta: EventMeta,
         body: &[u8],
-        persistent: bool,
+        statements: Statements,
     ) -> Result<Box<dyn Prepared>, HandlerError> {
         let version = meta.schema_version;
         let decoded = if let Some(up) = self.upcasters.get(&version) {
@@ -306,7 +309,7 @@ where
             event: Event {
                 meta,
                 payload,
-                persistent,
+                statements,
             },
         }))
     }

@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, Row};
 
 use crate::config::DeadHeadPolicy;
+use crate::db::Statements;
 use crate::ordering;
 
 /// What QStash told us about a message it gave up on (parsed from the failure-callback body), or as much of
@@ -129,13 +130,13 @@ pub async fn record_qstash_failure(
     failure: &QstashFailure,
     policy_for_topic: impl Fn(&str) -> DeadHeadPolicy,
     consumer: &str,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<FailureRecorded, sqlx::Error> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     // The callback function's pool commits asynchronously (delivery evidence may be lost safely); a dead letter
     // may not: QStash will not call again once it got a 2xx.
-    sqlx::query("SET LOCAL synchronous_commit = on")
-        .persistent(persistent)
+    statements
+        .query("SET LOCAL synchronous_commit = on")
         .execute(&mut *tx)
         .await?;
     let natural_id = failure.natural_id();
@@ -146,7 +147,7 @@ pub async fn record_qstash_failure(
             &natural_id,
             failure,
             consumer,
-            persistent,
+            statements,
         )
         .await?
         {
@@ -168,7 +169,7 @@ pub async fn record_qstash_failure(
         .source_body
         .as_deref()
         .and_then(|b| serde_json::from_slice(b).ok());
-    let row = sqlx::query(
+    let row = statements.query(
         crate::schema::q(r#"
         INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, body, headers,
                                   error, status, response_body, attempts, qstash_message_id, dlq_id,
@@ -190,7 +191,6 @@ pub async fn record_qstash_failure(
         RETURNING id, outbox_id, topic, seq, resolution
         "#),
     )
-    .persistent(persistent)
     .bind(&natural_id)
     .bind(body_json)
     .bind(failure.source_body.as_deref())
@@ -221,15 +221,14 @@ pub async fn record_qstash_failure(
     match (outbox_id, resolution.as_deref()) {
         // Applied: done, as if its delivery evidence had come (marks it delivered, moves an ordered key on).
         (Some(id), Some("applied")) => {
-            ordering::record_delivery(&mut tx, id, persistent).await?;
+            ordering::record_delivery(&mut tx, id, statements).await?;
         }
         (Some(id), None) => {
             let error = failure.error_text();
-            sqlx::query(
+            statements.query(
                 crate::schema::q("UPDATE {schema}.outbox SET dead_lettered_at = now(), last_error = left($2, 2000), locked_until = NULL \
                  WHERE id = $1 AND delivered_at IS NULL"),
             )
-            .persistent(persistent)
             .bind(id)
             .bind(&error)
             .execute(&mut *tx)
@@ -240,7 +239,7 @@ pub async fn record_qstash_failure(
                     id,
                     policy_for_topic(&topic),
                     &error,
-                    persistent,
+                    statements,
                 )
                 .await?;
             }
@@ -302,15 +301,15 @@ async fn merge_into_open(
     natural_id: &str,
     failure: &QstashFailure,
     consumer: &str,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<Merge, sqlx::Error> {
-    sqlx::query("SELECT pg_advisory_xact_lock(28514, ($1 % 2147483647)::int4)")
-        .persistent(persistent)
+    statements
+        .query("SELECT pg_advisory_xact_lock(28514, ($1 % 2147483647)::int4)")
         .bind(outbox_id)
         .execute(&mut *tx)
         .await?;
-    let row = sqlx::query(crate::schema::q(MERGE_SQL))
-        .persistent(persistent)
+    let row = statements
+        .query(crate::schema::q(MERGE_SQL))
         .bind(outbox_id)
         .bind(natural_id)
         .bind(consumer)
@@ -373,19 +372,18 @@ pub async fn record_qstash_batch_failure(
     members: &[BatchMember],
     policy_for_topic: impl Fn(&str) -> DeadHeadPolicy,
     consumer: &str,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<BatchFailureRecorded, sqlx::Error> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    sqlx::query("SET LOCAL synchronous_commit = on")
-        .persistent(persistent)
+    statements
+        .query("SET LOCAL synchronous_commit = on")
         .execute(&mut *tx)
         .await?;
     let ids: Vec<i64> = members.iter().filter_map(|m| m.failure.outbox_id).collect();
     let id_texts: Vec<String> = ids.iter().map(i64::to_string).collect();
-    let applied: Vec<String> = sqlx::query_scalar(crate::schema::q(
+    let applied: Vec<String> = statements.query_scalar(crate::schema::q(
         "SELECT message_id FROM {schema}.processed_messages WHERE consumer = $1 AND message_id = ANY ($2::text[])",
     ))
-    .persistent(persistent)
     .bind(consumer)
     .bind(&id_texts)
     .fetch_all(&mut *tx)
@@ -400,7 +398,7 @@ pub async fn record_qstash_batch_failure(
         }
     }
     if !out.delivered.is_empty() {
-        ordering::record_delivery_batch(&mut tx, &out.delivered, persistent).await?;
+        ordering::record_delivery_batch(&mut tx, &out.delivered, statements).await?;
     }
     let mut requeue = Vec::new();
     for m in members {
@@ -416,7 +414,7 @@ pub async fn record_qstash_batch_failure(
                 &m.failure,
                 &policy_for_topic,
                 consumer,
-                persistent,
+                statements,
             )
             .await?
             {
@@ -438,14 +436,13 @@ pub async fn record_qstash_batch_failure(
         let source_message_id = members
             .first()
             .and_then(|m| m.failure.source_message_id.as_deref());
-        out.requeued = sqlx::query_scalar(crate::schema::q(
+        out.requeued = statements.query_scalar(crate::schema::q(
             "UPDATE {schema}.outbox SET dispatched_at = NULL, available_at = now(), lease_token = NULL, \
              locked_until = NULL, qstash_message_id = NULL \
              WHERE id = ANY ($1::bigint[]) AND seq IS NULL AND delivered_at IS NULL AND dead_lettered_at IS NULL \
                AND ($2::text IS NULL OR qstash_message_id IS NULL OR qstash_message_id = $2) \
              RETURNING id",
         ))
-        .persistent(persistent)
         .bind(&requeue)
         .bind(source_message_id)
         .fetch_all(&mut *tx)

@@ -2,11 +2,9 @@
 
 use std::sync::Arc;
 
-use sqlx::PgPool;
-
 use super::{Clock, KeyRing, RECEIVER_SECRETS, SigningKeys, UrlSource, VerifyOptions};
 use crate::config::{ConfigError, ConsumerConfig, EnvSource, ProcessEnv, Vars};
-use crate::db::DbConfig;
+use crate::db::{Db, DbConfig};
 use crate::secrets::{SecretField, SecretSource};
 
 /// Which receiver a function is. The two differ in their database defaults only.
@@ -50,10 +48,8 @@ impl Receiver {
 pub struct ReceiverState {
     /// Consumer settings (name, public URL, body cap, clock tolerance, secret refresh interval).
     pub config: ConsumerConfig,
-    /// The lazily connecting pool.
-    pub pool: PgPool,
-    /// `DB_PERSISTENT_STATEMENTS`: passed to every query.
-    pub persistent: bool,
+    /// The database handle: a lazily connecting pool and the statement mode (`DB_PERSISTENT_STATEMENTS`).
+    pub db: Db,
     /// The signing keys.
     pub keys: KeyRing,
     /// The clock for `exp`/`nbf` (fixed in tests).
@@ -64,11 +60,10 @@ pub struct ReceiverState {
 
 impl ReceiverState {
     /// State from explicit parts (tests, the local pipeline).
-    pub fn new(config: ConsumerConfig, pool: PgPool, keys: KeyRing) -> Self {
+    pub fn new(config: ConsumerConfig, db: Db, keys: KeyRing) -> Self {
         ReceiverState {
             config,
-            pool,
-            persistent: true,
+            db,
             keys,
             clock: Clock::System,
             emit_metrics: true,
@@ -95,7 +90,7 @@ impl ReceiverState {
         let source = SecretSource::from_env(Arc::clone(&env)).await;
         let secrets = source.load(&RECEIVER_SECRETS).await?;
         crate::secrets::refuse_dev_values(&secrets, &vars)?;
-        let pool = db.pool(secrets.get(SecretField::DatabaseUrl)?)?;
+        let handle = db.handle(secrets.get(SecretField::DatabaseUrl)?)?;
         let keys = KeyRing::loaded(
             SigningKeys::from_secrets(&secrets)?,
             source,
@@ -103,18 +98,11 @@ impl ReceiverState {
         );
         Ok(ReceiverState {
             config,
-            pool,
-            persistent: db.persistent_statements,
+            db: handle,
             keys,
             clock: Clock::System,
             emit_metrics: true,
         })
-    }
-
-    /// Sets the prepared-statement switch.
-    pub fn with_persistent(mut self, persistent: bool) -> Self {
-        self.persistent = persistent;
-        self
     }
 
     /// Sets the clock.

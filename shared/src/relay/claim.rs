@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
+use crate::db::Statements;
 use crate::ordering::{CLAIM_HEADS_SQL, CLAIM_RUNS_SQL};
 use crate::producer::EventHeaders;
 
@@ -83,7 +84,7 @@ pub struct ClaimStatements {
     batch_size: u32,
     unordered: String,
     ordered: String,
-    persistent: bool,
+    statements: Statements,
     /// Topics with their own events-per-message (`$2`, `$3` of [`CLAIM_RUNS_SQL`]).
     batch_topics: Vec<String>,
     batch_ns: Vec<i32>,
@@ -96,13 +97,13 @@ pub struct ClaimStatements {
 impl ClaimStatements {
     /// Builds the statements for a batch size; ordered keys are claimed one event at a time (the head) until
     /// [`ClaimStatements::with_delivery_batching`] says otherwise.
-    pub fn new(batch_size: u32, persistent: bool) -> Self {
+    pub fn new(batch_size: u32, statements: Statements) -> Self {
         let limit = batch_size.to_string();
         ClaimStatements {
             batch_size,
             unordered: crate::schema::sql(CLAIM_UNORDERED_SQL).replace("{limit}", &limit),
             ordered: crate::schema::sql(CLAIM_HEADS_SQL).replace("{limit}", &limit),
-            persistent,
+            statements,
             batch_topics: Vec::new(),
             batch_ns: Vec::new(),
             batch_default: 1,
@@ -176,9 +177,9 @@ impl ClaimStatements {
         lease_secs: f64,
         ordered: bool,
     ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
-        let mut c = crate::db::Autocommit::on(conn, self.persistent).await?;
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
-            .persistent(self.persistent)
+        let mut q = self
+            .statements
+            .query(sqlx::AssertSqlSafe(sql.to_owned()))
             .bind(lease_secs);
         if ordered && self.runs {
             q = q
@@ -186,8 +187,10 @@ impl ClaimStatements {
                 .bind(&self.batch_ns)
                 .bind(self.batch_default);
         }
-        let rows = q.fetch_all(&mut *c).await?;
-        c.finish().await?;
+        let rows = self
+            .statements
+            .run(conn, async |c| q.fetch_all(c).await)
+            .await?;
         rows.iter().map(ClaimedEvent::from_row).collect()
     }
 }

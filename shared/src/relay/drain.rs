@@ -207,9 +207,7 @@ impl Relay {
                 break;
             }
         }
-        let state = outage::load(&self.pool, self.persistent)
-            .await
-            .map_err(db("read outage"))?;
+        let state = outage::load(&self.db).await.map_err(db("read outage"))?;
         let mut lat = latencies.into_inner().unwrap_or_default();
         lat.sort();
         let pct = |p: f64| -> f64 {
@@ -261,9 +259,7 @@ impl Relay {
     ) -> Result<Gate, RelayError> {
         let mut announced = false;
         loop {
-            let state = outage::load(&self.pool, self.persistent)
-                .await
-                .map_err(db("read outage"))?;
+            let state = outage::load(&self.db).await.map_err(db("read outage"))?;
             if !state.active() {
                 return Ok(Gate::Drain);
             }
@@ -300,7 +296,7 @@ impl Relay {
                     .await;
                 continue;
             }
-            if !outage::take_probe(&self.pool, self.cfg.lease, self.persistent)
+            if !outage::take_probe(&self.db, self.cfg.lease)
                 .await
                 .map_err(db("take outage probe"))?
             {
@@ -319,9 +315,7 @@ impl Relay {
                 continue;
             }
             if r.requests_ok == 0
-                && let Some(lasted) = outage::clear(&self.pool, self.persistent)
-                    .await
-                    .map_err(db("clear outage"))?
+                && let Some(lasted) = outage::clear(&self.db).await.map_err(db("clear outage"))?
             {
                 self.outage_hint.store(false, AtomicOrdering::Relaxed);
                 tracing::info!(
@@ -350,27 +344,24 @@ impl Relay {
 
     /// True when no event is pending and no ordered head awaits delivery evidence.
     pub async fn is_empty(&self) -> Result<bool, RelayError> {
-        let mut c = crate::db::Autocommit::acquire(&self.pool, self.persistent)
+        // The keys first: while ordered messages await evidence that answers at once, whereas the pending scan
+        // walks every row version the drain left behind in the pending index.
+        let sql = crate::schema::q(
+            "SELECT EXISTS (SELECT 1 FROM {schema}.outbox_keys WHERE inflight_id IS NOT NULL) \
+             OR EXISTS (SELECT 1 FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL)",
+        );
+        let busy: bool = self
+            .db
+            .run(async |c| self.db.query_scalar(sql).fetch_one(c).await)
             .await
             .map_err(db("emptiness check"))?;
-        let busy: bool = sqlx::query_scalar(
-            // The keys first: while ordered messages await evidence that answers at once, whereas the pending
-            // scan walks every row version the drain left behind in the pending index.
-            crate::schema::q("SELECT EXISTS (SELECT 1 FROM {schema}.outbox_keys WHERE inflight_id IS NOT NULL) \
-                 OR EXISTS (SELECT 1 FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL)"),
-        )
-        .persistent(self.persistent)
-        .fetch_one(&mut *c)
-        .await
-        .map_err(db("emptiness check"))?;
-        c.finish().await.map_err(db("emptiness check"))?;
         Ok(!busy)
     }
 
     /// Wakes idle workers on `NOTIFY outbox_new` (optional; `docs/configuration.md` says why it is off by default: poolers and the commit lock).
     /// Returns only if listening fails, after which the workers fall back to polling.
     async fn listen(&self, wake: Arc<Notify>, stop: Arc<Notify>) {
-        let mut listener = match sqlx::postgres::PgListener::connect_with(&self.pool).await {
+        let mut listener = match sqlx::postgres::PgListener::connect_with(self.db.pool()).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "LISTEN unavailable; polling only");

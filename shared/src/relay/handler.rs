@@ -38,7 +38,6 @@ pub struct RelayState {
     pub relay: Relay,
     /// Name used in metrics and logs.
     pub function_name: String,
-    persistent: bool,
     margin: Duration,
     emit_metrics: bool,
     budget_without_deadline: Duration,
@@ -66,7 +65,7 @@ impl RelayState {
             .load(&[SecretField::DatabaseUrl, SecretField::QstashToken])
             .await?;
         crate::secrets::refuse_dev_values(&secrets, &vars)?;
-        let pool = db.pool(secrets.get(SecretField::DatabaseUrl)?)?;
+        let handle = db.handle(secrets.get(SecretField::DatabaseUrl)?)?;
         let client = QstashClient::new(
             &qstash.base_url,
             secrets.get(SecretField::QstashToken)?.clone(),
@@ -96,9 +95,8 @@ impl RelayState {
             emit_metrics: true,
             budget_without_deadline,
             margin: relay_cfg.deadline_margin,
-            relay: Relay::new(pool, client, relay_cfg, qstash, db.persistent_statements),
+            relay: Relay::new(handle, client, relay_cfg, qstash),
             function_name,
-            persistent: db.persistent_statements,
         })
     }
 
@@ -108,12 +106,11 @@ impl RelayState {
     }
 
     /// Wraps an already built relay (tests, the local pipeline).
-    pub fn new(relay: Relay, function_name: &str, persistent: bool) -> Self {
+    pub fn new(relay: Relay, function_name: &str) -> Self {
         RelayState {
             margin: relay.config().deadline_margin,
             relay,
             function_name: function_name.to_owned(),
-            persistent,
             emit_metrics: true,
             budget_without_deadline: DEFAULT_BUDGET_WITHOUT_DEADLINE,
         }
@@ -228,7 +225,7 @@ pub async fn handle(
         batch: cfg.housekeeping_batch,
         time_budget: Duration::from_secs(2),
     };
-    let pruned = housekeeping::run(relay.pool(), retention, state.persistent)
+    let pruned = housekeeping::run(relay.db(), retention)
         .await
         .map_err(|source| RelayError::Database {
             step: "housekeeping",
@@ -251,7 +248,7 @@ pub async fn handle(
             )
         }
     };
-    let backlog = housekeeping::backlog(relay.pool(), cfg.accounting.horizon, state.persistent)
+    let backlog = housekeeping::backlog(relay.db(), cfg.accounting.horizon)
         .await
         .map_err(|source| RelayError::Database {
             step: "backlog",

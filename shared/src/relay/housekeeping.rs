@@ -8,8 +8,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::db::Db;
 use serde::Serialize;
-use sqlx::PgPool;
 
 /// What one housekeeping pass removed.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
@@ -38,29 +38,19 @@ pub struct Retention {
 }
 
 /// Runs one bounded `DELETE` whose only parameter (`$1`) is an age in seconds; returns the rows deleted.
-async fn delete_older_than(
-    pool: &PgPool,
-    sql: String,
-    older_than: Duration,
-    persistent: bool,
-) -> Result<u64, sqlx::Error> {
-    let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
-    let n = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .persistent(persistent)
-        .bind(older_than.as_secs_f64())
-        .execute(&mut *c)
-        .await?
-        .rows_affected();
-    c.finish().await?;
-    Ok(n)
+async fn delete_older_than(db: &Db, sql: String, older_than: Duration) -> Result<u64, sqlx::Error> {
+    db.execute(
+        db.query(sqlx::AssertSqlSafe(sql))
+            .bind(older_than.as_secs_f64()),
+    )
+    .await
 }
 
 /// Deletes one batch of dispatched outbox rows past retention; returns how many.
 pub async fn prune_outbox_batch(
-    pool: &PgPool,
+    db: &Db,
     older_than: Duration,
     batch: u32,
-    persistent: bool,
 ) -> Result<u64, sqlx::Error> {
     let schema = crate::schema::current().quoted();
     let sql = format!(
@@ -70,47 +60,41 @@ pub async fn prune_outbox_batch(
               AND delivered_at IS NOT NULL \
             LIMIT {batch} FOR UPDATE SKIP LOCKED)"
     );
-    delete_older_than(pool, sql, older_than, persistent).await
+    delete_older_than(db, sql, older_than).await
 }
 
 /// Deletes one batch of consumer dedupe rows past their TTL; returns how many.
 pub async fn prune_processed_batch(
-    pool: &PgPool,
+    db: &Db,
     older_than: Duration,
     batch: u32,
-    persistent: bool,
 ) -> Result<u64, sqlx::Error> {
     let schema = crate::schema::current().quoted();
     let sql = format!(
         "DELETE FROM {schema}.processed_messages WHERE ctid = ANY(ARRAY(\
             SELECT ctid FROM {schema}.processed_messages WHERE processed_at < now() - make_interval(secs => $1) LIMIT {batch}))"
     );
-    delete_older_than(pool, sql, older_than, persistent).await
+    delete_older_than(db, sql, older_than).await
 }
 
 /// Deletes one batch of consumer sequence rows not updated for longer than the TTL; returns how many.
 pub async fn prune_consumer_sequences_batch(
-    pool: &PgPool,
+    db: &Db,
     older_than: Duration,
     batch: u32,
-    persistent: bool,
 ) -> Result<u64, sqlx::Error> {
     let schema = crate::schema::current().quoted();
     let sql = format!(
         "DELETE FROM {schema}.consumer_sequences WHERE ctid = ANY(ARRAY(\
             SELECT ctid FROM {schema}.consumer_sequences WHERE updated_at < now() - make_interval(secs => $1) LIMIT {batch}))"
     );
-    delete_older_than(pool, sql, older_than, persistent).await
+    delete_older_than(db, sql, older_than).await
 }
 
 /// Releases up to `batch` idle ordered keys (every event done, nothing leased, in flight or blocked). Holds
 /// each key's `outbox_sequences` lock while deleting, skipping keys a producer holds (see
 /// [`crate::ordering::release_idle_key`]).
-pub async fn release_idle_keys(
-    pool: &PgPool,
-    batch: u32,
-    persistent: bool,
-) -> Result<u64, sqlx::Error> {
+pub async fn release_idle_keys(db: &Db, batch: u32) -> Result<u64, sqlx::Error> {
     let schema = crate::schema::current().quoted();
     let sql = format!(
         "WITH idle AS (\
@@ -121,24 +105,16 @@ pub async fn release_idle_keys(
             LIMIT {batch} FOR UPDATE OF k, s SKIP LOCKED) \
          DELETE FROM {schema}.outbox_keys k USING idle WHERE k.topic = idle.topic AND k.partition_key = idle.partition_key"
     );
-    let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
-    let n = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .persistent(persistent)
-        .execute(&mut *c)
-        .await?
-        .rows_affected();
-    c.finish().await?;
-    Ok(n)
+    db.execute(db.query(sqlx::AssertSqlSafe(sql))).await
 }
 
 /// Deletes one batch of dead letters older than `older_than` that need nobody any more: redriven, or resolved
 /// (delivered after all). Unhandled dead letters are never pruned: they stay until an operator redrives or purges
 /// them (guarantee 4). Used by `outbox prune --dead-letters-days`, not by the relay's housekeeping.
 pub async fn prune_dead_letters_batch(
-    pool: &PgPool,
+    db: &Db,
     older_than: Duration,
     batch: u32,
-    persistent: bool,
 ) -> Result<u64, sqlx::Error> {
     let schema = crate::schema::current().quoted();
     let sql = format!(
@@ -148,7 +124,7 @@ pub async fn prune_dead_letters_batch(
               AND (redriven_at IS NOT NULL OR resolved_at IS NOT NULL) \
             ORDER BY created_at LIMIT {batch} FOR UPDATE SKIP LOCKED)"
     );
-    delete_older_than(pool, sql, older_than, persistent).await
+    delete_older_than(db, sql, older_than).await
 }
 
 /// Deletes one batch of dead outbox rows (dead-lettered longer ago than `older_than`) that nothing refers to any
@@ -157,10 +133,9 @@ pub async fn prune_dead_letters_batch(
 /// --dead-letters-days`. Scans the dead rows (`outbox` keeps only about `OUTBOX_RETENTION_HOURS` of history, so
 /// this is a short scan; there is no index on `dead_lettered_at`).
 pub async fn prune_dead_events_batch(
-    pool: &PgPool,
+    db: &Db,
     older_than: Duration,
     batch: u32,
-    persistent: bool,
 ) -> Result<u64, sqlx::Error> {
     let schema = crate::schema::current().quoted();
     let sql = format!(
@@ -173,28 +148,23 @@ pub async fn prune_dead_events_batch(
                      WHERE k.topic = o.topic AND k.partition_key = o.partition_key AND k.done_seq < o.seq)) \
             LIMIT {batch} FOR UPDATE SKIP LOCKED)"
     );
-    delete_older_than(pool, sql, older_than, persistent).await
+    delete_older_than(db, sql, older_than).await
 }
 
 /// One bounded pass of everything.
-pub async fn run(
-    pool: &PgPool,
-    retention: Retention,
-    persistent: bool,
-) -> Result<HousekeepingReport, sqlx::Error> {
+pub async fn run(db: &Db, retention: Retention) -> Result<HousekeepingReport, sqlx::Error> {
     let started = Instant::now();
     let mut report = HousekeepingReport::default();
     let within = |t: Instant| t.elapsed() < retention.time_budget;
     while within(started) {
-        let n = prune_outbox_batch(pool, retention.outbox, retention.batch, persistent).await?;
+        let n = prune_outbox_batch(db, retention.outbox, retention.batch).await?;
         report.outbox_deleted += n;
         if n < u64::from(retention.batch) {
             break;
         }
     }
     while within(started) {
-        let n =
-            prune_processed_batch(pool, retention.processed, retention.batch, persistent).await?;
+        let n = prune_processed_batch(db, retention.processed, retention.batch).await?;
         report.processed_deleted += n;
         if n < u64::from(retention.batch) {
             break;
@@ -202,11 +172,10 @@ pub async fn run(
     }
     if within(started) {
         report.consumer_sequences_deleted +=
-            prune_consumer_sequences_batch(pool, retention.processed, retention.batch, persistent)
-                .await?;
+            prune_consumer_sequences_batch(db, retention.processed, retention.batch).await?;
     }
     if within(started) {
-        report.keys_released += release_idle_keys(pool, retention.batch, persistent).await?;
+        report.keys_released += release_idle_keys(db, retention.batch).await?;
     }
     Ok(report)
 }
@@ -232,27 +201,25 @@ pub struct BacklogGauges {
 }
 
 /// Reads the backlog gauges (index-only where possible); `horizon`: the reconciler's (`RELAY_RECONCILE_AFTER_SECS`).
-pub async fn backlog(
-    pool: &PgPool,
-    horizon: Duration,
-    persistent: bool,
-) -> Result<BacklogGauges, sqlx::Error> {
-    let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
-    let flight = crate::accounting::in_flight(&mut c, horizon, persistent).await?;
-    let row: (i64, f64, i64, i64, f64) = sqlx::query_as(
-        crate::schema::q("SELECT \
-            (SELECT count(*) FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL), \
-            coalesce((SELECT extract(epoch FROM now() - min(created_at))::float8 FROM {schema}.outbox \
-                      WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL), 0), \
-            (SELECT count(*) FROM {schema}.outbox_keys WHERE blocked_at IS NOT NULL), \
-            (SELECT count(*) FROM {schema}.outbox_keys WHERE inflight_id IS NOT NULL), \
-            coalesce((SELECT extract(epoch FROM now() - min(inflight_since))::float8 FROM {schema}.outbox_keys \
-                      WHERE inflight_id IS NOT NULL), 0)"),
-    )
-    .persistent(persistent)
-    .fetch_one(&mut *c)
-    .await?;
-    c.finish().await?;
+pub async fn backlog(db: &Db, horizon: Duration) -> Result<BacklogGauges, sqlx::Error> {
+    let (flight, row) = db
+        .run(async |c| {
+            let flight = crate::accounting::in_flight(c, horizon, db.statements()).await?;
+            let row: (i64, f64, i64, i64, f64) = db.query_as(
+                crate::schema::q("SELECT \
+                    (SELECT count(*) FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL), \
+                    coalesce((SELECT extract(epoch FROM now() - min(created_at))::float8 FROM {schema}.outbox \
+                              WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL), 0), \
+                    (SELECT count(*) FROM {schema}.outbox_keys WHERE blocked_at IS NOT NULL), \
+                    (SELECT count(*) FROM {schema}.outbox_keys WHERE inflight_id IS NOT NULL), \
+                    coalesce((SELECT extract(epoch FROM now() - min(inflight_since))::float8 FROM {schema}.outbox_keys \
+                              WHERE inflight_id IS NOT NULL), 0)"),
+            )
+            .fetch_one(c)
+            .await?;
+            Ok((flight, row))
+        })
+        .await?;
     Ok(BacklogGauges {
         pending: row.0,
         oldest_pending_age_secs: row.1.max(0.0),

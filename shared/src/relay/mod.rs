@@ -46,6 +46,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
+use crate::db::Db;
+
 use crate::config::{DeadHeadPolicy, EvidenceMode, OutcomeSource, QstashConfig, RelayConfig};
 use crate::contract;
 use crate::qstash::{
@@ -189,16 +191,15 @@ impl Published {
     }
 }
 
-/// The relay: pool, QStash client and settings, built once per process (cold start) and reused.
+/// The relay: database handle, QStash client and settings, built once per process (cold start) and reused.
 pub struct Relay {
     stop: Arc<StopSignal>,
-    pool: PgPool,
+    db: Db,
     client: QstashClient,
     cfg: RelayConfig,
     qstash: QstashConfig,
     claims: ClaimStatements,
     probe_claims: ClaimStatements,
-    persistent: bool,
     backoff: Backoff,
     probe_backoff: outage::ProbeBackoff,
     /// This process has seen an outage recorded that it has not seen cleared: a successful cycle clears the row
@@ -208,18 +209,13 @@ pub struct Relay {
 
 impl Relay {
     /// Builds a relay.
-    pub fn new(
-        pool: PgPool,
-        client: QstashClient,
-        cfg: RelayConfig,
-        qstash: QstashConfig,
-        persistent: bool,
-    ) -> Self {
+    pub fn new(db: Db, client: QstashClient, cfg: RelayConfig, qstash: QstashConfig) -> Self {
+        let statements = db.statements();
         Relay {
             stop: Arc::new(StopSignal::default()),
-            claims: ClaimStatements::new(cfg.batch_size, persistent)
+            claims: ClaimStatements::new(cfg.batch_size, statements)
                 .with_delivery_batching(&cfg.batching),
-            probe_claims: ClaimStatements::new(1, persistent).with_delivery_batching(&cfg.batching),
+            probe_claims: ClaimStatements::new(1, statements).with_delivery_batching(&cfg.batching),
             backoff: Backoff {
                 base: cfg.backoff_base,
                 cap: cfg.backoff_cap,
@@ -229,11 +225,10 @@ impl Relay {
                 cap: cfg.outage_probe_cap,
             },
             outage_hint: AtomicBool::new(false),
-            pool,
+            db,
             client,
             cfg,
             qstash,
-            persistent,
         }
     }
 
@@ -245,7 +240,12 @@ impl Relay {
 
     /// The pool.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.db.pool()
+    }
+
+    /// The database handle.
+    pub fn db(&self) -> &Db {
+        &self.db
     }
 
     /// The relay settings.
@@ -261,8 +261,7 @@ impl Relay {
     ) -> Result<crate::accounting::AccountingReport, RelayError> {
         let policy = |topic: &str| self.cfg.dead_head_policy(topic);
         let rec = crate::accounting::Reconciler {
-            pool: &self.pool,
-            persistent: self.persistent,
+            db: &self.db,
             client: &self.client,
             cfg: &self.cfg.accounting,
             processed_ttl: self.cfg.processed_ttl,
@@ -284,7 +283,7 @@ impl Relay {
     }
 
     async fn claim_with(&self, claims: &ClaimStatements) -> Result<Vec<ClaimedEvent>, RelayError> {
-        let mut conn = self.pool.acquire().await.map_err(db("acquire"))?;
+        let mut conn = self.pool().acquire().await.map_err(db("acquire"))?;
         let lease = self.cfg.lease.as_secs_f64();
         let mut events = claims
             .claim_unordered(&mut conn, lease)
@@ -718,10 +717,15 @@ impl Relay {
 
     /// Step 3: settles in one fenced statement.
     pub async fn settle(&self, items: &[SettleItem]) -> Result<SettleCounts, RelayError> {
-        let mut conn = self.pool.acquire().await.map_err(db("acquire"))?;
-        settle::settle(&mut conn, items, self.cfg.evidence_timeout, self.persistent)
-            .await
-            .map_err(db("settle"))
+        let mut conn = self.pool().acquire().await.map_err(db("acquire"))?;
+        settle::settle(
+            &mut conn,
+            items,
+            self.cfg.evidence_timeout,
+            self.db.statements(),
+        )
+        .await
+        .map_err(db("settle"))
     }
 
     /// One full cycle: claim, publish, settle. Events whose budget was already used up by earlier claims (the
@@ -862,13 +866,13 @@ impl Relay {
             let error = published
                 .first_request_error()
                 .unwrap_or_else(|| "publish request failed".into());
-            let mut conn = self.pool.acquire().await.map_err(db("acquire"))?;
+            let mut conn = self.pool().acquire().await.map_err(db("acquire"))?;
             let state = outage::record_failure(
                 &mut conn,
                 &error,
                 probe,
                 self.probe_backoff,
-                self.persistent,
+                self.db.statements(),
             )
             .await
             .map_err(db("record outage"))?;
@@ -878,9 +882,7 @@ impl Relay {
                 "QStash unavailable as a whole: claim released without spending attempts; publishing paused until the next probe");
         } else if published.requests_ok > 0
             && self.outage_hint.swap(false, AtomicOrdering::Relaxed)
-            && let Some(lasted) = outage::clear(&self.pool, self.persistent)
-                .await
-                .map_err(db("clear outage"))?
+            && let Some(lasted) = outage::clear(&self.db).await.map_err(db("clear outage"))?
         {
             tracing::info!(
                 outage_secs = lasted.as_secs_f64(),

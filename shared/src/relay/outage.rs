@@ -14,7 +14,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use rand::Rng;
 use serde::Serialize;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
+
+use crate::db::{Db, Statements};
 
 /// The outage row as read.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, sqlx::FromRow)]
@@ -88,14 +90,9 @@ pub(crate) const SELECT: &str = "SELECT since, last_error, failures, next_probe_
 const SELECT_FOR_UPDATE: &str = "SELECT since, last_error, failures, next_probe_at, now() AS now FROM {schema}.outbox_relay_outage FOR UPDATE";
 
 /// Reads the outage row.
-pub async fn load(pool: &PgPool, persistent: bool) -> Result<OutageState, sqlx::Error> {
-    let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
-    let state = sqlx::query_as::<_, OutageState>(crate::schema::q(SELECT))
-        .persistent(persistent)
-        .fetch_one(&mut *c)
-        .await?;
-    c.finish().await?;
-    Ok(state)
+pub async fn load(db: &Db) -> Result<OutageState, sqlx::Error> {
+    db.run(async |c| db.query_as(crate::schema::q(SELECT)).fetch_one(c).await)
+        .await
 }
 
 /// Records a failed cycle or probe. The backoff advances (and `failures` grows) when the outage is new, when
@@ -106,11 +103,11 @@ pub async fn record_failure(
     error: &str,
     probe: bool,
     backoff: ProbeBackoff,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<OutageState, sqlx::Error> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    let cur = sqlx::query_as::<_, OutageState>(crate::schema::q(SELECT_FOR_UPDATE))
-        .persistent(persistent)
+    let cur: OutageState = statements
+        .query_as(crate::schema::q(SELECT_FOR_UPDATE))
         .fetch_one(&mut *tx)
         .await?;
     let advance = probe || !cur.active() || !cur.waiting();
@@ -120,59 +117,55 @@ pub async fn record_failure(
         cur.failures
     };
     let delay = backoff.delay(failures.max(1) as u32, &mut rand::rng());
-    let state = sqlx::query_as::<_, OutageState>(crate::schema::q(
-        "UPDATE {schema}.outbox_relay_outage SET since = coalesce(since, now()), last_error = left($1, 2000), \
-         failures = $2, \
-         next_probe_at = CASE WHEN $3 THEN now() + make_interval(secs => $4) ELSE next_probe_at END, \
-         updated_at = now() \
-         RETURNING since, last_error, failures, next_probe_at, now() AS now",
-    ))
-    .persistent(persistent)
-    .bind(error)
-    .bind(failures)
-    .bind(advance)
-    .bind(delay.as_secs_f64())
-    .fetch_one(&mut *tx)
-    .await?;
+    let state: OutageState = statements
+        .query_as(crate::schema::q(
+            "UPDATE {schema}.outbox_relay_outage SET since = coalesce(since, now()), last_error = left($1, 2000), \
+             failures = $2, \
+             next_probe_at = CASE WHEN $3 THEN now() + make_interval(secs => $4) ELSE next_probe_at END, \
+             updated_at = now() \
+             RETURNING since, last_error, failures, next_probe_at, now() AS now",
+        ))
+        .bind(error)
+        .bind(failures)
+        .bind(advance)
+        .bind(delay.as_secs_f64())
+        .fetch_one(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(state)
 }
 
 /// Takes the due probe: moves `next_probe_at` one `lease` ahead if it is due. Exactly one of several concurrent
 /// callers gets `true` (the others find the moved `next_probe_at` once the row lock is released).
-pub async fn take_probe(
-    pool: &PgPool,
-    lease: Duration,
-    persistent: bool,
-) -> Result<bool, sqlx::Error> {
-    let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
-    let n = sqlx::query(crate::schema::q(
-        "UPDATE {schema}.outbox_relay_outage SET next_probe_at = now() + make_interval(secs => $1), updated_at = now() \
-         WHERE since IS NOT NULL AND (next_probe_at IS NULL OR next_probe_at <= now())",
-    ))
-    .persistent(persistent)
-    .bind(lease.as_secs_f64())
-    .execute(&mut *c)
-    .await?
-    .rows_affected();
-    c.finish().await?;
+pub async fn take_probe(db: &Db, lease: Duration) -> Result<bool, sqlx::Error> {
+    let n = db
+        .execute(
+            db.query(crate::schema::q(
+                "UPDATE {schema}.outbox_relay_outage SET next_probe_at = now() + make_interval(secs => $1), \
+                 updated_at = now() \
+                 WHERE since IS NOT NULL AND (next_probe_at IS NULL OR next_probe_at <= now())",
+            ))
+            .bind(lease.as_secs_f64()),
+        )
+        .await?;
     Ok(n == 1)
 }
 
 /// Ends the outage (QStash accepted a request). Returns how long it lasted, if there was one.
-pub async fn clear(pool: &PgPool, persistent: bool) -> Result<Option<Duration>, sqlx::Error> {
-    let mut c = crate::db::Autocommit::acquire(pool, persistent).await?;
-    let secs: Option<f64> = sqlx::query_scalar(crate::schema::q(
-        "UPDATE {schema}.outbox_relay_outage o SET since = NULL, last_error = NULL, failures = 0, next_probe_at = NULL, \
-         updated_at = now() \
-         FROM (SELECT since FROM {schema}.outbox_relay_outage FOR UPDATE) old \
-         WHERE o.since IS NOT NULL \
-         RETURNING extract(epoch FROM now() - old.since)::float8",
-    ))
-    .persistent(persistent)
-    .fetch_optional(&mut *c)
-    .await?;
-    c.finish().await?;
+pub async fn clear(db: &Db) -> Result<Option<Duration>, sqlx::Error> {
+    let secs: Option<f64> = db
+        .run(async |c| {
+            db.query_scalar(crate::schema::q(
+                "UPDATE {schema}.outbox_relay_outage o SET since = NULL, last_error = NULL, failures = 0, \
+                 next_probe_at = NULL, updated_at = now() \
+                 FROM (SELECT since FROM {schema}.outbox_relay_outage FOR UPDATE) old \
+                 WHERE o.since IS NOT NULL \
+                 RETURNING extract(epoch FROM now() - old.since)::float8",
+            ))
+            .fetch_optional(c)
+            .await
+        })
+        .await?;
     Ok(secs.map(|s| Duration::from_secs_f64(s.max(0.0))))
 }
 

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use sqlx::{PgConnection, Row};
 
+use crate::db::Statements;
+
 /// What to record for one claimed event.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Settlement {
@@ -133,7 +135,7 @@ pub async fn settle(
     conn: &mut PgConnection,
     items: &[SettleItem],
     evidence_timeout: Duration,
-    persistent: bool,
+    statements: Statements,
 ) -> Result<SettleCounts, sqlx::Error> {
     if items.is_empty() {
         return Ok(SettleCounts::default());
@@ -189,9 +191,8 @@ pub async fn settle(
             }
         }
     }
-    let mut c = crate::db::Autocommit::on(conn, persistent).await?;
-    let row = sqlx::query(crate::schema::q(SETTLE_SQL))
-        .persistent(persistent)
+    let q = statements
+        .query(crate::schema::q(SETTLE_SQL))
         .bind(&ids)
         .bind(&tokens)
         .bind(&outcomes)
@@ -200,10 +201,8 @@ pub async fn settle(
         .bind(&message_ids)
         .bind(&statuses)
         .bind(&skips)
-        .bind(evidence_timeout.as_secs_f64())
-        .fetch_one(&mut *c)
-        .await?;
-    c.finish().await?;
+        .bind(evidence_timeout.as_secs_f64());
+    let row = statements.run(conn, async |c| q.fetch_one(c).await).await?;
     let get = |c: &str| -> Result<u64, sqlx::Error> { Ok(row.try_get::<i64, _>(c)?.max(0) as u64) };
     Ok(SettleCounts {
         dispatched: get("dispatched")?,

@@ -2,6 +2,7 @@
 //! baselines, the relay as a child process, claim latency, and the ordered rig (dev server + real consumer).
 
 use super::*;
+use outbox::db::Statements;
 
 pub(crate) const SEED_SQL: &str = "INSERT INTO outbox (topic, partition_key, payload) \
     SELECT 'bench', 'k' || (g % 1000), jsonb_build_object('i', g, 'pad', repeat('x', 176)) \
@@ -51,7 +52,7 @@ pub(crate) async fn sql_only(
     let pool = cfg
         .pool(&secrecy::SecretString::from(url.to_owned()))
         .context("pool")?;
-    let claims = ClaimStatements::new(batch, true);
+    let claims = ClaimStatements::new(batch, Statements::Prepared);
     let started = Instant::now();
     let workers = (0..concurrency).map(|_| {
         let pool = pool.clone();
@@ -74,9 +75,14 @@ pub(crate) async fn sql_only(
                         },
                     })
                     .collect();
-                done += settle(&mut conn, &items, Duration::from_secs(60), true)
-                    .await?
-                    .dispatched;
+                done += settle(
+                    &mut conn,
+                    &items,
+                    Duration::from_secs(60),
+                    Statements::Prepared,
+                )
+                .await?
+                .dispatched;
             }
             Ok::<u64, sqlx::Error>(done)
         }
@@ -130,7 +136,7 @@ pub(crate) async fn claim_latency_ms(
     batch: u32,
     samples: usize,
 ) -> anyhow::Result<(f64, f64)> {
-    let claims = ClaimStatements::new(batch, true);
+    let claims = ClaimStatements::new(batch, Statements::Prepared);
     let mut conn = pool.acquire().await?;
     let mut times = Vec::with_capacity(samples);
     for i in 0..samples + 5 {
@@ -197,7 +203,7 @@ pub(crate) async fn sql_only_ordered(
     let pool = cfg
         .pool(&secrecy::SecretString::from(url.to_owned()))
         .context("pool")?;
-    let claims = ClaimStatements::new(batch, true);
+    let claims = ClaimStatements::new(batch, Statements::Prepared);
     let started = Instant::now();
     let workers = (0..concurrency).map(|_| {
         let pool = pool.clone();
@@ -236,7 +242,13 @@ pub(crate) async fn sql_only_ordered(
                     .collect();
                 {
                     let mut conn = pool.acquire().await?;
-                    settle(&mut conn, &items, Duration::from_secs(60), true).await?;
+                    settle(
+                        &mut conn,
+                        &items,
+                        Duration::from_secs(60),
+                        Statements::Prepared,
+                    )
+                    .await?;
                 }
                 let ids: Vec<i64> = evs.iter().map(|e| e.id).collect();
                 let evidence = ids.chunks(ids.len().div_ceil(8).max(1)).map(|chunk| {
@@ -245,7 +257,8 @@ pub(crate) async fn sql_only_ordered(
                     async move {
                         let mut conn = pool.acquire().await?;
                         for id in chunk {
-                            outbox::ordering::record_delivery(&mut conn, id, true).await?;
+                            outbox::ordering::record_delivery(&mut conn, id, Statements::Prepared)
+                                .await?;
                         }
                         Ok::<(), sqlx::Error>(())
                     }
@@ -301,11 +314,10 @@ pub(crate) async fn ordered_endpoints(
     let mut db = DbConfig::defaults("bench-callbacks");
     db.async_commit = true;
     db.max_connections = 16;
-    let pool = db.pool(&secrecy::SecretString::from(db_url.to_owned()))?;
     let state = std::sync::Arc::new(
         ReceiverState::new(
             cfg,
-            pool,
+            db.handle(&secrecy::SecretString::from(db_url.to_owned()))?,
             KeyRing::fixed(SigningKeys::new(
                 qstash_dev::DEV_CURRENT_SIGNING_KEY,
                 Some(qstash_dev::DEV_NEXT_SIGNING_KEY.to_owned()),
@@ -338,7 +350,7 @@ pub(crate) async fn ordered_endpoints(
     let consumer = std::sync::Arc::new(outbox::consumer::ConsumerState::new(
         ReceiverState::new(
             ccfg,
-            cdb.pool(&secrecy::SecretString::from(db_url.to_owned()))?,
+            cdb.handle(&secrecy::SecretString::from(db_url.to_owned()))?,
             KeyRing::fixed(SigningKeys::new(
                 qstash_dev::DEV_CURRENT_SIGNING_KEY,
                 Some(qstash_dev::DEV_NEXT_SIGNING_KEY.to_owned()),
