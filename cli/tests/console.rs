@@ -399,7 +399,13 @@ async fn a_network_bind_needs_a_token_and_acts_under_its_name(pool: PgPool) {
         .unwrap();
     assert_eq!(actor, "alice");
     // A forged cookie (another name, same MAC) is no session.
-    let forged = tab.cookie.clone().unwrap().replace(".alice.", ".bob.");
+    let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    let forged = tab
+        .cookie
+        .clone()
+        .unwrap()
+        .replace(&format!(".{}.", hex("alice")), &format!(".{}.", hex("bob")));
+    assert_ne!(Some(&forged), tab.cookie.as_ref());
     tab.cookie = Some(forged);
     assert_eq!(tab.get("/").await.status, StatusCode::SEE_OTHER);
     console.stop().await.unwrap();

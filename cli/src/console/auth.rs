@@ -5,7 +5,7 @@
 //!   refuses to start without one. A secret is compared in constant time (SHA-256 of both sides, then
 //!   `subtle`), and the name is what the action log records.
 //! * **Sessions.** Logging in with a token (or, on a loopback console without tokens, the first visit) sets an
-//!   `HttpOnly`, `SameSite=Strict` cookie `<session id>.<expiry>.<name>.<mac>`, where the MAC is an HMAC-SHA256
+//!   `HttpOnly`, `SameSite=Strict` cookie `<session id>.<expiry>.<name in hex>.<mac>`, where the MAC is an HMAC-SHA256
 //!   under a key drawn at start: only this process can issue one, and a restart ends every session.
 //! * **CSRF.** Every form carries `csrf` = HMAC(key, session id); a POST whose field does not match its own
 //!   session's cookie is refused. A page on another site can neither read the cookie nor compute the MAC, and
@@ -160,8 +160,10 @@ impl Keys {
         rand::rng().fill_bytes(&mut id);
         let id = hex(&id);
         let exp = (now + SESSION_SECS).to_string();
-        let mac = self.mac(&["session", &id, &exp, actor]);
-        let value = format!("{id}.{exp}.{actor}.{mac}");
+        // The name in hex: a token name may hold '.', the cookie's separator.
+        let name = hex(actor.as_bytes());
+        let mac = self.mac(&["session", &id, &exp, &name]);
+        let value = format!("{id}.{exp}.{name}.{mac}");
         (
             Session {
                 id,
@@ -174,11 +176,11 @@ impl Keys {
     /// The session a cookie value stands for, if this process issued it and it has not expired.
     pub fn verify(&self, value: &str, now: i64) -> Option<Session> {
         let mut parts = value.split('.');
-        let (id, exp, actor, mac) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let (id, exp, name, mac) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
         if parts.next().is_some() {
             return None;
         }
-        let want = self.mac(&["session", id, exp, actor]);
+        let want = self.mac(&["session", id, exp, name]);
         if !bool::from(want.as_bytes().ct_eq(mac.as_bytes())) {
             return None;
         }
@@ -187,7 +189,7 @@ impl Keys {
         }
         Some(Session {
             id: id.to_owned(),
-            actor: actor.to_owned(),
+            actor: String::from_utf8(unhex(name)?).ok()?,
         })
     }
 
@@ -199,6 +201,16 @@ impl Keys {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 /// The value of cookie `name` in a `Cookie` header.
@@ -337,8 +349,10 @@ mod tests {
             None,
             "another process's key"
         );
-        let forged = cookie.replacen("alice", "mallory", 1);
+        let forged = cookie.replacen(&hex(b"alice"), &hex(b"mallory"), 1);
         assert_eq!(keys.verify(&forged, 1001), None);
+        let (dotted, cookie) = keys.issue("alice.smith@ops", 1000);
+        assert_eq!(keys.verify(&cookie, 1001), Some(dotted), "a name with the separator in it");
         let (other, _) = keys.issue("alice", 1000);
         assert_ne!(
             keys.csrf(&session),
