@@ -248,7 +248,7 @@ async fn unordered_events_are_grouped_per_topic_up_to_each_topics_n(pool: PgPool
     );
     // Publish and settle that claim: every event dispatched with its message's id.
     let published = relay.publish_classified(&claimed).await;
-    let items = relay.decide(&claimed, &published.outcomes);
+    let items = relay.decide(&claimed, &published.outcomes());
     let settled = relay.settle(&items).await.unwrap();
     assert_eq!(settled.dispatched, 9);
     let distinct: i64 = sqlx::query_scalar("SELECT count(DISTINCT qstash_message_id) FROM outbox")
@@ -329,9 +329,9 @@ async fn dedup_ids_follow_the_composition_and_a_crash_reforms_the_same_message(p
     let published = relay.publish_classified(&claimed).await;
     assert!(
         published
-            .outcomes
+            .events
             .iter()
-            .all(|o| matches!(o, outbox::qstash::PublishOutcome::Accepted { .. }))
+            .all(|e| matches!(e.outcome, outbox::qstash::PublishOutcome::Accepted { .. }))
     );
     drop(claimed);
     e.expire_leases().await;
@@ -345,7 +345,7 @@ async fn dedup_ids_follow_the_composition_and_a_crash_reforms_the_same_message(p
         Some(dedup.clone())
     );
     let published = relay.publish_classified(&again).await;
-    let items = relay.decide(&again, &published.outcomes);
+    let items = relay.decide(&again, &published.outcomes());
     assert_eq!(relay.settle(&items).await.unwrap().dispatched, 3);
     assert_eq!(e.dev.handle().stats().deduplicated, 1);
     assert_eq!(e.delivered().await, vec![(ids.clone(), joined(&ids))]);
@@ -486,7 +486,7 @@ async fn without_batching_every_event_is_its_own_message_as_before(pool: PgPool)
         assert_eq!(v["events"].as_array().unwrap().len(), 1);
     }
     let published = relay.publish_classified(&claimed).await;
-    let items = relay.decide(&claimed, &published.outcomes);
+    let items = relay.decide(&claimed, &published.outcomes());
     assert_eq!(relay.settle(&items).await.unwrap().dispatched, 4);
     for (ids, header) in e.delivered().await {
         assert_eq!(ids.len(), 1);

@@ -332,3 +332,15 @@ fn topic_of_url(url: &str) -> Option<String> {
     crate::producer::validate_topic(topic).ok()?;
     Some(topic.to_owned())
 }
+
+/// The body as text (invalid UTF-8 replaced), cut after `max_chars` characters with a marker.
+pub(super) fn lossy_truncated(bytes: &[u8], max_chars: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    if text.chars().count() <= max_chars {
+        text.into_owned()
+    } else {
+        let mut s: String = text.chars().take(max_chars).collect();
+        s.push_str("…(truncated)");
+        s
+    }
+}

@@ -118,12 +118,14 @@ type Sequences<'a> = HashMap<(&'a str, &'a str), (i64, bool)>;
 /// the commit, the dedupe rows of the events that were not applied are removed, the keys' sequences moved to the
 /// last event applied, and the delivery evidence recorded. A single event runs without a savepoint: when it fails,
 /// the transaction is rolled back. Any database error outside a handler rolls everything back (all `retry`).
+// Each nested `async fn` deepens the handler future that callers of `handle_event` lay out, which is close to the
+// compiler's default query depth (see `testkit`'s `recursion_limit`): `apply` awaits `attempt` and `finish` itself
+// and keeps its other steps in plain functions (`Applying::note`, `out_of_order`).
 pub(super) async fn apply(
     receiver: &ReceiverState,
     route: &dyn Route,
     events: &[Delivery<'_>],
 ) -> Vec<EventResult> {
-    let ordered = events.first().is_some_and(|d| d.meta.seq.is_some());
     let statements = receiver.db.statements();
     let consumer = receiver.config.name.as_str();
     // Decoding the typed payloads needs no database; a payload that does not decode is that event's permanent
@@ -151,76 +153,28 @@ pub(super) async fn apply(
         Ok(f) => f,
         Err(e) => return all_retry(e),
     };
-    let savepoints = events.len() > 1;
-    let mut savepoint_open = false;
-    let mut sequences: Sequences<'_> = HashMap::new();
-    let mut results: Vec<EventResult> = Vec::with_capacity(events.len());
-    let mut stopped = false;
-    let mut evidence: Vec<i64> = Vec::new();
-    let mut undo: Vec<String> = Vec::new();
+    let mut run = Applying::new(consumer, statements, events);
     for (i, (d, p)) in events.iter().zip(&prepared).enumerate() {
-        let m = &d.meta;
         let result = match p {
-            _ if stopped => EventResult::NotAttempted,
+            _ if run.stopped => EventResult::NotAttempted,
             Err(e) => from_handler(e.clone()),
             Ok(_) if !fresh[i] => EventResult::Duplicate,
-            Ok(p) => {
-                if savepoints {
-                    let sql = if savepoint_open {
-                        NEXT_SAVEPOINT
-                    } else {
-                        SAVEPOINT
-                    };
-                    if let Err(e) = sqlx::raw_sql(sql).execute(&mut *tx).await {
-                        return all_retry(e);
-                    }
-                    savepoint_open = true;
-                }
-                match apply_one(&mut tx, consumer, m, p.as_ref(), &mut sequences, statements).await
-                {
-                    Ok(()) => EventResult::Processed,
-                    Err(Failure::Database(e)) => {
-                        return all_retry(e);
-                    }
-                    Err(Failure::Handler(e)) => {
-                        if savepoints
-                            && let Err(e) = sqlx::raw_sql(UNDO_EVENT).execute(&mut *tx).await
-                        {
-                            return all_retry(e);
-                        }
-                        from_handler(e)
-                    }
-                }
-            }
+            Ok(p) => match run.attempt(&mut tx, &d.meta, p.as_ref()).await {
+                Ok(r) => r,
+                Err(e) => return all_retry(e),
+            },
         };
-        match &result {
-            EventResult::Processed | EventResult::Duplicate => {
-                if d.record_evidence {
-                    evidence.push(m.outbox_id);
-                }
-            }
-            EventResult::Failed(_) => stopped = ordered,
-            EventResult::Retry { .. } => stopped = true,
-            EventResult::NotAttempted => {}
-        }
-        if fresh[i] && !result.committed() {
-            undo.push(ids[i].clone());
-        }
-        results.push(result);
+        run.note(d, result, fresh[i].then(|| ids[i].clone()));
     }
-    let failed = results.iter().any(|r| !r.committed());
-    if failed && !savepoints {
+    let failed = run.results.iter().any(|r| !r.committed());
+    if failed && !run.savepoints {
         // One event, and it failed: nothing to keep.
         if let Err(e) = tx.rollback().await {
             tracing::warn!(error = %e, "rollback after a failed event did not complete");
         }
-        return results;
+        return run.results;
     }
-    if let Err(e) = finish(
-        &mut tx, consumer, &undo, &sequences, &evidence, failed, statements,
-    )
-    .await
-    {
+    if let Err(e) = finish(&mut tx, &run, failed).await {
         let _ = tx.rollback().await;
         return all_retry(e);
     }
@@ -228,63 +182,146 @@ pub(super) async fn apply(
         // Ambiguous (it may have committed): the redelivery finds the dedupe rows and answers "duplicate".
         return all_retry(e);
     }
-    results
+    run.results
 }
 
-/// Why one event was not applied.
-enum Failure {
-    /// The handler refused it, or the sequence check did (permanent); undo the event alone.
-    Handler(HandlerError),
-    /// A statement of ours failed: the transaction is lost.
-    Database(sqlx::Error),
-}
-
-/// One fresh event, inside its savepoint: the sequence check (ordered topics), then the handler.
-async fn apply_one<'a>(
-    conn: &mut sqlx::PgConnection,
-    consumer: &str,
-    m: &'a EventMeta,
-    p: &dyn Prepared,
-    sequences: &mut Sequences<'a>,
+/// One delivery's events being applied in its transaction, and what that leaves to do before the commit.
+struct Applying<'a> {
+    consumer: &'a str,
     statements: Statements,
-) -> Result<(), Failure> {
-    let key = match (m.seq, m.key.as_deref()) {
-        (Some(seq), Some(key)) => Some((seq, (m.topic.as_str(), key))),
-        _ => None,
-    };
-    let late = |last_applied: i64, seq: i64, key: &str| {
-        Failure::Handler(HandlerError::permanent(format!(
-            "out of order: event {} has sequence {seq} for key {key:?} of topic {:?}, \
-             but sequence {last_applied} was already applied",
-            m.outbox_id, m.topic
-        )))
-    };
-    // The key's first event in this transaction records its sequence and locks the key's row (undone with the
-    // event if it fails); the following ones are compared with the last applied, then recorded once in `finish`.
-    let mut first_of_key = false;
-    if let Some((seq, k)) = key {
-        match sequences.get(&k) {
-            Some(&(last, _)) if seq <= last => return Err(late(last, seq, k.1)),
-            Some(_) => {}
-            None => {
-                match check_consumer_sequence(conn, consumer, k.0, k.1, seq, statements)
-                    .await
-                    .map_err(Failure::Database)?
-                {
-                    SequenceCheck::InOrder => first_of_key = true,
-                    SequenceCheck::Late { last_applied } => {
-                        return Err(late(last_applied, seq, k.1));
+    /// The events are of an ordered topic: a permanent failure stops the rest.
+    ordered: bool,
+    /// Each event in a savepoint of its own (more than one event).
+    savepoints: bool,
+    /// A savepoint is set: the next one releases it.
+    savepoint_open: bool,
+    sequences: Sequences<'a>,
+    /// An event failed so that the ones after it are not attempted.
+    stopped: bool,
+    /// One per event so far.
+    results: Vec<EventResult>,
+    /// Outbox ids whose delivery evidence the consumer records.
+    evidence: Vec<i64>,
+    /// Dedupe ids claimed in this transaction for events that were not applied.
+    undo: Vec<String>,
+}
+
+impl<'a> Applying<'a> {
+    fn new(consumer: &'a str, statements: Statements, events: &[Delivery<'_>]) -> Self {
+        Applying {
+            consumer,
+            statements,
+            ordered: events.first().is_some_and(|d| d.meta.seq.is_some()),
+            savepoints: events.len() > 1,
+            savepoint_open: false,
+            sequences: HashMap::new(),
+            stopped: false,
+            results: Vec::with_capacity(events.len()),
+            evidence: Vec::new(),
+            undo: Vec::new(),
+        }
+    }
+
+    /// Records one event's result: its evidence (applied or duplicate), whether the rest stop (the module table),
+    /// and, for `claimed` (its dedupe id, claimed in this transaction) when it was not applied, the dedupe row to
+    /// remove.
+    fn note(&mut self, d: &Delivery<'_>, result: EventResult, claimed: Option<String>) {
+        match &result {
+            EventResult::Processed | EventResult::Duplicate => {
+                if d.record_evidence {
+                    self.evidence.push(d.meta.outbox_id);
+                }
+            }
+            EventResult::Failed(_) => self.stopped = self.ordered,
+            EventResult::Retry { .. } => self.stopped = true,
+            EventResult::NotAttempted => {}
+        }
+        if let Some(id) = claimed
+            && !result.committed()
+        {
+            self.undo.push(id);
+        }
+        self.results.push(result);
+    }
+
+    /// One fresh event, in its savepoint when there are several: the sequence check (ordered topics), then the
+    /// handler; a refusal undoes the event alone and is its result. `Err`: a statement of ours failed, the
+    /// transaction is lost.
+    async fn attempt(
+        &mut self,
+        conn: &mut sqlx::PgConnection,
+        m: &'a EventMeta,
+        p: &dyn Prepared,
+    ) -> Result<EventResult, sqlx::Error> {
+        if self.savepoints {
+            let sql = if self.savepoint_open {
+                NEXT_SAVEPOINT
+            } else {
+                SAVEPOINT
+            };
+            sqlx::raw_sql(sql).execute(&mut *conn).await?;
+            self.savepoint_open = true;
+        }
+        let key = match (m.seq, m.key.as_deref()) {
+            (Some(seq), Some(key)) => Some((seq, (m.topic.as_str(), key))),
+            _ => None,
+        };
+        // The key's first event in this transaction records its sequence and locks the key's row (undone with the
+        // event if it fails); the following ones are compared with the last applied, then recorded once in `finish`.
+        let mut first_of_key = false;
+        let mut refused = None;
+        if let Some((seq, k)) = key {
+            match self.sequences.get(&k) {
+                Some(&(last, _)) if seq <= last => refused = Some(out_of_order(m, last)),
+                Some(_) => {}
+                None => {
+                    let check = check_consumer_sequence(
+                        conn,
+                        self.consumer,
+                        k.0,
+                        k.1,
+                        seq,
+                        self.statements,
+                    );
+                    match check.await? {
+                        SequenceCheck::InOrder => first_of_key = true,
+                        SequenceCheck::Late { last_applied } => {
+                            refused = Some(out_of_order(m, last_applied));
+                        }
                     }
                 }
             }
         }
+        let refused = match refused {
+            Some(e) => e,
+            None => match p.apply(conn).await {
+                Ok(()) => {
+                    if let Some((seq, k)) = key {
+                        // The first event's check already wrote `seq`; a later one's is written in `finish`.
+                        self.sequences.insert(k, (seq, !first_of_key));
+                    }
+                    return Ok(EventResult::Processed);
+                }
+                Err(e) => e,
+            },
+        };
+        if self.savepoints {
+            sqlx::raw_sql(UNDO_EVENT).execute(&mut *conn).await?;
+        }
+        Ok(from_handler(refused))
     }
-    p.apply(conn).await.map_err(Failure::Handler)?;
-    if let Some((seq, k)) = key {
-        // The first event's check already wrote `seq`; a later one's is written in `finish`.
-        sequences.insert(k, (seq, !first_of_key));
-    }
-    Ok(())
+}
+
+/// The refusal of an ordered event whose key already applied `last_applied`, a sequence at or after its own.
+fn out_of_order(m: &EventMeta, last_applied: i64) -> HandlerError {
+    HandlerError::permanent(format!(
+        "out of order: event {} has sequence {} for key {:?} of topic {:?}, \
+         but sequence {last_applied} was already applied",
+        m.outbox_id,
+        m.seq.unwrap_or_default(),
+        m.key.as_deref().unwrap_or_default(),
+        m.topic
+    ))
 }
 
 /// Before the commit: remove the dedupe rows of the events that were not applied, move each key's sequence to
@@ -293,21 +330,18 @@ async fn apply_one<'a>(
 /// once.
 async fn finish(
     conn: &mut sqlx::PgConnection,
-    consumer: &str,
-    undo: &[String],
-    sequences: &Sequences<'_>,
-    evidence: &[i64],
+    run: &Applying<'_>,
     failed: bool,
-    statements: Statements,
 ) -> Result<(), sqlx::Error> {
-    crate::once::forget(conn, consumer, undo, statements).await?;
-    for (&(topic, key), &(seq, moved)) in sequences {
+    let (consumer, statements) = (run.consumer, run.statements);
+    crate::once::forget(conn, consumer, &run.undo, statements).await?;
+    for (&(topic, key), &(seq, moved)) in &run.sequences {
         if moved {
             advance_consumer_sequence(conn, consumer, topic, key, seq, statements).await?;
         }
     }
-    if !failed && !evidence.is_empty() {
-        crate::ordering::record_delivery_batch(conn, evidence, statements).await?;
+    if !failed && !run.evidence.is_empty() {
+        crate::ordering::record_delivery_batch(conn, &run.evidence, statements).await?;
     }
     Ok(())
 }

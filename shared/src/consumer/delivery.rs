@@ -8,6 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use lambda_http::Request;
 use sqlx::Row;
+use sqlx::postgres::PgRow;
 
 use super::ReceiverState;
 use super::outcome::Outcome;
@@ -164,32 +165,14 @@ const LEGACY_ROW_SQL: &str = "SELECT o.topic, o.partition_key, o.seq, o.headers,
 /// `x-outbox-id` has the delivery's (signed) topic and payload and is marked dispatched, and, for an ordered event,
 /// once its predecessor is finished (applied by this consumer, or its key moved past it); key, sequence and
 /// metadata then come from the row, never from the headers. Ordered events record their evidence here (the row is in this database).
+// Steps without an `.await` are functions of their own; the query stays here: each nested `async fn` deepens the
+// handler future that callers of `handle_event` lay out, which is close to the compiler's default query depth.
 pub(super) async fn legacy_delivery<'b>(
     receiver: &ReceiverState,
     req: &'b Request,
     topic: &str,
 ) -> Result<Delivery<'b>, Outcome> {
-    if receiver.config.legacy_deliveries == LegacyDeliveries::Refuse {
-        return Err(Outcome::Permanent(
-            "delivery in the previous wire format (no contract version in its URL, identity in unsigned headers) \
-             refused: LEGACY_DELIVERIES=refuse"
-                .into(),
-        ));
-    }
-    let id_text = header(req, legacy::OUTBOX_ID)
-        .map_err(Outcome::Permanent)?
-        .ok_or_else(|| {
-            Outcome::Permanent(
-                "delivery without a contract version in its URL and without x-outbox-id: not an outbox event"
-                    .into(),
-            )
-        })?;
-    let outbox_id: i64 = id_text.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
-        Outcome::Permanent(format!(
-            "x-outbox-id {:?} is not a positive integer",
-            id_text.chars().take(40).collect::<String>()
-        ))
-    })?;
+    let outbox_id = legacy_outbox_id(receiver, req)?;
     let body = req.body().as_ref();
     if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() {
         return Err(Outcome::Permanent(
@@ -206,96 +189,18 @@ pub(super) async fn legacy_delivery<'b>(
         .db
         .run(async |c| q.fetch_optional(c).await)
         .await
-        .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
-            Some(code) if code.starts_with("22") => Outcome::Permanent(format!(
-                "delivery in the previous wire format whose body Postgres refuses as jsonb ({e}): it cannot be an \
-                 outbox payload"
-            )),
-            Some(code) if code == "42P01" => Outcome::Permanent(
-                "a delivery in the previous wire format can only be verified against the outbox table, which is \
-                 not in this consumer's database"
-                    .into(),
-            ),
-            _ => Outcome::Transient {
-                message: format!("database error while verifying a legacy delivery: {e}"),
-                retry_after: None,
-            },
-        })?;
-    let Some(row) = row else {
-        return Err(Outcome::Permanent(format!(
-            "delivery in the previous wire format names outbox id {outbox_id}, which is not in the outbox (pruned, \
-             or the header was altered): refused"
-        )));
-    };
-    let db = |e: sqlx::Error| Outcome::Transient {
-        message: format!("database error while verifying a legacy delivery: {e}"),
-        retry_after: None,
-    };
-    let row_topic: String = row.try_get("topic").map_err(db)?;
-    let same_payload: bool = row.try_get("same_payload").map_err(db)?;
-    if row_topic != topic || !same_payload {
-        return Err(Outcome::Tampered(format!(
-            "x-outbox-id {outbox_id} names an event whose topic or payload differs from this signed delivery: \
-             the header was altered after QStash signed it"
-        )));
-    }
-    // The previous relay marked an event dispatched once QStash accepted it, and published an ordered key's next
-    // event only after its predecessor was delivered. An event not yet dispatched therefore has no genuine
-    // old-format delivery in flight (or its relay died between publish and settle): a forged id naming another
-    // event with the same topic and payload would apply it out of turn. Retry later instead of deciding now.
-    let dispatched: bool = row.try_get("dispatched").map_err(db)?;
-    if !dispatched {
-        return Err(Outcome::Transient {
-            message: format!(
-                "delivery in the previous wire format for outbox id {outbox_id}, which the outbox does not show as \
-                 dispatched yet: retry later"
-            ),
-            retry_after: Some(Duration::from_secs(60)),
-        });
-    }
-    let key: String = row.try_get("partition_key").map_err(db)?;
-    let seq: Option<i64> = row.try_get("seq").map_err(db)?;
-    // "Dispatched" no longer implies "its predecessor was delivered": the relay dispatches an ordered key's run of
-    // several events at once (decision record 0014). A replay naming a later member of a run, whose payload equals
-    // the head's, would apply it before its predecessor. So an ordered event is applied here only once its
-    // predecessor is finished: applied by this consumer, or its key moved past it (see `LEGACY_ROW_SQL`).
-    // Answered transient, like an undispatched event: a genuine old-format delivery never waits on its
-    // predecessor (the previous relay published a key's next event only after the one before was delivered), so
-    // this is a replay, or a race that resolves itself once the predecessor is applied. Retrying costs nothing
-    // and never applies out of order; a permanent answer would turn such a race into a dead letter.
-    let predecessor_finished: bool = row.try_get("predecessor_finished").map_err(db)?;
-    if !predecessor_finished {
-        return Err(Outcome::Transient {
-            message: format!(
-                "delivery in the previous wire format for outbox id {outbox_id} (sequence {}), whose predecessor \
-                 this consumer has not applied yet: retry later",
-                seq.unwrap_or_default()
-            ),
-            retry_after: Some(Duration::from_secs(60)),
-        });
-    }
-    let headers: Option<sqlx::types::Json<crate::producer::EventHeaders>> =
-        row.try_get("headers").ok();
-    let headers = headers.map(|h| h.0).unwrap_or_default();
-    let created_at: DateTime<Utc> = row.try_get("created_at").map_err(db)?;
+        .map_err(legacy_query_error)?;
+    let row = LegacyRow::read(row, outbox_id)?;
+    row.check(outbox_id, topic)?;
+    let LegacyRow {
+        key,
+        seq,
+        headers,
+        created_at,
+        ..
+    } = row;
     let schema_version = headers.schema_version.unwrap_or(DEFAULT_SCHEMA_VERSION);
-    let eq = |a: &str, b: &str| a == b;
-    check_copy(req, legacy::OUTBOX_TOPIC, Some(topic), eq)?;
-    check_copy(req, legacy::OUTBOX_KEY, Some(&key), |copy, key| {
-        contract::decode_key(copy).as_deref() == Some(key)
-    })?;
-    check_copy(
-        req,
-        legacy::OUTBOX_SEQ,
-        seq.map(|s| s.to_string()).as_deref(),
-        eq,
-    )?;
-    check_copy(
-        req,
-        legacy::SCHEMA_VERSION,
-        Some(&schema_version.to_string()),
-        eq,
-    )?;
+    check_legacy_copies(req, topic, &key, seq, schema_version)?;
     tracing::info!(
         outbox_id,
         "delivery in the previous wire format verified against the outbox row"
@@ -319,4 +224,161 @@ pub(super) async fn legacy_delivery<'b>(
         payload: body,
         record_evidence: seq.is_some(),
     })
+}
+
+/// A legacy delivery's header copies must agree with the outbox row's values.
+fn check_legacy_copies(
+    req: &Request,
+    topic: &str,
+    key: &str,
+    seq: Option<i64>,
+    schema_version: u32,
+) -> Result<(), Outcome> {
+    let eq = |a: &str, b: &str| a == b;
+    check_copy(req, legacy::OUTBOX_TOPIC, Some(topic), eq)?;
+    check_copy(req, legacy::OUTBOX_KEY, Some(key), |copy, key| {
+        contract::decode_key(copy).as_deref() == Some(key)
+    })?;
+    check_copy(
+        req,
+        legacy::OUTBOX_SEQ,
+        seq.map(|s| s.to_string()).as_deref(),
+        eq,
+    )?;
+    check_copy(
+        req,
+        legacy::SCHEMA_VERSION,
+        Some(&schema_version.to_string()),
+        eq,
+    )
+}
+
+/// The outbox id a legacy delivery's `x-outbox-id` names (unless `LEGACY_DELIVERIES=refuse`).
+fn legacy_outbox_id(receiver: &ReceiverState, req: &Request) -> Result<i64, Outcome> {
+    if receiver.config.legacy_deliveries == LegacyDeliveries::Refuse {
+        return Err(Outcome::Permanent(
+            "delivery in the previous wire format (no contract version in its URL, identity in unsigned headers) \
+             refused: LEGACY_DELIVERIES=refuse"
+                .into(),
+        ));
+    }
+    let id_text = header(req, legacy::OUTBOX_ID)
+        .map_err(Outcome::Permanent)?
+        .ok_or_else(|| {
+            Outcome::Permanent(
+                "delivery without a contract version in its URL and without x-outbox-id: not an outbox event"
+                    .into(),
+            )
+        })?;
+    id_text.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
+        Outcome::Permanent(format!(
+            "x-outbox-id {:?} is not a positive integer",
+            id_text.chars().take(40).collect::<String>()
+        ))
+    })
+}
+
+/// A database error while verifying a legacy delivery: transient.
+fn legacy_db_error(e: sqlx::Error) -> Outcome {
+    Outcome::Transient {
+        message: format!("database error while verifying a legacy delivery: {e}"),
+        retry_after: None,
+    }
+}
+
+/// The query of the outbox row failed: a body Postgres refuses as `jsonb`, or no outbox table here, is permanent;
+/// anything else transient.
+fn legacy_query_error(e: sqlx::Error) -> Outcome {
+    match e.as_database_error().and_then(|d| d.code()) {
+        Some(code) if code.starts_with("22") => Outcome::Permanent(format!(
+            "delivery in the previous wire format whose body Postgres refuses as jsonb ({e}): it cannot be an \
+             outbox payload"
+        )),
+        Some(code) if code == "42P01" => Outcome::Permanent(
+            "a delivery in the previous wire format can only be verified against the outbox table, which is not \
+             in this consumer's database"
+                .into(),
+        ),
+        _ => legacy_db_error(e),
+    }
+}
+
+/// The outbox row a legacy delivery names ([`LEGACY_ROW_SQL`]).
+struct LegacyRow {
+    topic: String,
+    same_payload: bool,
+    dispatched: bool,
+    predecessor_finished: bool,
+    key: String,
+    seq: Option<i64>,
+    headers: crate::producer::EventHeaders,
+    created_at: DateTime<Utc>,
+}
+
+impl LegacyRow {
+    /// The row as read; no row is a permanent refusal.
+    fn read(row: Option<PgRow>, outbox_id: i64) -> Result<LegacyRow, Outcome> {
+        let Some(row) = row else {
+            return Err(Outcome::Permanent(format!(
+                "delivery in the previous wire format names outbox id {outbox_id}, which is not in the outbox \
+                 (pruned, or the header was altered): refused"
+            )));
+        };
+        let headers: Option<sqlx::types::Json<crate::producer::EventHeaders>> =
+            row.try_get("headers").ok();
+        Ok(LegacyRow {
+            topic: row.try_get("topic").map_err(legacy_db_error)?,
+            same_payload: row.try_get("same_payload").map_err(legacy_db_error)?,
+            dispatched: row.try_get("dispatched").map_err(legacy_db_error)?,
+            predecessor_finished: row
+                .try_get("predecessor_finished")
+                .map_err(legacy_db_error)?,
+            key: row.try_get("partition_key").map_err(legacy_db_error)?,
+            seq: row.try_get("seq").map_err(legacy_db_error)?,
+            headers: headers.map(|h| h.0).unwrap_or_default(),
+            created_at: row.try_get("created_at").map_err(legacy_db_error)?,
+        })
+    }
+
+    /// Whether the delivery may be applied now as the row's event (the checks of [`legacy_delivery`]).
+    fn check(&self, outbox_id: i64, topic: &str) -> Result<(), Outcome> {
+        if self.topic != topic || !self.same_payload {
+            return Err(Outcome::Tampered(format!(
+                "x-outbox-id {outbox_id} names an event whose topic or payload differs from this signed delivery: \
+                 the header was altered after QStash signed it"
+            )));
+        }
+        // The previous relay marked an event dispatched once QStash accepted it, and published an ordered key's
+        // next event only after its predecessor was delivered. An event not yet dispatched therefore has no genuine
+        // old-format delivery in flight (or its relay died between publish and settle): a forged id naming another
+        // event with the same topic and payload would apply it out of turn. Retry later instead of deciding now.
+        if !self.dispatched {
+            return Err(Outcome::Transient {
+                message: format!(
+                    "delivery in the previous wire format for outbox id {outbox_id}, which the outbox does not show \
+                     as dispatched yet: retry later"
+                ),
+                retry_after: Some(Duration::from_secs(60)),
+            });
+        }
+        // "Dispatched" no longer implies "its predecessor was delivered": the relay dispatches an ordered key's run
+        // of several events at once (decision record 0014). A replay naming a later member of a run, whose payload
+        // equals the head's, would apply it before its predecessor. So an ordered event is applied here only once
+        // its predecessor is finished: applied by this consumer, or its key moved past it (see `LEGACY_ROW_SQL`).
+        // Answered transient, like an undispatched event: a genuine old-format delivery never waits on its
+        // predecessor (the previous relay published a key's next event only after the one before was delivered),
+        // so this is a replay, or a race that resolves itself once the predecessor is applied. Retrying costs
+        // nothing and never applies out of order; a permanent answer would turn such a race into a dead letter.
+        if !self.predecessor_finished {
+            return Err(Outcome::Transient {
+                message: format!(
+                    "delivery in the previous wire format for outbox id {outbox_id} (sequence {}), whose \
+                     predecessor this consumer has not applied yet: retry later",
+                    self.seq.unwrap_or_default()
+                ),
+                retry_after: Some(Duration::from_secs(60)),
+            });
+        }
+        Ok(())
+    }
 }

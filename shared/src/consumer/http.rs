@@ -9,9 +9,9 @@ use serde_json::json;
 use tracing::field::Empty;
 
 use super::batch::{self, EventResult};
-use super::delivery::{current_delivery, legacy_delivery};
+use super::delivery::{Delivery, current_delivery, legacy_delivery};
 use super::outcome::Outcome;
-use super::registry::EventMeta;
+use super::registry::{EventMeta, Route};
 use super::{ConsumerState, ReceiverState};
 use crate::contract::{self, Contract};
 use crate::metrics::{EmfRecord, Unit};
@@ -203,6 +203,9 @@ impl RequestOutcome for Handled {
     }
 }
 
+// The steps are functions of their own only where no `.await` moves with them: each nested `async fn` deepens the
+// handler future that callers of `handle_event` lay out, which is close to the compiler's default query depth (see
+// `testkit`'s `recursion_limit`).
 async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Vec<(EventMeta, EventResult)>) {
     let receiver: &ReceiverState = &state.receiver;
     let span = tracing::Span::current();
@@ -210,13 +213,8 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Vec<(EventMe
     // 1. Cap the body before doing any work on it.
     let size = req.body().len();
     if size > receiver.config.max_body_bytes {
-        return (
-            Outcome::TooLarge {
-                size,
-                max: receiver.config.max_body_bytes,
-            },
-            Vec::new(),
-        );
+        let max = receiver.config.max_body_bytes;
+        return (Outcome::TooLarge { size, max }, Vec::new());
     }
 
     // 2. Verify the signature on the raw bytes. Nothing is read or written before this.
@@ -227,62 +225,85 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Vec<(EventMe
     {
         span.record("message_id", id);
     }
-    if let Err(e) = verify_request(
+    let (keys, urls, options) = (
         &receiver.keys,
-        req,
         receiver.url_source(),
         receiver.verify_options(),
-    )
-    .await
-    {
+    );
+    if let Err(e) = verify_request(keys, req, urls, options).await {
         return (Outcome::Unauthorized(e), Vec::new());
     }
 
-    // 3. Route.
-    if req.method() != Method::POST {
-        return (
-            Outcome::Permanent(format!(
-                "method {} is not accepted: events are POSTed",
-                req.method()
-            )),
-            Vec::new(),
-        );
-    }
-    let path = request_path(req);
-    let Some(topic) = topic_of(path) else {
-        return (
-            Outcome::Permanent(format!(
-                "no route for path {:?}: events go to /events/{{topic}}",
-                path.chars().take(200).collect::<String>()
-            )),
-            Vec::new(),
-        );
-    };
-    span.record("topic", topic);
-    let Some(route) = state.registry.get(topic) else {
-        return (
-            Outcome::Permanent(format!("unknown topic {topic:?}: no handler registered")),
-            Vec::new(),
-        );
+    // 3. Route, and read what the delivery says about its events by the wire contract its (signed) URL names.
+    let (topic, route) = match route(state, req) {
+        Ok(r) => r,
+        Err(o) => return (o, Vec::new()),
     };
     let delivery = match contract::contract_of_query(req.uri().query()) {
         Ok(Contract::Current) => current_delivery(req, topic),
         Ok(Contract::Legacy) => legacy_delivery(receiver, req, topic).await.map(|d| vec![d]),
-        Ok(Contract::Newer(v)) => Err(Outcome::Transient {
-            message: format!(
-                "delivery in wire contract {v}, newer than this consumer's {}: retry after the consumer is \
-                 upgraded",
-                contract::CONTRACT_VERSION
-            ),
-            retry_after: Some(Duration::from_secs(60)),
-        }),
+        Ok(Contract::Newer(v)) => Err(newer_contract(v)),
         Err(e) => Err(Outcome::Permanent(e)),
     };
     let deliveries = match delivery {
         Ok(d) => d,
         Err(o) => return (o, Vec::new()),
     };
-    // The span names the first event (for a batch, `batch_size` says how many follow; each has its own line).
+    record_first_event(&span, &deliveries);
+
+    // 4.–5. Decode the typed payloads; per event, in one transaction: dedupe row, sequence check, the handler.
+    let results = batch::apply(receiver, route, &deliveries).await;
+    let ids: Vec<i64> = deliveries.iter().map(|d| d.meta.outbox_id).collect();
+    let outcome = batch::outcome_of(&ids, &results);
+    let events = deliveries
+        .into_iter()
+        .map(|d| d.meta)
+        .zip(results)
+        .collect();
+    (outcome, events)
+}
+
+/// Step 3: the topic of a POST to `/events/{topic}`, and its registered route.
+fn route<'s, 'r>(
+    state: &'s ConsumerState,
+    req: &'r Request,
+) -> Result<(&'r str, &'s dyn Route), Outcome> {
+    if req.method() != Method::POST {
+        return Err(Outcome::Permanent(format!(
+            "method {} is not accepted: events are POSTed",
+            req.method()
+        )));
+    }
+    let path = request_path(req);
+    let Some(topic) = topic_of(path) else {
+        return Err(Outcome::Permanent(format!(
+            "no route for path {:?}: events go to /events/{{topic}}",
+            path.chars().take(200).collect::<String>()
+        )));
+    };
+    tracing::Span::current().record("topic", topic);
+    let Some(route) = state.registry.get(topic) else {
+        return Err(Outcome::Permanent(format!(
+            "unknown topic {topic:?}: no handler registered"
+        )));
+    };
+    Ok((topic, route.as_ref()))
+}
+
+/// A delivery in a wire contract newer than this consumer's: retried until the consumer is upgraded.
+fn newer_contract(v: u32) -> Outcome {
+    Outcome::Transient {
+        message: format!(
+            "delivery in wire contract {v}, newer than this consumer's {}: retry after the consumer is \
+             upgraded",
+            contract::CONTRACT_VERSION
+        ),
+        retry_after: Some(Duration::from_secs(60)),
+    }
+}
+
+/// The span names the first event (for a batch, `batch_size` says how many follow; each has its own line).
+fn record_first_event(span: &tracing::Span, deliveries: &[Delivery<'_>]) {
     if let Some(meta) = deliveries.first().map(|d| &d.meta) {
         span.record("outbox_id", meta.outbox_id);
         span.record("retried", meta.retried);
@@ -302,15 +323,4 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Vec<(EventMe
     if deliveries.len() > 1 {
         span.record("batch_size", deliveries.len());
     }
-
-    // 4.–5. Decode the typed payloads; per event, in one transaction: dedupe row, sequence check, the handler.
-    let results = batch::apply(receiver, route.as_ref(), &deliveries).await;
-    let ids: Vec<i64> = deliveries.iter().map(|d| d.meta.outbox_id).collect();
-    let outcome = batch::outcome_of(&ids, &results);
-    let events = deliveries
-        .into_iter()
-        .map(|d| d.meta)
-        .zip(results)
-        .collect();
-    (outcome, events)
 }

@@ -78,6 +78,33 @@ impl ClaimedEvent {
     }
 }
 
+#[cfg(test)]
+impl ClaimedEvent {
+    /// A claimed event for unit tests: attempt 1 of a never-redriven event with an empty JSON object as payload, no
+    /// headers and no previous error.
+    pub(crate) fn for_test(
+        id: i64,
+        topic: &str,
+        key: &str,
+        seq: Option<i64>,
+        lease_token: i64,
+    ) -> Self {
+        ClaimedEvent {
+            id,
+            topic: topic.into(),
+            partition_key: key.into(),
+            seq,
+            payload: "{}".into(),
+            headers: EventHeaders::default(),
+            attempts: 1,
+            created_at: DateTime::UNIX_EPOCH,
+            dedup_generation: 0,
+            last_error: None,
+            lease_token,
+        }
+    }
+}
+
 /// The two claim statements with the batch size spliced in, and the ordered claim's events per key.
 #[derive(Debug, Clone)]
 pub struct ClaimStatements {

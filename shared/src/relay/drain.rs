@@ -3,8 +3,8 @@
 //! nothing is left. Optionally woken by `NOTIFY outbox_new` instead of polling. During a QStash outage it waits
 //! for the shared probe when that probe comes before the deadline (decision record 0012).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -63,106 +63,7 @@ impl Relay {
         deadline: Instant,
         stop_when_empty: bool,
     ) -> Result<DrainSummary, RelayError> {
-        let wake = Arc::new(Notify::new());
-        let stop = Arc::new(Notify::new());
-        let totals = Totals::default();
-        let latencies = std::sync::Mutex::new(Vec::<Duration>::new());
-        let last_error: std::sync::Mutex<Option<RelayError>> = std::sync::Mutex::new(None);
-        let out = std::sync::atomic::AtomicBool::new(false);
-        let empty = std::sync::atomic::AtomicBool::new(false);
-        let started = Instant::now();
-        let last_emptiness_check = AtomicU64::new(0);
-        let poll_ms = self.cfg.poll_interval.as_millis() as u64;
-        let emptiness_check_due = || {
-            let now = started.elapsed().as_millis() as u64;
-            let last = last_emptiness_check.load(AtomicOrdering::Relaxed);
-            (last == 0 || now >= last + poll_ms)
-                && last_emptiness_check
-                    .compare_exchange(
-                        last,
-                        now.max(1),
-                        AtomicOrdering::Relaxed,
-                        AtomicOrdering::Relaxed,
-                    )
-                    .is_ok()
-        };
-
-        let worker = |n: u32| {
-            let wake = wake.clone();
-            let totals = &totals;
-            let latencies = &latencies;
-            let last_error = &last_error;
-            let out = &out;
-            let empty = &empty;
-            let emptiness_check_due = &emptiness_check_due;
-            async move {
-                let mut consecutive_errors = 0u32;
-                // Stagger workers a little so their claims do not collide on the same index pages.
-                if n > 0 {
-                    tokio::time::sleep(Duration::from_millis(5 * u64::from(n))).await;
-                }
-                loop {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left < self.cfg.lease
-                        || self.stop.requested()
-                        || out.load(AtomicOrdering::Relaxed)
-                    {
-                        break;
-                    }
-                    match self.run_cycle().await {
-                        Ok(r) => {
-                            consecutive_errors = 0;
-                            totals.add(&r);
-                            if let Ok(mut l) = latencies.lock() {
-                                l.extend(r.publish_latencies.iter().copied());
-                            }
-                            if r.outage {
-                                out.store(true, AtomicOrdering::Relaxed);
-                                break;
-                            }
-                            if r.full {
-                                continue;
-                            }
-                            // Whether anything is left is asked at most once per poll interval, by whichever
-                            // idle worker comes first: the question scans the outbox, and every idle worker asking
-                            // at every poll cost the database more than the drain itself.
-                            if stop_when_empty
-                                && r.claimed == 0
-                                && (empty.load(AtomicOrdering::Relaxed)
-                                    || (emptiness_check_due()
-                                        && self.is_empty().await.unwrap_or(false)))
-                            {
-                                empty.store(true, AtomicOrdering::Relaxed);
-                                break;
-                            }
-                        }
-                        Err(e) => {
-                            totals.errors.fetch_add(1, AtomicOrdering::Relaxed);
-                            consecutive_errors += 1;
-                            tracing::error!(error = %e, cause = ?std::error::Error::source(&e), "relay cycle failed");
-                            if consecutive_errors >= 3 {
-                                if let Ok(mut slot) = last_error.lock() {
-                                    *slot = Some(e);
-                                }
-                                break;
-                            }
-                        }
-                    }
-                    let left = deadline
-                        .saturating_duration_since(Instant::now())
-                        .saturating_sub(self.cfg.lease);
-                    let nap = self.cfg.poll_interval.min(left);
-                    if nap.is_zero() {
-                        break;
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep(nap) => {}
-                        _ = wake.notified() => {}
-                        _ = self.stop.notify.notified() => {}
-                    }
-                }
-            }
-        };
+        let st = DrainState::new(deadline, stop_when_empty);
         // Rounds: the outage gate, then the workers until the deadline (or empty, or stopped). A round whose cycle
         // found QStash out goes back to the gate, which waits for the next probe while the deadline allows.
         let mut gate_empty = false;
@@ -172,13 +73,10 @@ impl Relay {
             {
                 break;
             }
-            match self
-                .outage_gate(deadline, stop_when_empty, &totals, &latencies)
-                .await?
-            {
-                Gate::Drain => out.store(false, AtomicOrdering::Relaxed),
+            match self.outage_gate(&st).await? {
+                Gate::Drain => st.out.store(false, AtomicOrdering::Relaxed),
                 Gate::Closed => {
-                    out.store(true, AtomicOrdering::Relaxed);
+                    st.out.store(true, AtomicOrdering::Relaxed);
                     break;
                 }
                 Gate::Empty => {
@@ -186,9 +84,14 @@ impl Relay {
                     break;
                 }
             }
-            let workers = futures::future::join_all((0..self.cfg.concurrency.max(1)).map(&worker));
+            // One round: the workers until they all stop, with the `NOTIFY` listener when enabled (inline: each
+            // nested `async fn` deepens the drain's future, which callers lay out).
+            let workers = futures::future::join_all(
+                (0..self.cfg.concurrency.max(1)).map(|n| self.worker(&st, n)),
+            );
             if self.cfg.listen_notify {
-                let listener = self.listen(wake.clone(), stop.clone());
+                let stop = Arc::new(Notify::new());
+                let listener = self.listen(st.wake.clone(), stop.clone());
                 tokio::pin!(listener);
                 tokio::select! {
                     _ = workers => {}
@@ -198,47 +101,101 @@ impl Relay {
             } else {
                 workers.await;
             }
-            if let Ok(mut slot) = last_error.lock()
+            if let Ok(mut slot) = st.last_error.lock()
                 && let Some(e) = slot.take()
             {
                 return Err(e);
             }
-            if !out.load(AtomicOrdering::Relaxed) {
+            if !st.out.load(AtomicOrdering::Relaxed) {
                 break;
             }
         }
         let state = outage::load(&self.db).await.map_err(db("read outage"))?;
-        let mut lat = latencies.into_inner().unwrap_or_default();
-        lat.sort();
-        let pct = |p: f64| -> f64 {
-            if lat.is_empty() {
-                return 0.0;
+        Ok(st.summary(&state, gate_empty))
+    }
+
+    /// One worker: cycles until the deadline (less a lease), a stop, an outage, three database errors in a row, or
+    /// (with `stop_when_empty`) nothing left; after a cycle that was not full it naps for the poll interval.
+    async fn worker(&self, st: &DrainState, n: u32) {
+        let mut consecutive_errors = 0u32;
+        // Stagger workers a little so their claims do not collide on the same index pages.
+        if n > 0 {
+            tokio::time::sleep(Duration::from_millis(5 * u64::from(n))).await;
+        }
+        loop {
+            let left = st.deadline.saturating_duration_since(Instant::now());
+            if left < self.cfg.lease
+                || self.stop.requested()
+                || st.out.load(AtomicOrdering::Relaxed)
+            {
+                break;
             }
-            let i = ((lat.len() - 1) as f64 * p).round() as usize;
-            lat[i].as_secs_f64() * 1000.0
-        };
-        Ok(DrainSummary {
-            cycles: totals.cycles.load(AtomicOrdering::Relaxed),
-            claimed: totals.claimed.load(AtomicOrdering::Relaxed),
-            dispatched: totals.dispatched.load(AtomicOrdering::Relaxed),
-            retried: totals.retried.load(AtomicOrdering::Relaxed),
-            dead_lettered: totals.dead.load(AtomicOrdering::Relaxed),
-            fenced: totals.fenced.load(AtomicOrdering::Relaxed),
-            errors: totals.errors.load(AtomicOrdering::Relaxed),
-            config_problems: totals.config_problems.load(AtomicOrdering::Relaxed),
-            released: totals.released.load(AtomicOrdering::Relaxed),
-            qstash_outage: state.active(),
-            outage_secs: state.duration().as_secs_f64(),
-            publish_p50_ms: pct(0.5),
-            publish_p99_ms: pct(0.99),
-            stopped: if out.load(AtomicOrdering::Relaxed) {
-                "outage"
-            } else if gate_empty || (stop_when_empty && Instant::now() < deadline) {
-                "empty"
-            } else {
-                "deadline"
-            },
-        })
+            match self.run_cycle().await {
+                Ok(r) => {
+                    consecutive_errors = 0;
+                    match self.after_cycle(st, &r) {
+                        Next::Again => continue,
+                        Next::Stop => break,
+                        Next::AskEmpty if self.is_empty().await.unwrap_or(false) => {
+                            st.empty.store(true, AtomicOrdering::Relaxed);
+                            break;
+                        }
+                        Next::AskEmpty | Next::Nap => {}
+                    }
+                }
+                Err(e) => {
+                    st.totals.errors.fetch_add(1, AtomicOrdering::Relaxed);
+                    consecutive_errors += 1;
+                    tracing::error!(error = %e, cause = ?std::error::Error::source(&e), "relay cycle failed");
+                    if consecutive_errors >= 3 {
+                        if let Ok(mut slot) = st.last_error.lock() {
+                            *slot = Some(e);
+                        }
+                        break;
+                    }
+                }
+            }
+            let left = st
+                .deadline
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(self.cfg.lease);
+            let nap = self.cfg.poll_interval.min(left);
+            if nap.is_zero() {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(nap) => {}
+                _ = st.wake.notified() => {}
+                _ = self.stop.notify.notified() => {}
+            }
+        }
+    }
+
+    /// What a worker does after a successful cycle (the caller asks whether anything is left: an `async fn` of
+    /// its own here would deepen every drain's future).
+    fn after_cycle(&self, st: &DrainState, r: &CycleReport) -> Next {
+        st.record(r);
+        if r.outage {
+            st.out.store(true, AtomicOrdering::Relaxed);
+            return Next::Stop;
+        }
+        if r.full {
+            return Next::Again;
+        }
+        if !st.stop_when_empty || r.claimed > 0 {
+            return Next::Nap;
+        }
+        if st.empty.load(AtomicOrdering::Relaxed) {
+            return Next::Stop;
+        }
+        // Whether anything is left is asked at most once per poll interval, by whichever idle worker comes first:
+        // the question scans the outbox, and every idle worker asking at every poll cost the database more than
+        // the drain itself.
+        if st.emptiness_check_due(self.cfg.poll_interval.as_millis() as u64) {
+            Next::AskEmpty
+        } else {
+            Next::Nap
+        }
     }
 
     /// Before any claim, and again after a cycle found QStash out. No outage recorded: [`Gate::Drain`]. An outage
@@ -250,13 +207,8 @@ impl Relay {
     /// relay that loses the probe, or whose probe fails, waits again while time allows. Otherwise
     /// [`Gate::Closed`]: publish nothing this invocation. With `stop_when_empty` (the CLI) a wait ends as
     /// [`Gate::Empty`] once nothing is pending or awaiting evidence.
-    async fn outage_gate(
-        &self,
-        deadline: Instant,
-        stop_when_empty: bool,
-        totals: &Totals,
-        latencies: &std::sync::Mutex<Vec<Duration>>,
-    ) -> Result<Gate, RelayError> {
+    async fn outage_gate(&self, st: &DrainState) -> Result<Gate, RelayError> {
+        let (deadline, stop_when_empty) = (st.deadline, st.stop_when_empty);
         let mut announced = false;
         loop {
             let state = outage::load(&self.db).await.map_err(db("read outage"))?;
@@ -306,10 +258,7 @@ impl Relay {
             }
             tracing::info!(failures = state.failures, "probing QStash after an outage");
             let r = self.run_probe_cycle().await?;
-            totals.add(&r);
-            if let Ok(mut l) = latencies.lock() {
-                l.extend(r.publish_latencies.iter().copied());
-            }
+            st.record(&r);
             if r.outage {
                 // The probe failed and the backoff moved the next one: wait again if the deadline allows.
                 continue;
@@ -425,6 +374,115 @@ enum Gate {
     Closed,
     /// Waiting during an outage, the CLI's drain found nothing left to do.
     Empty,
+}
+
+/// What a worker does next.
+enum Next {
+    /// Claim again at once: the claim came back full.
+    Again,
+    /// Nap for the poll interval (or until a `NOTIFY`), then claim.
+    Nap,
+    /// Ask whether anything is left: stop if not, else nap.
+    AskEmpty,
+    /// Stop this worker.
+    Stop,
+}
+
+/// What the workers (and the outage gate) of one drain share.
+struct DrainState {
+    deadline: Instant,
+    stop_when_empty: bool,
+    /// Notified on `NOTIFY outbox_new`.
+    wake: Arc<Notify>,
+    totals: Totals,
+    latencies: Mutex<Vec<Duration>>,
+    /// The error that stopped a worker (three failed cycles in a row).
+    last_error: Mutex<Option<RelayError>>,
+    /// A cycle found QStash out: every worker stops.
+    out: AtomicBool,
+    /// The CLI's drain found nothing left.
+    empty: AtomicBool,
+    started: Instant,
+    /// Milliseconds after `started` of the last emptiness check (0: none yet).
+    last_emptiness_check: AtomicU64,
+}
+
+impl DrainState {
+    fn new(deadline: Instant, stop_when_empty: bool) -> Self {
+        DrainState {
+            deadline,
+            stop_when_empty,
+            wake: Arc::new(Notify::new()),
+            totals: Totals::default(),
+            latencies: Mutex::new(Vec::new()),
+            last_error: Mutex::new(None),
+            out: AtomicBool::new(false),
+            empty: AtomicBool::new(false),
+            started: Instant::now(),
+            last_emptiness_check: AtomicU64::new(0),
+        }
+    }
+
+    /// Adds a cycle's figures.
+    fn record(&self, r: &CycleReport) {
+        self.totals.add(r);
+        if let Ok(mut l) = self.latencies.lock() {
+            l.extend(r.publish_latencies.iter().copied());
+        }
+    }
+
+    /// True for the one caller that may ask whether anything is left now (at most once per `poll_ms`).
+    fn emptiness_check_due(&self, poll_ms: u64) -> bool {
+        let now = self.started.elapsed().as_millis() as u64;
+        let last = self.last_emptiness_check.load(AtomicOrdering::Relaxed);
+        (last == 0 || now >= last + poll_ms)
+            && self
+                .last_emptiness_check
+                .compare_exchange(
+                    last,
+                    now.max(1),
+                    AtomicOrdering::Relaxed,
+                    AtomicOrdering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// The drain's summary, with the outage row as read at its end.
+    fn summary(self, state: &OutageState, gate_empty: bool) -> DrainSummary {
+        let mut lat = self.latencies.into_inner().unwrap_or_default();
+        lat.sort();
+        let pct = |p: f64| -> f64 {
+            if lat.is_empty() {
+                return 0.0;
+            }
+            let i = ((lat.len() - 1) as f64 * p).round() as usize;
+            lat[i].as_secs_f64() * 1000.0
+        };
+        let t = &self.totals;
+        let out = self.out.load(AtomicOrdering::Relaxed);
+        DrainSummary {
+            cycles: t.cycles.load(AtomicOrdering::Relaxed),
+            claimed: t.claimed.load(AtomicOrdering::Relaxed),
+            dispatched: t.dispatched.load(AtomicOrdering::Relaxed),
+            retried: t.retried.load(AtomicOrdering::Relaxed),
+            dead_lettered: t.dead.load(AtomicOrdering::Relaxed),
+            fenced: t.fenced.load(AtomicOrdering::Relaxed),
+            errors: t.errors.load(AtomicOrdering::Relaxed),
+            config_problems: t.config_problems.load(AtomicOrdering::Relaxed),
+            released: t.released.load(AtomicOrdering::Relaxed),
+            qstash_outage: state.active(),
+            outage_secs: state.duration().as_secs_f64(),
+            publish_p50_ms: pct(0.5),
+            publish_p99_ms: pct(0.99),
+            stopped: if out {
+                "outage"
+            } else if gate_empty || (self.stop_when_empty && Instant::now() < self.deadline) {
+                "empty"
+            } else {
+                "deadline"
+            },
+        }
+    }
 }
 
 #[derive(Default)]

@@ -129,6 +129,72 @@ SELECT count(*) FILTER (WHERE outcome = 0) AS dispatched,
 FROM upd
 "#;
 
+/// The settle statement's parameter arrays (`$1`–`$8`), one element per item. `outcome`: 0 dispatched, 1 retry,
+/// 2 dead, 3 release.
+struct Columns<'a> {
+    ids: Vec<i64>,
+    tokens: Vec<i64>,
+    outcomes: Vec<i32>,
+    delays: Vec<f64>,
+    errors: Vec<Option<&'a str>>,
+    message_ids: Vec<Option<&'a str>>,
+    statuses: Vec<Option<i32>>,
+    skips: Vec<bool>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(items: &'a [SettleItem]) -> Self {
+        let n = items.len();
+        let mut c = Columns {
+            ids: Vec::with_capacity(n),
+            tokens: Vec::with_capacity(n),
+            outcomes: Vec::with_capacity(n),
+            delays: Vec::with_capacity(n),
+            errors: Vec::with_capacity(n),
+            message_ids: Vec::with_capacity(n),
+            statuses: Vec::with_capacity(n),
+            skips: Vec::with_capacity(n),
+        };
+        for it in items {
+            let (outcome, delay, error, message_id, status, skip) = match &it.settlement {
+                Settlement::Dispatched { message_id } => {
+                    (0, 0.0, None, Some(message_id.as_str()), None, false)
+                }
+                Settlement::Retry { delay, error } => (
+                    1,
+                    delay.as_secs_f64(),
+                    Some(error.as_str()),
+                    None,
+                    None,
+                    false,
+                ),
+                Settlement::Dead {
+                    error,
+                    status,
+                    skip_key,
+                } => (
+                    2,
+                    0.0,
+                    Some(error.as_str()),
+                    None,
+                    status.map(i32::from),
+                    *skip_key,
+                ),
+                Settlement::Release => (3, 0.0, None, None, None, false),
+            };
+            c.ids.push(it.id);
+            c.tokens.push(it.lease_token);
+            c.outcomes.push(outcome);
+            c.delays.push(delay);
+            c.errors.push(error);
+            c.message_ids.push(message_id);
+            c.statuses.push(status);
+            c.skips.push(skip);
+        }
+        c
+    }
+}
+
 /// Settles a cycle's events in one statement. `evidence_timeout`: how long an accepted ordered head may wait
 /// for its delivery callback before it is published again.
 pub async fn settle(
@@ -140,67 +206,17 @@ pub async fn settle(
     if items.is_empty() {
         return Ok(SettleCounts::default());
     }
-    let n = items.len();
-    let mut ids = Vec::with_capacity(n);
-    let mut tokens = Vec::with_capacity(n);
-    let mut outcomes = Vec::with_capacity(n);
-    let mut delays = Vec::with_capacity(n);
-    let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
-    let mut message_ids: Vec<Option<&str>> = Vec::with_capacity(n);
-    let mut statuses: Vec<Option<i32>> = Vec::with_capacity(n);
-    let mut skips = Vec::with_capacity(n);
-    for it in items {
-        ids.push(it.id);
-        tokens.push(it.lease_token);
-        match &it.settlement {
-            Settlement::Dispatched { message_id } => {
-                outcomes.push(0i32);
-                delays.push(0f64);
-                errors.push(None);
-                message_ids.push(Some(message_id.as_str()));
-                statuses.push(None);
-                skips.push(false);
-            }
-            Settlement::Retry { delay, error } => {
-                outcomes.push(1);
-                delays.push(delay.as_secs_f64());
-                errors.push(Some(error.as_str()));
-                message_ids.push(None);
-                statuses.push(None);
-                skips.push(false);
-            }
-            Settlement::Dead {
-                error,
-                status,
-                skip_key,
-            } => {
-                outcomes.push(2);
-                delays.push(0.0);
-                errors.push(Some(error.as_str()));
-                message_ids.push(None);
-                statuses.push(status.map(i32::from));
-                skips.push(*skip_key);
-            }
-            Settlement::Release => {
-                outcomes.push(3);
-                delays.push(0.0);
-                errors.push(None);
-                message_ids.push(None);
-                statuses.push(None);
-                skips.push(false);
-            }
-        }
-    }
+    let cols = Columns::of(items);
     let q = statements
         .query(crate::schema::q(SETTLE_SQL))
-        .bind(&ids)
-        .bind(&tokens)
-        .bind(&outcomes)
-        .bind(&delays)
-        .bind(&errors)
-        .bind(&message_ids)
-        .bind(&statuses)
-        .bind(&skips)
+        .bind(&cols.ids)
+        .bind(&cols.tokens)
+        .bind(&cols.outcomes)
+        .bind(&cols.delays)
+        .bind(&cols.errors)
+        .bind(&cols.message_ids)
+        .bind(&cols.statuses)
+        .bind(&cols.skips)
         .bind(evidence_timeout.as_secs_f64());
     let row = statements.run(conn, async |c| q.fetch_one(c).await).await?;
     let get = |c: &str| -> Result<u64, sqlx::Error> { Ok(row.try_get::<i64, _>(c)?.max(0) as u64) };

@@ -1,0 +1,547 @@
+//! Message forming (decision record 0014): claimed events become QStash messages, the relay half of
+//! [`crate::contract`]. No I/O: everything here is decided from the claim and the settings.
+//!
+//! - Without batching (every topic's `RELAY_DELIVERY_BATCH` is 1) each event is a message of its own, exactly as
+//!   before batching existed: deduplication id `outbox-<id>`, flow control per key.
+//! - An ordered key's claimed run (its head and the consecutive events behind it, under one lease token) is one
+//!   message, in sequence order; what does not fit (the topic's event count, `QSTASH_MAX_MESSAGE_BYTES`, a gap
+//!   in the sequence) is left over for the key's next claim: a key never has two messages in flight.
+//! - An unordered topic's events go out in id order, in messages of up to the topic's event count, each under
+//!   `QSTASH_MAX_MESSAGE_BYTES`; an event larger than the limit on its own still goes alone (QStash decides).
+//! - Each message's deduplication id follows its composition ([`contract::batch_dedup_id`]), so a claim formed
+//!   again after a crash between publish and settle gets the same id and QStash drops the copy.
+
+use std::collections::HashMap;
+
+use crate::config::{EvidenceMode, OutcomeSource, QstashConfig, RelayConfig};
+use crate::contract;
+use crate::qstash::{FlowControl, HeaderName, Message, PublishOptions, flow_control_key};
+
+use super::claim::ClaimedEvent;
+
+/// Messages formed from a claim ([`crate::relay::Relay::messages_for`]).
+#[derive(Debug, Clone, Default)]
+pub struct Formed {
+    /// The messages, each with the indexes of the events it carries.
+    pub messages: Vec<Outgoing>,
+    /// Claimed ordered events that are in no message this cycle.
+    pub left_over: Vec<usize>,
+}
+
+/// One message and the events (indexes into the claim) it carries.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// The QStash message.
+    pub message: Message,
+    /// Indexes of its events, in envelope order.
+    pub events: Vec<usize>,
+}
+
+/// How claimed events are grouped into messages: (ordered, topic, key or "", lease token or 0).
+type GroupKey<'a> = (bool, &'a str, &'a str, i64);
+
+/// The settings forming reads: the relay's (evidence, batching) and QStash's (URLs, retries, flow control).
+#[derive(Clone, Copy)]
+pub(super) struct Forming<'a> {
+    pub(super) cfg: &'a RelayConfig,
+    pub(super) qstash: &'a QstashConfig,
+}
+
+/// The envelope headers of one event: trace context, correlation id, then the application's own headers.
+fn envelope_headers(ev: &ClaimedEvent) -> Vec<(&str, &str)> {
+    let mut headers: Vec<(&str, &str)> = Vec::with_capacity(2 + ev.headers.user.len());
+    if let Some(tp) = &ev.headers.traceparent {
+        headers.push((contract::TRACEPARENT, tp));
+    }
+    if let Some(c) = &ev.headers.correlation_id {
+        headers.push((contract::CORRELATION_ID, c));
+    }
+    // The producer refused reserved names; a row written by hand could still hold one, and it must not shadow
+    // the pipeline's own entries in the envelope.
+    headers.extend(
+        ev.headers
+            .user
+            .iter()
+            .filter(|(name, _)| !crate::headers::is_reserved(name))
+            .map(|(n, v)| (n.as_str(), v.as_str())),
+    );
+    headers
+}
+
+fn wire_event<'a>(
+    ev: &'a ClaimedEvent,
+    headers: &'a [(&'a str, &'a str)],
+) -> contract::WireEvent<'a> {
+    contract::WireEvent {
+        id: ev.id,
+        key: &ev.partition_key,
+        seq: ev.seq,
+        created_at: ev.created_at,
+        schema_version: ev.headers.schema_version,
+        headers,
+        payload: &ev.payload,
+    }
+}
+
+/// Claimed events grouped for forming, in first-seen order: ordered events per key lease, unordered per topic.
+fn groups(events: &[ClaimedEvent]) -> Vec<(GroupKey<'_>, Vec<usize>)> {
+    let mut groups: Vec<(GroupKey<'_>, Vec<usize>)> = Vec::new();
+    let mut index: HashMap<GroupKey<'_>, usize> = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        let g = match e.seq {
+            Some(_) => (
+                true,
+                e.topic.as_str(),
+                e.partition_key.as_str(),
+                e.lease_token,
+            ),
+            None => (false, e.topic.as_str(), "", 0),
+        };
+        let at = *index.entry(g).or_insert_with(|| {
+            groups.push((g, Vec::new()));
+            groups.len() - 1
+        });
+        groups[at].1.push(i);
+    }
+    groups
+}
+
+impl Forming<'_> {
+    /// The QStash message carrying `events`: all of one topic, and for an ordered topic consecutive events of one
+    /// key in sequence order. Everything that decides a write is in the signed envelope body and the signed
+    /// destination URL; `x-outbox-id` (the ids, comma-joined) and `traceparent` (the first event's) are
+    /// informational header copies. The application's own headers travel in the envelope only (decision record
+    /// 0026).
+    pub(super) fn message_of(&self, events: &[&ClaimedEvent]) -> Message {
+        let first = events[0];
+        let header_lists: Vec<Vec<(&str, &str)>> =
+            events.iter().map(|ev| envelope_headers(ev)).collect();
+        let ordered = first.seq.is_some();
+        let wire: Vec<contract::WireEvent<'_>> = events
+            .iter()
+            .zip(&header_lists)
+            .map(|(ev, headers)| wire_event(ev, headers))
+            .collect();
+        let body = contract::write_envelope(&first.topic, self.evidence_for(ordered), &wire);
+        Message {
+            destination: contract::destination(&self.qstash.consumer_url, &first.topic),
+            body,
+            options: self.options(events),
+        }
+    }
+
+    /// The publish options of a message carrying `events` (see [`Forming::message_of`]).
+    fn options(&self, events: &[&ClaimedEvent]) -> PublishOptions {
+        let first = events[0];
+        let ordered = first.seq.is_some();
+        let by_consumer = self.evidence_for(ordered) == Some(contract::Evidence::Consumer);
+        let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+        let mut forward: Vec<(HeaderName, String)> = Vec::with_capacity(2);
+        forward.push((contract::OUTBOX_ID.into(), contract::outbox_id_header(&ids)));
+        if let Some(tp) = &first.headers.traceparent {
+            forward.push((contract::TRACEPARENT.into(), tp.clone()));
+        }
+        // Delivery callbacks: an ordered key's evidence unless the consumer records it; an unordered event's outcome
+        // when its dedupe row cannot be read here (decision record 0015).
+        let callback = if ordered {
+            !by_consumer
+        } else {
+            self.cfg.unordered_outcome() == OutcomeSource::Callback
+        };
+        let dedup: Vec<(i64, i32)> = events.iter().map(|e| (e.id, e.dedup_generation)).collect();
+        // Ordered messages keep their key's flow-control key; an unordered message of several events (any keys)
+        // uses its topic's.
+        let flow_key = if ordered || events.len() == 1 {
+            flow_control_key(&format!("{}.{}", first.topic, first.partition_key))
+        } else {
+            flow_control_key(&first.topic)
+        };
+        let cb = &self.qstash.callback_url;
+        PublishOptions {
+            content_type: Some("application/json".into()),
+            deduplication_id: Some(contract::batch_dedup_id(&dedup)),
+            retries: Some(self.qstash.retries),
+            timeout: self.qstash.delivery_timeout,
+            failure_callback: Some(format!("{cb}{}", contract::FAILURE_PATH)),
+            callback: callback.then(|| format!("{cb}{}", contract::DELIVERED_PATH)),
+            forward,
+            flow_control: Some(FlowControl {
+                key: flow_key,
+                parallelism: Some(self.qstash.flow_parallelism),
+                rate: self.qstash.flow_rate,
+                period: self.qstash.flow_rate.map(|_| self.qstash.flow_period),
+            }),
+            label: Some(first.topic.clone()),
+            ..Default::default()
+        }
+    }
+
+    /// Who records an ordered event's delivery evidence (the envelope's `evidence`); `None` for unordered events.
+    fn evidence_for(&self, ordered: bool) -> Option<contract::Evidence> {
+        ordered.then_some(if self.cfg.ordered_evidence == EvidenceMode::Consumer {
+            contract::Evidence::Consumer
+        } else {
+            contract::Evidence::Callback
+        })
+    }
+
+    /// Groups claimed events into messages (the module docs say how), each with the indexes (into `events`) of
+    /// the events it carries; an ordered key's events that do not fit its one message are in
+    /// [`Formed::left_over`].
+    pub(super) fn messages_for(&self, events: &[ClaimedEvent]) -> Formed {
+        let mut formed = Formed::default();
+        if !self.cfg.batching.any_batching() {
+            formed.messages = (0..events.len())
+                .map(|i| self.outgoing(events, vec![i]))
+                .collect();
+            return formed;
+        }
+        for ((ordered, topic, _, _), mut members) in groups(events) {
+            if ordered {
+                members.sort_by_key(|&i| events[i].seq);
+            } else {
+                members.sort_by_key(|&i| events[i].id);
+            }
+            self.pack(events, ordered, topic, members, &mut formed);
+        }
+        formed
+    }
+
+    /// Packs one group's members (sorted) into messages of up to the topic's event count, under the size limit.
+    /// An ordered group makes one message; the members after the first that does not fit are left over.
+    fn pack(
+        &self,
+        events: &[ClaimedEvent],
+        ordered: bool,
+        topic: &str,
+        members: Vec<usize>,
+        formed: &mut Formed,
+    ) {
+        let batching = &self.cfg.batching;
+        let n = batching.n_for(topic).max(1) as usize;
+        let overhead = contract::write_envelope(topic, self.evidence_for(ordered), &[]).len();
+        let mut current: Vec<usize> = Vec::new();
+        let mut size = overhead;
+        let mut closed_key = false;
+        for i in members {
+            if closed_key {
+                formed.left_over.push(i);
+                continue;
+            }
+            let ev = &events[i];
+            let event_size = self.event_size(ev, overhead);
+            let contiguous = !ordered
+                || current
+                    .last()
+                    .is_none_or(|&p| events[p].seq.map(|s| s + 1) == ev.seq);
+            let fits = current.is_empty()
+                || (current.len() < n
+                    && size + 1 + event_size <= batching.max_message_bytes.saturating_sub(1));
+            if fits && contiguous {
+                size += event_size + usize::from(!current.is_empty());
+                current.push(i);
+                continue;
+            }
+            if ordered {
+                // One message per key at a time: the rest waits for the key's next claim.
+                closed_key = true;
+                formed.left_over.push(i);
+                continue;
+            }
+            formed
+                .messages
+                .push(self.outgoing(events, std::mem::take(&mut current)));
+            size = overhead + event_size;
+            current.push(i);
+        }
+        if !current.is_empty() {
+            formed.messages.push(self.outgoing(events, current));
+        }
+    }
+
+    /// The bytes one event adds to an envelope (its envelope alone minus the empty envelope).
+    fn event_size(&self, ev: &ClaimedEvent, overhead: usize) -> usize {
+        let headers = envelope_headers(ev);
+        let one = contract::write_envelope(
+            &ev.topic,
+            self.evidence_for(ev.seq.is_some()),
+            &[wire_event(ev, &headers)],
+        );
+        one.len().saturating_sub(overhead)
+    }
+
+    /// The message of `members` (indexes into `events`).
+    pub(super) fn outgoing(&self, events: &[ClaimedEvent], members: Vec<usize>) -> Outgoing {
+        let refs: Vec<&ClaimedEvent> = members.iter().map(|&i| &events[i]).collect();
+        Outgoing {
+            message: self.message_of(&refs),
+            events: members,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::config::Vars;
+
+    struct Settings {
+        cfg: RelayConfig,
+        qstash: QstashConfig,
+    }
+
+    impl Settings {
+        fn new(extra: &[(&'static str, &'static str)]) -> Self {
+            let mut env: HashMap<&'static str, &'static str> = [
+                ("CONSUMER_URL", "https://consumer.example"),
+                ("CALLBACK_URL", "https://callbacks.example"),
+            ]
+            .into_iter()
+            .collect();
+            env.extend(extra.iter().copied());
+            let v = Vars::new(&env);
+            Settings {
+                cfg: RelayConfig::from_vars(&v, 5).expect("relay settings"),
+                qstash: QstashConfig::from_vars(&v).expect("qstash settings"),
+            }
+        }
+
+        fn forming(&self) -> Forming<'_> {
+            Forming {
+                cfg: &self.cfg,
+                qstash: &self.qstash,
+            }
+        }
+    }
+
+    fn event(id: i64, topic: &str, key: &str, seq: Option<i64>, lease_token: i64) -> ClaimedEvent {
+        ClaimedEvent::for_test(id, topic, key, seq, lease_token)
+    }
+
+    /// The outbox ids of each message, in message order.
+    fn ids(events: &[ClaimedEvent], formed: &Formed) -> Vec<Vec<i64>> {
+        formed
+            .messages
+            .iter()
+            .map(|m| m.events.iter().map(|&i| events[i].id).collect())
+            .collect()
+    }
+
+    fn flow_control(m: &Message) -> &FlowControl {
+        m.options.flow_control.as_ref().expect("flow control")
+    }
+
+    fn envelope_ids(m: &Message) -> Vec<i64> {
+        let env = contract::parse_envelope(m.body.as_bytes()).expect("an envelope");
+        env.events.iter().map(|e| e.id).collect()
+    }
+
+    #[test]
+    fn without_batching_every_event_is_a_message_of_its_own() {
+        let s = Settings::new(&[("RELAY_DELIVERY_BATCH", "1")]);
+        let mut events = vec![
+            event(3, "audit", "a", None, 1),
+            event(1, "audit", "b", None, 1),
+            event(2, "orders", "k", Some(1), 2),
+        ];
+        events[1].dedup_generation = 2;
+        let formed = s.forming().messages_for(&events);
+        assert_eq!(ids(&events, &formed), vec![vec![3], vec![1], vec![2]]);
+        assert!(formed.left_over.is_empty());
+        let dedup: Vec<_> = formed
+            .messages
+            .iter()
+            .map(|m| m.message.options.deduplication_id.clone())
+            .collect();
+        assert_eq!(
+            dedup,
+            vec![
+                Some("outbox-3".to_string()),
+                Some("outbox-1-r2".to_string()),
+                Some("outbox-2".to_string())
+            ]
+        );
+        for (m, ev) in formed.messages.iter().zip(&events) {
+            let fc = flow_control(&m.message);
+            assert_eq!(
+                fc.key,
+                flow_control_key(&format!("{}.{}", ev.topic, ev.partition_key))
+            );
+            assert_eq!(envelope_ids(&m.message), vec![ev.id]);
+        }
+    }
+
+    #[test]
+    fn unordered_events_go_per_topic_in_id_order_up_to_each_topics_n() {
+        let s = Settings::new(&[
+            ("RELAY_DELIVERY_BATCH", "2"),
+            ("RELAY_DELIVERY_BATCH_TOPICS", "audit=3"),
+        ]);
+        let events: Vec<ClaimedEvent> = [(5, "audit"), (2, "metrics"), (1, "audit"), (4, "audit")]
+            .into_iter()
+            .chain([(3, "metrics"), (9, "audit"), (6, "audit"), (7, "metrics")])
+            .map(|(id, topic)| event(id, topic, &format!("k{id}"), None, 0))
+            .collect();
+        let formed = s.forming().messages_for(&events);
+        let groups = ids(&events, &formed);
+        assert_eq!(groups, vec![vec![1, 4, 5], vec![6, 9], vec![2, 3], vec![7]]);
+        assert!(formed.left_over.is_empty());
+        for (m, group) in formed.messages.iter().zip(&groups) {
+            let topic = &events[m.events[0]].topic;
+            let fc = flow_control(&m.message);
+            if m.events.len() > 1 {
+                // Several events of any keys: the topic's flow-control key, a composition's dedup id.
+                assert_eq!(fc.key, flow_control_key(topic));
+                let dedup = m
+                    .message
+                    .options
+                    .deduplication_id
+                    .clone()
+                    .unwrap_or_default();
+                assert!(dedup.starts_with("outbox-b"), "{dedup}");
+            } else {
+                let ev = &events[m.events[0]];
+                assert_eq!(
+                    fc.key,
+                    flow_control_key(&format!("{topic}.{}", ev.partition_key))
+                );
+            }
+            assert_eq!(&envelope_ids(&m.message), group);
+            assert_eq!(
+                m.message.options.forward[0].1,
+                contract::outbox_id_header(group)
+            );
+        }
+    }
+
+    #[test]
+    fn an_ordered_run_is_one_message_and_what_does_not_fit_waits() {
+        let s = Settings::new(&[("RELAY_DELIVERY_BATCH", "3")]);
+        // Key k (lease 7): 1, 2, 3, 4 — one more than n. Key j (lease 8): 1, 2, then a gap before 4.
+        let events = vec![
+            event(12, "orders", "k", Some(2), 7),
+            event(21, "orders", "j", Some(1), 8),
+            event(11, "orders", "k", Some(1), 7),
+            event(24, "orders", "j", Some(4), 8),
+            event(14, "orders", "k", Some(4), 7),
+            event(13, "orders", "k", Some(3), 7),
+            event(22, "orders", "j", Some(2), 8),
+        ];
+        let formed = s.forming().messages_for(&events);
+        assert_eq!(ids(&events, &formed), vec![vec![11, 12, 13], vec![21, 22]]);
+        let mut left: Vec<i64> = formed.left_over.iter().map(|&i| events[i].id).collect();
+        left.sort();
+        assert_eq!(left, vec![14, 24]);
+        for m in &formed.messages {
+            let opts = &m.message.options;
+            // Callback evidence (the default): the delivery callback frees the key.
+            assert_eq!(
+                opts.callback.as_deref(),
+                Some("https://callbacks.example/delivered")
+            );
+            let ev = &events[m.events[0]];
+            let fc = flow_control(&m.message);
+            assert_eq!(
+                fc.key,
+                flow_control_key(&format!("orders.{}", ev.partition_key))
+            );
+            let env = contract::parse_envelope(m.message.body.as_bytes()).expect("an envelope");
+            assert_eq!(env.evidence, Some(contract::Evidence::Callback));
+            let seqs: Vec<Option<i64>> = env.events.iter().map(|e| e.seq).collect();
+            let expected: Vec<Option<i64>> = (1..=seqs.len() as i64).map(Some).collect();
+            assert_eq!(seqs, expected);
+        }
+    }
+
+    #[test]
+    fn the_size_limit_splits_messages_and_a_huge_event_goes_alone() {
+        let limit = 1000;
+        let s = Settings::new(&[
+            ("RELAY_DELIVERY_BATCH", "10"),
+            ("QSTASH_MAX_MESSAGE_BYTES", "1000"),
+        ]);
+        let mut events: Vec<ClaimedEvent> =
+            (1..=5).map(|id| event(id, "audit", "k", None, 0)).collect();
+        for ev in &mut events {
+            ev.payload = format!("\"{}\"", "x".repeat(300));
+        }
+        events[2].payload = format!("\"{}\"", "y".repeat(2000));
+        let formed = s.forming().messages_for(&events);
+        assert_eq!(ids(&events, &formed), vec![vec![1, 2], vec![3], vec![4, 5]]);
+        for m in &formed.messages {
+            if m.events.len() > 1 {
+                assert!(m.message.body.len() < limit, "{}", m.message.body.len());
+            } else {
+                assert!(m.message.body.len() > limit);
+            }
+        }
+        // An ordered key's run stops at the limit: the rest waits for the key's next claim.
+        let ordered: Vec<ClaimedEvent> = events
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, mut ev)| {
+                ev.seq = Some(i as i64 + 1);
+                ev.lease_token = 3;
+                ev
+            })
+            .collect();
+        let formed = s.forming().messages_for(&ordered);
+        assert_eq!(ids(&ordered, &formed), vec![vec![1, 2]]);
+        assert_eq!(formed.left_over, vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn envelope_and_headers_carry_what_the_consumer_reads() {
+        let s = Settings::new(&[("RELAY_ORDERED_EVIDENCE", "consumer")]);
+        let mut ev = event(8, "orders", "k", Some(1), 4);
+        ev.headers.traceparent =
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        ev.headers.correlation_id = Some("req-1".into());
+        ev.headers.user.insert("tenant".into(), "t1".into());
+        // Written by hand past the producer: must not shadow the pipeline's own entries.
+        ev.headers.user.insert("x-outbox-id".into(), "99".into());
+        let f = s.forming();
+        let m = f.message_of(&[&ev]);
+        assert_eq!(
+            m.destination,
+            contract::destination("https://consumer.example", "orders")
+        );
+        let env = contract::parse_envelope(m.body.as_bytes()).expect("an envelope");
+        assert_eq!(env.evidence, Some(contract::Evidence::Consumer));
+        let headers = &env.events[0].headers;
+        assert_eq!(headers.get("tenant").map(String::as_str), Some("t1"));
+        assert_eq!(
+            headers.get(contract::CORRELATION_ID).map(String::as_str),
+            Some("req-1")
+        );
+        assert!(!headers.contains_key("x-outbox-id"));
+        // The consumer records the evidence: no delivery callback; the failure callback always.
+        assert_eq!(m.options.callback, None);
+        assert_eq!(
+            m.options.failure_callback.as_deref(),
+            Some("https://callbacks.example/failure")
+        );
+        let forward: Vec<(String, String)> = m
+            .options
+            .forward
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.clone()))
+            .collect();
+        assert_eq!(
+            forward,
+            vec![
+                ("x-outbox-id".to_string(), "8".to_string()),
+                (
+                    "traceparent".to_string(),
+                    ev.headers.traceparent.clone().unwrap_or_default()
+                )
+            ]
+        );
+        // The size an event adds is what it adds to a real envelope.
+        let overhead = contract::write_envelope("orders", f.evidence_for(true), &[]).len();
+        assert_eq!(f.event_size(&ev, overhead), m.body.len() - overhead);
+    }
+}

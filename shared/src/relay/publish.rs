@@ -1,0 +1,275 @@
+//! Step 2 of a cycle: the formed messages ([`super::forming`]) go to QStash through `/v2/batch` requests of
+//! `QSTASH_BATCH_SIZE` messages, run concurrently, outside any transaction. The answer is one
+//! [`PublishedEvent`] per claimed event.
+//!
+//! Two kinds of failure say nothing about the events, and are not held against them:
+//!
+//! - a request that failed at request level ([`request_level_failure`]: QStash down, unreachable, refusing the
+//!   token or URL, rate-limiting the account): its events are given back with their attempt unspent, and when
+//!   every request failed so the cycle is an outage ([`Published::is_outage`], decision record 0012);
+//! - a permanent refusal of more than the culprit: a whole multi-message request refused alike (e.g. 413, the
+//!   request is too large) is asked again one message per request, and a refused message of several events is
+//!   published again one event per message in the same cycle (an ordered run: its head alone, the rest waits),
+//!   so only the culprits become dead letters.
+
+use std::time::{Duration, Instant};
+
+use crate::qstash::{Message, PublishOutcome, request_level_failure};
+
+use super::Relay;
+use super::claim::ClaimedEvent;
+use super::forming::{Formed, Outgoing};
+
+/// What became of one claimed event in [`Relay::publish_classified`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PublishedEvent {
+    /// QStash's verdict on the event's message; for an event not sent, a transient "waits behind its key's
+    /// message".
+    pub outcome: PublishOutcome,
+    /// Whether `outcome` is about the event.
+    pub reach: Reach,
+}
+
+/// How far an event's publish got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// QStash answered the request that carried the event's message: the outcome is about the message.
+    Answered,
+    /// That request failed at request level: the outcome says nothing about the event, which is given back.
+    RequestFailed,
+    /// Claimed but in no message this cycle (an ordered key's events that did not fit its message): given back.
+    NotSent,
+}
+
+impl PublishedEvent {
+    /// The outcome says nothing about the event: it goes back, its attempt unspent.
+    pub fn given_back(&self) -> bool {
+        self.reach != Reach::Answered
+    }
+}
+
+/// What [`Relay::publish_classified`] found.
+#[derive(Debug, Clone, Default)]
+pub struct Published {
+    /// One result per event, in claim order.
+    pub events: Vec<PublishedEvent>,
+    /// Requests answered.
+    pub requests_ok: u64,
+    /// Requests failed at request level.
+    pub requests_failed: u64,
+    /// Duration of each `/v2/batch` request.
+    pub latencies: Vec<Duration>,
+    /// The events (indexes) of each message published, in message order.
+    pub messages: Vec<Vec<usize>>,
+}
+
+/// QStash's answer about one message.
+#[derive(Debug, Clone)]
+struct MessageResult {
+    outcome: PublishOutcome,
+    /// Its request failed at request level.
+    request_level: bool,
+}
+
+/// What [`Relay::send`] got back: one result per message, in order.
+#[derive(Debug, Default)]
+struct Sent {
+    results: Vec<MessageResult>,
+    requests_ok: u64,
+    requests_failed: u64,
+    latencies: Vec<Duration>,
+}
+
+impl Sent {
+    fn absorb(&mut self, other: Sent) {
+        self.results.extend(other.results);
+        self.requests_ok += other.requests_ok;
+        self.requests_failed += other.requests_failed;
+        self.latencies.extend(other.latencies);
+    }
+}
+
+impl Published {
+    /// Every request failed at request level (and there was at least one): an outage.
+    pub fn is_outage(&self) -> bool {
+        self.requests_failed > 0 && self.requests_ok == 0
+    }
+
+    /// The first request-level error, for the outage record.
+    pub fn first_request_error(&self) -> Option<String> {
+        self.events
+            .iter()
+            .find(|e| e.reach == Reach::RequestFailed)
+            .map(|e| match &e.outcome {
+                PublishOutcome::Transient { error, .. } => error.clone(),
+                other => format!("{other:?}"),
+            })
+    }
+
+    /// The outcome of each event, in claim order (what [`Relay::decide`] takes).
+    pub fn outcomes(&self) -> Vec<PublishOutcome> {
+        self.events.iter().map(|e| e.outcome.clone()).collect()
+    }
+
+    /// Per event: the result of the message that carried it, or [`Reach::NotSent`].
+    fn assemble(n_events: usize, formed: &Formed, sent: Sent) -> Published {
+        let not_sent = PublishedEvent {
+            outcome: PublishOutcome::Transient {
+                status: None,
+                retry_after: None,
+                error: "not published this cycle: it waits behind its key's message".into(),
+                config_problem: false,
+            },
+            reach: Reach::NotSent,
+        };
+        let mut events = vec![not_sent; n_events];
+        let mut messages: Vec<Vec<usize>> = Vec::with_capacity(formed.messages.len());
+        for (out, result) in formed.messages.iter().zip(&sent.results) {
+            if out.events.is_empty() {
+                continue;
+            }
+            for &i in &out.events {
+                events[i] = PublishedEvent {
+                    outcome: result.outcome.clone(),
+                    reach: if result.request_level {
+                        Reach::RequestFailed
+                    } else {
+                        Reach::Answered
+                    },
+                };
+            }
+            messages.push(out.events.clone());
+        }
+        Published {
+            events,
+            requests_ok: sent.requests_ok,
+            requests_failed: sent.requests_failed,
+            latencies: sent.latencies,
+            messages,
+        }
+    }
+}
+
+impl Relay {
+    /// Step 2: publishes events through `/v2/batch` (requests of `QSTASH_BATCH_SIZE` messages run
+    /// concurrently). Returns one outcome per event, in order, and the latency of each request.
+    pub async fn publish(&self, events: &[ClaimedEvent]) -> (Vec<PublishOutcome>, Vec<Duration>) {
+        let p = self.publish_classified(events).await;
+        (p.outcomes(), p.latencies)
+    }
+
+    /// [`Relay::publish`], also telling which events' requests failed at request level or were not sent, how
+    /// many requests were answered or failed that way (the outage decision), and which events went out
+    /// together.
+    ///
+    /// A message of several events that QStash refuses permanently is not the events' verdict: its events are
+    /// published again one per message in the same cycle (an ordered run: its head alone, the rest waits) and
+    /// each event gets its own outcome.
+    pub async fn publish_classified(&self, events: &[ClaimedEvent]) -> Published {
+        let mut formed = self.messages_for(events);
+        let messages: Vec<Message> = formed.messages.iter().map(|m| m.message.clone()).collect();
+        let mut sent = self.send(&messages).await;
+        let singles = self.refused_singly(events, &mut formed, &sent);
+        if !singles.is_empty() {
+            let messages: Vec<Message> = singles.iter().map(|o| o.message.clone()).collect();
+            sent.absorb(self.send(&messages).await);
+            formed.messages.extend(singles);
+        }
+        Published::assemble(events.len(), &formed, sent)
+    }
+
+    /// Permanent refusals of multi-event messages: the messages to send instead, one event each. The refused
+    /// message keeps its place with no events (its results stay in line with `formed`); an ordered run's
+    /// followers are left over.
+    fn refused_singly(
+        &self,
+        events: &[ClaimedEvent],
+        formed: &mut Formed,
+        sent: &Sent,
+    ) -> Vec<Outgoing> {
+        let mut singles: Vec<usize> = Vec::new();
+        for (out, result) in formed.messages.iter_mut().zip(&sent.results) {
+            let PublishOutcome::Permanent { status, error } = &result.outcome else {
+                continue;
+            };
+            if out.events.len() < 2 || result.request_level {
+                continue;
+            }
+            let members = std::mem::take(&mut out.events);
+            tracing::warn!(events = members.len(), status, error = %error,
+                "QStash refused a message of several events: publishing them one by one");
+            if events[members[0]].seq.is_some() {
+                singles.push(members[0]);
+                formed.left_over.extend_from_slice(&members[1..]);
+            } else {
+                singles.extend(members);
+            }
+        }
+        let forming = self.forming();
+        singles
+            .iter()
+            .map(|&i| forming.outgoing(events, vec![i]))
+            .collect()
+    }
+
+    /// Sends messages through `/v2/batch` requests of `QSTASH_BATCH_SIZE`: one result per message.
+    async fn send(&self, messages: &[Message]) -> Sent {
+        let chunk = self.qstash.batch_size.max(1) as usize;
+        let requests = messages.chunks(chunk).map(|c| self.send_request(c));
+        let mut sent = Sent::default();
+        for one in futures::future::join_all(requests).await {
+            sent.absorb(one);
+        }
+        sent
+    }
+
+    /// One `/v2/batch` request. A permanent refusal of a whole multi-message request (e.g. 413: the batch is
+    /// too large) says nothing about each message: they are asked again one by one so only the culprits are
+    /// dead-lettered.
+    async fn send_request(&self, c: &[Message]) -> Sent {
+        let t = Instant::now();
+        let resp = self.client.batch_classified(c).await;
+        let out = resp.outcomes;
+        if c.len() > 1
+            && out
+                .first()
+                .is_some_and(|o| matches!(o, PublishOutcome::Permanent { .. }))
+            && all_equal(&out)
+        {
+            let out: Vec<PublishOutcome> =
+                futures::future::join_all(c.iter().map(|m| self.client.publish(m))).await;
+            // Each single publish is a request of its own: its failure is request-level or the message's.
+            let results: Vec<MessageResult> = out
+                .into_iter()
+                .map(|outcome| MessageResult {
+                    request_level: request_level_failure(&outcome),
+                    outcome,
+                })
+                .collect();
+            let failed = results.iter().filter(|r| r.request_level).count() as u64;
+            return Sent {
+                results,
+                requests_ok: (c.len() as u64).saturating_sub(failed),
+                requests_failed: failed,
+                latencies: vec![t.elapsed()],
+            };
+        }
+        let failed = u64::from(resp.request_failed);
+        Sent {
+            results: out
+                .into_iter()
+                .map(|outcome| MessageResult {
+                    outcome,
+                    request_level: resp.request_failed,
+                })
+                .collect(),
+            requests_ok: 1 - failed,
+            requests_failed: failed,
+            latencies: vec![t.elapsed()],
+        }
+    }
+}
+
+fn all_equal(v: &[PublishOutcome]) -> bool {
+    v.windows(2).all(|w| w[0] == w[1])
+}
