@@ -352,7 +352,11 @@ mod tests {
         let forged = cookie.replacen(&hex(b"alice"), &hex(b"mallory"), 1);
         assert_eq!(keys.verify(&forged, 1001), None);
         let (dotted, cookie) = keys.issue("alice.smith@ops", 1000);
-        assert_eq!(keys.verify(&cookie, 1001), Some(dotted), "a name with the separator in it");
+        assert_eq!(
+            keys.verify(&cookie, 1001),
+            Some(dotted),
+            "a name with the separator in it"
+        );
         let (other, _) = keys.issue("alice", 1000);
         assert_ne!(
             keys.csrf(&session),
