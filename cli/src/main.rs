@@ -1,9 +1,9 @@
-//! `outbox`: the operator CLI. Migrate, status, dead letters, prune and relay runs, against a real database.
+//! `outbox`: the operator CLI. Migrate, status, dead letters, prune, relay runs and the web console, against a real database.
 //! Every command calls the same library code the Lambdas run. (The local pipeline and the benchmarks are
 //! `outbox-dev`'s.)
 
 use clap::{Parser, Subcommand};
-use outbox_cli::{dead_letters, prune, relay_cmd, status, util};
+use outbox_cli::{console, dead_letters, prune, relay_cmd, status, util};
 
 #[derive(Parser)]
 #[command(
@@ -32,6 +32,9 @@ enum Command {
     /// Run the relay locally with the Lambda's configuration variables (QSTASH_URL, QSTASH_TOKEN, CONSUMER_URL,
     /// CALLBACK_URL, DATABASE_URL, RELAY_*): one simulated invocation after another.
     Relay(relay_cmd::RelayArgs),
+    /// The operator console: the outbox in a browser (overview, topics and keys, one event's timeline, dead
+    /// letters with guarded redrive and purge). Loopback by default; another bind needs --token-file.
+    Console(console::ConsoleArgs),
 }
 
 #[tokio::main]
@@ -46,6 +49,7 @@ async fn main() {
         Command::Prune(args) => prune::run(args, &mut std::io::stdout()).await.map(|_| ()),
         Command::Migrate(args) => util::migrate(&args).await,
         Command::Relay(args) => relay_cmd::run(args).await,
+        Command::Console(args) => console::run(args).await,
     };
     if let Err(e) = result {
         // Errors can quote stored data (a topic, a database message): escaped like every other line.

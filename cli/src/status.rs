@@ -27,13 +27,7 @@ pub struct StatusArgs {
 /// `outbox status`.
 pub async fn run(args: StatusArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let pool = args.db.connect().await?;
-    // The relay's horizon (same variables, same defaults): what counts as unaccounted.
-    let env = outbox::config::ProcessEnv;
-    let vars = outbox::config::Vars::new(&env);
-    let relay =
-        outbox::config::RelayConfig::from_vars(&vars, vars.ranged_or("QSTASH_RETRIES", 5, 0, 100)?)
-            .context("reading the relay's settings (RELAY_RECONCILE_AFTER_SECS, QSTASH_RETRIES)")?;
-    let status = ops::status_with_horizon(&pool, relay.accounting.horizon)
+    let status = ops::status_with_horizon(&pool, reconcile_horizon()?)
         .await
         .context("reading the status figures (is the schema migrated? run `outbox migrate`)")?;
     if args.json {
@@ -42,6 +36,17 @@ pub async fn run(args: StatusArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         write_table(&status, args.warn_age_secs as f64, out)?;
     }
     Ok(())
+}
+
+/// The relay's reconciler horizon, from the relay's own variables and defaults (`RELAY_RECONCILE_AFTER_SECS`,
+/// `QSTASH_RETRIES`): in-flight events older than it count as unaccounted.
+pub fn reconcile_horizon() -> anyhow::Result<std::time::Duration> {
+    let env = outbox::config::ProcessEnv;
+    let vars = outbox::config::Vars::new(&env);
+    let relay =
+        outbox::config::RelayConfig::from_vars(&vars, vars.ranged_or("QSTASH_RETRIES", 5, 0, 100)?)
+            .context("reading the relay's settings (RELAY_RECONCILE_AFTER_SECS, QSTASH_RETRIES)")?;
+    Ok(relay.accounting.horizon)
 }
 
 /// `1h 02m`, `3m 12s`, `4.2s`.

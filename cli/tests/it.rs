@@ -4,13 +4,17 @@
 //! below (or as a `[[test]]` of its own in Cargo.toml, if it needs process-global state of its own): the
 //! whole-system test `tests/test_layout.rs` fails on a file that no test binary compiles.
 //!
-//! Files that declare `mod common;` are loaded with `#[path]`, so that their `common` resolves to
-//! `common/mod.rs` beside them as it does when the file is a test binary's root.
+//! Files that declare `mod common;` (or `mod console_kit;`) are loaded with `#[path]`, so that the module
+//! resolves to `common/mod.rs` (`console_kit/mod.rs`) beside them as it does when the file is a binary's root.
 
 // Each of those files has its own copy of `common` (as when each was a binary of its own), so that the files
 // stay as they are.
 #![allow(clippy::duplicate_mod)]
 
+#[path = "console.rs"]
+mod console;
+#[path = "console_browser.rs"]
+mod console_browser;
 #[path = "control_chars.rs"]
 mod control_chars;
 #[path = "dead_letters.rs"]

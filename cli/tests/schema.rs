@@ -22,12 +22,13 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 /// The outbox's tables, as the migrations create them.
-const OUTBOX_TABLES: [&str; 9] = [
+const OUTBOX_TABLES: [&str; 10] = [
     "_sqlx_migrations",
     "consumer_sequences",
     "dead_letters",
     "outbox",
     "outbox_accounting",
+    "outbox_console_actions",
     "outbox_keys",
     "outbox_relay_outage",
     "outbox_sequences",

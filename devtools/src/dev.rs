@@ -4,7 +4,8 @@
 //!
 //! stdout carries the progress only (the `console` module): a table redrawn in place on a terminal, plain lines
 //! otherwise, and the summary as the last line. Every component's log lines go to a file named in the first lines
-//! ([`logs`]); `--verbose` shows them on stderr too.
+//! ([`logs`]); `--verbose` shows them on stderr too. The operator console (`outbox console`) runs alongside on
+//! 127.0.0.1:7070 (or a free port), and the first lines print its URL.
 
 mod console;
 pub mod dead_letters;
@@ -247,7 +248,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
         opts.dev.waitlist_order = qstash_dev::WaitlistOrder::Shuffled;
         opts.dev.time_scale = 0.05; // QStash's 12 s first retry becomes 0.6 s
     }
+    let consumer_name = opts.consumer_name.clone();
     let stack = LocalStack::start(opts).await?;
+    let operator_console = start_console(&url, &consumer_name).await?;
     let keys = stack.dev.signing_keys();
     for line in [
         format!("  database          {}", redact(&url)),
@@ -284,6 +287,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
             "  fault injection   ON (publish 5xx 10%, lost responses 5%, duplicate deliveries 10%, network errors 5%, shuffled waitlist)",
         );
     }
+    console.line(&format!(
+        "  console           {}   (the operator console in a browser: outbox console --database-url {})",
+        operator_console.url(),
+        redact(&url)
+    ));
     console.line(&format!(
         "  inspect           outbox status --database-url {}   (Ctrl-C to stop)\n",
         redact(&url)
@@ -372,6 +380,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
     let last = reporter.last;
     let causes = reporter.tally.causes();
     stack.stop().await;
+    operator_console.stop().await?;
     let c = *counts_rx.borrow();
     let summary = DevSummary {
         progress: last,
@@ -424,6 +433,37 @@ impl Reporter<'_> {
         Ok(())
     }
 }
+
+/// The operator console (`outbox console`) on the pipeline's database: 127.0.0.1:7070, or any free port when that
+/// one is taken; loopback without tokens, as `outbox console` runs by default.
+async fn start_console(
+    database_url: &str,
+    consumer_name: &str,
+) -> anyhow::Result<outbox_cli::console::Console> {
+    let port = if std::net::TcpListener::bind(("127.0.0.1", CONSOLE_PORT)).is_ok() {
+        CONSOLE_PORT
+    } else {
+        0
+    };
+    let args = outbox_cli::console::ConsoleArgs {
+        db: outbox_cli::util::DbArgs {
+            database_url: database_url.to_owned(),
+        },
+        port,
+        bind: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        read_only: false,
+        token_file: None,
+        allow_host: Vec::new(),
+        consumers: vec![consumer_name.to_owned()],
+        refresh_secs: 5,
+    };
+    outbox_cli::console::Console::start(&args)
+        .await
+        .context("starting the operator console")
+}
+
+/// The operator console's port (`outbox console`'s default).
+const CONSOLE_PORT: u16 = 7070;
 
 fn redact(url: &str) -> String {
     match url::Url::parse(url) {

@@ -109,6 +109,14 @@ async fn redirected_stdout_is_calm_plain_progress_ending_with_the_summary(pool: 
         "{progress} progress lines in a 10 s run:\n{text}"
     );
 
+    // The operator console runs alongside; its URL is in the first lines.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("  console           http://127.0.0.1:")),
+        "no console URL in the first lines:\n{text}"
+    );
+
     // 4. The last line is the summary: enqueued, applied, dead-lettered by cause, pending.
     let last = lines.iter().rev().find(|l| !l.trim().is_empty()).unwrap();
     assert!(

@@ -9,6 +9,11 @@
 //! `outbox prune --dead-letters-days` keeps small (handled dead letters go; unhandled ones need an operator). Alarm on the oldest pending age, not on depth: 10,000 pending that
 //! drain in ten seconds is healthy; 3 pending that are twenty minutes old means no relay is running.
 
+pub mod actions;
+pub mod keys;
+pub mod timeline;
+pub mod topics;
+
 use std::time::Duration;
 
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};

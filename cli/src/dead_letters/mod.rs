@@ -79,6 +79,7 @@ impl FilterArgs {
             key: self.key.clone(),
             since: self.since,
             until: self.until,
+            ..Filter::default()
         }
     }
 

@@ -3,6 +3,7 @@
 
 pub mod accounting;
 pub mod batched;
+pub mod console;
 pub mod consumer;
 pub mod dev_server;
 pub mod plot;
@@ -37,6 +38,9 @@ pub enum BenchCommand {
     /// What knowing every unordered event's outcome costs the relay: the dedupe-row sweep per event beside the
     /// dispatch settle it already pays (decision record 0015).
     Accounting(accounting::AccountingArgs),
+    /// Each page of the operator console (`outbox console`) on a big database (1,000,000 outbox rows, 100,000
+    /// dead letters, 10,000 ordered keys by default): the console's own time per page, median of several requests.
+    Console(console::ConsoleBenchArgs),
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -48,5 +52,6 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Accounting(args) => accounting::run(args).await,
         BenchCommand::Consumer(args) => consumer::run_cli(args).await,
         BenchCommand::DevServer(args) => dev_server::run(args).await,
+        BenchCommand::Console(args) => console::run(args).await,
     }
 }

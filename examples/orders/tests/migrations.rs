@@ -159,6 +159,7 @@ async fn the_two_migrators_make_what_the_single_one_made(pool: PgPool) {
             "dead_letters",
             "outbox",
             "outbox_accounting",
+            "outbox_console_actions",
             "outbox_keys",
             "outbox_relay_outage",
             "outbox_sequences",

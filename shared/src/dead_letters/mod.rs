@@ -18,12 +18,14 @@
 //! | `redrive.rs` | [`redrive`] one dead letter, in named steps |
 //! | `redrive_bulk.rs` | [`redrive_matching`]: every unhandled dead letter a filter matches |
 //! | `purge.rs` | [`purge`], [`count_purge`] |
+//! | `groups.rs` | [`error_groups`] (by normalised error, for the console), [`max_id`] |
 //!
 //! This file holds what they share: [`Source`] and the [`Filter`] every operator command takes. *Dead letter*,
 //! *redrive* and *middle event* are defined in the repository's `docs/glossary.md`.
 
+mod groups;
 mod purge;
-mod query;
+pub(crate) mod query;
 mod record;
 mod redrive;
 mod redrive_bulk;
@@ -31,6 +33,7 @@ mod redrive_bulk;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+pub use groups::{ErrorGroup, error_groups, max_id};
 pub use purge::{PurgeCounts, PurgeError, count_purge, purge};
 pub use query::{
     DeadLetter, DeadLetterSummary, EventState, ListQuery, Page, count_unhandled, event_headers_of,
@@ -78,7 +81,8 @@ impl std::str::FromStr for Source {
 
 /// Which dead letters an operation applies to. Every set field must match; an empty filter matches everything
 /// (bulk redrive and purge refuse an empty filter).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Filter {
     pub topic: Option<String>,
     pub source: Option<Source>,
@@ -88,6 +92,13 @@ pub struct Filter {
     pub since: Option<DateTime<Utc>>,
     /// Recorded before.
     pub until: Option<DateTime<Utc>>,
+    /// The error contains this text (case-insensitive).
+    pub error: Option<String>,
+    /// The normalised error (`error_group`: runs of digits as `N`, the first 200 characters) is exactly this.
+    pub error_group: Option<String>,
+    /// Only dead letters with an id up to this one: a bulk action confirmed on a count touches only what was
+    /// counted, not what was recorded after. Not a selection of its own ([`Filter::is_empty`] ignores it).
+    pub max_id: Option<i64>,
 }
 
 impl Filter {
@@ -98,13 +109,17 @@ impl Filter {
             && self.key.is_none()
             && self.since.is_none()
             && self.until.is_none()
+            && self.error.is_none()
+            && self.error_group.is_none()
     }
 }
 
-/// The filter as SQL over `dead_letters d`, parameters `$1..$5`.
+/// The filter as SQL over `dead_letters d`, parameters `$1..$8` (the error text as a `LIKE` pattern: `%`, `_`
+/// and `\` in it match themselves).
 pub(super) const FILTER_SQL: &str = "($1::text IS NULL OR d.topic = $1) AND ($2::text IS NULL OR d.source = $2) \
      AND ($3::text IS NULL OR d.partition_key = $3) AND ($4::timestamptz IS NULL OR d.created_at >= $4) \
-     AND ($5::timestamptz IS NULL OR d.created_at < $5)";
+     AND ($5::timestamptz IS NULL OR d.created_at < $5) AND ($6::text IS NULL OR d.error ILIKE $6) \
+     AND ($7::text IS NULL OR d.error_group = $7) AND ($8::bigint IS NULL OR d.id <= $8)";
 
 /// Not redriven and not resolved: still needs an operator.
 pub(super) const UNHANDLED_SQL: &str = "d.redriven_at IS NULL AND d.resolved_at IS NULL";
@@ -118,4 +133,19 @@ pub(super) fn bind_filter<'q>(
         .bind(f.key.as_deref())
         .bind(f.since)
         .bind(f.until)
+        .bind(f.error.as_deref().map(|e| format!("%{}%", like_escaped(e))))
+        .bind(f.error_group.as_deref())
+        .bind(f.max_id)
+}
+
+/// `text` for a `LIKE` pattern, with `%`, `_` and `\` matching themselves (the default escape character).
+pub(crate) fn like_escaped(text: &str) -> String {
+    let mut p = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    p
 }

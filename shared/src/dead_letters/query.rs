@@ -95,7 +95,7 @@ pub async fn list(conn: &mut PgConnection, q: &ListQuery) -> Result<Page, sqlx::
         "SELECT d.id, d.created_at, d.source, d.outbox_id, d.topic, d.partition_key, d.seq, d.attempts, d.status, \
                 d.error, d.redriven_at, d.resolved_at, d.resolution \
          FROM {schema}.dead_letters d \
-         WHERE {FILTER_SQL} AND ($6 OR ({UNHANDLED_SQL})) AND d.id > $7 \
+         WHERE {FILTER_SQL} AND ($9 OR ({UNHANDLED_SQL})) AND d.id > $10 \
          ORDER BY d.id LIMIT {}",
         limit + 1
     );
@@ -210,15 +210,25 @@ pub struct EventState {
 impl EventState {
     /// `pending`, `dispatched`, `delivered` or `dead`.
     pub fn state(&self) -> &'static str {
-        if self.delivered_at.is_some() {
-            "delivered"
-        } else if self.dead_lettered_at.is_some() {
-            "dead"
-        } else if self.dispatched_at.is_some() {
-            "dispatched"
-        } else {
-            "pending"
-        }
+        outbox_state(self.delivered_at, self.dead_lettered_at, self.dispatched_at)
+    }
+}
+
+/// An outbox row's state from its timestamps: `delivered`, `dead`, `dispatched` (accepted by QStash, no outcome
+/// yet) or `pending`.
+pub(crate) fn outbox_state(
+    delivered_at: Option<DateTime<Utc>>,
+    dead_lettered_at: Option<DateTime<Utc>>,
+    dispatched_at: Option<DateTime<Utc>>,
+) -> &'static str {
+    if delivered_at.is_some() {
+        "delivered"
+    } else if dead_lettered_at.is_some() {
+        "dead"
+    } else if dispatched_at.is_some() {
+        "dispatched"
+    } else {
+        "pending"
     }
 }
 

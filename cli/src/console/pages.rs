@@ -1,0 +1,802 @@
+//! The read-only pages: overview, topics, keys, one event's timeline, the action log; and logging in and out.
+
+use axum::Extension;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use outbox::ops::{self, keys::KeyQuery, timeline::StepKind};
+
+use super::auth;
+use super::html::Html;
+use super::layout::{age, ago, cut, dead_letter_link, event_link, key_link, opt, opt_time, time};
+use super::server::{self, Ctx, Params, S};
+
+/// How many keys a page lists.
+const KEYS_PAGE: u32 = 50;
+
+/// A figure the browser tests read back: `<span data-figure="backlog.pending">12</span>` (the path is the
+/// figure's place in `outbox status --json`).
+fn figure(h: &mut Html, path: &'static str, value: impl std::fmt::Display) {
+    h.lit("<span data-figure=\"")
+        .lit(path)
+        .lit("\">")
+        .text(value)
+        .lit("</span>");
+}
+
+fn card(
+    h: &mut Html,
+    label: &'static str,
+    path: &'static str,
+    value: impl std::fmt::Display,
+    class: &'static str,
+) {
+    h.lit("<div class=\"card\"><div class=\"v ")
+        .lit(class)
+        .lit("\">");
+    figure(h, path, value);
+    h.lit("</div><div class=\"l\">")
+        .lit(label)
+        .lit("</div></div>");
+}
+
+/// `GET /`: the numbers of `outbox status`, from the same library call, and dispatched per minute as a chart.
+pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Response {
+    let s = match ops::status_with_horizon(&app.pool, app.horizon).await {
+        Ok(s) => s,
+        Err(e) => return server::db_error(&ctx, e),
+    };
+    let params = server::query(&uri);
+    let refresh = (app.refresh_secs > 0 && !params.flag("pause")).then_some(app.refresh_secs);
+    let mut h = Html::new();
+    h.lit("<h1>Overview</h1><p class=\"muted\">At ");
+    time(&mut h, s.at);
+    h.lit(" UTC · ");
+    match refresh {
+        Some(secs) => {
+            h.lit("refreshes every ")
+                .text(secs)
+                .lit("s · <a href=\"/?pause=1\">pause</a>");
+        }
+        None => {
+            h.lit("not refreshing · <a href=\"/\">refresh live</a>");
+        }
+    }
+    h.lit("</p><div class=\"cards\">");
+    let b = &s.backlog;
+    card(&mut h, "pending", "backlog.pending", b.pending, "");
+    let lag_class = if b.oldest_pending_age_secs > 300.0 {
+        "warn"
+    } else {
+        ""
+    };
+    h.lit("<div class=\"card\"><div class=\"v ")
+        .lit(lag_class)
+        .lit("\">");
+    age(&mut h, b.oldest_pending_age_secs);
+    h.lit("</div><div class=\"l\">oldest pending age (<span data-figure=\"backlog.oldest_pending_age_secs\">")
+        .text(format!("{:.1}", b.oldest_pending_age_secs))
+        .lit("</span> s)</div></div>");
+    card(
+        &mut h,
+        "in flight",
+        "in_flight.total",
+        s.in_flight.total,
+        "",
+    );
+    card(
+        &mut h,
+        "unaccounted",
+        "in_flight.unaccounted",
+        s.in_flight.unaccounted,
+        if s.in_flight.unaccounted > 0 {
+            "bad"
+        } else {
+            ""
+        },
+    );
+    card(
+        &mut h,
+        "dispatched, last hour",
+        "throughput.last_hour",
+        s.throughput.last_hour,
+        "",
+    );
+    card(
+        &mut h,
+        "blocked keys",
+        "blocked_keys.count",
+        s.blocked_keys.count,
+        if s.blocked_keys.count > 0 { "bad" } else { "" },
+    );
+    let unresolved = s.unresolved_dead_letters();
+    card(
+        &mut h,
+        "dead letters unresolved",
+        "unresolved_dead_letters",
+        unresolved,
+        if unresolved > 0 { "bad" } else { "" },
+    );
+    card(
+        &mut h,
+        "flapping",
+        "backlog.flapping",
+        b.flapping,
+        if b.flapping > 0 { "warn" } else { "" },
+    );
+    card(
+        &mut h,
+        "stuck leases",
+        "stuck_leases.count",
+        s.stuck_leases.count,
+        if s.stuck_leases.count > 0 { "warn" } else { "" },
+    );
+    card(
+        &mut h,
+        "awaiting evidence",
+        "awaiting_evidence.count",
+        s.awaiting_evidence.count,
+        "",
+    );
+    h.lit("</div>");
+
+    h.lit("<h2>QStash</h2><p id=\"outage\">");
+    let o = &s.qstash_outage;
+    match o.since {
+        None => {
+            h.lit("<span class=\"ok\" data-figure=\"qstash_outage.active\">no outage</span>");
+        }
+        Some(since) => {
+            h.lit("<span class=\"bad\" data-figure=\"qstash_outage.active\">outage</span> since ");
+            time(&mut h, since);
+            h.lit(" UTC (");
+            ago(&mut h, o.now, since);
+            h.lit("), ")
+                .text(o.failures)
+                .lit(" failed cycles or probes; next probe ");
+            opt_time(&mut h, o.next_probe_at);
+            h.lit("; last error: ");
+            cut(&mut h, o.last_error.as_deref().unwrap_or(""), 200);
+        }
+    }
+    h.lit("</p>");
+
+    h.lit("<h2>Dispatched per minute, last hour</h2>");
+    chart(&mut h, &s.throughput.per_minute);
+
+    h.lit("<h2>Blocked keys</h2>");
+    if s.blocked_keys.keys.is_empty() {
+        h.lit("<p class=\"muted\">none</p>");
+    } else {
+        h.lit(
+            "<table id=\"blocked\"><tr><th>topic</th><th>key</th><th>since</th><th>head event</th>",
+        )
+        .lit("<th>dead letter</th><th class=\"n\">waiting</th><th>reason</th></tr>");
+        for k in &s.blocked_keys.keys {
+            h.lit("<tr><td>").text(&k.topic).lit("</td><td>");
+            key_link(&mut h, &k.topic, &k.partition_key);
+            h.lit("</td><td>");
+            ago(&mut h, s.at, k.since);
+            h.lit("</td><td>");
+            if let Some(id) = k.blocking_event {
+                event_link(&mut h, id);
+            }
+            h.lit("</td><td>");
+            if let Some(id) = k.dead_letter_id {
+                dead_letter_link(&mut h, id);
+            }
+            h.lit("</td><td class=\"n\">");
+            opt(&mut h, k.waiting);
+            h.lit("</td><td class=\"wrap\">");
+            cut(&mut h, k.reason.as_deref().unwrap_or(""), 160);
+            h.lit("</td></tr>");
+        }
+        h.lit("</table>");
+        if s.blocked_keys.count > s.blocked_keys.keys.len() as i64 {
+            h.lit("<p><a href=\"/keys?blocked=1\">all blocked keys</a></p>");
+        }
+    }
+
+    h.lit("<h2>Dead letters by topic and source</h2>");
+    if s.dead_letters.is_empty() {
+        h.lit("<p class=\"muted\">none</p>");
+    } else {
+        h.lit("<table><tr><th>topic</th><th>source</th><th class=\"n\">unresolved</th><th class=\"n\">redriven</th>")
+            .lit("<th class=\"n\">resolved</th><th class=\"n\">applied</th><th>oldest unresolved</th></tr>");
+        for d in &s.dead_letters {
+            h.lit("<tr><td>");
+            match &d.topic {
+                Some(t) => {
+                    h.lit("<a href=\"")
+                        .href("/dead-letters", &[("topic", t), ("source", &d.source)])
+                        .lit("\">")
+                        .text(t)
+                        .lit("</a>");
+                }
+                None => {
+                    h.lit("<span class=\"muted\">(unknown)</span>");
+                }
+            }
+            h.lit("</td><td>")
+                .text(&d.source)
+                .lit("</td><td class=\"n\">")
+                .text(d.unresolved);
+            h.lit("</td><td class=\"n\">")
+                .text(d.redriven)
+                .lit("</td><td class=\"n\">")
+                .text(d.resolved);
+            h.lit("</td><td class=\"n\">")
+                .text(d.applied)
+                .lit("</td><td>");
+            if let Some(t) = d.oldest_unresolved {
+                ago(&mut h, s.at, t);
+            }
+            h.lit("</td></tr>");
+        }
+        h.lit("</table>");
+    }
+
+    h.lit("<h2>Stuck leases and flapping events</h2>");
+    let lines: Vec<_> = s
+        .stuck_leases
+        .oldest
+        .iter()
+        .chain(&b.flapping_rows)
+        .collect();
+    if lines.is_empty() {
+        h.lit("<p class=\"muted\">none</p>");
+    } else {
+        h.lit("<table><tr><th>event</th><th>topic</th><th>key</th><th class=\"n\">attempts</th><th>written</th>")
+            .lit("<th>last error</th></tr>");
+        for e in lines {
+            h.lit("<tr><td>");
+            event_link(&mut h, e.id);
+            h.lit("</td><td>").text(&e.topic).lit("</td><td>");
+            cut(&mut h, &e.partition_key, 40);
+            h.lit("</td><td class=\"n\">")
+                .text(e.attempts)
+                .lit("</td><td>");
+            ago(&mut h, s.at, e.created_at);
+            h.lit("</td><td class=\"wrap\">");
+            cut(&mut h, e.last_error.as_deref().unwrap_or(""), 160);
+            h.lit("</td></tr>");
+        }
+        h.lit("</table>");
+    }
+
+    let r = &s.reconciler;
+    h.lit("<h2>Reconciler (all time)</h2><p>applied by dedupe row ")
+        .text(r.swept_applied)
+        .lit(" · recorded from QStash's DLQ ")
+        .text(r.recorded_from_dlq)
+        .lit(" · republished ")
+        .text(r.republished)
+        .lit(" · still retrying ")
+        .text(r.still_retrying)
+        .lit(" · dead-lettered unaccounted ")
+        .text(r.unaccounted_dead)
+        .lit(" · failed lookups ")
+        .text(r.lookup_failures);
+    if let Some(e) = &r.last_error {
+        h.lit(" · last error: ");
+        cut(&mut h, e, 200);
+    }
+    h.lit("</p>");
+    server::ok_page(&ctx, "Overview", refresh, &h)
+}
+
+/// Dispatched per minute as an SVG bar chart (60 bars, oldest first; each bar's count in its tooltip).
+fn chart(h: &mut Html, minutes: &[ops::MinuteCount]) {
+    const W: i64 = 720;
+    const H: i64 = 140;
+    const TOP: i64 = 16;
+    const BOTTOM: i64 = 20;
+    let max = minutes
+        .iter()
+        .map(|m| m.dispatched)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let bar = W / 60;
+    h.lit("<svg class=\"chart\" id=\"throughput\" width=\"720\" height=\"140\" viewBox=\"0 0 720 140\" role=\"img\" aria-label=\"dispatched per minute\">");
+    h.lit("<text x=\"4\" y=\"12\" font-size=\"11\" fill=\"#5f6b7a\">max ")
+        .text(max)
+        .lit("/min</text>");
+    for (i, m) in minutes.iter().enumerate() {
+        let height = (m.dispatched * (H - TOP - BOTTOM)) / max;
+        let x = i as i64 * bar;
+        h.lit("<rect x=\"")
+            .text(x + 1)
+            .lit("\" y=\"")
+            .text(H - BOTTOM - height)
+            .lit("\" width=\"")
+            .text(bar - 2)
+            .lit("\" height=\"")
+            .text(height)
+            .lit("\" fill=\"#1f6feb\"><title>")
+            .text(m.minute.format("%H:%M"))
+            .lit(" UTC: ")
+            .text(m.dispatched)
+            .lit("</title></rect>");
+        if i % 10 == 0 {
+            h.lit("<text x=\"")
+                .text(x)
+                .lit("\" y=\"")
+                .text(H - 5)
+                .lit("\" font-size=\"11\" fill=\"#5f6b7a\">")
+                .text(m.minute.format("%H:%M"))
+                .lit("</text>");
+        }
+    }
+    h.lit("</svg>");
+}
+
+/// `GET /topics`: per topic, the backlog and lag, what is in flight, its ordered keys and dead letters.
+pub async fn topics(State(app): S, Extension(ctx): Extension<Ctx>) -> Response {
+    let rows = match app.pool.acquire().await {
+        Ok(mut conn) => ops::topics::topics(&mut conn, 500).await,
+        Err(e) => Err(e),
+    };
+    let rows = match rows {
+        Ok(r) => r,
+        Err(e) => return server::db_error(&ctx, e),
+    };
+    let mut h = Html::new();
+    h.lit("<h1>Topics</h1>");
+    if rows.is_empty() {
+        h.lit("<p class=\"muted\">Nothing pending, in flight, blocked or dead.</p>");
+    } else {
+        h.lit("<table id=\"topics\"><tr><th>topic</th><th class=\"n\">pending</th><th>lag (oldest pending)</th>")
+            .lit("<th class=\"n\">in flight</th><th>oldest in flight</th><th class=\"n\">active keys</th>")
+            .lit("<th class=\"n\">blocked keys</th><th class=\"n\">dead letters</th></tr>");
+        for t in &rows {
+            h.lit("<tr><td>")
+                .text(&t.topic)
+                .lit("</td><td class=\"n\">")
+                .text(t.pending)
+                .lit("</td><td>");
+            if t.pending > 0 {
+                age(&mut h, t.oldest_pending_age_secs);
+            }
+            h.lit("</td><td class=\"n\">")
+                .text(t.in_flight)
+                .lit("</td><td>");
+            if t.in_flight > 0 {
+                age(&mut h, t.oldest_in_flight_secs);
+            }
+            h.lit("</td><td class=\"n\"><a href=\"")
+                .href("/keys", &[("topic", &t.topic)])
+                .lit("\">")
+                .text(t.active_keys)
+                .lit("</a></td><td class=\"n\"><a href=\"")
+                .href("/keys", &[("topic", &t.topic), ("blocked", "1")])
+                .lit("\">")
+                .text(t.blocked_keys)
+                .lit("</a></td><td class=\"n\"><a href=\"")
+                .href("/dead-letters", &[("topic", &t.topic)])
+                .lit("\">")
+                .text(t.unhandled_dead_letters)
+                .lit("</a></td></tr>");
+        }
+        h.lit("</table>");
+    }
+    h.lit("<p class=\"muted\">Lag is the age of the topic's oldest pending event; in flight means accepted by QStash with no outcome yet.</p>");
+    server::ok_page(&ctx, "Topics", None, &h)
+}
+
+/// `GET /keys`: ordered keys, a page at a time; search by key prefix, one topic, blocked only.
+pub async fn keys(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Response {
+    let p = server::query(&uri);
+    let q = KeyQuery {
+        topic: p.string("topic"),
+        key_prefix: p.string("key"),
+        blocked_only: p.flag("blocked"),
+        after: p.string("after_topic").zip(p.string("after_key")),
+        limit: KEYS_PAGE,
+    };
+    let page = match app.pool.acquire().await {
+        Ok(mut conn) => ops::keys::keys(&mut conn, &q).await,
+        Err(e) => Err(e),
+    };
+    let page = match page {
+        Ok(p) => p,
+        Err(e) => return server::db_error(&ctx, e),
+    };
+    let now = chrono::Utc::now();
+    let mut h = Html::new();
+    h.lit("<h1>Ordered keys</h1><form class=\"filters\" method=\"get\" action=\"/keys\">")
+        .lit("<label>key starts with<input name=\"key\" value=\"")
+        .text(q.key_prefix.as_deref().unwrap_or(""))
+        .lit("\"></label><label>topic<input name=\"topic\" value=\"")
+        .text(q.topic.as_deref().unwrap_or(""))
+        .lit("\"></label><label><span><input type=\"checkbox\" name=\"blocked\" value=\"1\"");
+    if q.blocked_only {
+        h.lit(" checked");
+    }
+    h.lit("> blocked only</span></label><button>Search</button></form>");
+    if page.items.is_empty() {
+        h.lit("<p class=\"muted\">No key matches.</p>");
+    } else {
+        h.lit("<table id=\"keys\"><tr><th>topic</th><th>key</th><th>state</th><th class=\"n\">done</th>")
+            .lit("<th class=\"n\">last</th><th class=\"n\">unfinished</th><th>head</th><th>head age</th>")
+            .lit("<th class=\"n\">attempts</th><th>in flight</th><th>blocked</th><th>reason / last error</th></tr>");
+        for k in &page.items {
+            let state = k.state();
+            h.lit("<tr data-key-state=\"")
+                .lit(state)
+                .lit("\"><td>")
+                .text(&k.topic)
+                .lit("</td><td>");
+            cut(&mut h, &k.partition_key, 60);
+            h.lit("</td><td class=\"");
+            h.lit(match state {
+                "blocked" => "bad",
+                "in flight" => "ok",
+                _ => "",
+            });
+            h.lit("\">").lit(state).lit("</td><td class=\"n\">");
+            opt(&mut h, k.done_seq);
+            h.lit("</td><td class=\"n\">")
+                .text(k.last_seq)
+                .lit("</td><td class=\"n\">")
+                .text(k.unfinished());
+            h.lit("</td><td>");
+            if let Some(id) = k.head_id {
+                event_link(&mut h, id);
+            }
+            h.lit("</td><td>");
+            if let Some(t) = k.head_created_at {
+                ago(&mut h, now, t);
+            }
+            h.lit("</td><td class=\"n\">");
+            opt(&mut h, k.head_attempts);
+            h.lit("</td><td>");
+            if let Some(id) = k.inflight_id {
+                event_link(&mut h, id);
+                if let Some(t) = k.inflight_since {
+                    h.lit(" for ");
+                    age(&mut h, (now - t).as_seconds_f64());
+                }
+            }
+            h.lit("</td><td>");
+            if let Some(t) = k.blocked_at {
+                ago(&mut h, now, t);
+                if let Some(id) = k.blocked_id {
+                    h.lit(" by ");
+                    event_link(&mut h, id);
+                }
+            }
+            h.lit("</td><td class=\"wrap\">");
+            let why = k.blocked_reason.as_deref().or(k.head_last_error.as_deref());
+            cut(&mut h, why.unwrap_or(""), 160);
+            h.lit("</td></tr>");
+        }
+        h.lit("</table>");
+    }
+    if let Some((t, k)) = &page.next_after {
+        h.lit("<p class=\"pager\"><a id=\"next\" href=\"")
+            .href(
+                "/keys",
+                &[
+                    ("key", q.key_prefix.as_deref().unwrap_or("")),
+                    ("topic", q.topic.as_deref().unwrap_or("")),
+                    ("blocked", if q.blocked_only { "1" } else { "" }),
+                    ("after_topic", t),
+                    ("after_key", k),
+                ],
+            )
+            .lit("\">next page →</a></p>");
+    }
+    server::ok_page(&ctx, "Keys", None, &h)
+}
+
+/// `GET /events?id=…`: the event search box.
+pub async fn event_search(Extension(ctx): Extension<Ctx>, uri: Uri) -> Response {
+    let p = server::query(&uri);
+    match p
+        .get("id")
+        .map(|v| v.trim_start_matches('#').parse::<i64>())
+    {
+        Some(Ok(id)) if id > 0 => server::redirect(&format!("/events/{id}")),
+        _ => {
+            let mut h = Html::new();
+            h.lit("An event id is a positive number.");
+            server::error_page(&ctx, StatusCode::BAD_REQUEST, &h)
+        }
+    }
+}
+
+/// `GET /events/{id}`: everything the database records about one event, as a timeline.
+pub async fn event(
+    State(app): S,
+    Extension(ctx): Extension<Ctx>,
+    Path(id): Path<String>,
+) -> Response {
+    let Ok(id) = id.parse::<i64>() else {
+        return not_found(&ctx, "event");
+    };
+    let t = match app.pool.acquire().await {
+        Ok(mut conn) => ops::timeline::timeline(&mut conn, id, &app.consumers).await,
+        Err(e) => Err(e),
+    };
+    let t = match t {
+        Ok(Some(t)) => t,
+        Ok(None) => return not_found(&ctx, "event"),
+        Err(e) => return server::db_error(&ctx, e),
+    };
+    let mut h = Html::new();
+    h.lit("<h1>Event #").text(id).lit("</h1>");
+    match &t.event {
+        None => {
+            h.lit("<p class=\"warn\">The outbox row is gone (pruned); what its dead letters kept is below.</p>");
+        }
+        Some(e) => {
+            h.lit("<table id=\"event\"><tr><th>state</th><td id=\"event-state\">")
+                .lit(e.state())
+                .lit("</td></tr><tr><th>topic</th><td>")
+                .text(&e.topic)
+                .lit("</td></tr><tr><th>key</th><td>");
+            key_link(&mut h, &e.topic, &e.partition_key);
+            h.lit("</td></tr><tr><th>sequence</th><td>");
+            opt(&mut h, e.seq);
+            if let Some(k) = &t.key {
+                h.lit(" <span class=\"muted\">(key done up to ")
+                    .text(k.done_seq);
+                if let Some(last) = k.last_seq {
+                    h.lit(", last ").text(last);
+                }
+                h.lit(")</span>");
+                if k.blocked_id == Some(e.id) {
+                    h.lit(" <span class=\"bad\">blocks its key</span>");
+                }
+            }
+            h.lit("</td></tr><tr><th>attempts</th><td>")
+                .text(e.attempts)
+                .lit(" <span class=\"muted\">(this round; redriven ")
+                .text(e.redrive_count)
+                .lit("×, republished by the reconciler ")
+                .text(e.republish_count)
+                .lit("×)</span></td></tr><tr><th>QStash message id</th><td>");
+            opt(&mut h, e.qstash_message_id.as_deref());
+            h.lit("</td></tr><tr><th>last error</th><td class=\"wrap\">");
+            opt(&mut h, e.last_error.as_deref());
+            h.lit("</td></tr></table>");
+        }
+    }
+    h.lit("<h2>Timeline</h2><ol class=\"timeline\" id=\"timeline\">");
+    for s in &t.steps {
+        let class = match &s.what {
+            StepKind::DeadLettered { .. } | StepKind::DeadLetterRecorded { .. } => "bad",
+            StepKind::Delivered | StepKind::Applied { .. } | StepKind::Resolved { .. } => "ok",
+            _ => "",
+        };
+        h.lit("<li class=\"")
+            .lit(class)
+            .lit("\"><span class=\"t\">");
+        time(&mut h, s.at);
+        h.lit("</span>");
+        step(&mut h, &s.what);
+        h.lit("</li>");
+    }
+    h.lit("</ol><p class=\"muted\">The database keeps the number of publish attempts, the current lease and the \
+           last error of an event, not each attempt; every failure that ended an attempt round is a dead letter.</p>");
+    if let Some(e) = &t.event {
+        h.lit("<h2>Headers</h2><pre id=\"headers\">")
+            .lines(&serde_json::to_string_pretty(&e.headers).unwrap_or_default())
+            .lit("</pre><h2>Payload</h2><pre id=\"payload\">")
+            .lines(&serde_json::to_string_pretty(&e.payload).unwrap_or_default())
+            .lit("</pre>");
+    }
+    if !t.dead_letters.is_empty() {
+        h.lit("<h2>Dead letters</h2><table><tr><th>id</th><th>recorded</th><th>source</th><th>state</th>")
+            .lit("<th class=\"n\">status</th><th>error</th></tr>");
+        for d in &t.dead_letters {
+            h.lit("<tr><td>");
+            dead_letter_link(&mut h, d.id);
+            h.lit("</td><td>");
+            time(&mut h, d.created_at);
+            h.lit("</td><td>")
+                .text(&d.source)
+                .lit("</td><td>")
+                .lit(d.state())
+                .lit("</td><td class=\"n\">");
+            opt(&mut h, d.status);
+            h.lit("</td><td class=\"wrap\">");
+            cut(&mut h, &d.error, 200);
+            h.lit("</td></tr>");
+        }
+        h.lit("</table>");
+    }
+    server::ok_page(&ctx, "Event", None, &h)
+}
+
+fn step(h: &mut Html, what: &StepKind) {
+    match what {
+        StepKind::Created => {
+            h.lit("written by the producer");
+        }
+        StepKind::Due { attempts } => {
+            h.lit("due (delay or backoff; ")
+                .text(attempts)
+                .lit(" attempts so far)");
+        }
+        StepKind::LeaseEnds {
+            attempts,
+            lease_token,
+        } => {
+            h.lit("relay lease ends (attempt ").text(attempts);
+            if let Some(t) = lease_token {
+                h.lit(", lease token ").text(t);
+            }
+            h.lit(")");
+        }
+        StepKind::Dispatched { qstash_message_id } => {
+            h.lit("accepted by QStash");
+            if let Some(m) = qstash_message_id {
+                h.lit(", message ").text(m);
+            }
+        }
+        StepKind::Reconciled => {
+            h.lit("reconciler: QStash still retrying");
+        }
+        StepKind::Delivered => {
+            h.lit("delivery evidence recorded");
+        }
+        StepKind::Applied { consumer } => {
+            h.lit("applied by consumer ")
+                .text(consumer)
+                .lit(" (dedupe row)");
+        }
+        StepKind::DeadLettered { last_error } => {
+            h.lit("marked dead");
+            if let Some(e) = last_error {
+                h.lit(": ");
+                cut(h, e, 200);
+            }
+        }
+        StepKind::DeadLetterRecorded {
+            dead_letter_id,
+            source,
+            error,
+            status,
+        } => {
+            h.lit("dead letter ");
+            dead_letter_link(h, *dead_letter_id);
+            h.lit(" recorded (").text(source);
+            if let Some(s) = status {
+                h.lit(", status ").text(s);
+            }
+            h.lit("): ");
+            cut(h, error, 200);
+        }
+        StepKind::Redriven { dead_letter_id } => {
+            h.lit("redriven (dead letter ");
+            dead_letter_link(h, *dead_letter_id);
+            h.lit(")");
+        }
+        StepKind::Resolved {
+            dead_letter_id,
+            resolution,
+        } => {
+            h.lit("dead letter ");
+            dead_letter_link(h, *dead_letter_id);
+            h.lit(" resolved: ");
+            opt(h, resolution.as_deref());
+        }
+        StepKind::ConsoleAction { actor, action, .. } => {
+            h.lit("console: ").text(action).lit(" by ").text(actor);
+        }
+    }
+}
+
+fn not_found(ctx: &Ctx, what: &'static str) -> Response {
+    let mut h = Html::new();
+    h.lit("No such ").lit(what).lit(".");
+    server::error_page(ctx, StatusCode::NOT_FOUND, &h)
+}
+
+/// `GET /actions`: the latest actions taken through the console.
+pub async fn actions(State(app): S, Extension(ctx): Extension<Ctx>) -> Response {
+    let rows = match app.pool.acquire().await {
+        Ok(mut conn) => ops::actions::recent(&mut conn, 200).await,
+        Err(e) => Err(e),
+    };
+    let rows = match rows {
+        Ok(r) => r,
+        Err(e) => return server::db_error(&ctx, e),
+    };
+    let mut h = Html::new();
+    h.lit("<h1>Console actions</h1>");
+    if rows.is_empty() {
+        h.lit("<p class=\"muted\">None yet.</p>");
+    } else {
+        h.lit("<table id=\"actions\"><tr><th>#</th><th>at</th><th>who</th><th>what</th><th>dead letter</th>")
+            .lit("<th>event</th><th>selection</th><th>outcome</th></tr>");
+        for a in &rows {
+            h.lit("<tr><td>").text(a.id).lit("</td><td>");
+            time(&mut h, a.at);
+            h.lit("</td><td>")
+                .text(&a.actor)
+                .lit("</td><td>")
+                .text(&a.action)
+                .lit("</td><td>");
+            if let Some(id) = a.dead_letter_id {
+                dead_letter_link(&mut h, id);
+            }
+            h.lit("</td><td>");
+            if let Some(id) = a.outbox_id {
+                event_link(&mut h, id);
+            }
+            h.lit("</td><td class=\"wrap\">");
+            if let Some(s) = &a.selection {
+                cut(&mut h, &s.to_string(), 200);
+            }
+            h.lit("</td><td class=\"wrap\">");
+            cut(&mut h, &a.outcome.to_string(), 300);
+            h.lit("</td></tr>");
+        }
+        h.lit("</table>");
+    }
+    server::ok_page(&ctx, "Actions", None, &h)
+}
+
+fn login_page(message: Option<&'static str>) -> Html {
+    let mut h = Html::new();
+    h.lit("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><link rel=\"stylesheet\" href=\"/console.css\">")
+        .lit("<title>Log in · outbox console</title></head><body><header><span class=\"brand\">outbox console</span></header><main>")
+        .lit("<h1>Log in</h1>");
+    if let Some(m) = message {
+        h.lit("<div class=\"refused\">").lit(m).lit("</div>");
+    }
+    h.lit("<form method=\"post\" action=\"/login\"><label>Token (<code>name:secret</code>) ")
+        .lit("<input type=\"password\" name=\"token\" autocomplete=\"current-password\" autofocus></label> ")
+        .lit("<button class=\"primary\">Log in</button></form></main></body></html>");
+    h
+}
+
+/// `GET /login`.
+pub async fn login_form(State(app): S) -> Response {
+    if app.tokens.is_empty() {
+        return server::redirect("/");
+    }
+    server::html(StatusCode::OK, login_page(None))
+}
+
+/// `POST /login`: a token in, a session cookie out.
+pub async fn login(State(app): S, body: Bytes) -> Response {
+    if app.tokens.is_empty() {
+        return server::redirect("/");
+    }
+    let params = Params::parse(&body);
+    let Some(name) = params
+        .get("token")
+        .and_then(|t| auth::check_token(&app.tokens, t))
+    else {
+        tracing::warn!("console log-in refused: unknown token");
+        return server::html(StatusCode::UNAUTHORIZED, login_page(Some("Unknown token.")));
+    };
+    tracing::info!(actor = %name, "console log-in");
+    let (_, value) = app.keys.issue(&name, chrono::Utc::now().timestamp());
+    let mut response = server::redirect("/");
+    if let Ok(v) = header::HeaderValue::from_str(&server::session_cookie(&value)) {
+        response.headers_mut().append(header::SET_COOKIE, v);
+    }
+    response
+}
+
+/// `POST /logout`: the session cookie is cleared (the session itself lives until it expires or the console
+/// restarts: the cookie is all there is).
+pub async fn logout(Extension(ctx): Extension<Ctx>, body: Bytes) -> Response {
+    if let Err(refused) = server::checked_csrf(&ctx, Params::parse(&body)) {
+        return *refused;
+    }
+    let mut response = server::redirect("/login");
+    response.headers_mut().append(
+        header::SET_COOKIE,
+        header::HeaderValue::from_static(
+            "outbox_console=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
+        ),
+    );
+    response.into_response()
+}

@@ -1,0 +1,89 @@
+//! The operator console's action log (`outbox_console_actions`): every state-changing action taken through the
+//! console, with who took it (a token's name, or `local`), on what, and what it did.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::PgConnection;
+
+/// An action to record.
+#[derive(Debug, Clone, Serialize)]
+pub struct NewAction<'a> {
+    /// The token's name, or `local`.
+    pub actor: &'a str,
+    /// `redrive`, `redrive_bulk` or `purge`.
+    pub action: &'a str,
+    /// The dead letter of a single-item action.
+    pub dead_letter_id: Option<i64>,
+    /// Its event.
+    pub outbox_id: Option<i64>,
+    /// A bulk action's selection (its filter).
+    pub selection: Option<Value>,
+    /// What it did: counts, or why it was refused.
+    pub outcome: Value,
+}
+
+/// A recorded action.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct Action {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    pub actor: String,
+    pub action: String,
+    pub dead_letter_id: Option<i64>,
+    pub outbox_id: Option<i64>,
+    pub selection: Option<Value>,
+    pub outcome: Value,
+}
+
+const COLUMNS: &str = "id, at, actor, action, dead_letter_id, outbox_id, selection, outcome";
+
+/// Records an action (and logs it); returns its id.
+pub async fn record(conn: &mut PgConnection, a: &NewAction<'_>) -> Result<i64, sqlx::Error> {
+    let id: i64 = sqlx::query_scalar(crate::schema::q(
+        "INSERT INTO {schema}.outbox_console_actions (actor, action, dead_letter_id, outbox_id, selection, outcome) \
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+    ))
+    .bind(a.actor)
+    .bind(a.action)
+    .bind(a.dead_letter_id)
+    .bind(a.outbox_id)
+    .bind(&a.selection)
+    .bind(&a.outcome)
+    .fetch_one(&mut *conn)
+    .await?;
+    tracing::info!(
+        action_id = id,
+        actor = a.actor,
+        action = a.action,
+        dead_letter_id = a.dead_letter_id,
+        outbox_id = a.outbox_id,
+        selection = a.selection.as_ref().map(|v| v.to_string()),
+        outcome = %a.outcome,
+        "console action"
+    );
+    Ok(id)
+}
+
+/// The latest actions, newest first.
+pub async fn recent(conn: &mut PgConnection, limit: u32) -> Result<Vec<Action>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(crate::schema::sql(&format!(
+        "SELECT {COLUMNS} FROM {{schema}}.outbox_console_actions ORDER BY id DESC LIMIT $1"
+    ))))
+    .bind(i64::from(limit.clamp(1, 1000)))
+    .fetch_all(&mut *conn)
+    .await
+}
+
+/// The actions taken on one event, oldest first.
+pub async fn for_event(
+    conn: &mut PgConnection,
+    outbox_id: i64,
+) -> Result<Vec<Action>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(crate::schema::sql(&format!(
+        "SELECT {COLUMNS} FROM {{schema}}.outbox_console_actions WHERE outbox_id = $1 ORDER BY id LIMIT 100"
+    ))))
+    .bind(outbox_id)
+    .fetch_all(&mut *conn)
+    .await
+}

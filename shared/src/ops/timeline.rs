@@ -1,0 +1,325 @@
+//! One event's whole life, for the operator console: its outbox row, its key, every dead letter of it, the
+//! consumers' dedupe rows, the console actions taken on it — and, from their timestamps, a timeline.
+//!
+//! What the database keeps is what can be shown: the outbox row records the *number* of publish attempts, the
+//! current (or last) lease and the last error, not each attempt; every failure that ended an attempt round is a
+//! dead letter with its own time, error and response. Every read is by primary key or an index on the event id.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::PgConnection;
+
+use super::actions::{self, Action};
+use crate::dead_letters::DeadLetter;
+
+/// The outbox row, every column.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct EventRow {
+    pub id: i64,
+    pub topic: String,
+    pub partition_key: String,
+    /// Per-key sequence (ordered topics).
+    pub seq: Option<i64>,
+    pub payload: Value,
+    pub headers: Value,
+    pub created_at: DateTime<Utc>,
+    /// Due from (a delay, backoff or the relay's lease).
+    pub available_at: DateTime<Utc>,
+    /// Accepted by QStash.
+    pub dispatched_at: Option<DateTime<Utc>>,
+    /// Delivery evidence.
+    pub delivered_at: Option<DateTime<Utc>>,
+    pub dead_lettered_at: Option<DateTime<Utc>>,
+    /// Publish attempts of the current round.
+    pub attempts: i32,
+    /// The current (or last) lease's end.
+    pub locked_until: Option<DateTime<Utc>>,
+    pub lease_token: Option<i64>,
+    pub last_error: Option<String>,
+    /// The last message id QStash gave.
+    pub qstash_message_id: Option<String>,
+    pub redrive_count: i32,
+    pub republish_count: i32,
+    /// When the reconciler last found QStash still retrying it.
+    pub reconciled_at: Option<DateTime<Utc>>,
+}
+
+impl EventRow {
+    /// `pending`, `dispatched` (accepted by QStash, no outcome yet), `delivered` or `dead`, as
+    /// [`crate::dead_letters::EventState::state`].
+    pub fn state(&self) -> &'static str {
+        crate::dead_letters::query::outbox_state(
+            self.delivered_at,
+            self.dead_lettered_at,
+            self.dispatched_at,
+        )
+    }
+}
+
+/// The relay's state of the event's ordered key.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct KeyPosition {
+    /// Sequences up to this one are finished.
+    pub done_seq: i64,
+    /// The last sequence handed out.
+    pub last_seq: Option<i64>,
+    pub inflight_id: Option<i64>,
+    pub blocked_id: Option<i64>,
+    pub blocked_reason: Option<String>,
+}
+
+/// A consumer's dedupe row for the event: it applied it then.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct Applied {
+    pub consumer: String,
+    pub processed_at: DateTime<Utc>,
+}
+
+/// One thing that happened, with when.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Step {
+    pub at: DateTime<Utc>,
+    #[serde(flatten)]
+    pub what: StepKind,
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StepKind {
+    /// The producer committed it.
+    Created,
+    /// Due later than written (a delay or backoff), or after its lease: due from then on.
+    Due { attempts: i32 },
+    /// The relay's lease ends (or ended) then; `attempts` counted so far.
+    LeaseEnds {
+        attempts: i32,
+        lease_token: Option<i64>,
+    },
+    /// Accepted by QStash.
+    Dispatched { qstash_message_id: Option<String> },
+    /// The reconciler found QStash still retrying it.
+    Reconciled,
+    /// Delivery evidence (callback, or the consumer's own word).
+    Delivered,
+    /// A consumer's dedupe row: applied.
+    Applied { consumer: String },
+    /// The outbox row was marked dead.
+    DeadLettered { last_error: Option<String> },
+    /// A dead letter was recorded.
+    DeadLetterRecorded {
+        dead_letter_id: i64,
+        source: String,
+        error: String,
+        status: Option<i32>,
+    },
+    /// That dead letter was redriven.
+    Redriven { dead_letter_id: i64 },
+    /// That dead letter turned out done after all.
+    Resolved {
+        dead_letter_id: i64,
+        resolution: Option<String>,
+    },
+    /// An action taken through the console.
+    ConsoleAction {
+        action_id: i64,
+        actor: String,
+        action: String,
+    },
+}
+
+/// Everything about one event.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Timeline {
+    pub outbox_id: i64,
+    /// When it was read (database clock).
+    pub now: DateTime<Utc>,
+    /// `None`: the row is gone (pruned); what its dead letters kept is still shown.
+    pub event: Option<EventRow>,
+    /// Its ordered key, while the key has work.
+    pub key: Option<KeyPosition>,
+    /// Its dead letters, oldest first.
+    pub dead_letters: Vec<DeadLetter>,
+    /// The consumers (of those asked about) that applied it.
+    pub applied: Vec<Applied>,
+    pub actions: Vec<Action>,
+    /// All of the above in time order (for equal times, in the order things happen).
+    pub steps: Vec<Step>,
+}
+
+/// Reads everything about `outbox_id` (`consumers`: the dedupe namespaces, `CONSUMER_NAME`, to look in);
+/// `None` when neither the row nor any dead letter of it exists.
+pub async fn timeline(
+    conn: &mut PgConnection,
+    outbox_id: i64,
+    consumers: &[String],
+) -> Result<Option<Timeline>, sqlx::Error> {
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *conn)
+        .await?;
+    let event: Option<EventRow> = sqlx::query_as(crate::schema::q(
+        "SELECT id, topic, partition_key, seq, payload, headers, created_at, available_at, dispatched_at, \
+                delivered_at, dead_lettered_at, attempts, locked_until, lease_token, last_error, qstash_message_id, \
+                redrive_count, republish_count, reconciled_at \
+         FROM {schema}.outbox WHERE id = $1",
+    ))
+    .bind(outbox_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let dead_ids: Vec<i64> = sqlx::query_scalar(crate::schema::q(
+        "SELECT id FROM {schema}.dead_letters WHERE outbox_id = $1 ORDER BY id LIMIT 100",
+    ))
+    .bind(outbox_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut dead_letters = Vec::with_capacity(dead_ids.len());
+    for id in dead_ids {
+        if let Some(d) = crate::dead_letters::get(conn, id).await? {
+            dead_letters.push(d);
+        }
+    }
+    if event.is_none() && dead_letters.is_empty() {
+        return Ok(None);
+    }
+    let key = match &event {
+        Some(e) if e.seq.is_some() => {
+            sqlx::query_as(crate::schema::q(
+                "SELECT k.done_seq, s.last_seq, k.inflight_id, k.blocked_id, k.blocked_reason \
+                 FROM {schema}.outbox_keys k LEFT JOIN {schema}.outbox_sequences s \
+                   ON s.topic = k.topic AND s.partition_key = k.partition_key \
+                 WHERE k.topic = $1 AND k.partition_key = $2",
+            ))
+            .bind(&e.topic)
+            .bind(&e.partition_key)
+            .fetch_optional(&mut *conn)
+            .await?
+        }
+        _ => None,
+    };
+    let applied: Vec<Applied> = sqlx::query_as(crate::schema::q(
+        "SELECT consumer, processed_at FROM {schema}.processed_messages \
+         WHERE consumer = ANY ($1) AND message_id = $2 ORDER BY processed_at",
+    ))
+    .bind(consumers)
+    .bind(outbox_id.to_string())
+    .fetch_all(&mut *conn)
+    .await?;
+    let actions = actions::for_event(conn, outbox_id).await?;
+    let steps = steps(event.as_ref(), &dead_letters, &applied, &actions);
+    Ok(Some(Timeline {
+        outbox_id,
+        now,
+        event,
+        key,
+        dead_letters,
+        applied,
+        actions,
+        steps,
+    }))
+}
+
+/// The timeline: every timestamp the rows hold, as steps in time order.
+fn steps(
+    event: Option<&EventRow>,
+    dead_letters: &[DeadLetter],
+    applied: &[Applied],
+    actions: &[Action],
+) -> Vec<Step> {
+    let mut steps = Vec::new();
+    let mut push = |at: DateTime<Utc>, what: StepKind| steps.push(Step { at, what });
+    if let Some(e) = event {
+        push(e.created_at, StepKind::Created);
+        if e.available_at > e.created_at
+            && e.dispatched_at.is_none()
+            && e.dead_lettered_at.is_none()
+        {
+            push(
+                e.available_at,
+                StepKind::Due {
+                    attempts: e.attempts,
+                },
+            );
+        }
+        if let Some(t) = e.locked_until {
+            push(
+                t,
+                StepKind::LeaseEnds {
+                    attempts: e.attempts,
+                    lease_token: e.lease_token,
+                },
+            );
+        }
+        if let Some(t) = e.dispatched_at {
+            push(
+                t,
+                StepKind::Dispatched {
+                    qstash_message_id: e.qstash_message_id.clone(),
+                },
+            );
+        }
+        if let Some(t) = e.reconciled_at {
+            push(t, StepKind::Reconciled);
+        }
+        if let Some(t) = e.delivered_at {
+            push(t, StepKind::Delivered);
+        }
+        if let Some(t) = e.dead_lettered_at {
+            push(
+                t,
+                StepKind::DeadLettered {
+                    last_error: e.last_error.clone(),
+                },
+            );
+        }
+    }
+    for a in applied {
+        push(
+            a.processed_at,
+            StepKind::Applied {
+                consumer: a.consumer.clone(),
+            },
+        );
+    }
+    for d in dead_letters {
+        push(
+            d.created_at,
+            StepKind::DeadLetterRecorded {
+                dead_letter_id: d.id,
+                source: d.source.clone(),
+                error: d.error.clone(),
+                status: d.status,
+            },
+        );
+        if let Some(t) = d.redriven_at {
+            push(
+                t,
+                StepKind::Redriven {
+                    dead_letter_id: d.id,
+                },
+            );
+        }
+        if let Some(t) = d.resolved_at {
+            push(
+                t,
+                StepKind::Resolved {
+                    dead_letter_id: d.id,
+                    resolution: d.resolution.clone(),
+                },
+            );
+        }
+    }
+    for a in actions {
+        push(
+            a.at,
+            StepKind::ConsoleAction {
+                action_id: a.id,
+                actor: a.actor.clone(),
+                action: a.action.clone(),
+            },
+        );
+    }
+    // Stable: for equal times the order above (the order things happen) stays.
+    steps.sort_by_key(|s| s.at);
+    steps
+}
