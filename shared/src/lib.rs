@@ -37,6 +37,7 @@
 //! against it (the crate root's own items, such as [`install_crypto_provider`], are open to all), and that the
 //! files of one module (`consumer/http.rs`, `consumer/batch.rs`, …) do not use each other in a cycle.
 //!
+//! - `ids`: the newtypes of the values that cross modules: outbox id, topic name, partition key, key lease.
 //! - `schema`: the schema the outbox's tables live in, and schema-qualified SQL.
 //! - `config`: typed configuration from environment variables.
 //! - `db`: the Lambda-sized Postgres pool and its connections.
@@ -66,6 +67,7 @@ pub mod contract;
 pub mod db;
 pub mod dead_letters;
 pub mod headers;
+pub mod ids;
 #[cfg(test)]
 mod layering;
 #[cfg(feature = "local")]
@@ -83,6 +85,7 @@ pub mod secrets;
 pub mod telemetry;
 
 pub use headers::InvalidEvent;
+pub use ids::{KeyLease, OutboxId, PartitionKey, TopicName};
 pub use producer::{
     EnqueueError, EnqueuedEvent, NewEvent, Producer, Topic, TopicOrdering, enqueue, enqueue_batch,
 };

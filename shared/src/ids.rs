@@ -1,0 +1,188 @@
+//! The values that name an event as it crosses modules: its outbox id, its topic's name, its partition key, and a
+//! relay's lease on a key. Plain newtypes over what the tables store (`bigint`, `text`): they bind and decode
+//! directly in SQL (`sqlx::Type`, transparent), serialise as the bare value (`serde(transparent)`, so the wire
+//! contract is unchanged), and print as the bare value (`Display`). They add no validation: the producer checks
+//! topics and keys when an event is written (the `producer` module), and the contract parser checks what arrives.
+
+use std::borrow::Borrow;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// An outbox event's id: the `outbox.id` the producer's insert returned. The consumer's dedupe key, the subject
+/// of delivery evidence and of dead letters. Positive for every stored event.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
+)]
+#[serde(transparent)]
+#[sqlx(transparent)]
+pub struct OutboxId(pub i64);
+
+impl OutboxId {
+    /// The id as stored.
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl From<i64> for OutboxId {
+    fn from(id: i64) -> Self {
+        OutboxId(id)
+    }
+}
+
+impl From<OutboxId> for i64 {
+    fn from(id: OutboxId) -> Self {
+        id.0
+    }
+}
+
+impl PartialEq<i64> for OutboxId {
+    fn eq(&self, other: &i64) -> bool {
+        self.0 == *other
+    }
+}
+
+impl fmt::Display for OutboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Defines a newtype over `String` with the accessors both text values share.
+macro_rules! text_newtype {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(
+            Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize, sqlx::Type,
+        )]
+        #[serde(transparent)]
+        #[sqlx(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Wraps a value as is (no validation: see the module docs).
+            pub fn new(value: impl Into<String>) -> Self {
+                $name(value.into())
+            }
+
+            /// The value.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// The value, owned.
+            pub fn into_string(self) -> String {
+                self.0
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(value: String) -> Self {
+                $name(value)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(value: &str) -> Self {
+                $name(value.to_owned())
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(value: $name) -> Self {
+                value.0
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+text_newtype!(
+    /// A topic's name, as stored in `outbox.topic` and carried in the envelope and the destination URL. Where it
+    /// comes from: the producer's `Topic` (which adds the topic's ordering and validates the
+    /// name when an event is written). Not to be confused with that `Topic`, which is the producer's declaration.
+    TopicName
+);
+
+text_newtype!(
+    /// An event's partition key, as the producer wrote it (`outbox.partition_key`, the envelope's `key`). Ordered
+    /// topics keep the events of one key in order; the producer validates it when the event is written.
+    PartitionKey
+);
+
+/// A relay's lease on an ordered key: the key, and the fencing token its claim drew from
+/// `outbox_lease_token_seq`. Settling or releasing the key checks the token, so a relay whose lease expired (and
+/// was taken over) changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyLease {
+    /// The key's topic.
+    pub topic: TopicName,
+    /// The key.
+    pub key: PartitionKey,
+    /// The fencing token of the claim.
+    pub token: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serialise_as_the_bare_value() {
+        let json = serde_json::to_string(&(
+            OutboxId(7),
+            TopicName::from("orders"),
+            PartitionKey::from("k-1"),
+        ))
+        .unwrap();
+        assert_eq!(json, r#"[7,"orders","k-1"]"#);
+        let back: (OutboxId, TopicName, PartitionKey) = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.0, OutboxId(7));
+        assert_eq!(back.1, "orders");
+        assert_eq!(back.2.as_str(), "k-1");
+    }
+
+    #[test]
+    fn display_is_the_bare_value() {
+        assert_eq!(OutboxId(42).to_string(), "42");
+        assert_eq!(TopicName::from("a.b").to_string(), "a.b");
+        assert_eq!(PartitionKey::from("x y").to_string(), "x y");
+    }
+}
