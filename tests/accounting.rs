@@ -89,7 +89,7 @@ async fn enqueue_poison_audit(pool: &PgPool, n: u32) -> i64 {
         .unwrap();
     tx.commit().await.unwrap();
     let _ = AUDIT;
-    ids[0].id
+    ids[0].id.get()
 }
 
 async fn callback_receiver_down_then_up(pool: PgPool, mode: EvidenceMode, batch: u32) {

@@ -67,7 +67,7 @@ async fn enqueue(pool: &PgPool, events: &[outbox::NewEvent]) -> Vec<i64> {
         .await
         .unwrap()
         .iter()
-        .map(|e| e.id)
+        .map(|e| e.id.get())
         .collect();
     tx.commit().await.unwrap();
     ids

@@ -282,7 +282,7 @@ async fn a_blocked_key_is_found_its_head_redriven_and_the_key_moves_on(pool: PgP
         .await
         .unwrap()
         .iter()
-        .map(|e| e.id)
+        .map(|e| e.id.get())
         .collect();
     tx.commit().await.unwrap();
     wait_for(

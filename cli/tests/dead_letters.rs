@@ -199,7 +199,7 @@ async fn redriving_a_blocking_head_unblocks_its_key_in_order(pool: PgPool) {
     );
     let env = outbox::contract::parse_envelope(msg.body.as_bytes()).unwrap();
     assert_eq!(
-        (env.events[0].id, env.events[0].seq),
+        (env.events[0].id.get(), env.events[0].seq),
         (head, Some(1)),
         "the signed envelope carries the head's id and sequence"
     );
@@ -323,7 +323,7 @@ async fn a_middle_event_is_refused_unless_out_of_order_and_then_goes_unordered(p
     let msg = relay.message_for(&claimed[0]);
     let env = outbox::contract::parse_envelope(msg.body.as_bytes()).unwrap();
     assert_eq!(
-        (env.events[0].id, env.events[0].seq, env.evidence),
+        (env.events[0].id.get(), env.events[0].seq, env.evidence),
         (mid, None, None),
         "no sequence and no evidence in the signed envelope"
     );

@@ -69,7 +69,7 @@ async fn child_runs_the_stack() {
     .await
     .unwrap()
     .iter()
-    .map(|e| e.id)
+    .map(|e| e.id.get())
     .collect();
     tx.commit().await.unwrap();
 

@@ -123,7 +123,7 @@ async fn redrive_through_the_pipeline(pool: PgPool) {
         .await
         .unwrap()
         .iter()
-        .map(|e| e.id)
+        .map(|e| e.id.get())
         .collect();
     tx.commit().await.unwrap();
     let (e, f) = (&ids[0..3], &ids[3..6]);

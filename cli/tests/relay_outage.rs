@@ -129,7 +129,7 @@ async fn relay_until_empty_rides_out_a_qstash_outage_instead_of_exiting(pool: Pg
         .await
         .unwrap()
         .iter()
-        .map(|e| e.id)
+        .map(|e| e.id.get())
         .collect();
     tx.commit().await.unwrap();
     // Another relay recorded an outage; its next probe is two seconds away.

@@ -205,7 +205,7 @@ async fn status_figures_match_a_hand_built_state(pool: PgPool) {
         (b.topic.as_str(), b.partition_key.as_str()),
         ("orders", "k1")
     );
-    assert_eq!(b.blocking_event, Some(o1));
+    assert_eq!(b.blocking_event.map(outbox::OutboxId::get), Some(o1));
     assert_eq!(
         b.dead_letter_id,
         Some(dl1),

@@ -89,7 +89,7 @@ pub fn callback(data: &[u8]) {
     };
     let event = source_event(&parsed.body);
     if let Some(id) = event.outbox_id {
-        assert!(id > 0, "a callback named outbox id {id}");
+        assert!(id.get() > 0, "a callback named outbox id {id}");
     }
 }
 

@@ -51,6 +51,8 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::ids::OutboxId;
+
 /// The contract version this relay writes and this consumer reads.
 pub const CONTRACT_VERSION: u32 = 2;
 /// The most events one envelope may hold (the relay's `RELAY_DELIVERY_BATCH` range ends here).
@@ -183,7 +185,7 @@ pub struct Envelope<'a> {
 #[derive(Debug, Deserialize)]
 pub struct EnvelopeEvent<'a> {
     /// The outbox id: the consumer's dedupe key.
-    pub id: i64,
+    pub id: OutboxId,
     /// The partition key.
     pub key: String,
     /// The per-key sequence (ordered topics only).
@@ -219,7 +221,7 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope<'_>, String> {
         return Err("the envelope holds no event".into());
     }
     for e in &env.events {
-        if e.id <= 0 {
+        if e.id.get() <= 0 {
             return Err(format!("event id {} is not positive", e.id));
         }
         if e.key.is_empty() {
@@ -294,7 +296,7 @@ fn check_batch_shape(events: &[EnvelopeEvent<'_>]) -> Result<(), String> {
 
 /// The informational `x-outbox-id` copy of a message of `ids`: the id for one event, the ids joined by `,` (no
 /// spaces) for a batch.
-pub fn id_copy(ids: impl IntoIterator<Item = i64>) -> String {
+pub fn id_copy(ids: impl IntoIterator<Item = OutboxId>) -> String {
     let mut out = String::new();
     for (i, id) in ids.into_iter().enumerate() {
         if i > 0 {
@@ -309,7 +311,7 @@ pub fn id_copy(ids: impl IntoIterator<Item = i64>) -> String {
 #[derive(Debug, Clone, Copy)]
 pub struct WireEvent<'a> {
     /// Outbox id.
-    pub id: i64,
+    pub id: OutboxId,
     /// Partition key.
     pub key: &'a str,
     /// Per-key sequence.
@@ -389,7 +391,7 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
 /// QStash's deduplication id for an event: `outbox-<id>`, and `outbox-<id>-r<n>` once it was published again on
 /// purpose n times (redrives plus the reconciler's republishes, decision record 0015: such a publish must not be
 /// swallowed by QStash's dedup window). Never contains `:` (QStash rejects it).
-pub fn dedup_id(outbox_id: i64, generation: i32) -> String {
+pub fn dedup_id(outbox_id: OutboxId, generation: i32) -> String {
     if generation > 0 {
         format!("outbox-{outbox_id}-r{generation}")
     } else {
@@ -402,7 +404,7 @@ pub fn dedup_id(outbox_id: i64, generation: i32) -> String {
 /// SHA-256 over "id:generation," of every event in order>`, so the same composition formed again (after a
 /// crash between publish and settle) gets the same id and QStash drops the copy, while a different composition
 /// gets a different id (the consumer's per-event dedupe absorbs the overlap). Never contains `:`.
-pub fn batch_dedup_id(events: &[(i64, i32)]) -> String {
+pub fn batch_dedup_id(events: &[(OutboxId, i32)]) -> String {
     use sha2::{Digest, Sha256};
     match events {
         [] => String::new(),
@@ -421,7 +423,7 @@ pub fn batch_dedup_id(events: &[(i64, i32)]) -> String {
 
 /// The informational `x-outbox-id` header copy of a message's event ids: the id for one event, the ids joined by
 /// `,` (no spaces) for several. Receivers compare it with the signed envelope's ids.
-pub fn outbox_id_header(ids: &[i64]) -> String {
+pub fn outbox_id_header(ids: &[OutboxId]) -> String {
     let mut out = String::with_capacity(ids.len() * 8);
     for (i, id) in ids.iter().enumerate() {
         if i > 0 {
@@ -480,23 +482,38 @@ mod tests {
 
     #[test]
     fn batch_dedup_ids_follow_the_composition() {
-        assert_eq!(batch_dedup_id(&[(42, 3)]), dedup_id(42, 3));
-        let a = batch_dedup_id(&[(41, 0), (42, 0), (43, 0)]);
+        assert_eq!(
+            batch_dedup_id(&[(OutboxId(42), 3)]),
+            dedup_id(OutboxId(42), 3)
+        );
+        let a = batch_dedup_id(&[(OutboxId(41), 0), (OutboxId(42), 0), (OutboxId(43), 0)]);
         assert!(a.starts_with("outbox-b41-3-"), "{a}");
         assert_eq!(a.len(), "outbox-b41-3-".len() + 16);
         assert!(!a.contains(':'));
-        assert_eq!(a, batch_dedup_id(&[(41, 0), (42, 0), (43, 0)]));
-        assert_ne!(a, batch_dedup_id(&[(41, 0), (42, 0)]));
-        assert_ne!(a, batch_dedup_id(&[(41, 0), (42, 1), (43, 0)]));
-        assert_ne!(a, batch_dedup_id(&[(41, 0), (43, 0), (42, 0)]));
-        assert_eq!(outbox_id_header(&[41, 42, 43]), "41,42,43");
-        assert_eq!(outbox_id_header(&[7]), "7");
+        assert_eq!(
+            a,
+            batch_dedup_id(&[(OutboxId(41), 0), (OutboxId(42), 0), (OutboxId(43), 0)])
+        );
+        assert_ne!(a, batch_dedup_id(&[(OutboxId(41), 0), (OutboxId(42), 0)]));
+        assert_ne!(
+            a,
+            batch_dedup_id(&[(OutboxId(41), 0), (OutboxId(42), 1), (OutboxId(43), 0)])
+        );
+        assert_ne!(
+            a,
+            batch_dedup_id(&[(OutboxId(41), 0), (OutboxId(43), 0), (OutboxId(42), 0)])
+        );
+        assert_eq!(
+            outbox_id_header(&[OutboxId(41), OutboxId(42), OutboxId(43)]),
+            "41,42,43"
+        );
+        assert_eq!(outbox_id_header(&[OutboxId(7)]), "7");
     }
 
     #[test]
     fn dedup_ids_never_contain_colons() {
-        assert_eq!(dedup_id(42, 0), "outbox-42");
-        assert_eq!(dedup_id(42, 3), "outbox-42-r3");
+        assert_eq!(dedup_id(OutboxId(42), 0), "outbox-42");
+        assert_eq!(dedup_id(OutboxId(42), 3), "outbox-42-r3");
     }
 
     #[test]
@@ -537,7 +554,7 @@ mod tests {
             "invoices",
             Some(Evidence::Consumer),
             &[WireEvent {
-                id: 42,
+                id: OutboxId(42),
                 key: odd_key,
                 seq: Some(3),
                 created_at: created,
@@ -550,7 +567,10 @@ mod tests {
         assert_eq!(env.topic, "invoices");
         assert_eq!(env.evidence, Some(Evidence::Consumer));
         let e = &env.events[0];
-        assert_eq!((e.id, e.key.as_str(), e.seq), (42, odd_key, Some(3)));
+        assert_eq!(
+            (e.id, e.key.as_str(), e.seq),
+            (OutboxId(42), odd_key, Some(3))
+        );
         assert_eq!(e.created_at, Some(created));
         assert_eq!(e.schema_version, Some(2));
         assert_eq!(
@@ -567,7 +587,7 @@ mod tests {
             "notifications",
             None,
             &[WireEvent {
-                id: 1,
+                id: OutboxId(1),
                 key: "k",
                 seq: None,
                 created_at: created,
@@ -602,8 +622,11 @@ mod tests {
         big.push_str("]}");
         let err = parse_envelope(big.as_bytes()).unwrap_err();
         assert!(err.contains("at most 1000"), "{err}");
-        assert_eq!(id_copy([41]), "41");
-        assert_eq!(id_copy([41, 42, 43]), "41,42,43");
+        assert_eq!(id_copy([OutboxId(41)]), "41");
+        assert_eq!(
+            id_copy([OutboxId(41), OutboxId(42), OutboxId(43)]),
+            "41,42,43"
+        );
     }
 
     #[test]

@@ -11,9 +11,7 @@ use serde::{Deserialize, Serialize};
 
 /// An outbox event's id: the `outbox.id` the producer's insert returned. The consumer's dedupe key, the subject
 /// of delivery evidence and of dead letters. Positive for every stored event.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
-)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]
 #[serde(transparent)]
 #[sqlx(transparent)]
 pub struct OutboxId(pub i64);
@@ -43,6 +41,14 @@ impl PartialEq<i64> for OutboxId {
     }
 }
 
+/// Prints the bare value, like `Display`: log fields written with `?` (a list of ids, a result holding ids) read
+/// as they did when the ids were plain integers.
+impl fmt::Debug for OutboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
 impl fmt::Display for OutboxId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.0, f)
@@ -54,7 +60,7 @@ macro_rules! text_newtype {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
         #[derive(
-            Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize, sqlx::Type,
+            Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize, sqlx::Type,
         )]
         #[serde(transparent)]
         #[sqlx(transparent)]
@@ -126,6 +132,13 @@ macro_rules! text_newtype {
             }
         }
 
+        /// The quoted value, as a `String`'s `Debug` (see [`OutboxId`]'s).
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&self.0, f)
+            }
+        }
+
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(&self.0)
@@ -177,6 +190,12 @@ mod tests {
         assert_eq!(back.0, OutboxId(7));
         assert_eq!(back.1, "orders");
         assert_eq!(back.2.as_str(), "k-1");
+    }
+
+    #[test]
+    fn debug_reads_as_the_bare_value() {
+        assert_eq!(format!("{:?}", vec![OutboxId(1), OutboxId(2)]), "[1, 2]");
+        assert_eq!(format!("{:?}", TopicName::from("a\"b")), r#""a\"b""#);
     }
 
     #[test]

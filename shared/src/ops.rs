@@ -21,6 +21,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::db::Statements;
+use crate::ids::OutboxId;
 
 /// How many rows each list shows.
 pub const LIST_LIMIT: i64 = 10;
@@ -72,7 +73,7 @@ pub struct PendingEvents {
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct EventLine {
     /// Outbox id.
-    pub id: i64,
+    pub id: OutboxId,
     pub topic: String,
     pub partition_key: String,
     /// Attempts so far.
@@ -128,7 +129,7 @@ pub struct BlockedKey {
     /// Why (the dead head's error).
     pub reason: Option<String>,
     /// The dead head (outbox id).
-    pub blocking_event: Option<i64>,
+    pub blocking_event: Option<OutboxId>,
     /// Its newest unhandled dead letter (what to redrive).
     pub dead_letter_id: Option<i64>,
     /// Events of the key waiting behind it.

@@ -26,6 +26,7 @@ use sqlx::{PgConnection, Row};
 
 use crate::config::DeadHeadPolicy;
 use crate::db::Statements;
+use crate::ids::OutboxId;
 
 /// The part both ordered claims share: take a fencing token, lock up to `{limit}` due, unblocked keys (`SKIP
 /// LOCKED`) and lease each key that has a due head with it (see [`CLAIM_HEADS_SQL`]).
@@ -138,7 +139,7 @@ pub enum DeliveryRecorded {
 /// after all) and resolves its relay dead letter. The one-event case of [`record_delivery_batch`].
 pub async fn record_delivery(
     conn: &mut PgConnection,
-    outbox_id: i64,
+    outbox_id: OutboxId,
     statements: Statements,
 ) -> Result<DeliveryRecorded, sqlx::Error> {
     let batch = record_delivery_batch(conn, &[outbox_id], statements).await?;
@@ -154,9 +155,9 @@ pub async fn record_delivery(
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BatchDeliveryRecorded {
     /// The ids that have an outbox row (now marked delivered), ascending.
-    pub found: Vec<i64>,
+    pub found: Vec<OutboxId>,
     /// The ids without one (pruned, or not ours), in the order given.
-    pub unknown: Vec<i64>,
+    pub unknown: Vec<OutboxId>,
     /// Keys whose `done_seq` moved (each once, to the end of the contiguous run of delivered events).
     pub keys_advanced: usize,
 }
@@ -214,7 +215,7 @@ FROM (SELECT 1) one LEFT JOIN advanced a ON true
 /// [`record_delivery`] (its one-event case).
 pub async fn record_delivery_batch(
     conn: &mut PgConnection,
-    outbox_ids: &[i64],
+    outbox_ids: &[OutboxId],
     statements: Statements,
 ) -> Result<BatchDeliveryRecorded, sqlx::Error> {
     if outbox_ids.is_empty() {
@@ -299,7 +300,7 @@ pub async fn release_idle_key(
 /// if the event is its key's current head. Returns whether the key changed.
 pub async fn apply_dead_head(
     conn: &mut PgConnection,
-    outbox_id: i64,
+    outbox_id: OutboxId,
     policy: DeadHeadPolicy,
     reason: &str,
     statements: Statements,
@@ -428,7 +429,7 @@ pub async fn advance_consumer_sequence(
 /// see why a key is waiting. The key stays gated: QStash is still retrying.
 pub async fn record_failed_attempt(
     conn: &mut PgConnection,
-    outbox_id: i64,
+    outbox_id: OutboxId,
     description: &str,
     statements: Statements,
 ) -> Result<bool, sqlx::Error> {

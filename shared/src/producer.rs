@@ -34,6 +34,7 @@ use serde::Serialize;
 use sqlx::{PgConnection, Row};
 
 use crate::db::Statements;
+use crate::ids::OutboxId;
 
 // Lives with the header rules it names, so that `headers` need not know the producer; re-exported here.
 pub use crate::headers::InvalidEvent;
@@ -337,7 +338,7 @@ impl NewEvent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EnqueuedEvent {
     /// The outbox id (the consumer's dedupe key).
-    pub id: i64,
+    pub id: OutboxId,
     /// The per-key sequence, for ordered topics.
     pub seq: Option<i64>,
 }

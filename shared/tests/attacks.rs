@@ -76,7 +76,7 @@ async fn enqueue_order(pool: &PgPool, order_id: &str) -> Row {
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    row(pool, ev.id).await
+    row(pool, ev.id.get()).await
 }
 
 /// Enqueues an `OrderCancelled` (the next event of the order's key).
@@ -93,7 +93,7 @@ async fn enqueue_cancel(pool: &PgPool, order_id: &str) -> Row {
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    row(pool, ev.id).await
+    row(pool, ev.id.get()).await
 }
 
 /// Enqueues an audit entry (unordered topic `audit`).
@@ -111,7 +111,7 @@ async fn enqueue_audit(pool: &PgPool, actor: &str) -> Row {
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    row(pool, ev.id).await
+    row(pool, ev.id.get()).await
 }
 
 /// The current relay's delivery of `r` (evidence by QStash's delivery callback, the relay's default).
@@ -274,7 +274,7 @@ async fn user_headers_come_from_the_signed_envelope_never_from_request_headers(p
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    let old = row(&pool, ev.id).await;
+    let old = row(&pool, ev.id.get()).await;
     mark_dispatched(&pool, &[&old]).await;
     let r = handle_event(&st, legacy_delivery_of(&old, &[("tenant", "globex")])).await;
     assert_eq!(
@@ -284,7 +284,7 @@ async fn user_headers_come_from_the_signed_envelope_never_from_request_headers(p
             json!({"status":"processed","outbox_id":ev.id,"events":[{"id":ev.id,"outcome":"processed"}]})
         )
     );
-    assert_eq!(seen_headers(&pool, ev.id).await, json!({}));
+    assert_eq!(seen_headers(&pool, ev.id.get()).await, json!({}));
 }
 
 #[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]

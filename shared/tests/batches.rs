@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use outbox::OutboxId;
 use outbox::callbacks::handle_callback;
 use outbox::consumer::{ConsumerState, Event, Handler, HandlerError, Registry, handle_event};
 use outbox::producer::{NewEvent, Topic, enqueue};
@@ -378,7 +379,7 @@ async fn enqueue_n(pool: &PgPool, topic: &Topic, key: &str, texts: &[&str]) -> V
         )
         .await
         .unwrap();
-        ids.push(ev.id);
+        ids.push(ev.id.get());
     }
     tx.commit().await.unwrap();
     // As the relay leaves them: dispatched in one message.
@@ -543,7 +544,7 @@ async fn the_failure_callback_of_an_ordered_batch_dead_letters_the_failed_event_
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(dl.outbox_id, Some(ids[2]));
+    assert_eq!(dl.outbox_id, Some(OutboxId(ids[2])));
     assert!(dl.error.contains("poison refused"), "{}", dl.error);
     let redriven = outbox::dead_letters::redrive(&mut conn, page.items[0].id, Default::default())
         .await

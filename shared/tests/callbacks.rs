@@ -37,7 +37,7 @@ async fn enqueue_audit(pool: &PgPool) -> i64 {
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    ev.id
+    ev.id.get()
 }
 
 async fn enqueue_order(pool: &PgPool, order_id: &str) -> (i64, i64) {
@@ -59,7 +59,7 @@ async fn enqueue_order(pool: &PgPool, order_id: &str) -> (i64, i64) {
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    (ev.id, ev.seq.unwrap())
+    (ev.id.get(), ev.seq.unwrap())
 }
 
 const AUDIT_PAYLOAD: &str = r#"{"actor":"u","action":"a"}"#;

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use orders_example::{self as example, LineItem, OrderCancelled, OrderEvent, OrderPlaced};
+use outbox::OutboxId;
 use outbox::consumer::{
     ConsumerState, Event, Handler, HandlerError, Registry, TopicRoute, handle_event,
 };
@@ -716,7 +717,7 @@ async fn producer_and_consumer_agree_on_the_example(pool: PgPool) {
     let state = consumer(&pool, example::registry());
     let r = handle_event(
         &state,
-        Delivery::new("orders", written.id, payload.as_bytes())
+        Delivery::new("orders", written.id.get(), payload.as_bytes())
             .key("p-1")
             .seq(written.seq.unwrap())
             .schema_version(version)
@@ -768,7 +769,7 @@ async fn a_duplicate_asking_for_consumer_evidence_records_it(pool: PgPool) {
         .unwrap();
     let state = consumer(&pool, example::registry());
     let delivery = || {
-        Delivery::new("orders", written.id, payload.as_bytes())
+        Delivery::new("orders", written.id.get(), payload.as_bytes())
             .key("dup-1")
             .seq(1)
             .schema_version(2)
@@ -807,8 +808,20 @@ fn outcome_mapping_is_one_table() {
     use outbox::consumer::Outcome;
     use outbox::receiver::VerifyError;
     let cases = [
-        (Outcome::Processed { outbox_id: 1 }, 200, None),
-        (Outcome::Duplicate { outbox_id: 1 }, 200, None),
+        (
+            Outcome::Processed {
+                outbox_id: OutboxId(1),
+            },
+            200,
+            None,
+        ),
+        (
+            Outcome::Duplicate {
+                outbox_id: OutboxId(1),
+            },
+            200,
+            None,
+        ),
         (Outcome::Unauthorized(VerifyError::Signature), 401, None),
         (Outcome::Tampered("x".into()), 401, None),
         (Outcome::TooLarge { size: 2, max: 1 }, 413, None),

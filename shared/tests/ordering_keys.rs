@@ -2,6 +2,7 @@
 //! released when idle (never while a producer holds the key), re-created by a later producer after the last
 //! finished event, and claimed head by head.
 
+use outbox::OutboxId;
 use outbox::db::Statements;
 use outbox::ordering::{DeliveryRecorded, record_delivery};
 use outbox::producer::{NewEvent, Topic, enqueue};
@@ -24,6 +25,7 @@ async fn put(pool: &PgPool, n: i32) -> i64 {
         .await
         .unwrap()
         .id
+        .get()
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
@@ -42,7 +44,7 @@ async fn keys_advance_release_and_come_back(pool: PgPool) {
     );
     // Evidence for the head advances the key; a successor exists, so the key stays.
     assert_eq!(
-        record_delivery(&mut conn, a, Statements::Prepared)
+        record_delivery(&mut conn, OutboxId(a), Statements::Prepared)
             .await
             .unwrap(),
         DeliveryRecorded::Recorded { key_advanced: true }
@@ -50,7 +52,7 @@ async fn keys_advance_release_and_come_back(pool: PgPool) {
     assert_eq!(key_row(&pool).await, Some((1, None)));
     // Repeated evidence changes nothing.
     assert_eq!(
-        record_delivery(&mut conn, a, Statements::Prepared)
+        record_delivery(&mut conn, OutboxId(a), Statements::Prepared)
             .await
             .unwrap(),
         DeliveryRecorded::Recorded {
@@ -59,7 +61,7 @@ async fn keys_advance_release_and_come_back(pool: PgPool) {
     );
     assert_eq!(key_row(&pool).await, Some((1, None)));
     assert_eq!(
-        record_delivery(&mut conn, 999_999, Statements::Prepared)
+        record_delivery(&mut conn, OutboxId(999_999), Statements::Prepared)
             .await
             .unwrap(),
         DeliveryRecorded::UnknownEvent
@@ -77,7 +79,7 @@ async fn keys_advance_release_and_come_back(pool: PgPool) {
     )
     .await
     .unwrap();
-    record_delivery(&mut conn, b, Statements::Prepared)
+    record_delivery(&mut conn, OutboxId(b), Statements::Prepared)
         .await
         .unwrap();
     assert_eq!(
@@ -100,7 +102,10 @@ async fn keys_advance_release_and_come_back(pool: PgPool) {
     assert_eq!(key_row(&pool).await, Some((3, None)));
     let heads = claims.claim_ordered(&mut conn, 30.0).await.unwrap();
     assert_eq!(
-        heads.iter().map(|e| (e.id, e.seq)).collect::<Vec<_>>(),
+        heads
+            .iter()
+            .map(|e| (e.id.get(), e.seq))
+            .collect::<Vec<_>>(),
         vec![(d, Some(4))]
     );
 }

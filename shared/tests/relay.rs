@@ -38,7 +38,7 @@ async fn enqueue_n(pool: &PgPool, topic: &Topic, keys: usize, per_key: usize) ->
     let mut tx = pool.begin().await.unwrap();
     let out = enqueue_batch(&mut tx, &events).await.unwrap();
     tx.commit().await.unwrap();
-    out.into_iter().map(|e| e.id).collect()
+    out.into_iter().map(|e| e.id.get()).collect()
 }
 
 async fn scalar(pool: &PgPool, sql: &'static str) -> i64 {
@@ -311,7 +311,7 @@ async fn a_permanent_refusal_dead_letters_at_once_and_only_the_culprit(pool: PgP
             .fetch_one(&pool)
             .await
             .unwrap();
-    assert_eq!(id, big[0].id);
+    assert_eq!(id, big[0].id.get());
     assert_eq!(status, Some(413));
     assert_eq!(attempts, 1, "a 4xx is not retried");
     assert!(!r.outage, "a refused message is no outage");
@@ -333,7 +333,7 @@ async fn a_permanent_refusal_dead_letters_at_once_and_only_the_culprit(pool: PgP
         .await
         .unwrap();
     let got: HashSet<i64> = e.sink.accepted().iter().map(|s| s.outbox_id).collect();
-    assert_eq!(got, small.iter().map(|s| s.id).collect());
+    assert_eq!(got, small.iter().map(|s| s.id.get()).collect());
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use outbox::OutboxId;
 use outbox::config::{DeliveryBatching, EvidenceMode, RelayConfig};
 use outbox::db::Statements;
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
@@ -76,7 +77,7 @@ async fn delivered(e: &RelayEnv) -> Vec<(Vec<i64>, String)> {
 async fn evidence(e: &RelayEnv, ids: &[i64]) {
     let mut tx = e.pool.begin().await.unwrap();
     for id in ids {
-        outbox::ordering::record_delivery(&mut tx, *id, Statements::Prepared)
+        outbox::ordering::record_delivery(&mut tx, OutboxId(*id), Statements::Prepared)
             .await
             .unwrap();
     }
@@ -103,7 +104,7 @@ async fn enqueue(pool: &PgPool, events: &[NewEvent]) -> Vec<i64> {
     let mut tx = pool.begin().await.unwrap();
     let out = enqueue_batch(&mut tx, events).await.unwrap();
     tx.commit().await.unwrap();
-    out.into_iter().map(|e| e.id).collect()
+    out.into_iter().map(|e| e.id.get()).collect()
 }
 
 fn joined(ids: &[i64]) -> String {
@@ -174,7 +175,7 @@ async fn unordered_events_are_grouped_per_topic_up_to_each_topics_n(pool: PgPool
     let mut by_topic: HashMap<String, Vec<Vec<i64>>> = HashMap::new();
     for m in &formed.messages {
         let topic = &claimed[m.events[0]].topic;
-        let group: Vec<i64> = m.events.iter().map(|&i| claimed[i].id).collect();
+        let group: Vec<i64> = m.events.iter().map(|&i| claimed[i].id.get()).collect();
         assert!(m.events.iter().all(|&i| &claimed[i].topic == topic));
         // Several events of any keys: the topic's flow-control key.
         let fc = m.message.options.flow_control.as_ref().unwrap();
@@ -225,7 +226,7 @@ async fn the_size_limit_splits_messages_and_a_huge_event_goes_alone(pool: PgPool
     let groups: Vec<Vec<i64>> = formed
         .messages
         .iter()
-        .map(|m| m.events.iter().map(|&i| claimed[i].id).collect())
+        .map(|m| m.events.iter().map(|&i| claimed[i].id.get()).collect())
         .collect();
     // Two ~1.6 kB events fit under 4000 bytes, a third does not; the 9 kB event goes alone.
     assert_eq!(

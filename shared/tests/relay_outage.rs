@@ -73,7 +73,7 @@ async fn enqueue(pool: &PgPool) -> Vec<i64> {
     let mut tx = pool.begin().await.unwrap();
     let out = enqueue_batch(&mut tx, &events).await.unwrap();
     tx.commit().await.unwrap();
-    out.into_iter().map(|e| e.id).collect()
+    out.into_iter().map(|e| e.id.get()).collect()
 }
 
 async fn scalar(pool: &PgPool, sql: &'static str) -> i64 {

@@ -19,6 +19,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use outbox::OutboxId;
 use outbox::db::Statements;
 use serde_json::Value;
 use sqlx::PgPool;
@@ -127,13 +128,16 @@ fn envelope_event(body: &[u8]) -> Option<Value> {
 }
 
 /// The outbox id a callback body is about: the envelope in its `sourceBody` (the relay sends nothing else).
-fn callback_outbox_id(v: &Value) -> Option<i64> {
+fn callback_outbox_id(v: &Value) -> Option<OutboxId> {
     let url = v.get("url")?.as_str()?;
     if !url.contains("contract=2") {
         return None;
     }
     let source = STANDARD.decode(v.get("sourceBody")?.as_str()?).ok()?;
-    envelope_event(&source)?.get("id")?.as_i64()
+    envelope_event(&source)?
+        .get("id")?
+        .as_i64()
+        .map(OutboxId::from)
 }
 
 async fn event(

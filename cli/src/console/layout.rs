@@ -2,6 +2,7 @@
 //! helpers (times, ages, optional values) that write into an [`Html`].
 
 use chrono::{DateTime, Utc};
+use outbox::OutboxId;
 
 use super::html::Html;
 use super::server::Ctx;
@@ -144,9 +145,9 @@ pub fn opt<T: std::fmt::Display>(h: &mut Html, v: Option<T>) {
 }
 
 /// A link to an event's page.
-pub fn event_link(h: &mut Html, id: i64) {
+pub fn event_link(h: &mut Html, id: OutboxId) {
     h.lit("<a href=\"")
-        .path_id("/events/", id)
+        .path_id("/events/", id.get())
         .lit("\">#")
         .text(id)
         .lit("</a>");

@@ -5,6 +5,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use outbox::OutboxId;
 use outbox::ops::{self, keys::KeyQuery, timeline::StepKind};
 
 use super::auth;
@@ -513,7 +514,7 @@ pub async fn event(
     Extension(ctx): Extension<Ctx>,
     Path(id): Path<String>,
 ) -> Response {
-    let Ok(id) = id.parse::<i64>() else {
+    let Ok(id) = id.parse::<i64>().map(OutboxId::from) else {
         return not_found(&ctx, "event");
     };
     let t = match app.pool.acquire().await {

@@ -93,7 +93,7 @@ fn presign(next_id: &mut i64, n: usize, sub: &str) -> anyhow::Result<Arc<Vec<Msg
                 "bench",
                 None,
                 &[WireEvent {
-                    id,
+                    id: id.into(),
                     key: "bench",
                     seq: None,
                     created_at,

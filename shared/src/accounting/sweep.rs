@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 use crate::db::Db;
+use crate::ids::OutboxId;
 
 /// Rows read per statement.
 const PAGE: i64 = 2000;
@@ -49,8 +50,8 @@ pub async fn sweep_applied(
         let rows = db.run(async |c| q.fetch_all(c).await).await?;
         let mut applied = Vec::new();
         for r in &rows {
-            let id: i64 = r.try_get("id")?;
-            cursor = (r.try_get("dispatched_at")?, id);
+            let id: OutboxId = r.try_get("id")?;
+            cursor = (r.try_get("dispatched_at")?, id.get());
             if r.try_get::<bool, _>("applied")? {
                 applied.push(id);
             }

@@ -5,6 +5,7 @@
 use lambda_http::Request;
 
 use crate::contract;
+use crate::ids::OutboxId;
 use crate::ordering::{record_delivery, record_delivery_batch, record_failed_attempt};
 use crate::receiver::ReceiverState;
 
@@ -51,7 +52,7 @@ pub(super) async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) 
                 .into(),
         );
     };
-    span.record("outbox_id", outbox_id);
+    span.record("outbox_id", outbox_id.get());
     let mut conn = match state.db.pool().acquire().await {
         Ok(c) => c,
         Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
@@ -86,7 +87,7 @@ async fn batch_delivered(
     status: i32,
     events: &[SourceEvent],
 ) -> CallbackOutcome {
-    let ids: Vec<i64> = events.iter().filter_map(|e| e.outbox_id).collect();
+    let ids: Vec<OutboxId> = events.iter().filter_map(|e| e.outbox_id).collect();
     if let Err(e) = check_ids_copy(req, &ids) {
         return CallbackOutcome::Tampered(e);
     }

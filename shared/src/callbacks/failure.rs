@@ -14,6 +14,7 @@ use crate::db::{Db, Statements};
 use crate::dead_letters::{
     BatchMember, QstashFailure, record_qstash_batch_failure, record_qstash_failure,
 };
+use crate::ids::OutboxId;
 use crate::receiver::ReceiverState;
 
 use super::outcome::CallbackOutcome;
@@ -124,7 +125,7 @@ pub(crate) async fn record_failure(
         return CallbackOutcome::Tampered(e);
     }
     if let Some(id) = failure.outbox_id {
-        span.record("outbox_id", id);
+        span.record("outbox_id", id.get());
     }
     if let Some(t) = &failure.topic {
         span.record("topic", t.as_str());
@@ -198,7 +199,7 @@ async fn batch_failure(
     events: Vec<SourceEvent>,
 ) -> CallbackOutcome {
     let span = tracing::Span::current();
-    let ids: Vec<i64> = events.iter().filter_map(|e| e.outbox_id).collect();
+    let ids: Vec<OutboxId> = events.iter().filter_map(|e| e.outbox_id).collect();
     if let Some(req) = req
         && let Err(e) = check_ids_copy(req, &ids)
     {
@@ -269,7 +270,7 @@ async fn batch_failure(
 
 /// An ordered message without a readable verdict: the first event the consumer has not applied is the dead
 /// head; the rest wait behind it.
-fn mark_dead_head(members: &mut [BatchMember], applied: &[i64]) {
+fn mark_dead_head(members: &mut [BatchMember], applied: &[OutboxId]) {
     let mut found = false;
     for m in members {
         let is_applied = m.failure.outbox_id.is_some_and(|id| applied.contains(&id));
@@ -282,10 +283,10 @@ fn mark_dead_head(members: &mut [BatchMember], applied: &[i64]) {
 async fn applied_ids(
     conn: &mut sqlx::PgConnection,
     consumer: &str,
-    ids: &[i64],
+    ids: &[OutboxId],
     statements: Statements,
-) -> Result<Vec<i64>, sqlx::Error> {
-    let texts: Vec<String> = ids.iter().map(i64::to_string).collect();
+) -> Result<Vec<OutboxId>, sqlx::Error> {
+    let texts: Vec<String> = ids.iter().map(OutboxId::to_string).collect();
     let q = statements
         .query_scalar(crate::schema::q(
             "SELECT message_id FROM {schema}.processed_messages WHERE consumer = $1 AND message_id = ANY ($2::text[])",
@@ -293,5 +294,8 @@ async fn applied_ids(
         .bind(consumer)
         .bind(&texts);
     let applied: Vec<String> = statements.run(conn, async |c| q.fetch_all(c).await).await?;
-    Ok(applied.iter().filter_map(|s| s.parse().ok()).collect())
+    Ok(applied
+        .iter()
+        .filter_map(|s| s.parse::<i64>().ok().map(OutboxId))
+        .collect())
 }

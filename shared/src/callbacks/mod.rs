@@ -47,6 +47,7 @@ use lambda_http::{Body, Request, Response};
 use tracing::field::Empty;
 
 use crate::contract;
+use crate::ids::OutboxId;
 use crate::receiver::ReceiverState;
 use crate::receiver::http::{request_path, respond};
 use crate::receiver::verify_request;
@@ -70,12 +71,12 @@ pub const ATTEMPT_BODY_CHARS: usize = 500;
 /// Refuses a callback request whose `x-outbox-id` header (relays before the signed contract forwarded one)
 /// disagrees with the outbox id of its signed body. When the signed body names no event (a garbage or truncated
 /// failure callback) the header is ignored, never used: the callback is still stored, unlinked.
-fn check_id_copy(req: &Request, signed: Option<i64>) -> Result<(), String> {
+fn check_id_copy(req: &Request, signed: Option<OutboxId>) -> Result<(), String> {
     check_ids_copy(req, &signed.into_iter().collect::<Vec<_>>())
 }
 
 /// [`check_id_copy`] for a message of several events: the copy is their ids joined by `,` (decision record 0027).
-fn check_ids_copy(req: &Request, signed: &[i64]) -> Result<(), String> {
+fn check_ids_copy(req: &Request, signed: &[OutboxId]) -> Result<(), String> {
     let Some(copy) = req.headers().get(contract::OUTBOX_ID) else {
         return Ok(());
     };

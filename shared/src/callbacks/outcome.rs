@@ -8,6 +8,7 @@ use lambda_http::{Body, Response};
 use serde_json::{Value, json};
 
 use crate::dead_letters::{BatchFailureRecorded, FailureRecorded};
+use crate::ids::OutboxId;
 use crate::metrics::{EmfRecord, Unit};
 use crate::ordering::{BatchDeliveryRecorded, DeliveryRecorded};
 use crate::receiver::http::{
@@ -21,21 +22,21 @@ pub(crate) enum CallbackOutcome {
     DeadLetter { recorded: FailureRecorded },
     /// A delivery callback with a 2xx status: the event's delivery evidence.
     Delivered {
-        outbox_id: i64,
+        outbox_id: OutboxId,
         result: DeliveryRecorded,
     },
     /// A delivery callback with another status, noted on the event.
-    AttemptFailed { outbox_id: i64, recorded: bool },
+    AttemptFailed { outbox_id: OutboxId, recorded: bool },
     /// A failure callback for a batched message: per event, delivered, dead-lettered, due again or left alone.
     BatchDeadLetters(BatchFailureRecorded),
     /// A delivery callback with a 2xx status for a batched message: evidence for all its events, in one statement.
     BatchDelivered {
-        outbox_ids: Vec<i64>,
+        outbox_ids: Vec<OutboxId>,
         result: BatchDeliveryRecorded,
     },
     /// A delivery callback with another status for a batched message, noted on each of its events.
     BatchAttemptFailed {
-        outbox_ids: Vec<i64>,
+        outbox_ids: Vec<OutboxId>,
         recorded: usize,
     },
     /// Missing or invalid signature.
@@ -173,7 +174,7 @@ fn log_batch_dead_letters(answered: u16, r: &BatchFailureRecorded) {
         tracing::error!(
             answered,
             dead_letter_id,
-            outbox_id,
+            outbox_id = outbox_id.get(),
             "QStash gave up on a batched message: dead letter recorded for this event"
         )
     }

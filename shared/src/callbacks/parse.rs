@@ -9,6 +9,7 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use serde_json::{Map, Value};
 
 use crate::contract;
+use crate::ids::OutboxId;
 
 const B64_STD: GeneralPurpose = GeneralPurpose::new(
     &base64::alphabet::STANDARD,
@@ -231,7 +232,7 @@ pub fn source_header<'b>(b: &'b CallbackBody, name: &str) -> Option<&'b str> {
 /// request itself: those are not signed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SourceEvent {
-    pub outbox_id: Option<i64>,
+    pub outbox_id: Option<OutboxId>,
     pub topic: Option<String>,
     pub partition_key: Option<String>,
     /// The per-key sequence (an ordered event of a current envelope).
@@ -259,7 +260,13 @@ pub fn source_event(b: &CallbackBody) -> SourceEvent {
 /// Every event of the original message, in envelope order: one [`SourceEvent`] per event of a current envelope
 /// (a batch holds several), else the one event [`source_event`] describes from the publisher's headers.
 pub fn source_events(b: &CallbackBody) -> Vec<SourceEvent> {
-    let parse_id = |s: &str| s.trim().parse::<i64>().ok().filter(|id| *id > 0);
+    let parse_id = |s: &str| {
+        s.trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|id| *id > 0)
+            .map(OutboxId)
+    };
     let url_query = b
         .url
         .as_deref()
@@ -309,14 +316,14 @@ pub fn source_events(b: &CallbackBody) -> Vec<SourceEvent> {
 /// What the consumer's last response (the callback's `body`) says about each event: `(outbox id, outcome,
 /// error)` from its `events` list (decision record 0027). `None` when the body has no readable list (an older
 /// consumer, a timeout, a proxy's error page).
-pub fn consumer_verdicts(b: &CallbackBody) -> Option<Vec<(i64, String, Option<String>)>> {
+pub fn consumer_verdicts(b: &CallbackBody) -> Option<Vec<(OutboxId, String, Option<String>)>> {
     let body: Value = serde_json::from_slice(b.body.as_deref()?).ok()?;
     let list = body.get("events")?.as_array()?;
     let verdicts: Vec<_> = list
         .iter()
         .filter_map(|e| {
             Some((
-                e.get("id")?.as_i64()?,
+                OutboxId(e.get("id")?.as_i64()?),
                 e.get("outcome")?.as_str()?.to_owned(),
                 e.get("error").and_then(Value::as_str).map(str::to_owned),
             ))

@@ -25,6 +25,7 @@ use super::delivery::Delivery;
 use super::outcome::Outcome;
 use super::registry::{EventMeta, HandlerError, Prepared, Route};
 use crate::db::Statements;
+use crate::ids::OutboxId;
 use crate::ordering::{SequenceCheck, advance_consumer_sequence, check_consumer_sequence};
 use crate::receiver::ReceiverState;
 
@@ -61,7 +62,7 @@ impl EventResult {
     }
 
     /// `{"id":41,"outcome":"failed","error":"…"}`.
-    pub fn to_json(&self, id: i64) -> Value {
+    pub fn to_json(&self, id: OutboxId) -> Value {
         match self {
             EventResult::Failed(e) | EventResult::Retry { message: e, .. } => {
                 json!({"id": id, "outcome": self.as_str(), "error": e})
@@ -201,7 +202,7 @@ struct Applying<'a> {
     /// One per event so far.
     results: Vec<EventResult>,
     /// Outbox ids whose delivery evidence the consumer records.
-    evidence: Vec<i64>,
+    evidence: Vec<OutboxId>,
     /// Dedupe ids claimed in this transaction for events that were not applied.
     undo: Vec<String>,
 }
@@ -349,16 +350,16 @@ async fn finish(
 /// The message's outcome from its events' results: any transient → 503 (the first transient's message); else any
 /// permanent → 489 (the first failure's message); else 200. `ids` are the events' outbox ids, in order. A batch's
 /// messages name the event.
-pub(super) fn outcome_of(ids: &[i64], results: &[EventResult]) -> Outcome {
+pub(super) fn outcome_of(ids: &[OutboxId], results: &[EventResult]) -> Outcome {
     let batch = ids.len() > 1;
-    let name = |id: i64, m: &str| {
+    let name = |id: OutboxId, m: &str| {
         if batch {
             format!("event {id}: {m}")
         } else {
             m.to_owned()
         }
     };
-    let first = ids.first().copied().unwrap_or_default();
+    let first = ids.first().copied().unwrap_or(OutboxId(0));
     if let Some((
         id,
         EventResult::Retry {

@@ -15,6 +15,7 @@ use super::outcome::Outcome;
 use super::registry::{DEFAULT_SCHEMA_VERSION, EventMeta};
 use crate::config::LegacyDeliveries;
 use crate::contract::{self, legacy};
+use crate::ids::OutboxId;
 
 fn header<'r>(req: &'r Request, name: &'static str) -> Result<Option<&'r str>, String> {
     match req.headers().get(name) {
@@ -202,7 +203,7 @@ pub(super) async fn legacy_delivery<'b>(
     let schema_version = headers.schema_version.unwrap_or(DEFAULT_SCHEMA_VERSION);
     check_legacy_copies(req, topic, &key, seq, schema_version)?;
     tracing::info!(
-        outbox_id,
+        outbox_id = outbox_id.get(),
         "delivery in the previous wire format verified against the outbox row"
     );
     let (message_id, retried) = qstash_info(req);
@@ -254,7 +255,7 @@ fn check_legacy_copies(
 }
 
 /// The outbox id a legacy delivery's `x-outbox-id` names (unless `LEGACY_DELIVERIES=refuse`).
-fn legacy_outbox_id(receiver: &ReceiverState, req: &Request) -> Result<i64, Outcome> {
+fn legacy_outbox_id(receiver: &ReceiverState, req: &Request) -> Result<OutboxId, Outcome> {
     if receiver.config.legacy_deliveries == LegacyDeliveries::Refuse {
         return Err(Outcome::Permanent(
             "delivery in the previous wire format (no contract version in its URL, identity in unsigned headers) \
@@ -270,12 +271,17 @@ fn legacy_outbox_id(receiver: &ReceiverState, req: &Request) -> Result<i64, Outc
                     .into(),
             )
         })?;
-    id_text.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
-        Outcome::Permanent(format!(
-            "x-outbox-id {:?} is not a positive integer",
-            id_text.chars().take(40).collect::<String>()
-        ))
-    })
+    id_text
+        .parse::<i64>()
+        .ok()
+        .filter(|id| *id > 0)
+        .map(OutboxId)
+        .ok_or_else(|| {
+            Outcome::Permanent(format!(
+                "x-outbox-id {:?} is not a positive integer",
+                id_text.chars().take(40).collect::<String>()
+            ))
+        })
 }
 
 /// A database error while verifying a legacy delivery: transient.
@@ -317,7 +323,7 @@ struct LegacyRow {
 
 impl LegacyRow {
     /// The row as read; no row is a permanent refusal.
-    fn read(row: Option<PgRow>, outbox_id: i64) -> Result<LegacyRow, Outcome> {
+    fn read(row: Option<PgRow>, outbox_id: OutboxId) -> Result<LegacyRow, Outcome> {
         let Some(row) = row else {
             return Err(Outcome::Permanent(format!(
                 "delivery in the previous wire format names outbox id {outbox_id}, which is not in the outbox \
@@ -341,7 +347,7 @@ impl LegacyRow {
     }
 
     /// Whether the delivery may be applied now as the row's event (the checks of [`legacy_delivery`]).
-    fn check(&self, outbox_id: i64, topic: &str) -> Result<(), Outcome> {
+    fn check(&self, outbox_id: OutboxId, topic: &str) -> Result<(), Outcome> {
         if self.topic != topic || !self.same_payload {
             return Err(Outcome::Tampered(format!(
                 "x-outbox-id {outbox_id} names an event whose topic or payload differs from this signed delivery: \

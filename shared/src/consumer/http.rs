@@ -14,6 +14,7 @@ use super::outcome::Outcome;
 use super::registry::{EventMeta, Route};
 use super::{ConsumerState, ReceiverState};
 use crate::contract::{self, Contract};
+use crate::ids::OutboxId;
 use crate::metrics::{EmfRecord, Unit};
 use crate::receiver::http::{RequestOutcome, log_signature_rejected, request_path, respond};
 use crate::receiver::verify_request;
@@ -64,7 +65,7 @@ impl RequestOutcome for Handled {
             for (m, r) in &self.events {
                 let span = tracing::info_span!(
                     "event",
-                    outbox_id = m.outbox_id,
+                    outbox_id = m.outbox_id.get(),
                     key = m.key.as_deref(),
                     seq = m.seq,
                     correlation_id = m.correlation_id.as_deref()
@@ -145,10 +146,10 @@ impl RequestOutcome for Handled {
             .property("answered", outcome.status().as_u16());
         if let Some((m, _)) = self.events.first() {
             rec = rec
-                .property("outbox_id", m.outbox_id)
+                .property("outbox_id", m.outbox_id.get())
                 .property("topic", m.topic.clone());
             if self.events.len() > 1 {
-                let ids: Vec<i64> = self.events.iter().map(|(m, _)| m.outbox_id).collect();
+                let ids: Vec<i64> = self.events.iter().map(|(m, _)| m.outbox_id.get()).collect();
                 rec = rec.property("outbox_ids", ids);
             }
             if let Some(id) = &m.message_id {
@@ -253,7 +254,7 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Vec<(EventMe
 
     // 4.–5. Decode the typed payloads; per event, in one transaction: dedupe row, sequence check, the handler.
     let results = batch::apply(receiver, route, &deliveries).await;
-    let ids: Vec<i64> = deliveries.iter().map(|d| d.meta.outbox_id).collect();
+    let ids: Vec<OutboxId> = deliveries.iter().map(|d| d.meta.outbox_id).collect();
     let outcome = batch::outcome_of(&ids, &results);
     let events = deliveries
         .into_iter()
@@ -305,7 +306,7 @@ fn newer_contract(v: u32) -> Outcome {
 /// The span names the first event (for a batch, `batch_size` says how many follow; each has its own line).
 fn record_first_event(span: &tracing::Span, deliveries: &[Delivery<'_>]) {
     if let Some(meta) = deliveries.first().map(|d| &d.meta) {
-        span.record("outbox_id", meta.outbox_id);
+        span.record("outbox_id", meta.outbox_id.get());
         span.record("retried", meta.retried);
         if let Some(k) = &meta.key {
             span.record("key", k.as_str());

@@ -8,6 +8,7 @@ use http::{HeaderValue, StatusCode};
 use lambda_http::{Body, Response};
 use serde_json::json;
 
+use crate::ids::OutboxId;
 use crate::receiver::VerifyError;
 use crate::receiver::http::{NONRETRYABLE_HEADER, json_response, nonretryable_status};
 
@@ -15,9 +16,9 @@ use crate::receiver::http::{NONRETRYABLE_HEADER, json_response, nonretryable_sta
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Applied now (200).
-    Processed { outbox_id: i64 },
+    Processed { outbox_id: OutboxId },
     /// Applied before (200).
-    Duplicate { outbox_id: i64 },
+    Duplicate { outbox_id: OutboxId },
     /// Missing or invalid signature (401); nothing was read or written.
     Unauthorized(VerifyError),
     /// A valid signature, but a header copy or a legacy header disagrees with the signed data: the request was

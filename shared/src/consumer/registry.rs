@@ -47,6 +47,7 @@ use serde::de::DeserializeOwned;
 use sqlx::PgConnection;
 
 use crate::db::Statements;
+use crate::ids::OutboxId;
 
 /// The schema version assumed when an event's envelope entry has no `schema_version` (the producer set none).
 pub const DEFAULT_SCHEMA_VERSION: u32 = 1;
@@ -58,7 +59,7 @@ pub const DEFAULT_SCHEMA_VERSION: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventMeta {
     /// The outbox id: the dedupe key.
-    pub outbox_id: i64,
+    pub outbox_id: OutboxId,
     /// The topic (from the path `/events/{topic}`; the envelope's must be the same).
     pub topic: String,
     /// The partition key (the envelope's `key`).

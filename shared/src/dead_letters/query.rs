@@ -9,6 +9,7 @@ use sqlx::{PgConnection, Row};
 
 use super::{FILTER_SQL, Filter, UNHANDLED_SQL, bind_filter};
 use crate::contract;
+use crate::ids::OutboxId;
 use crate::producer::{EventHeaders, is_traceparent};
 
 /// One line of `outbox dead-letters list`.
@@ -21,7 +22,7 @@ pub struct DeadLetterSummary {
     /// `relay` or `qstash`.
     pub source: String,
     /// The outbox event, if known.
-    pub outbox_id: Option<i64>,
+    pub outbox_id: Option<OutboxId>,
     pub topic: Option<String>,
     /// Partition key, if known.
     pub partition_key: Option<String>,
@@ -127,7 +128,7 @@ pub struct DeadLetter {
     /// `'<outbox id>/<lease token>'` (relay) or QStash's `dlqId`.
     pub natural_id: String,
     /// The outbox event, if known.
-    pub outbox_id: Option<i64>,
+    pub outbox_id: Option<OutboxId>,
     pub topic: Option<String>,
     pub partition_key: Option<String>,
     /// Per-key sequence.
@@ -189,7 +190,7 @@ pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<DeadLetter>,
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct EventState {
     /// Outbox id.
-    pub id: i64,
+    pub id: OutboxId,
     /// Per-key sequence now (NULL after an out-of-order redrive).
     pub seq: Option<i64>,
     /// Publish attempts of the current round.
@@ -204,7 +205,7 @@ pub struct EventState {
     /// The key's `done_seq` (ordered topics with an active key row).
     pub key_done_seq: Option<i64>,
     /// The event that blocks the key, if any.
-    pub key_blocked_by: Option<i64>,
+    pub key_blocked_by: Option<OutboxId>,
 }
 
 impl EventState {
@@ -235,7 +236,7 @@ pub(crate) fn outbox_state(
 /// The outbox row of an event and its key's state; `None` when the row is gone (pruned).
 pub async fn event_state(
     conn: &mut PgConnection,
-    outbox_id: i64,
+    outbox_id: OutboxId,
 ) -> Result<Option<EventState>, sqlx::Error> {
     sqlx::query_as::<_, EventState>(
         crate::schema::q("SELECT o.id, o.seq, o.attempts, o.redrive_count, o.dispatched_at, o.delivered_at, o.dead_lettered_at, \

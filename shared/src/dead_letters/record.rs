@@ -8,6 +8,7 @@ use sqlx::{PgConnection, Row};
 
 use crate::config::DeadHeadPolicy;
 use crate::db::Statements;
+use crate::ids::OutboxId;
 use crate::ordering;
 
 /// What QStash told us about a message it gave up on (parsed from the failure-callback body), or as much of
@@ -18,7 +19,7 @@ pub struct QstashFailure {
     pub dlq_id: Option<String>,
     /// Our outbox id, from the forwarded `x-outbox-id` header. Kept on the dead letter even when the outbox row
     /// is gone (pruned after dispatch while QStash was still retrying).
-    pub outbox_id: Option<i64>,
+    pub outbox_id: Option<OutboxId>,
     /// The topic, from the original message's headers (`x-outbox-topic`) or its URL; used when the outbox row
     /// is gone.
     pub topic: Option<String>,
@@ -103,12 +104,15 @@ pub enum FailureRecorded {
     Recorded {
         dead_letter_id: i64,
         /// The outbox event it belongs to, if known.
-        outbox_id: Option<i64>,
+        outbox_id: Option<OutboxId>,
     },
     /// The event already had an unresolved dead letter (another QStash message of the same event gave up: a
     /// batch formed again after a relay died, a republish): this failure was merged into it — its natural id
     /// remembered, its attempts added, its reason appended — so the event keeps one dead letter, redriven once.
-    Merged { dead_letter_id: i64, outbox_id: i64 },
+    Merged {
+        dead_letter_id: i64,
+        outbox_id: OutboxId,
+    },
     /// The same failure was already recorded (QStash retried the callback).
     Duplicate,
 }
@@ -214,7 +218,7 @@ pub async fn record_qstash_failure(
         return Ok(FailureRecorded::Duplicate);
     };
     let dead_letter_id: i64 = row.try_get("id")?;
-    let outbox_id: Option<i64> = row.try_get("outbox_id")?;
+    let outbox_id: Option<OutboxId> = row.try_get("outbox_id")?;
     let topic: Option<String> = row.try_get("topic")?;
     let seq: Option<i64> = row.try_get("seq")?;
     let resolution: Option<String> = row.try_get("resolution")?;
@@ -297,7 +301,7 @@ SELECT EXISTS (SELECT 1 FROM seen) AS seen, (SELECT id FROM merged) AS merged_id
 
 async fn merge_into_open(
     tx: &mut PgConnection,
-    outbox_id: i64,
+    outbox_id: OutboxId,
     natural_id: &str,
     failure: &QstashFailure,
     consumer: &str,
@@ -344,18 +348,18 @@ pub struct BatchMember {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BatchFailureRecorded {
     /// Applied by the consumer (a dedupe row of `consumer`): recorded as delivered.
-    pub delivered: Vec<i64>,
+    pub delivered: Vec<OutboxId>,
     /// New dead letters `(dead letter id, outbox id)`.
-    pub dead_letters: Vec<(i64, i64)>,
+    pub dead_letters: Vec<(i64, OutboxId)>,
     /// Dead letters recorded before (QStash retried the callback).
-    pub duplicates: Vec<i64>,
+    pub duplicates: Vec<OutboxId>,
     /// Failures merged into the event's open dead letter `(dead letter id, outbox id)`.
-    pub merged: Vec<(i64, i64)>,
+    pub merged: Vec<(i64, OutboxId)>,
     /// Unordered events not applied and not dead: due again for the relay.
-    pub requeued: Vec<i64>,
+    pub requeued: Vec<OutboxId>,
     /// Ordered events not applied and not dead: left alone (they wait behind the dead head, or the relay
     /// republishes them when the key moves on).
-    pub left: Vec<i64>,
+    pub left: Vec<OutboxId>,
 }
 
 /// Records QStash's failure of a **batched** message (several events), in one transaction (decision record
@@ -379,8 +383,8 @@ pub async fn record_qstash_batch_failure(
         .query("SET LOCAL synchronous_commit = on")
         .execute(&mut *tx)
         .await?;
-    let ids: Vec<i64> = members.iter().filter_map(|m| m.failure.outbox_id).collect();
-    let id_texts: Vec<String> = ids.iter().map(i64::to_string).collect();
+    let ids: Vec<OutboxId> = members.iter().filter_map(|m| m.failure.outbox_id).collect();
+    let id_texts: Vec<String> = ids.iter().map(OutboxId::to_string).collect();
     let applied: Vec<String> = statements.query_scalar(crate::schema::q(
         "SELECT message_id FROM {schema}.processed_messages WHERE consumer = $1 AND message_id = ANY ($2::text[])",
     ))

@@ -10,6 +10,7 @@ use sqlx::PgConnection;
 
 use super::event_headers_of;
 use crate::contract;
+use crate::ids::OutboxId;
 
 /// How to redrive.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,7 +45,7 @@ pub enum RedriveOrder {
 pub struct Redriven {
     pub dead_letter_id: i64,
     /// The event (same id: the consumer's dedupe key).
-    pub outbox_id: i64,
+    pub outbox_id: OutboxId,
     pub topic: String,
     pub partition_key: String,
     /// Order semantics.
@@ -84,7 +85,7 @@ pub enum RedriveError {
     Delivered {
         /// Dead letter.
         id: i64,
-        outbox_id: i64,
+        outbox_id: OutboxId,
         at: DateTime<Utc>,
     },
     /// Not linked to an event.
@@ -107,7 +108,7 @@ pub enum RedriveError {
     CannotRebuild {
         /// Dead letter.
         id: i64,
-        outbox_id: i64,
+        outbox_id: OutboxId,
         /// What is missing: `JSON payload`, `topic`, `partition key`.
         missing: &'static str,
     },
@@ -119,7 +120,7 @@ pub enum RedriveError {
     NotDead {
         /// Dead letter.
         id: i64,
-        outbox_id: i64,
+        outbox_id: OutboxId,
         /// `pending` or `dispatched`.
         state: &'static str,
     },
@@ -133,7 +134,7 @@ pub enum RedriveError {
     OutOfOrder {
         /// Dead letter.
         id: i64,
-        outbox_id: i64,
+        outbox_id: OutboxId,
         topic: String,
         key: String,
         seq: i64,
@@ -209,7 +210,7 @@ async fn redrive_in(
         reinserted,
         redrive_count,
     } = requeued;
-    tracing::info!(dead_letter_id, outbox_id, topic = %topic, key = %partition_key, order = ?order, reinserted,
+    tracing::info!(dead_letter_id, outbox_id = outbox_id.get(), topic = %topic, key = %partition_key, order = ?order, reinserted,
         redrive_count, "dead letter redriven");
     Ok(Redriven {
         dead_letter_id,
@@ -229,7 +230,7 @@ async fn redrive_in(
 struct DeadLetterRow {
     id: i64,
     source: String,
-    outbox_id: Option<i64>,
+    outbox_id: Option<OutboxId>,
     topic: Option<String>,
     partition_key: Option<String>,
     seq: Option<i64>,
@@ -268,7 +269,7 @@ struct Requeued {
 async fn lock_dead_letter(
     tx: &mut PgConnection,
     dead_letter_id: i64,
-) -> Result<(DeadLetterRow, i64), RedriveError> {
+) -> Result<(DeadLetterRow, OutboxId), RedriveError> {
     let dead_letter: DeadLetterRow = sqlx::query_as(
         crate::schema::q("SELECT id, source, outbox_id, topic, partition_key, seq, payload, headers, error, parse_error, raw_callback, \
                 redriven_at, resolved_at \
@@ -303,7 +304,7 @@ async fn lock_dead_letter(
 /// Step 2: locks the event's outbox row; `None` when it was pruned.
 async fn lock_outbox_row(
     tx: &mut PgConnection,
-    outbox_id: i64,
+    outbox_id: OutboxId,
 ) -> Result<Option<OutboxRow>, sqlx::Error> {
     sqlx::query_as(
         crate::schema::q("SELECT topic, partition_key, seq, dispatched_at, delivered_at, dead_lettered_at, last_error \
@@ -320,7 +321,7 @@ async fn lock_outbox_row(
 async fn reset_outbox_row(
     tx: &mut PgConnection,
     dead_letter: &DeadLetterRow,
-    outbox_id: i64,
+    outbox_id: OutboxId,
     row: OutboxRow,
     opts: RedriveOptions,
 ) -> Result<Requeued, RedriveError> {
@@ -392,7 +393,7 @@ async fn reset_outbox_row(
 async fn reinsert_pruned_event(
     tx: &mut PgConnection,
     dead_letter: &DeadLetterRow,
-    outbox_id: i64,
+    outbox_id: OutboxId,
     opts: RedriveOptions,
 ) -> Result<Requeued, RedriveError> {
     let missing = |what| RedriveError::CannotRebuild {
@@ -475,13 +476,13 @@ fn redrive_note(dead_letter_id: i64, was: &str) -> String {
 async fn ordered_position(
     tx: &mut PgConnection,
     dead_letter_id: i64,
-    outbox_id: i64,
+    outbox_id: OutboxId,
     topic: &str,
     key: &str,
     seq: i64,
     opts: RedriveOptions,
 ) -> Result<RedriveOrder, RedriveError> {
-    let k: Option<(i64, Option<i64>)> = sqlx::query_as(
+    let k: Option<(i64, Option<OutboxId>)> = sqlx::query_as(
         crate::schema::q("SELECT done_seq, blocked_id FROM {schema}.outbox_keys WHERE topic = $1 AND partition_key = $2 FOR UPDATE"),
     )
     .bind(topic)
@@ -546,7 +547,7 @@ async fn unblock_key(tx: &mut PgConnection, topic: &str, key: &str) -> Result<()
 async fn mark_redriven(
     tx: &mut PgConnection,
     dead_letter_id: i64,
-    outbox_id: i64,
+    outbox_id: OutboxId,
 ) -> Result<Vec<i64>, sqlx::Error> {
     let marked: Vec<i64> = sqlx::query_scalar(
         crate::schema::q("UPDATE {schema}.dead_letters SET redriven_at = now() \

@@ -6,6 +6,8 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgConnection;
 
+use crate::ids::OutboxId;
+
 /// An action to record.
 #[derive(Debug, Clone, Serialize)]
 pub struct NewAction<'a> {
@@ -16,7 +18,7 @@ pub struct NewAction<'a> {
     /// The dead letter of a single-item action.
     pub dead_letter_id: Option<i64>,
     /// Its event.
-    pub outbox_id: Option<i64>,
+    pub outbox_id: Option<OutboxId>,
     /// A bulk action's selection (its filter).
     pub selection: Option<Value>,
     /// What it did: counts, or why it was refused.
@@ -31,7 +33,7 @@ pub struct Action {
     pub actor: String,
     pub action: String,
     pub dead_letter_id: Option<i64>,
-    pub outbox_id: Option<i64>,
+    pub outbox_id: Option<OutboxId>,
     pub selection: Option<Value>,
     pub outcome: Value,
 }
@@ -57,7 +59,7 @@ pub async fn record(conn: &mut PgConnection, a: &NewAction<'_>) -> Result<i64, s
         actor = a.actor,
         action = a.action,
         dead_letter_id = a.dead_letter_id,
-        outbox_id = a.outbox_id,
+        outbox_id = a.outbox_id.map(OutboxId::get),
         selection = a.selection.as_ref().map(|v| v.to_string()),
         outcome = %a.outcome,
         "console action"
@@ -78,7 +80,7 @@ pub async fn recent(conn: &mut PgConnection, limit: u32) -> Result<Vec<Action>, 
 /// The actions taken on one event, oldest first.
 pub async fn for_event(
     conn: &mut PgConnection,
-    outbox_id: i64,
+    outbox_id: OutboxId,
 ) -> Result<Vec<Action>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(crate::schema::sql(&format!(
         "SELECT {COLUMNS} FROM {{schema}}.outbox_console_actions WHERE outbox_id = $1 ORDER BY id LIMIT 100"

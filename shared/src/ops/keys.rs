@@ -6,6 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
+use crate::ids::OutboxId;
+
 /// Which keys, and where the page starts.
 #[derive(Debug, Clone, Default)]
 pub struct KeyQuery {
@@ -35,14 +37,14 @@ pub struct KeyLine {
     /// The relay's lease on the key ends then.
     pub locked_until: Option<DateTime<Utc>>,
     /// The event accepted by QStash that the key waits on (delivery evidence), and since when.
-    pub inflight_id: Option<i64>,
+    pub inflight_id: Option<OutboxId>,
     pub inflight_since: Option<DateTime<Utc>>,
     /// Blocked by a dead head: since when, by which event, why.
     pub blocked_at: Option<DateTime<Utc>>,
-    pub blocked_id: Option<i64>,
+    pub blocked_id: Option<OutboxId>,
     pub blocked_reason: Option<String>,
     /// The head (`seq = done_seq + 1`): id, attempts, when it was written, its last error.
-    pub head_id: Option<i64>,
+    pub head_id: Option<OutboxId>,
     pub head_attempts: Option<i32>,
     pub head_created_at: Option<DateTime<Utc>>,
     pub head_last_error: Option<String>,

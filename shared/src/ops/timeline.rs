@@ -12,11 +12,12 @@ use sqlx::PgConnection;
 
 use super::actions::{self, Action};
 use crate::dead_letters::DeadLetter;
+use crate::ids::OutboxId;
 
 /// The outbox row, every column.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct EventRow {
-    pub id: i64,
+    pub id: OutboxId,
     pub topic: String,
     pub partition_key: String,
     /// Per-key sequence (ordered topics).
@@ -64,8 +65,8 @@ pub struct KeyPosition {
     pub done_seq: i64,
     /// The last sequence handed out.
     pub last_seq: Option<i64>,
-    pub inflight_id: Option<i64>,
-    pub blocked_id: Option<i64>,
+    pub inflight_id: Option<OutboxId>,
+    pub blocked_id: Option<OutboxId>,
     pub blocked_reason: Option<String>,
 }
 
@@ -132,7 +133,7 @@ pub enum StepKind {
 /// Everything about one event.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Timeline {
-    pub outbox_id: i64,
+    pub outbox_id: OutboxId,
     /// When it was read (database clock).
     pub now: DateTime<Utc>,
     /// `None`: the row is gone (pruned); what its dead letters kept is still shown.
@@ -152,7 +153,7 @@ pub struct Timeline {
 /// `None` when neither the row nor any dead letter of it exists.
 pub async fn timeline(
     conn: &mut PgConnection,
-    outbox_id: i64,
+    outbox_id: OutboxId,
     consumers: &[String],
 ) -> Result<Option<Timeline>, sqlx::Error> {
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")

@@ -9,6 +9,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
 use crate::db::Statements;
+use crate::ids::OutboxId;
 use crate::ordering::{CLAIM_HEADS_SQL, CLAIM_RUNS_SQL};
 use crate::producer::EventHeaders;
 
@@ -34,7 +35,7 @@ RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.h
 #[derive(Debug, Clone)]
 pub struct ClaimedEvent {
     /// Outbox id.
-    pub id: i64,
+    pub id: OutboxId,
     pub topic: String,
     pub partition_key: String,
     /// Per-key sequence (ordered topics).
@@ -90,7 +91,7 @@ impl ClaimedEvent {
         lease_token: i64,
     ) -> Self {
         ClaimedEvent {
-            id,
+            id: OutboxId(id),
             topic: topic.into(),
             partition_key: key.into(),
             seq,

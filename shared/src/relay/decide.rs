@@ -144,7 +144,7 @@ impl Decider<'_> {
 pub(super) fn log_dead_letters(items: &[SettleItem], triage: &Triage) {
     for (item, ev) in items.iter().zip(triage.in_settle_order()) {
         if let Settlement::Dead { error, .. } = &item.settlement {
-            tracing::warn!(outbox_id = ev.id, topic = %ev.topic, key = %ev.partition_key, attempt = ev.attempts,
+            tracing::warn!(outbox_id = ev.id.get(), topic = %ev.topic, key = %ev.partition_key, attempt = ev.attempts,
                 error = %error, "dead-lettering event");
         }
     }
@@ -224,7 +224,7 @@ mod tests {
                     Settlement::Dead { .. } => "dead",
                     Settlement::Release => "release",
                 };
-                (i.id, kind)
+                (i.id.get(), kind)
             })
             .collect()
     }

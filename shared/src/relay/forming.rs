@@ -15,6 +15,7 @@ use std::collections::HashMap;
 
 use crate::config::{EvidenceMode, OutcomeSource, QstashConfig, RelayConfig};
 use crate::contract;
+use crate::ids::OutboxId;
 use crate::qstash::{FlowControl, HeaderName, Message, PublishOptions, flow_control_key};
 
 use super::claim::ClaimedEvent;
@@ -135,7 +136,7 @@ impl Forming<'_> {
         let first = events[0];
         let ordered = first.seq.is_some();
         let by_consumer = self.evidence_for(ordered) == Some(contract::Evidence::Consumer);
-        let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+        let ids: Vec<OutboxId> = events.iter().map(|e| e.id).collect();
         let mut forward: Vec<(HeaderName, String)> = Vec::with_capacity(2);
         forward.push((contract::OUTBOX_ID.into(), contract::outbox_id_header(&ids)));
         if let Some(tp) = &first.headers.traceparent {
@@ -148,7 +149,8 @@ impl Forming<'_> {
         } else {
             self.cfg.unordered_outcome() == OutcomeSource::Callback
         };
-        let dedup: Vec<(i64, i32)> = events.iter().map(|e| (e.id, e.dedup_generation)).collect();
+        let dedup: Vec<(OutboxId, i32)> =
+            events.iter().map(|e| (e.id, e.dedup_generation)).collect();
         // Ordered messages keep their key's flow-control key; an unordered message of several events (any keys)
         // uses its topic's.
         let flow_key = if ordered || events.len() == 1 {
@@ -325,7 +327,7 @@ mod tests {
         formed
             .messages
             .iter()
-            .map(|m| m.events.iter().map(|&i| events[i].id).collect())
+            .map(|m| m.events.iter().map(|&i| events[i].id.get()).collect())
             .collect()
     }
 
@@ -335,7 +337,7 @@ mod tests {
 
     fn envelope_ids(m: &Message) -> Vec<i64> {
         let env = contract::parse_envelope(m.body.as_bytes()).expect("an envelope");
-        env.events.iter().map(|e| e.id).collect()
+        env.events.iter().map(|e| e.id.get()).collect()
     }
 
     #[test]
@@ -369,7 +371,7 @@ mod tests {
                 fc.key,
                 flow_control_key(&format!("{}.{}", ev.topic, ev.partition_key))
             );
-            assert_eq!(envelope_ids(&m.message), vec![ev.id]);
+            assert_eq!(envelope_ids(&m.message), vec![ev.id.get()]);
         }
     }
 
@@ -411,7 +413,9 @@ mod tests {
             assert_eq!(&envelope_ids(&m.message), group);
             assert_eq!(
                 m.message.options.forward[0].1,
-                contract::outbox_id_header(group)
+                contract::outbox_id_header(
+                    &group.iter().copied().map(OutboxId).collect::<Vec<_>>()
+                )
             );
         }
     }
@@ -431,7 +435,11 @@ mod tests {
         ];
         let formed = s.forming().messages_for(&events);
         assert_eq!(ids(&events, &formed), vec![vec![11, 12, 13], vec![21, 22]]);
-        let mut left: Vec<i64> = formed.left_over.iter().map(|&i| events[i].id).collect();
+        let mut left: Vec<i64> = formed
+            .left_over
+            .iter()
+            .map(|&i| events[i].id.get())
+            .collect();
         left.sort();
         assert_eq!(left, vec![14, 24]);
         for m in &formed.messages {

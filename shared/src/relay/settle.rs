@@ -13,6 +13,7 @@ use std::time::Duration;
 use sqlx::{PgConnection, Row};
 
 use crate::db::Statements;
+use crate::ids::OutboxId;
 
 /// What to record for one claimed event.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,7 +47,7 @@ pub enum Settlement {
 #[derive(Debug, Clone)]
 pub struct SettleItem {
     /// Outbox id.
-    pub id: i64,
+    pub id: OutboxId,
     /// The lease token the relay claimed it with.
     pub lease_token: i64,
     pub settlement: Settlement,
@@ -132,7 +133,7 @@ FROM upd
 /// The settle statement's parameter arrays (`$1`–`$8`), one element per item. `outcome`: 0 dispatched, 1 retry,
 /// 2 dead, 3 release.
 struct Columns<'a> {
-    ids: Vec<i64>,
+    ids: Vec<OutboxId>,
     tokens: Vec<i64>,
     outcomes: Vec<i32>,
     delays: Vec<f64>,

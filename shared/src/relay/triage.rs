@@ -118,7 +118,7 @@ mod tests {
     }
 
     fn ids(events: &[ClaimedEvent]) -> Vec<i64> {
-        events.iter().map(|e| e.id).collect()
+        events.iter().map(|e| e.id.get()).collect()
     }
 
     #[test]
@@ -195,7 +195,7 @@ mod tests {
         assert_eq!(ids(&t.exhausted), vec![11, 51]);
         assert_eq!(ids(&t.held_back), vec![12]);
         assert_eq!(t.ordered_runs, 4);
-        let order: Vec<i64> = t.in_settle_order().map(|e| e.id).collect();
+        let order: Vec<i64> = t.in_settle_order().map(|e| e.id.get()).collect();
         assert_eq!(order, vec![21, 31, 41, 11, 51, 12]);
     }
 

@@ -260,7 +260,7 @@ pub(crate) async fn sql_only_ordered(
                     )
                     .await?;
                 }
-                let ids: Vec<i64> = evs.iter().map(|e| e.id).collect();
+                let ids: Vec<outbox::OutboxId> = evs.iter().map(|e| e.id).collect();
                 let evidence = ids.chunks(ids.len().div_ceil(8).max(1)).map(|chunk| {
                     let pool = pool.clone();
                     let chunk = chunk.to_vec();
