@@ -51,7 +51,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::ids::OutboxId;
+use crate::ids::{OutboxId, PartitionKey, TopicName};
 
 /// The contract version this relay writes and this consumer reads.
 pub const CONTRACT_VERSION: u32 = 2;
@@ -172,7 +172,7 @@ pub struct Envelope<'a> {
     /// Always [`CONTRACT_VERSION`].
     pub contract: u32,
     /// The topic (equal to the path's).
-    pub topic: String,
+    pub topic: TopicName,
     /// Who records delivery evidence (ordered events only).
     #[serde(default)]
     pub evidence: Option<Evidence>,
@@ -187,7 +187,7 @@ pub struct EnvelopeEvent<'a> {
     /// The outbox id: the consumer's dedupe key.
     pub id: OutboxId,
     /// The partition key.
-    pub key: String,
+    pub key: PartitionKey,
     /// The per-key sequence (ordered topics only).
     #[serde(default)]
     pub seq: Option<i64>,

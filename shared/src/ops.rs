@@ -21,7 +21,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::db::Statements;
-use crate::ids::OutboxId;
+use crate::ids::{OutboxId, PartitionKey, TopicName};
 
 /// How many rows each list shows.
 pub const LIST_LIMIT: i64 = 10;
@@ -74,8 +74,8 @@ pub struct PendingEvents {
 pub struct EventLine {
     /// Outbox id.
     pub id: OutboxId,
-    pub topic: String,
-    pub partition_key: String,
+    pub topic: TopicName,
+    pub partition_key: PartitionKey,
     /// Attempts so far.
     pub attempts: i32,
     pub created_at: DateTime<Utc>,
@@ -122,8 +122,8 @@ pub struct BlockedKeys {
 /// One blocked key.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct BlockedKey {
-    pub topic: String,
-    pub partition_key: String,
+    pub topic: TopicName,
+    pub partition_key: PartitionKey,
     /// Blocked since.
     pub since: DateTime<Utc>,
     /// Why (the dead head's error).

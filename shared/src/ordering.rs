@@ -26,7 +26,7 @@ use sqlx::{PgConnection, Row};
 
 use crate::config::DeadHeadPolicy;
 use crate::db::Statements;
-use crate::ids::OutboxId;
+use crate::ids::{OutboxId, PartitionKey, TopicName};
 
 /// The part both ordered claims share: take a fencing token, lock up to `{limit}` due, unblocked keys (`SKIP
 /// LOCKED`) and lease each key that has a due head with it (see [`CLAIM_HEADS_SQL`]).
@@ -236,14 +236,14 @@ pub async fn record_delivery_batch(
         if i == 0 {
             out.found = row.try_get("found")?;
         }
-        let advanced: Option<String> = row.try_get("topic")?;
+        let advanced: Option<TopicName> = row.try_get("topic")?;
         if let Some(topic) = advanced {
             out.keys_advanced += 1;
             // Only a key with no visible next event can be idle: then try to release it (a second statement that
             // a busy key never pays for).
             let has_next: Option<bool> = row.try_get("has_next")?;
             if has_next != Some(true) {
-                let key: String = row.try_get("partition_key")?;
+                let key: PartitionKey = row.try_get("partition_key")?;
                 let done: i64 = row.try_get("done_seq")?;
                 idle.push((topic, key, done));
             }
@@ -266,8 +266,8 @@ pub async fn record_delivery_batch(
 /// finished. Returns whether the row was deleted.
 pub async fn release_idle_key(
     conn: &mut PgConnection,
-    topic: &str,
-    key: &str,
+    topic: &TopicName,
+    key: &PartitionKey,
     done_seq: i64,
     statements: Statements,
 ) -> Result<bool, sqlx::Error> {
@@ -356,8 +356,8 @@ pub enum SequenceCheck {
 pub async fn check_consumer_sequence(
     conn: &mut PgConnection,
     consumer: &str,
-    topic: &str,
-    key: &str,
+    topic: &TopicName,
+    key: &PartitionKey,
     seq: i64,
     statements: Statements,
 ) -> Result<SequenceCheck, sqlx::Error> {
@@ -406,8 +406,8 @@ pub async fn check_consumer_sequence(
 pub async fn advance_consumer_sequence(
     conn: &mut PgConnection,
     consumer: &str,
-    topic: &str,
-    key: &str,
+    topic: &TopicName,
+    key: &PartitionKey,
     seq: i64,
     statements: Statements,
 ) -> Result<(), sqlx::Error> {

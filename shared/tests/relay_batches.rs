@@ -180,7 +180,7 @@ async fn unordered_events_are_grouped_per_topic_up_to_each_topics_n(pool: PgPool
         // Several events of any keys: the topic's flow-control key.
         let fc = m.message.options.flow_control.as_ref().unwrap();
         assert_eq!(fc.key, flow_control_key(topic));
-        by_topic.entry(topic.clone()).or_default().push(group);
+        by_topic.entry(topic.to_string()).or_default().push(group);
     }
     let audit: Vec<i64> = ids.iter().copied().step_by(2).collect();
     let metrics: Vec<i64> = ids.iter().copied().skip(1).step_by(2).collect();

@@ -9,7 +9,7 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use serde_json::{Map, Value};
 
 use crate::contract;
-use crate::ids::OutboxId;
+use crate::ids::{OutboxId, PartitionKey, TopicName};
 
 const B64_STD: GeneralPurpose = GeneralPurpose::new(
     &base64::alphabet::STANDARD,
@@ -233,8 +233,8 @@ pub fn source_header<'b>(b: &'b CallbackBody, name: &str) -> Option<&'b str> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SourceEvent {
     pub outbox_id: Option<OutboxId>,
-    pub topic: Option<String>,
-    pub partition_key: Option<String>,
+    pub topic: Option<TopicName>,
+    pub partition_key: Option<PartitionKey>,
     /// The per-key sequence (an ordered event of a current envelope).
     pub seq: Option<i64>,
     /// The event's payload (for the dead letter): the envelope's payload, or the whole body of a legacy message.
@@ -303,10 +303,11 @@ pub fn source_events(b: &CallbackBody) -> Vec<SourceEvent> {
     vec![SourceEvent {
         outbox_id: source_header(b, contract::legacy::OUTBOX_ID).and_then(parse_id),
         topic: source_header(b, contract::legacy::OUTBOX_TOPIC)
-            .map(str::to_owned)
+            .map(TopicName::from)
             .or_else(|| topic_of_url(b.url.as_deref()?)),
         partition_key: source_header(b, contract::legacy::OUTBOX_KEY)
-            .and_then(contract::decode_key),
+            .and_then(contract::decode_key)
+            .map(PartitionKey::from),
         seq: None,
         payload: (!current).then(|| b.source_body.clone()).flatten(),
         headers: BTreeMap::new(),
@@ -333,11 +334,11 @@ pub fn consumer_verdicts(b: &CallbackBody) -> Option<Vec<(OutboxId, String, Opti
 }
 
 /// The last segment of a `/events/{topic}` URL.
-fn topic_of_url(url: &str) -> Option<String> {
+fn topic_of_url(url: &str) -> Option<TopicName> {
     let path = url.split(['?', '#']).next()?;
     let (_, topic) = path.rsplit_once(contract::EVENTS_PATH)?;
     crate::producer::validate_topic(topic).ok()?;
-    Some(topic.to_owned())
+    Some(TopicName::from(topic))
 }
 
 /// The body as text (invalid UTF-8 replaced), cut after `max_chars` characters with a marker.

@@ -25,7 +25,7 @@ use super::delivery::Delivery;
 use super::outcome::Outcome;
 use super::registry::{EventMeta, HandlerError, Prepared, Route};
 use crate::db::Statements;
-use crate::ids::OutboxId;
+use crate::ids::{OutboxId, PartitionKey, TopicName};
 use crate::ordering::{SequenceCheck, advance_consumer_sequence, check_consumer_sequence};
 use crate::receiver::ReceiverState;
 
@@ -108,7 +108,7 @@ const UNDO_EVENT: &str = "ROLLBACK TO SAVEPOINT outbox_event";
 
 /// Per key of an ordered topic, once its `consumer_sequences` row is locked in this transaction: the last sequence
 /// applied, and whether it moved past what the row holds.
-type Sequences<'a> = HashMap<(&'a str, &'a str), (i64, bool)>;
+type Sequences<'a> = HashMap<(&'a TopicName, &'a PartitionKey), (i64, bool)>;
 
 /// Applies `events` (envelope order) in one transaction, as the module table says. Returns one result per event.
 ///
@@ -263,8 +263,8 @@ impl<'a> Applying<'a> {
             sqlx::raw_sql(sql).execute(&mut *conn).await?;
             self.savepoint_open = true;
         }
-        let key = match (m.seq, m.key.as_deref()) {
-            (Some(seq), Some(key)) => Some((seq, (m.topic.as_str(), key))),
+        let key = match (m.seq, m.key.as_ref()) {
+            (Some(seq), Some(key)) => Some((seq, (&m.topic, key))),
             _ => None,
         };
         // The key's first event in this transaction records its sequence and locks the key's row (undone with the

@@ -15,7 +15,7 @@ use super::outcome::Outcome;
 use super::registry::{DEFAULT_SCHEMA_VERSION, EventMeta};
 use crate::config::LegacyDeliveries;
 use crate::contract::{self, legacy};
-use crate::ids::OutboxId;
+use crate::ids::{OutboxId, PartitionKey, TopicName};
 
 fn header<'r>(req: &'r Request, name: &'static str) -> Result<Option<&'r str>, String> {
     match req.headers().get(name) {
@@ -129,7 +129,7 @@ pub(super) fn current_delivery<'b>(
         .map(|ev| Delivery {
             meta: EventMeta {
                 outbox_id: ev.id,
-                topic: topic.to_owned(),
+                topic: TopicName::from(topic),
                 key: Some(ev.key.clone()),
                 seq: ev.seq,
                 schema_version: ev.schema_version.unwrap_or(DEFAULT_SCHEMA_VERSION),
@@ -210,8 +210,8 @@ pub(super) async fn legacy_delivery<'b>(
     Ok(Delivery {
         meta: EventMeta {
             outbox_id,
-            topic: topic.to_owned(),
-            key: Some(key),
+            topic: TopicName::from(topic),
+            key: Some(PartitionKey::from(key)),
             seq,
             schema_version,
             created_at: Some(created_at),

@@ -147,7 +147,7 @@ impl RequestOutcome for Handled {
         if let Some((m, _)) = self.events.first() {
             rec = rec
                 .property("outbox_id", m.outbox_id.get())
-                .property("topic", m.topic.clone());
+                .property("topic", m.topic.as_str());
             if self.events.len() > 1 {
                 let ids: Vec<i64> = self.events.iter().map(|(m, _)| m.outbox_id.get()).collect();
                 rec = rec.property("outbox_ids", ids);

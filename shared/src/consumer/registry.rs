@@ -47,7 +47,7 @@ use serde::de::DeserializeOwned;
 use sqlx::PgConnection;
 
 use crate::db::Statements;
-use crate::ids::OutboxId;
+use crate::ids::{OutboxId, PartitionKey, TopicName};
 
 /// The schema version assumed when an event's envelope entry has no `schema_version` (the producer set none).
 pub const DEFAULT_SCHEMA_VERSION: u32 = 1;
@@ -61,9 +61,9 @@ pub struct EventMeta {
     /// The outbox id: the dedupe key.
     pub outbox_id: OutboxId,
     /// The topic (from the path `/events/{topic}`; the envelope's must be the same).
-    pub topic: String,
+    pub topic: TopicName,
     /// The partition key (the envelope's `key`).
-    pub key: Option<String>,
+    pub key: Option<PartitionKey>,
     /// The per-key sequence (the envelope's `seq`; ordered topics only).
     pub seq: Option<i64>,
     /// The payload schema version (the envelope's `schema_version`, default [`DEFAULT_SCHEMA_VERSION`]).

@@ -9,7 +9,7 @@ use sqlx::{PgConnection, Row};
 
 use super::{FILTER_SQL, Filter, UNHANDLED_SQL, bind_filter};
 use crate::contract;
-use crate::ids::OutboxId;
+use crate::ids::{OutboxId, PartitionKey, TopicName};
 use crate::producer::{EventHeaders, is_traceparent};
 
 /// One line of `outbox dead-letters list`.
@@ -23,9 +23,9 @@ pub struct DeadLetterSummary {
     pub source: String,
     /// The outbox event, if known.
     pub outbox_id: Option<OutboxId>,
-    pub topic: Option<String>,
+    pub topic: Option<TopicName>,
     /// Partition key, if known.
-    pub partition_key: Option<String>,
+    pub partition_key: Option<PartitionKey>,
     /// Per-key sequence (ordered topics).
     pub seq: Option<i64>,
     /// Attempts made (relay: publish attempts; QStash: delivery attempts).
@@ -129,8 +129,8 @@ pub struct DeadLetter {
     pub natural_id: String,
     /// The outbox event, if known.
     pub outbox_id: Option<OutboxId>,
-    pub topic: Option<String>,
-    pub partition_key: Option<String>,
+    pub topic: Option<TopicName>,
+    pub partition_key: Option<PartitionKey>,
     /// Per-key sequence.
     pub seq: Option<i64>,
     /// The event payload, when it is JSON.

@@ -8,7 +8,7 @@ use sqlx::{PgConnection, Row};
 
 use crate::config::DeadHeadPolicy;
 use crate::db::Statements;
-use crate::ids::OutboxId;
+use crate::ids::{OutboxId, PartitionKey, TopicName};
 use crate::ordering;
 
 /// What QStash told us about a message it gave up on (parsed from the failure-callback body), or as much of
@@ -22,9 +22,9 @@ pub struct QstashFailure {
     pub outbox_id: Option<OutboxId>,
     /// The topic, from the original message's headers (`x-outbox-topic`) or its URL; used when the outbox row
     /// is gone.
-    pub topic: Option<String>,
+    pub topic: Option<TopicName>,
     /// The partition key (decoded `x-outbox-key` of the original message); used when the outbox row is gone.
-    pub partition_key: Option<String>,
+    pub partition_key: Option<PartitionKey>,
     /// QStash's message id (`sourceMessageId`).
     pub source_message_id: Option<String>,
     /// The consumer's last HTTP status (`status`).

@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 
 use super::event_headers_of;
 use crate::contract;
-use crate::ids::OutboxId;
+use crate::ids::{OutboxId, PartitionKey, TopicName};
 
 /// How to redrive.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -46,8 +46,8 @@ pub struct Redriven {
     pub dead_letter_id: i64,
     /// The event (same id: the consumer's dedupe key).
     pub outbox_id: OutboxId,
-    pub topic: String,
-    pub partition_key: String,
+    pub topic: TopicName,
+    pub partition_key: PartitionKey,
     /// Order semantics.
     pub order: RedriveOrder,
     /// The outbox row was gone (pruned) and was re-inserted from the dead letter.
@@ -135,8 +135,8 @@ pub enum RedriveError {
         /// Dead letter.
         id: i64,
         outbox_id: OutboxId,
-        topic: String,
-        key: String,
+        topic: TopicName,
+        key: PartitionKey,
         seq: i64,
         /// Why it is a middle event.
         why: String,
@@ -231,8 +231,8 @@ struct DeadLetterRow {
     id: i64,
     source: String,
     outbox_id: Option<OutboxId>,
-    topic: Option<String>,
-    partition_key: Option<String>,
+    topic: Option<TopicName>,
+    partition_key: Option<PartitionKey>,
     seq: Option<i64>,
     payload: Option<Value>,
     headers: Option<Value>,
@@ -246,8 +246,8 @@ struct DeadLetterRow {
 /// The outbox row of the event being redriven.
 #[derive(sqlx::FromRow)]
 struct OutboxRow {
-    topic: String,
-    partition_key: String,
+    topic: TopicName,
+    partition_key: PartitionKey,
     seq: Option<i64>,
     dispatched_at: Option<DateTime<Utc>>,
     delivered_at: Option<DateTime<Utc>>,
@@ -257,8 +257,8 @@ struct OutboxRow {
 
 /// Where the event is now: back in the outbox, pending.
 struct Requeued {
-    topic: String,
-    partition_key: String,
+    topic: TopicName,
+    partition_key: PartitionKey,
     order: RedriveOrder,
     reinserted: bool,
     redrive_count: i32,
@@ -477,8 +477,8 @@ async fn ordered_position(
     tx: &mut PgConnection,
     dead_letter_id: i64,
     outbox_id: OutboxId,
-    topic: &str,
-    key: &str,
+    topic: &TopicName,
+    key: &PartitionKey,
     seq: i64,
     opts: RedriveOptions,
 ) -> Result<RedriveOrder, RedriveError> {
@@ -519,8 +519,8 @@ async fn ordered_position(
         Err(RedriveError::OutOfOrder {
             id: dead_letter_id,
             outbox_id,
-            topic: topic.to_owned(),
-            key: key.to_owned(),
+            topic: topic.clone(),
+            key: key.clone(),
             seq,
             why,
         })
@@ -528,7 +528,11 @@ async fn ordered_position(
 }
 
 /// The key's head is redriven: it goes first again, everything behind it follows in order.
-async fn unblock_key(tx: &mut PgConnection, topic: &str, key: &str) -> Result<(), sqlx::Error> {
+async fn unblock_key(
+    tx: &mut PgConnection,
+    topic: &TopicName,
+    key: &PartitionKey,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         crate::schema::q("UPDATE {schema}.outbox_keys SET blocked_at = NULL, blocked_id = NULL, blocked_reason = NULL, \
                 inflight_id = NULL, inflight_since = NULL, lease_token = NULL, locked_until = NULL, \

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
-use crate::ids::OutboxId;
+use crate::ids::{OutboxId, PartitionKey, TopicName};
 
 /// Which keys, and where the page starts.
 #[derive(Debug, Clone, Default)]
@@ -26,8 +26,8 @@ pub struct KeyQuery {
 /// One ordered key.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct KeyLine {
-    pub topic: String,
-    pub partition_key: String,
+    pub topic: TopicName,
+    pub partition_key: PartitionKey,
     /// The last sequence a producer handed out.
     pub last_seq: i64,
     /// Every event up to this sequence is finished; `None` when the key has no work (no `outbox_keys` row).
@@ -137,7 +137,7 @@ pub async fn keys(conn: &mut PgConnection, q: &KeyQuery) -> Result<KeyPage, sqlx
     let next_after = if more {
         items
             .last()
-            .map(|k| (k.topic.clone(), k.partition_key.clone()))
+            .map(|k| (k.topic.to_string(), k.partition_key.to_string()))
     } else {
         None
     };

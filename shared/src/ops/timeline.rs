@@ -12,14 +12,14 @@ use sqlx::PgConnection;
 
 use super::actions::{self, Action};
 use crate::dead_letters::DeadLetter;
-use crate::ids::OutboxId;
+use crate::ids::{OutboxId, PartitionKey, TopicName};
 
 /// The outbox row, every column.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct EventRow {
     pub id: OutboxId,
-    pub topic: String,
-    pub partition_key: String,
+    pub topic: TopicName,
+    pub partition_key: PartitionKey,
     /// Per-key sequence (ordered topics).
     pub seq: Option<i64>,
     pub payload: Value,

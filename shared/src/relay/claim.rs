@@ -9,7 +9,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
 use crate::db::Statements;
-use crate::ids::OutboxId;
+use crate::ids::{OutboxId, PartitionKey, TopicName};
 use crate::ordering::{CLAIM_HEADS_SQL, CLAIM_RUNS_SQL};
 use crate::producer::EventHeaders;
 
@@ -36,8 +36,8 @@ RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.h
 pub struct ClaimedEvent {
     /// Outbox id.
     pub id: OutboxId,
-    pub topic: String,
-    pub partition_key: String,
+    pub topic: TopicName,
+    pub partition_key: PartitionKey,
     /// Per-key sequence (ordered topics).
     pub seq: Option<i64>,
     /// JSON payload text.

@@ -173,7 +173,7 @@ impl Forming<'_> {
                 rate: self.qstash.flow_rate,
                 period: self.qstash.flow_rate.map(|_| self.qstash.flow_period),
             }),
-            label: Some(first.topic.clone()),
+            label: Some(first.topic.to_string()),
             ..Default::default()
         }
     }
