@@ -9,7 +9,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
 use crate::db::Statements;
-use crate::ids::{OutboxId, PartitionKey, TopicName};
+use crate::ids::{KeyLease, OutboxId, PartitionKey, TopicName};
 use crate::ordering::{CLAIM_HEADS_SQL, CLAIM_RUNS_SQL};
 use crate::producer::EventHeaders;
 
@@ -58,6 +58,16 @@ pub struct ClaimedEvent {
 }
 
 impl ClaimedEvent {
+    /// The lease an ordered event was claimed under: its topic, its key and the claim's fencing token, shared by
+    /// the key's run in this claim. `None` for an unordered event (its lease is the row's alone).
+    pub fn key_lease(&self) -> Option<KeyLease> {
+        self.seq.map(|_| KeyLease {
+            topic: self.topic.clone(),
+            key: self.partition_key.clone(),
+            token: self.lease_token,
+        })
+    }
+
     fn from_row(r: &PgRow) -> Result<Self, sqlx::Error> {
         // Headers were validated by the producer; anything unreadable is dropped rather than blocking the event.
         let headers: sqlx::types::Json<EventHeaders> = r

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use crate::config::{EvidenceMode, OutcomeSource, QstashConfig, RelayConfig};
 use crate::contract;
-use crate::ids::OutboxId;
+use crate::ids::{KeyLease, OutboxId, TopicName};
 use crate::qstash::{FlowControl, HeaderName, Message, PublishOptions, flow_control_key};
 
 use super::claim::ClaimedEvent;
@@ -38,8 +38,13 @@ pub struct Outgoing {
     pub events: Vec<usize>,
 }
 
-/// How claimed events are grouped into messages: (ordered, topic, key or "", lease token or 0).
-type GroupKey<'a> = (bool, &'a str, &'a str, i64);
+/// How claimed events are grouped into messages: an ordered key's claimed run (its key lease), or an unordered
+/// topic's events.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Group<'a> {
+    Run(KeyLease),
+    Topic(&'a TopicName),
+}
 
 /// The settings forming reads: the relay's (evidence, batching) and QStash's (URLs, retries, flow control).
 #[derive(Clone, Copy)]
@@ -85,23 +90,22 @@ fn wire_event<'a>(
 }
 
 /// Claimed events grouped for forming, in first-seen order: ordered events per key lease, unordered per topic.
-fn groups(events: &[ClaimedEvent]) -> Vec<(GroupKey<'_>, Vec<usize>)> {
-    let mut groups: Vec<(GroupKey<'_>, Vec<usize>)> = Vec::new();
-    let mut index: HashMap<GroupKey<'_>, usize> = HashMap::new();
+fn groups(events: &[ClaimedEvent]) -> Vec<(Group<'_>, Vec<usize>)> {
+    let mut groups: Vec<(Group<'_>, Vec<usize>)> = Vec::new();
+    let mut index: HashMap<Group<'_>, usize> = HashMap::new();
     for (i, e) in events.iter().enumerate() {
-        let g = match e.seq {
-            Some(_) => (
-                true,
-                e.topic.as_str(),
-                e.partition_key.as_str(),
-                e.lease_token,
-            ),
-            None => (false, e.topic.as_str(), "", 0),
+        let g = match e.key_lease() {
+            Some(lease) => Group::Run(lease),
+            None => Group::Topic(&e.topic),
         };
-        let at = *index.entry(g).or_insert_with(|| {
-            groups.push((g, Vec::new()));
-            groups.len() - 1
-        });
+        let at = match index.get(&g) {
+            Some(&at) => at,
+            None => {
+                groups.push((g.clone(), Vec::new()));
+                index.insert(g, groups.len() - 1);
+                groups.len() - 1
+            }
+        };
         groups[at].1.push(i);
     }
     groups
@@ -198,7 +202,11 @@ impl Forming<'_> {
                 .collect();
             return formed;
         }
-        for ((ordered, topic, _, _), mut members) in groups(events) {
+        for (group, mut members) in groups(events) {
+            let (ordered, topic) = match &group {
+                Group::Run(lease) => (true, lease.topic.as_str()),
+                Group::Topic(topic) => (false, topic.as_str()),
+            };
             if ordered {
                 members.sort_by_key(|&i| events[i].seq);
             } else {

@@ -14,11 +14,13 @@
 //! | follower of a head within the budget | [`Triage::publish`] | its budget is its head's: followers only ride along |
 //! | follower of an exhausted head | [`Triage::held_back`] | it must not overtake its dead head: given back untouched |
 //!
-//! A run is the events of one key under one lease token; its head is the run's lowest sequence.
+//! A run is the events of one key under one lease token (their [`crate::ids::KeyLease`]); its head is the run's
+//! lowest sequence.
 
 use std::collections::HashMap;
 
 use super::claim::ClaimedEvent;
+use crate::ids::KeyLease;
 
 /// A claim split by what happens to each event this cycle (each list keeps the claim's order).
 #[derive(Debug, Clone, Default)]
@@ -33,35 +35,35 @@ pub struct Triage {
     pub ordered_runs: usize,
 }
 
-/// An ordered run: (topic, key, lease token).
-type Run<'a> = (&'a str, &'a str, i64);
-
-fn run_of(e: &ClaimedEvent) -> Run<'_> {
-    (e.topic.as_str(), e.partition_key.as_str(), e.lease_token)
-}
-
 /// Splits a claim (see the module docs) with `max_attempts` publish attempts per event.
 pub fn triage(events: Vec<ClaimedEvent>, max_attempts: i32) -> Triage {
-    let mut heads: HashMap<Run<'_>, i64> = HashMap::new();
-    for e in &events {
-        if let Some(seq) = e.seq {
-            let h = heads.entry(run_of(e)).or_insert(seq);
+    // An ordered event's run is its key lease ([`ClaimedEvent::key_lease`]); its head is the run's lowest sequence.
+    let leases: Vec<Option<KeyLease>> = events.iter().map(ClaimedEvent::key_lease).collect();
+    let mut heads: HashMap<&KeyLease, i64> = HashMap::new();
+    for (e, lease) in events.iter().zip(&leases) {
+        if let (Some(seq), Some(lease)) = (e.seq, lease) {
+            let h = heads.entry(lease).or_insert(seq);
             *h = (*h).min(seq);
         }
     }
-    let is_head = |e: &ClaimedEvent| e.seq.is_none_or(|seq| heads.get(&run_of(e)) == Some(&seq));
-    let spent_runs: Vec<Run<'_>> = events
+    let is_head = |e: &ClaimedEvent, lease: &Option<KeyLease>| match (e.seq, lease) {
+        (Some(seq), Some(lease)) => heads.get(lease) == Some(&seq),
+        _ => true,
+    };
+    let spent_runs: Vec<&KeyLease> = events
         .iter()
-        .filter(|e| e.seq.is_some() && is_head(e) && e.attempts > max_attempts)
-        .map(run_of)
+        .zip(&leases)
+        .filter(|(e, lease)| is_head(e, lease) && e.attempts > max_attempts)
+        .filter_map(|(_, lease)| lease.as_ref())
         .collect();
     let fates: Vec<Fate> = events
         .iter()
-        .map(|e| {
-            let head = is_head(e);
+        .zip(&leases)
+        .map(|(e, lease)| {
+            let head = is_head(e, lease);
             if head && e.attempts > max_attempts {
                 Fate::Exhausted
-            } else if !head && spent_runs.contains(&run_of(e)) {
+            } else if !head && lease.as_ref().is_some_and(|l| spent_runs.contains(&l)) {
                 Fate::HeldBack
             } else {
                 Fate::Publish
