@@ -85,11 +85,32 @@ async fn status_figures_match_a_hand_built_state(pool: PgPool) {
             .await
             .unwrap();
     let m30 = m2 - chrono::TimeDelta::minutes(28);
+    // Every row below is placed relative to this one reading of the clock: each `event` is a statement of its own,
+    // and a minute boundary passing between two of them must not move rows to another bucket.
+    let at_m2 = format!("'{}'::timestamptz + interval '10 seconds'", m2.to_rfc3339());
+    let at_m30 = format!(
+        "'{}'::timestamptz + interval '10 seconds'",
+        m30.to_rfc3339()
+    );
     for _ in 0..5 {
-        event(&pool, "audit", "x", None, "dispatched_at = date_trunc('minute', now()) - interval '2 minutes' + interval '10 seconds'").await;
+        event(
+            &pool,
+            "audit",
+            "x",
+            None,
+            &format!("dispatched_at = {at_m2}"),
+        )
+        .await;
     }
     for _ in 0..3 {
-        event(&pool, "audit", "y", None, "dispatched_at = date_trunc('minute', now()) - interval '30 minutes' + interval '10 seconds'").await;
+        event(
+            &pool,
+            "audit",
+            "y",
+            None,
+            &format!("dispatched_at = {at_m30}"),
+        )
+        .await;
     }
     for _ in 0..7 {
         event(
@@ -107,7 +128,7 @@ async fn status_figures_match_a_hand_built_state(pool: PgPool) {
         "orders",
         "k2",
         Some(1),
-        "dispatched_at = date_trunc('minute', now()) - interval '2 minutes' + interval '10 seconds'",
+        &format!("dispatched_at = {at_m2}"),
     )
     .await;
     key_state(
