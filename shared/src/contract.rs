@@ -295,7 +295,7 @@ fn check_batch_shape(events: &[EnvelopeEvent<'_>]) -> Result<(), String> {
 }
 
 /// The informational `x-outbox-id` copy of a message of `ids`: the id for one event, the ids joined by `,` (no
-/// spaces) for a batch.
+/// spaces) for a batch. Receivers compare it with the signed envelope's ids.
 pub fn id_copy(ids: impl IntoIterator<Item = OutboxId>) -> String {
     let mut out = String::new();
     for (i, id) in ids.into_iter().enumerate() {
@@ -421,19 +421,6 @@ pub fn batch_dedup_id(events: &[(OutboxId, i32)]) -> String {
     }
 }
 
-/// The informational `x-outbox-id` header copy of a message's event ids: the id for one event, the ids joined by
-/// `,` (no spaces) for several. Receivers compare it with the signed envelope's ids.
-pub fn outbox_id_header(ids: &[OutboxId]) -> String {
-    let mut out = String::with_capacity(ids.len() * 8);
-    for (i, id) in ids.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&id.to_string());
-    }
-    out
-}
-
 /// Percent-encodes a partition key for an HTTP header value (the legacy `x-outbox-key` header).
 pub fn encode_key(key: &str) -> String {
     let mut out = String::with_capacity(key.len());
@@ -504,10 +491,10 @@ mod tests {
             batch_dedup_id(&[(OutboxId(41), 0), (OutboxId(43), 0), (OutboxId(42), 0)])
         );
         assert_eq!(
-            outbox_id_header(&[OutboxId(41), OutboxId(42), OutboxId(43)]),
+            id_copy([OutboxId(41), OutboxId(42), OutboxId(43)]),
             "41,42,43"
         );
-        assert_eq!(outbox_id_header(&[OutboxId(7)]), "7");
+        assert_eq!(id_copy([OutboxId(7)]), "7");
     }
 
     #[test]

@@ -133,15 +133,12 @@ pub(crate) async fn record_failure(
     if let Some(k) = &failure.partition_key {
         span.record("key", k.as_str());
     }
-    if let Some(m) = &failure.source_message_id {
-        span.record("message_id", m.as_str());
-    }
-    if let Some(d) = &failure.dlq_id {
-        span.record("dlq_id", d.as_str());
-    }
-    if let Some(s) = failure.status {
-        span.record("consumer_status", s);
-    }
+    record_message(
+        &span,
+        failure.source_message_id.as_deref(),
+        failure.dlq_id.as_deref(),
+        failure.status,
+    );
     if let Some(a) = failure.attempts {
         span.record("retried", a - 1);
     }
@@ -163,6 +160,25 @@ pub(crate) async fn record_failure(
     {
         Ok(recorded) => CallbackOutcome::DeadLetter { recorded },
         Err(e) => CallbackOutcome::Database(format!("could not record the dead letter: {e}")),
+    }
+}
+
+/// Records on the callback's span what QStash says of the message as a whole, for a single event and a batch
+/// alike: its message id, its DLQ id and the consumer's last status.
+fn record_message(
+    span: &tracing::Span,
+    message_id: Option<&str>,
+    dlq_id: Option<&str>,
+    status: Option<i32>,
+) {
+    if let Some(m) = message_id {
+        span.record("message_id", m);
+    }
+    if let Some(d) = dlq_id {
+        span.record("dlq_id", d);
+    }
+    if let Some(s) = status {
+        span.record("consumer_status", s);
     }
 }
 
@@ -209,15 +225,12 @@ async fn batch_failure(
     if let Some(t) = events.first().and_then(|e| e.topic.as_deref()) {
         span.record("topic", t);
     }
-    if let Some(m) = &callback.source_message_id {
-        span.record("message_id", m.as_str());
-    }
-    if let Some(d) = &callback.dlq_id {
-        span.record("dlq_id", d.as_str());
-    }
-    if let Some(s) = callback.status {
-        span.record("consumer_status", s);
-    }
+    record_message(
+        &span,
+        callback.source_message_id.as_deref(),
+        callback.dlq_id.as_deref(),
+        callback.status,
+    );
     let ordered = events.first().is_some_and(|e| e.seq.is_some());
     let verdict_readable = consumer_verdicts(callback).is_some();
     let dead = dead_members(callback, &events);

@@ -142,7 +142,10 @@ impl Forming<'_> {
         let by_consumer = self.evidence_for(ordered) == Some(contract::Evidence::Consumer);
         let ids: Vec<OutboxId> = events.iter().map(|e| e.id).collect();
         let mut forward: Vec<(HeaderName, String)> = Vec::with_capacity(2);
-        forward.push((contract::OUTBOX_ID.into(), contract::outbox_id_header(&ids)));
+        forward.push((
+            contract::OUTBOX_ID.into(),
+            contract::id_copy(ids.iter().copied()),
+        ));
         if let Some(tp) = &first.headers.traceparent {
             forward.push((contract::TRACEPARENT.into(), tp.clone()));
         }
@@ -421,9 +424,7 @@ mod tests {
             assert_eq!(&envelope_ids(&m.message), group);
             assert_eq!(
                 m.message.options.forward[0].1,
-                contract::outbox_id_header(
-                    &group.iter().copied().map(OutboxId).collect::<Vec<_>>()
-                )
+                contract::id_copy(group.iter().copied().map(OutboxId))
             );
         }
     }
