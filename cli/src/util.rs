@@ -15,7 +15,7 @@ pub struct DbArgs {
         long,
         env = "DATABASE_URL",
         hide_env_values = true,
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+        default_value = outbox::config::LOCAL_DATABASE_URL
     )]
     pub database_url: String,
 }

@@ -21,8 +21,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-/// The URL everything defaults to (`.cargo/config.toml`, the commands' `--database-url`).
-pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+/// The URL everything defaults to (`.cargo/config.toml`, the commands' `--database-url`): a throwaway cluster
+/// is started only for it.
+pub const DEFAULT_URL: &str = outbox::config::LOCAL_DATABASE_URL;
 /// The address probed for a running Postgres, unless [`PROBE_VAR`] names another.
 pub const DEFAULT_PROBE: &str = "127.0.0.1:5432";
 /// Overrides the probed address (`host:port`): pointed at a port nothing listens on, it makes the throwaway

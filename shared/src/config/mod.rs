@@ -15,6 +15,11 @@ mod consumer;
 mod env;
 mod relay;
 
+/// The Postgres URL the local tools default to when `DATABASE_URL` is not set (the operator CLI's
+/// `--database-url`, `outbox-dev`, `.cargo/config.toml`). The deployed functions have no default: they read
+/// `DATABASE_URL` or its secret.
+pub const LOCAL_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
 pub use consumer::{
     ConsumerConfig, LegacyDeliveries, MAX_CLOCK_TOLERANCE, MIN_SECRET_REFRESH_INTERVAL,
 };
