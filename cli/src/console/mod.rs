@@ -13,13 +13,15 @@
 //! | `auth.rs` | tokens, session cookies, CSRF tokens, Host and Origin |
 //! | `server.rs` | router, the checks every request passes, parameters, responses |
 //! | `layout.rs` | the page frame, the style sheet, formatting helpers |
-//! | `pages.rs` | overview, topics, keys, event timeline, action log, log-in |
+//! | `overview.rs` | the overview: `outbox status`'s numbers and the per-minute chart |
+//! | `pages.rs` | topics, keys, event timeline, action log, log-in |
 //! | `dead_letters.rs` | dead letters: groups, list, one, redrive, bulk redrive and purge |
 
 pub mod auth;
 mod dead_letters;
 pub mod html;
 mod layout;
+mod overview;
 mod pages;
 mod server;
 

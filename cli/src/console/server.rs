@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 
 use super::auth::{self, HostCheck, Keys, Session, Token};
 use super::html::Html;
-use super::{dead_letters, layout, pages};
+use super::{dead_letters, layout, overview, pages};
 
 /// What every handler shares.
 pub struct App {
@@ -66,7 +66,7 @@ impl Connected<axum::serve::IncomingStream<'_, TcpListener>> for ConnInfo {
 /// The router with every check in front.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
-        .route("/", get(pages::overview))
+        .route("/", get(overview::overview))
         .route("/topics", get(pages::topics))
         .route("/keys", get(pages::keys))
         .route("/events", get(pages::event_search))
