@@ -39,14 +39,61 @@ pub fn translate(template: &Path) -> Result<Value, String> {
 }
 
 /// The generated CloudFormation of the repository's `template.yaml` (panics with the transform's messages).
-/// Translated once per process: the transform is a Python run of seconds, and a package's tests share one
-/// process (`tests/it.rs`).
+/// The transform is a Python run of seconds, and every test runs in a process of its own under `cargo nextest`:
+/// translated once per process, and kept on disk (`target/sam-translate/<sha256>.json`) under a digest of the
+/// template, the translating script and the pinned tool versions, so a change to any of them translates anew.
 pub fn translated_template() -> Value {
     static TRANSLATED: OnceLock<Result<Value, String>> = OnceLock::new();
     TRANSLATED
-        .get_or_init(|| translate(Path::new("template.yaml")))
+        .get_or_init(cached_translation)
         .clone()
         .unwrap_or_else(|e| panic!("the SAM transform rejected template.yaml:\n{e}"))
+}
+
+fn cached_translation() -> Result<Value, String> {
+    use sha2::{Digest, Sha256};
+    let root = repo_root();
+    let mut digest = Sha256::new();
+    for input in [
+        "template.yaml",
+        "scripts/sam-translate",
+        "scripts/requirements-test.txt",
+    ] {
+        let bytes =
+            std::fs::read(root.join(input)).unwrap_or_else(|e| panic!("cannot read {input}: {e}"));
+        digest.update((bytes.len() as u64).to_le_bytes());
+        digest.update(&bytes);
+    }
+    let hex: String = digest
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("sam-translate");
+    let file = dir.join(format!("{hex}.json"));
+    if let Some(value) = std::fs::read(&file)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+    {
+        return Ok(value);
+    }
+    let value = translate(Path::new("template.yaml"))?;
+    // Written whole, then renamed: a test reading at the same moment sees the old state or the new file.
+    let tmp = dir.join(format!("{hex}.{}.tmp", std::process::id()));
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&tmp, value.to_string()))
+        .and_then(|()| std::fs::rename(&tmp, &file));
+    if let Err(e) = written {
+        // Only a cache: the next test translates again.
+        eprintln!(
+            "note: cannot keep the translation in {}: {e}",
+            file.display()
+        );
+    }
+    Ok(value)
 }
 
 /// Which function an alarm's `Function` dimension names (or, generally, the value of a metric's dimension).
