@@ -970,6 +970,7 @@ fn relay_emf_line(function: &str) -> Value {
         accounting: Default::default(),
         accounting_error: None,
         backlog: Default::default(),
+        database: Some(Default::default()),
         duration_ms: 0,
     };
     serde_json::from_str(&emf(function, &summary).to_json()).unwrap()

@@ -49,6 +49,83 @@ pub fn reconcile_horizon() -> anyhow::Result<std::time::Duration> {
     Ok(relay.accounting.horizon)
 }
 
+/// Oldest transaction age above which the table warns (the `OldestTransactionAlarm`'s default threshold).
+pub const WARN_TRANSACTION_SECS: f64 = 600.0;
+
+/// Dead-tuple share above which the table warns (the `DeadTuplesAlarm`'s default threshold).
+pub const WARN_DEAD_PERCENT: f64 = 50.0;
+
+/// `12.3 MB`, `512 kB`, `80 B`.
+pub fn bytes(n: i64) -> String {
+    let n = n.max(0) as f64;
+    if n >= 1e9 {
+        format!("{:.1} GB", n / 1e9)
+    } else if n >= 1e6 {
+        format!("{:.1} MB", n / 1e6)
+    } else if n >= 1e3 {
+        format!("{:.0} kB", n / 1e3)
+    } else {
+        format!("{n:.0} B")
+    }
+}
+
+/// The "Database" section: the xmin horizon and the watched tables.
+fn write_database(d: &outbox::health::DatabaseHealth, out: &mut dyn Write) -> std::io::Result<()> {
+    let h = &d.horizon;
+    writeln!(
+        out,
+        "\nDatabase (what vacuum may clean, and what retention leaves behind)"
+    )?;
+    writeln!(
+        out,
+        "  oldest transaction     {}{}",
+        age(h.oldest_transaction_age_secs),
+        if h.oldest_transaction_age_secs >= WARN_TRANSACTION_SECS {
+            "  (vacuum can clean nothing deleted since it began: end it; docs/operations.md, \"Database health\")"
+        } else {
+            ""
+        }
+    )?;
+    writeln!(
+        out,
+        "  xmin horizon           {} transactions behind{}",
+        h.horizon_age_xids,
+        h.held_by
+            .as_deref()
+            .map(|w| format!(", held by {}", util::one_line(w, 120)))
+            .unwrap_or_default()
+    )?;
+    if !h.sees_all_sessions {
+        writeln!(
+            out,
+            "  (this role sees only its own sessions' transactions: grant it pg_read_all_stats to see all)"
+        )?;
+    }
+    for t in &d.tables {
+        let pct = t.dead_percent();
+        writeln!(
+            out,
+            "  {:<20} {:>10} live {:>10} dead ({:>4.1} %)  {:>9} ({} indexes)  autovacuum {} runs, last {}{}",
+            t.table,
+            t.live_tuples,
+            t.dead_tuples,
+            pct,
+            bytes(t.total_bytes),
+            bytes(t.index_bytes),
+            t.autovacuum_count,
+            t.last_autovacuum
+                .map(|at| at.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+                .unwrap_or_else(|| "never".into()),
+            if pct >= WARN_DEAD_PERCENT {
+                "  (bloated: check the horizon, then autovacuum)"
+            } else {
+                ""
+            }
+        )?;
+    }
+    Ok(())
+}
+
 /// `1h 02m`, `3m 12s`, `4.2s`.
 pub fn age(secs: f64) -> String {
     if secs < 60.0 {
@@ -180,6 +257,8 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
             )?;
         }
     }
+
+    write_database(&s.database, out)?;
 
     let f = &s.in_flight;
     writeln!(

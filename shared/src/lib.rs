@@ -55,6 +55,7 @@
 //! - `callbacks`: QStash failure and delivery callbacks.
 //! - `consumer`: typed handlers per topic and the consumer function's HTTP handler.
 //! - `accounting`: every event accounted for, and the reconciler for lost callbacks.
+//! - `health`: the database's own state as it bears on the outbox tables: the xmin horizon and bloat.
 //! - `relay`: the outbox to QStash, with its housekeeping.
 //! - `ops`: the operator figures of `outbox status`.
 //! - `local`: a local HTTP server in front of the Lambda handlers (feature `local`).
@@ -67,6 +68,7 @@ pub mod contract;
 pub mod db;
 pub mod dead_letters;
 pub mod headers;
+pub mod health;
 pub mod ids;
 #[cfg(test)]
 mod layering;

@@ -14,6 +14,9 @@ pub enum Unit {
     Count,
     Seconds,
     Milliseconds,
+    /// CloudWatch's `Percent` (0 to 100).
+    Percent,
+    Bytes,
 }
 
 impl Unit {
@@ -22,6 +25,8 @@ impl Unit {
             Unit::Count => "Count",
             Unit::Seconds => "Seconds",
             Unit::Milliseconds => "Milliseconds",
+            Unit::Percent => "Percent",
+            Unit::Bytes => "Bytes",
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Operator figures: `outbox status`. The three status queries — (1) backlog depth, oldest pending age and
 //! "flapping" rows, (2) dispatched per minute over the last hour, (3) stuck leases — plus blocked ordered
 //! keys, ordered heads awaiting delivery evidence, events in flight by age with the unaccounted ones
-//! ([`crate::accounting`]), the reconciler's totals, and dead-letter counts by topic and source.
+//! ([`crate::accounting`]), the reconciler's totals, dead-letter counts by topic and source, and the database's
+//! health: the xmin horizon and the outbox tables' bloat ([`crate::health`]).
 //!
 //! Every query runs on an index that covers only live rows (`outbox_pending_created_idx`, the BRIN on
 //! `dispatched_at`, the small `outbox_keys` table), and every list has a `LIMIT`: the command stays cheap on a
@@ -55,6 +56,8 @@ pub struct Status {
     pub in_flight: crate::accounting::InFlight,
     /// What the reconciler did, summed over every relay invocation.
     pub reconciler: crate::accounting::AccountingTotals,
+    /// The xmin horizon and the outbox tables' size and dead tuples ([`crate::health`]).
+    pub database: crate::health::DatabaseHealth,
 }
 
 /// (1) Events neither dispatched nor dead: how many, how old, and which keep failing.
@@ -277,8 +280,12 @@ pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Sta
         .await?;
     let in_flight = crate::accounting::in_flight(&mut conn, horizon, Statements::Prepared).await?;
     let reconciler = crate::accounting::totals(&mut conn, Statements::Prepared).await?;
+    drop(conn);
+    let database =
+        crate::health::read(&crate::db::Db::new(pool.clone(), Statements::Prepared)).await?;
 
     Ok(Status {
+        database,
         in_flight,
         reconciler,
         qstash_outage,

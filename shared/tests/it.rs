@@ -11,6 +11,7 @@ mod claim_plans;
 mod config;
 mod consumer;
 mod fixtures;
+mod health;
 mod ordering_keys;
 mod pool;
 mod producer;

@@ -128,6 +128,19 @@ async fn handler_runs_from_the_scheduled_event_fixtures(pool: PgPool) {
         let line = outbox::relay::handler::emf("relay", &summary).to_json();
         let v: Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["OldestPendingAge"], json!(0.0));
+        // The database's health figures are read and emitted on every invocation.
+        let health = summary.database.as_ref().expect("health figures read");
+        assert!(health.outbox_bytes > 0, "{health:?}");
+        assert!(health.sees_all_sessions, "the tests run as a superuser");
+        for metric in [
+            "OldestTransactionAge",
+            "XminHorizonAge",
+            "DeadTuplePercent",
+            "OutboxTableBytes",
+        ] {
+            assert!(v[metric].is_number(), "{metric} missing from {line}");
+        }
+        assert_eq!(v["OutboxTableBytes"], json!(health.outbox_bytes as f64));
     }
     dev.handle()
         .wait_idle(Duration::from_secs(10))

@@ -140,8 +140,66 @@ pub struct InvocationSummary {
     pub accounting_error: Option<String>,
     /// Backlog at the end.
     pub backlog: BacklogGauges,
+    /// The database's xmin horizon and the outbox tables' bloat ([`crate::health`]); none when they could not
+    /// be read (the invocation's other figures stand, and no health metric is emitted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database: Option<HealthGauges>,
     /// Wall time, ms.
     pub duration_ms: u64,
+}
+
+/// The figures of [`crate::health::DatabaseHealth`] the relay reports on every invocation.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct HealthGauges {
+    /// [`crate::health::XminHorizon::oldest_transaction_age_secs`] (metric `OldestTransactionAge`).
+    pub oldest_transaction_age_secs: f64,
+    /// [`crate::health::XminHorizon::horizon_age_xids`] (metric `XminHorizonAge`).
+    pub horizon_age_xids: i64,
+    /// What holds the horizon, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+    /// Whether other roles' sessions were visible.
+    pub sees_all_sessions: bool,
+    /// [`crate::health::DatabaseHealth::max_dead_percent`] (metric `DeadTuplePercent`).
+    pub dead_tuple_percent: f64,
+    /// The `outbox` table with its indexes, bytes (metric `OutboxTableBytes`).
+    pub outbox_bytes: i64,
+}
+
+impl From<&crate::health::DatabaseHealth> for HealthGauges {
+    fn from(h: &crate::health::DatabaseHealth) -> Self {
+        HealthGauges {
+            oldest_transaction_age_secs: h.horizon.oldest_transaction_age_secs,
+            horizon_age_xids: h.horizon.horizon_age_xids,
+            held_by: h.horizon.held_by.clone(),
+            sees_all_sessions: h.horizon.sees_all_sessions,
+            dead_tuple_percent: h.max_dead_percent(),
+            outbox_bytes: h
+                .tables
+                .iter()
+                .find(|t| t.table == "outbox")
+                .map_or(0, |t| t.total_bytes),
+        }
+    }
+}
+
+/// Reads [`HealthGauges`]; a failure is logged, not the invocation's failure (monitoring must not stop the relay).
+async fn health_gauges(db: &crate::db::Db) -> Option<HealthGauges> {
+    match crate::health::read(db).await {
+        Ok(h) => {
+            if !h.horizon.sees_all_sessions {
+                tracing::warn!(
+                    "the relay's role sees only its own sessions' transactions: OldestTransactionAge and \
+                     XminHorizonAge miss other roles' (grant it pg_read_all_stats; docs/operations.md)"
+                );
+            }
+            Some(HealthGauges::from(&h))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the database's health figures");
+            None
+        }
+    }
 }
 
 fn trigger_of(payload: &Value) -> String {
@@ -262,6 +320,7 @@ pub async fn handle(
         accounting,
         accounting_error,
         backlog,
+        database: health_gauges(relay.db()).await,
         duration_ms: started.elapsed().as_millis() as u64,
     };
     tracing::info!(summary = %serde_json::to_string(&summary).unwrap_or_default(), "relay invocation done");
@@ -273,7 +332,7 @@ pub async fn handle(
 
 /// The EMF record of an invocation (the alarms read `OldestPendingAge`, `DeadLettered` and `QStashOutage`).
 pub fn emf(function: &str, s: &InvocationSummary) -> EmfRecord {
-    EmfRecord::new(function)
+    let record = EmfRecord::new(function)
         .metric("Claimed", Unit::Count, s.drain.claimed as f64)
         .metric("Dispatched", Unit::Count, s.drain.dispatched as f64)
         .metric("Retried", Unit::Count, s.drain.retried as f64)
@@ -340,7 +399,19 @@ pub fn emf(function: &str, s: &InvocationSummary) -> EmfRecord {
             Unit::Milliseconds,
             s.drain.publish_p99_ms,
         )
-        .property("requestId", s.request_id.clone())
+        .property("requestId", s.request_id.clone());
+    match &s.database {
+        Some(h) => record
+            .metric(
+                "OldestTransactionAge",
+                Unit::Seconds,
+                h.oldest_transaction_age_secs,
+            )
+            .metric("XminHorizonAge", Unit::Count, h.horizon_age_xids as f64)
+            .metric("DeadTuplePercent", Unit::Percent, h.dead_tuple_percent)
+            .metric("OutboxTableBytes", Unit::Bytes, h.outbox_bytes as f64),
+        None => record,
+    }
 }
 
 #[cfg(test)]
