@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use outbox::db::{Db, Statements};
-use outbox::health::{self, DEAD_PERCENT_FLOOR_ROWS, WATCHED_TABLES};
+use outbox::health::{self, DEAD_PERCENT_FLOOR_ROWS, TableHealth, WATCHED_TABLES};
 use sqlx::{Connection, PgConnection, PgPool};
 
 fn db(pool: &PgPool) -> Db {
@@ -61,6 +61,27 @@ async fn a_transaction_left_open_holds_the_horizon_until_it_ends(pool: PgPool) {
     assert!(h.oldest_transaction_age_secs < 1.0, "{h:?}");
 }
 
+/// `processed_messages`' figures once `done` holds of them, or as they are after 20 s (the statistics are
+/// flushed asynchronously).
+async fn processed_messages_until(
+    pool: &PgPool,
+    done: impl Fn(&TableHealth) -> bool,
+) -> TableHealth {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let h = health::read(&db(pool)).await.unwrap();
+        let t = h
+            .tables
+            .into_iter()
+            .find(|t| t.table == "processed_messages")
+            .unwrap();
+        if done(&t) || Instant::now() > deadline {
+            return t;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn rows_deleted_by_retention_are_dead_tuples_until_vacuum(pool: PgPool) {
     let rows = 2 * DEAD_PERCENT_FLOOR_ROWS;
@@ -94,21 +115,8 @@ async fn rows_deleted_by_retention_are_dead_tuples_until_vacuum(pool: PgPool) {
         .unwrap();
     drop(conn);
 
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let bloated = loop {
-        let h = health::read(&db(&pool)).await.unwrap();
-        let t = h
-            .tables
-            .iter()
-            .find(|t| t.table == "processed_messages")
-            .unwrap()
-            .clone();
-        if t.dead_tuples >= rows || Instant::now() > deadline {
-            break (h, t);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let (h, t) = bloated;
+    let t = processed_messages_until(&pool, |t| t.dead_tuples >= rows).await;
+    let h = health::read(&db(&pool)).await.unwrap();
     assert_eq!(t.dead_tuples, rows, "{t:?}");
     assert!(t.dead_percent() > 99.0, "{t:?}");
     assert!(h.max_dead_percent() > 99.0, "{h:?}");
@@ -118,27 +126,14 @@ async fn rows_deleted_by_retention_are_dead_tuples_until_vacuum(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let t = loop {
-        let h = health::read(&db(&pool)).await.unwrap();
-        let t = h
-            .tables
-            .iter()
-            .find(|t| t.table == "processed_messages")
-            .unwrap()
-            .clone();
-        if t.dead_tuples == 0 || Instant::now() > deadline {
-            break t;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let t = processed_messages_until(&pool, |t| t.dead_tuples == 0).await;
     assert_eq!(t.dead_tuples, 0, "vacuum cleaned them: {t:?}");
     assert!(t.dead_percent() < 1.0, "{t:?}");
 }
 
 #[test]
 fn a_small_table_with_a_few_dead_rows_is_not_bloated() {
-    let t = health::TableHealth {
+    let t = TableHealth {
         table: "outbox_keys".into(),
         live_tuples: 10,
         dead_tuples: 20,
@@ -148,7 +143,7 @@ fn a_small_table_with_a_few_dead_rows_is_not_bloated() {
         autovacuum_count: 0,
     };
     assert!(t.dead_percent() < 1.0);
-    let big = health::TableHealth {
+    let big = TableHealth {
         live_tuples: 40_000,
         dead_tuples: 60_000,
         ..t
