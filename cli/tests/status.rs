@@ -286,6 +286,23 @@ async fn status_figures_match_a_hand_built_state(pool: PgPool) {
     assert_eq!(v["blocked_keys"]["keys"][0]["dead_letter_id"], dl1);
     assert_eq!(v["awaiting_evidence"]["count"], 1);
     assert_eq!(v["dead_letters"].as_array().unwrap().len(), 5);
+    let tables: Vec<&str> = v["database"]["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["table"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tables,
+        [
+            "outbox",
+            "processed_messages",
+            "outbox_keys",
+            "dead_letters"
+        ]
+    );
+    assert!(v["database"]["horizon"]["oldest_transaction_age_secs"].is_number());
+    assert_eq!(v["database"]["horizon"]["sees_all_sessions"], true);
 
     let mut out = Vec::new();
     run(
@@ -314,6 +331,9 @@ async fn status_figures_match_a_hand_built_state(pool: PgPool) {
         "is a relay running?",
         "outbox dead-letters redrive <dead letter id>",
         "3 unresolved dead letter(s)",
+        "Database (what vacuum may clean",
+        "oldest transaction     ",
+        "xmin horizon           ",
     ] {
         assert!(t.contains(needle), "table lacks {needle:?}:\n{t}");
     }
