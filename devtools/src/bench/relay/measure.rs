@@ -200,12 +200,16 @@ pub(crate) async fn seed_ordered(pool: &PgPool, keys: u64, per_key: u64) -> anyh
     Ok(())
 }
 
-/// The ordered SQL-only cycle: claim key heads, settle them dispatched, then record each one's delivery evidence
-/// with the same statement the callback receiver runs (one per event, 8 at a time, like concurrent callbacks).
+/// The ordered SQL-only cycle, the relay's protocol without HTTP: claim runs of up to `delivery_batch` events per
+/// key with the relay's own claim statement (key heads alone at 1, [`outbox::ordering::CLAIM_RUNS_SQL`] above),
+/// settle them dispatched with the relay's settle statement, then record each run's delivery evidence with the
+/// statement the consumer runs (`record_delivery_batch`, one per run, 8 runs at a time like concurrent
+/// deliveries). A key is claimed again only after its run's evidence, as in the pipeline.
 pub(crate) async fn sql_only_ordered(
     url: &str,
     batch: u32,
     concurrency: u32,
+    delivery_batch: u32,
 ) -> anyhow::Result<(u64, Duration)> {
     let mut cfg = DbConfig::defaults("bench-sql-only");
     cfg.async_commit = true;
@@ -213,7 +217,12 @@ pub(crate) async fn sql_only_ordered(
     let pool = cfg
         .pool(&secrecy::SecretString::from(url.to_owned()))
         .context("pool")?;
-    let claims = ClaimStatements::new(batch, Statements::Prepared);
+    let batching = outbox::config::DeliveryBatching {
+        default_n: delivery_batch.max(1),
+        ..Default::default()
+    };
+    let claims =
+        ClaimStatements::new(batch, Statements::Prepared).with_delivery_batching(&batching);
     let started = Instant::now();
     let workers = (0..concurrency).map(|_| {
         let pool = pool.clone();
@@ -260,15 +269,29 @@ pub(crate) async fn sql_only_ordered(
                     )
                     .await?;
                 }
-                let ids: Vec<outbox::OutboxId> = evs.iter().map(|e| e.id).collect();
-                let evidence = ids.chunks(ids.len().div_ceil(8).max(1)).map(|chunk| {
+                // One run per key (the claim returns a key's rows together, in sequence order).
+                let mut runs: Vec<Vec<outbox::OutboxId>> = Vec::new();
+                for (i, e) in evs.iter().enumerate() {
+                    let same_key = i > 0
+                        && evs[i - 1].topic == e.topic
+                        && evs[i - 1].partition_key == e.partition_key;
+                    match runs.last_mut() {
+                        Some(run) if same_key => run.push(e.id),
+                        _ => runs.push(vec![e.id]),
+                    }
+                }
+                let evidence = runs.chunks(runs.len().div_ceil(8).max(1)).map(|chunk| {
                     let pool = pool.clone();
                     let chunk = chunk.to_vec();
                     async move {
                         let mut conn = pool.acquire().await?;
-                        for id in chunk {
-                            outbox::ordering::record_delivery(&mut conn, id, Statements::Prepared)
-                                .await?;
+                        for run in chunk {
+                            outbox::ordering::record_delivery_batch(
+                                &mut conn,
+                                &run,
+                                Statements::Prepared,
+                            )
+                            .await?;
                         }
                         Ok::<(), sqlx::Error>(())
                     }
@@ -441,16 +464,18 @@ pub(crate) async fn unordered_relay_run(
     })
 }
 
-/// Seeds `keys` × `per_key` ordered events and runs the SQL-only ordered protocol over them: events/s.
+/// Seeds `keys` × `per_key` ordered events and runs the SQL-only ordered protocol over them with runs of up to
+/// `delivery_batch` events per key (the relay's `RELAY_DELIVERY_BATCH`): events/s.
 pub(crate) async fn ordered_sql_only_rate(
     db: &ScratchDb,
     keys: u64,
     per_key: u64,
     knobs: Knobs,
+    delivery_batch: u32,
 ) -> anyhow::Result<f64> {
     let n = keys * per_key;
     seed_ordered(&db.pool, keys, per_key).await?;
-    let (m, t) = sql_only_ordered(&db.url, knobs.batch, knobs.concurrency).await?;
+    let (m, t) = sql_only_ordered(&db.url, knobs.batch, knobs.concurrency, delivery_batch).await?;
     if m != n {
         bail!("SQL-only ordered cycle finished {m} of {n} events");
     }

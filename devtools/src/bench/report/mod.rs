@@ -216,7 +216,14 @@ async fn ordered_sweep(base_url: &str, plan: &Plan) -> anyhow::Result<Value> {
             let (mut relay_rates, mut sql, mut to_evidence, mut to_next) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for _ in 0..plan.rounds {
-                sql.push(relay::ordered_sql_only_rate(&db, keys, per_key, plan.base).await?);
+                sql.push(relay::ordered_sql_only_rate(
+                    &db,
+                    keys,
+                    per_key,
+                    plan.base,
+                    outbox::config::DEFAULT_DELIVERY_BATCH,
+                )
+                .await?);
                 let o = relay::ordered_relay_run(&db, &dev, &rig, keys, per_key, plan.base, "consumer", &[])
                     .await?;
                 relay_rates.push(o.events_per_sec);
