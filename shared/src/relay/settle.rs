@@ -69,6 +69,14 @@ impl SettleCounts {
     pub fn total(&self) -> u64 {
         self.dispatched + self.retried + self.dead + self.released
     }
+
+    /// Adds another settle's counts (a cycle settled in pieces).
+    pub fn add(&mut self, other: SettleCounts) {
+        self.dispatched += other.dispatched;
+        self.retried += other.retried;
+        self.dead += other.dead;
+        self.released += other.released;
+    }
 }
 
 const SETTLE_SQL: &str = r#"
