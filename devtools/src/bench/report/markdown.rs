@@ -102,7 +102,8 @@ pub(super) fn markdown(fig: &Value, plan: &Plan) -> String {
         );
         let _ = writeln!(
             w,
-            "Each a ratio within this run (medians of its rounds; the rounds are listed in each section), judged              by the benchmark itself: {met} of {} met.\n",
+            "Each a ratio within this run (medians of its rounds; the rounds are listed in each section), judged \
+             by the benchmark itself: {met} of {} met.\n",
             targets.len()
         );
         let _ = writeln!(
