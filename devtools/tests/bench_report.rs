@@ -147,6 +147,16 @@ fn quick_report_writes_markdown_svg_plots_and_every_scenario_in_json() {
             assert!(requests >= messages, "{scenario}: {p}");
         }
     }
+    // Every ordered point stands beside the SQL-only ordered protocol at the same N, measured in the same rounds.
+    for p in batched["ordered"]["points"].as_array().unwrap() {
+        let rounds = p["events_per_sec"].as_array().unwrap().len();
+        assert_eq!(
+            p["sql_only_events_per_sec"].as_array().map(Vec::len),
+            Some(rounds),
+            "{p}"
+        );
+        assert!(p["relay_vs_sql_only"].as_f64().is_some(), "{p}");
+    }
     assert!(json["machine"]["cpus"].as_u64().unwrap_or(0) >= 1);
     // The README's block was rewritten from these figures, and nothing else on the page changed.
     assert_eq!(

@@ -439,3 +439,158 @@ async fn without_batching_every_event_is_its_own_message_as_before(pool: PgPool)
         assert_eq!(header, ids[0].to_string());
     }
 }
+
+/// A QStash stand-in for `/v2/batch` that accepts every message, but holds its answer to a request that carries
+/// the word `hold` (in an event's payload) until `release` turns true. Returns its URL.
+async fn holding_qstash(release: tokio::sync::watch::Receiver<bool>) -> String {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let ids = Arc::new(AtomicU64::new(0));
+    tokio::spawn(outbox::local::serve(
+        listener,
+        move |req| {
+            let mut release = release.clone();
+            let ids = ids.clone();
+            async move {
+                let body = req.body().as_ref().to_vec();
+                if String::from_utf8_lossy(&body).contains("hold") {
+                    let _ = release.wait_for(|r| *r).await;
+                }
+                let messages: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let answer: Vec<Value> = (0..messages.as_array().map_or(0, Vec::len))
+                    .map(|_| json!({"messageId": format!("msg_{}", ids.fetch_add(1, Ordering::SeqCst))}))
+                    .collect();
+                lambda_http::Response::builder()
+                    .status(200)
+                    .header("content-type", "application/json")
+                    .body(lambda_http::Body::from(
+                        serde_json::to_string(&answer).unwrap(),
+                    ))
+                    .unwrap()
+            }
+        },
+        std::future::pending(),
+    ));
+    url
+}
+
+/// Rows of key `key` that a settle marked with QStash's message id.
+async fn settled_rows(pool: &PgPool, key: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE partition_key = $1 AND qstash_message_id IS NOT NULL",
+    )
+    .bind(key)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_run_is_settled_and_its_evidence_recorded_while_the_rest_of_its_claim_is_in_flight(
+    pool: PgPool,
+) {
+    // One claim of two keys' runs, published in two requests (one message each). QStash answers the first at
+    // once and holds the second: the first run must be settled (decision record 0018), its evidence recorded
+    // and its key claimed again while the second request — and its part of the settle — is still out.
+    let (release, held) = tokio::sync::watch::channel(false);
+    let url = holding_qstash(held).await;
+    let quick = enqueue(
+        &pool,
+        &(0..3)
+            .map(|i| NewEvent::new(&ORDERS, "quick", &json!({"i": i})).unwrap())
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let slow = enqueue(
+        &pool,
+        &(0..2)
+            .map(|i| NewEvent::new(&ORDERS, "slow", &json!({"hold": i})).unwrap())
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let qstash = outbox::config::QstashConfig {
+        base_url: url.clone(),
+        retries: 0,
+        publish_timeout: Duration::from_secs(30),
+        batch_size: 1,
+        delivery_timeout: None,
+        flow_parallelism: 1,
+        flow_rate: None,
+        flow_period: Duration::from_secs(1),
+        consumer_url: "http://127.0.0.1:9/consumer".into(),
+        callback_url: "http://127.0.0.1:9/callback".into(),
+    };
+    let cfg = RelayConfig {
+        // Longer than the test holds the second request: the held key's lease must not run out meanwhile.
+        lease: Duration::from_secs(60),
+        ..relay_config(batching(2, &[], 1_000_000))
+    };
+    let first = relaying::relay_to(&pool, "token", cfg.clone(), qstash.clone());
+    let cycle = tokio::spawn(async move { first.run_cycle().await });
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while settled_rows(&pool, "quick").await < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the answered run was not settled while the other request of its claim was in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!cycle.is_finished(), "the claim's second request is held");
+    assert_eq!(
+        settled_rows(&pool, "slow").await,
+        0,
+        "the held run is not settled yet"
+    );
+
+    // The consumer's evidence for the answered run goes through at once (nothing of the claim's settle holds
+    // its rows), and the key moves on.
+    let mut conn = pool.acquire().await.unwrap();
+    let recorded = tokio::time::timeout(
+        Duration::from_secs(5),
+        outbox::ordering::record_delivery_batch(
+            &mut conn,
+            &[OutboxId(quick[0]), OutboxId(quick[1])],
+            Statements::Prepared,
+        ),
+    )
+    .await
+    .expect("evidence does not wait for the rest of the claim")
+    .unwrap();
+    drop(conn);
+    assert_eq!(recorded.keys_advanced, 1);
+
+    // Another relay claims the key's next run while the first claim is still out, and publishes it.
+    let second = relaying::relay_to(&pool, "token", cfg, qstash);
+    let r = second.run_cycle().await.unwrap();
+    assert_eq!((r.claimed, r.settled.dispatched), (1, 1));
+    let next: Option<String> =
+        sqlx::query_scalar("SELECT qstash_message_id FROM outbox WHERE id = $1")
+            .bind(quick[2])
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(next.is_some(), "the key's next run went out");
+    assert!(!cycle.is_finished());
+    assert_eq!(settled_rows(&pool, "slow").await, 0);
+
+    // Released, the first claim settles its held run too: nothing fenced, the key awaits its last event.
+    release.send(true).unwrap();
+    let r = cycle.await.unwrap().unwrap();
+    assert_eq!((r.claimed, r.settled.dispatched, r.fenced), (4, 4, 0));
+    let inflight: Option<i64> =
+        sqlx::query_scalar("SELECT inflight_id FROM outbox_keys WHERE partition_key = 'slow'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(inflight, Some(slow[1]));
+    let delivered: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE partition_key = 'quick' AND delivered_at IS NOT NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(delivered, 2, "the settle did not undo the evidence");
+}

@@ -127,8 +127,9 @@ struct Counted {
     requests: u64,
 }
 
-/// Medians of a throughput point's rounds, as JSON.
-fn point(n: u32, events: u64, runs: &[Counted]) -> Value {
+/// Medians of a throughput point's rounds, as JSON; with `sql` (the SQL-only protocol's events/s in the same
+/// rounds) also `relay / SQL-only`.
+fn point(n: u32, events: u64, runs: &[Counted], sql: &[f64]) -> Value {
     let secs: Vec<f64> = runs.iter().map(|r| r.secs).collect();
     let rates: Vec<f64> = runs.iter().map(|r| events as f64 / r.secs).collect();
     let msgs: Vec<f64> = runs
@@ -139,13 +140,21 @@ fn point(n: u32, events: u64, runs: &[Counted]) -> Value {
         .iter()
         .map(|r| r.requests as f64 / events as f64)
         .collect();
-    json!({
+    let mut p = json!({
         "n": n, "events": events,
         "secs": secs, "secs_median": median(&secs),
         "events_per_sec": rates, "events_per_sec_median": median(&rates),
         "qstash_messages_per_event": median(&msgs),
         "consumer_requests_per_event": median(&reqs),
-    })
+    });
+    if !sql.is_empty() {
+        let ratios: Vec<f64> = rates.iter().zip(sql).map(|(r, s)| r / s).collect();
+        p["sql_only_events_per_sec"] = json!(sql);
+        p["sql_only_median"] = json!(median(sql));
+        p["relay_vs_sql_only_per_round"] = json!(ratios);
+        p["relay_vs_sql_only"] = json!(median(&rates) / median(sql));
+    }
+    p
 }
 
 /// Ordered keys × events drained end to end with N events per message: time, messages and consumer requests.
@@ -223,24 +232,32 @@ async fn throughput(
 ) -> anyhow::Result<(Value, Value, Value)> {
     let (keys, per_key) = (plan.ordered_keys, plan.ordered_per_key);
     let mut ordered: Vec<Vec<Counted>> = plan.ns.iter().map(|_| Vec::new()).collect();
+    let mut ordered_sql: Vec<Vec<f64>> = plan.ns.iter().map(|_| Vec::new()).collect();
     let mut unordered: Vec<Vec<Counted>> = plan.ns.iter().map(|_| Vec::new()).collect();
     let mut hot: Vec<Vec<Counted>> = plan.ns.iter().map(|_| Vec::new()).collect();
     for round in 0..plan.rounds.max(plan.hot_key_rounds) {
         for (i, &n) in plan.ns.iter().enumerate() {
             if round < plan.rounds {
+                // The SQL-only ordered protocol with runs of N, on the same rows, just before the relay.
+                let s = relay::ordered_sql_only_rate(db, keys, per_key, knobs, n).await?;
                 let o = ordered_once(db, dev, rig, keys, per_key, knobs, n).await?;
+                let r = (keys * per_key) as f64 / o.secs;
                 println!(
-                    "batched N={n:>4}: ordered {keys} keys x {per_key}: {:>7.0} events/s, {:.3} messages/event, \
-                     {:.3} consumer requests/event",
-                    (keys * per_key) as f64 / o.secs,
+                    "batched N={n:>4} round {}: ordered {keys} keys x {per_key}: {r:>7.0} events/s, SQL-only ordered \
+                     {s:>7.0} events/s (relay / SQL-only {:.0} %), {:.3} messages/event, {:.3} consumer \
+                     requests/event",
+                    round + 1,
+                    100.0 * r / s,
                     o.messages as f64 / (keys * per_key) as f64,
                     o.requests as f64 / (keys * per_key) as f64
                 );
                 ordered[i].push(o);
+                ordered_sql[i].push(s);
                 let u = unordered_once(db, dev, rig, plan.unordered_events, knobs, n).await?;
                 println!(
-                    "batched N={n:>4}: unordered {}: {:>7.0} events/s, {:.3} messages/event, {:.3} consumer \
+                    "batched N={n:>4} round {}: unordered {}: {:>7.0} events/s, {:.3} messages/event, {:.3} consumer \
                      requests/event",
+                    round + 1,
                     plan.unordered_events,
                     plan.unordered_events as f64 / u.secs,
                     u.messages as f64 / plan.unordered_events as f64,
@@ -260,19 +277,20 @@ async fn throughput(
             }
         }
     }
-    let points = |runs: &[Vec<Counted>], events: u64| -> Vec<Value> {
+    let points = |runs: &[Vec<Counted>], sql: Option<&[Vec<f64>]>, events: u64| -> Vec<Value> {
         plan.ns
             .iter()
             .zip(runs)
-            .map(|(&n, r)| point(n, events, r))
+            .enumerate()
+            .map(|(i, (&n, r))| point(n, events, r, sql.map_or(&[][..], |s| &s[i])))
             .collect()
     };
     Ok((
         json!({ "keys": keys, "events_per_key": per_key, "rounds": plan.rounds, "evidence": "consumer",
-                "points": points(&ordered, keys * per_key) }),
+                "points": points(&ordered, Some(&ordered_sql), keys * per_key) }),
         json!({ "keys": 1, "rounds": plan.hot_key_rounds, "evidence": "consumer",
-                "points": points(&hot, plan.hot_key_events) }),
-        json!({ "rounds": plan.rounds, "points": points(&unordered, plan.unordered_events) }),
+                "points": points(&hot, None, plan.hot_key_events) }),
+        json!({ "rounds": plan.rounds, "points": points(&unordered, None, plan.unordered_events) }),
     ))
 }
 
@@ -388,6 +406,75 @@ fn rate(v: f64) -> String {
     }
 }
 
+/// The point of `scenario` at N = `n`, if measured.
+fn point_at<'a>(v: &'a Value, scenario: &str, n: u64) -> Option<&'a Value> {
+    v[scenario]["points"]
+        .as_array()?
+        .iter()
+        .find(|p| p["n"].as_u64() == Some(n))
+}
+
+/// The targets of the batched scenarios (issue 25), each a ratio within this one run: ordered 1,000 keys × 20 at
+/// N = 50 at least 10× N = 1 and at least 60 % of the SQL-only ordered protocol at N = 50; one hot key at
+/// N = 50 at least 45× N = 1. Each as `{what, measured, target, met}`; empty unless N = 1 and N = 50 were
+/// measured.
+pub fn targets(v: &Value) -> Vec<Value> {
+    let n = u64::from(outbox::config::DEFAULT_DELIVERY_BATCH);
+    let mut out = Vec::new();
+    let mut add = |what: String, measured: Option<f64>, target: f64, unit: &str| {
+        if let Some(m) = measured.filter(|m| m.is_finite()) {
+            out.push(json!({ "what": what, "measured": m, "target": target, "unit": unit, "met": m >= target }));
+        }
+    };
+    let rate = |p: Option<&Value>| p.and_then(|p| p["events_per_sec_median"].as_f64());
+    let (o1, on) = (point_at(v, "ordered", 1), point_at(v, "ordered", n));
+    let keys = v["ordered"]["keys"].as_u64().unwrap_or(0);
+    let per_key = v["ordered"]["events_per_key"].as_u64().unwrap_or(0);
+    add(
+        format!("ordered, {keys} keys × {per_key}: N = {n} over N = 1"),
+        rate(on).zip(rate(o1)).map(|(a, b)| a / b),
+        10.0,
+        "×",
+    );
+    add(
+        format!("ordered, {keys} keys × {per_key}: relay / SQL-only ordered protocol at N = {n}"),
+        on.and_then(|p| p["relay_vs_sql_only"].as_f64()),
+        0.6,
+        "share",
+    );
+    let (h1, hn) = (point_at(v, "hot_key", 1), point_at(v, "hot_key", n));
+    add(
+        format!("one hot key: N = {n} over N = 1 (the limit is {n}×)"),
+        rate(hn).zip(rate(h1)).map(|(a, b)| a / b),
+        45.0,
+        "×",
+    );
+    out
+}
+
+/// A target's figure as text: `12.3×` or `64 %`.
+pub fn target_figure(t: &Value, key: &str) -> String {
+    let x = t[key].as_f64().unwrap_or(f64::NAN);
+    if t["unit"] == "share" {
+        format!("{:.0} %", 100.0 * x)
+    } else {
+        format!("{x:.1}×")
+    }
+}
+
+/// Each target with its figure and verdict, one line each (what the benchmark prints at the end).
+pub fn print_targets(targets: &[Value]) {
+    for t in targets {
+        println!(
+            "target {}: {} (target ≥ {}): {}",
+            t["what"].as_str().unwrap_or(""),
+            target_figure(t, "measured"),
+            target_figure(t, "target"),
+            if t["met"] == true { "MET" } else { "NOT MET" }
+        );
+    }
+}
+
 /// The report's "Batched deliveries" section (Markdown), from the figures alone.
 pub fn markdown(v: &Value) -> String {
     use std::fmt::Write as _;
@@ -414,7 +501,10 @@ pub fn markdown(v: &Value) -> String {
          key, the same path, drain time ({} round(s)); **unordered** — {} events, relay → dev server → consumer, \
          timed from the relay's start until the consumer has applied every event. QStash messages per event are \
          the dev server's accepted messages; consumer requests per event are the HTTP requests the consumer \
-         received (retries included). Medians of {} round(s).\n",
+         received (retries included). Beside each ordered point, in the same round on the same rows, the SQL-only \
+         ordered protocol at the same N: the relay's own claim of runs of up to N events per key, its settle, and \
+         the consumer's evidence statement once per run (no HTTP, no signature, no handler): what this Postgres \
+         allows for that protocol. Medians of {} round(s).\n",
         v["variable"].as_str().unwrap_or(DELIVERY_BATCH_VAR),
         v["batch"],
         v["concurrency"],
@@ -428,9 +518,9 @@ pub fn markdown(v: &Value) -> String {
     let _ = writeln!(w, "![Batched deliveries](benchmarks/{SVG})\n");
     let _ = writeln!(
         w,
-        "| scenario | N | events | time | events/s | × N = {first} | QStash messages / event | consumer requests / event |"
+        "| scenario | N | events | time | events/s | × N = {first} | SQL-only events/s | relay / SQL-only | QStash messages / event | consumer requests / event |"
     );
-    let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (key, name) in [
         (
             "ordered",
@@ -443,9 +533,17 @@ pub fn markdown(v: &Value) -> String {
         ("unordered", "unordered".to_owned()),
     ] {
         for p in v[key]["points"].as_array().into_iter().flatten() {
+            let (sql, share) = if p["sql_only_median"].is_number() {
+                (
+                    rate(num(&p["sql_only_median"])),
+                    format!("{:.0} %", 100.0 * num(&p["relay_vs_sql_only"])),
+                )
+            } else {
+                ("—".to_owned(), "—".to_owned())
+            };
             let _ = writeln!(
                 w,
-                "| {name} | {} | {} | {:.2} s | {} | {:.1}× | {:.3} | {:.3} |",
+                "| {name} | {} | {} | {:.2} s | {} | {:.1}× | {sql} | {share} | {:.3} | {:.3} |",
                 p["n"],
                 p["events"],
                 num(&p["secs_median"]),
@@ -453,6 +551,57 @@ pub fn markdown(v: &Value) -> String {
                 num(&p["vs_first"]),
                 num(&p["qstash_messages_per_event"]),
                 num(&p["consumer_requests_per_event"]),
+            );
+        }
+    }
+    let _ = writeln!(
+        w,
+        "\nEach round (events/s; ordered: relay / SQL-only in the same round):\n"
+    );
+    for (key, name) in [
+        ("ordered", "ordered"),
+        ("hot_key", "one hot key"),
+        ("unordered", "unordered"),
+    ] {
+        for p in v[key]["points"].as_array().into_iter().flatten() {
+            let rates: Vec<String> = p["events_per_sec"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .zip(
+                    p["relay_vs_sql_only_per_round"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(Some)
+                        .chain(std::iter::repeat(None)),
+                )
+                .map(|(r, share)| match share {
+                    Some(s) => format!("{} ({:.0} %)", rate(num(r)), 100.0 * num(s)),
+                    None => rate(num(r)),
+                })
+                .collect();
+            let _ = writeln!(w, "- {name}, N = {}: {}", p["n"], rates.join(", "));
+        }
+    }
+    let targets = targets(v);
+    if !targets.is_empty() {
+        let _ = writeln!(
+            w,
+            "\nTargets, as ratios within this run (medians):\n\n| target | measured | required | verdict |\n|---|---:|---:|---|"
+        );
+        for t in &targets {
+            let _ = writeln!(
+                w,
+                "| {} | {} | ≥ {} | {} |",
+                t["what"].as_str().unwrap_or(""),
+                target_figure(t, "measured"),
+                target_figure(t, "target"),
+                if t["met"] == true {
+                    "met"
+                } else {
+                    "**not met**"
+                }
             );
         }
     }
@@ -508,6 +657,10 @@ pub async fn run_cli(args: BatchedArgs) -> anyhow::Result<()> {
         plot(&v, svg)?;
     }
     println!("\n{}", markdown(&v));
-    println!("BENCH_JSON {}", json!({"bench": "batched", "figures": v}));
+    print_targets(&targets(&v));
+    println!(
+        "BENCH_JSON {}",
+        json!({"bench": "batched", "figures": v, "targets": targets(&v)})
+    );
     Ok(())
 }

@@ -47,6 +47,16 @@ impl Decider<'_> {
         events: &[ClaimedEvent],
         outcomes: &[PublishOutcome],
     ) -> Vec<SettleItem> {
+        let events: Vec<&ClaimedEvent> = events.iter().collect();
+        self.decide_refs(&events, outcomes)
+    }
+
+    /// [`Decider::decide`] over borrowed events.
+    fn decide_refs(
+        &self,
+        events: &[&ClaimedEvent],
+        outcomes: &[PublishOutcome],
+    ) -> Vec<SettleItem> {
         let mut rng = rand::rng();
         let max = self.max_attempts();
         events
@@ -92,26 +102,66 @@ impl Decider<'_> {
     }
 
     /// Every claimed event's settlement (the whole table), in [`Triage::in_settle_order`].
+    #[cfg(test)]
     pub(super) fn settle_inputs(&self, triage: &Triage, published: &Published) -> Vec<SettleItem> {
-        let mut items = self.decide(&triage.publish, &published.outcomes());
-        for (item, result) in items.iter_mut().zip(&published.events) {
-            if result.given_back() {
-                item.settlement = Settlement::Release;
+        let all: Vec<usize> = (0..triage.publish.len()).collect();
+        let mut items = self.settle_published(&triage.publish, published, &all);
+        items.extend(self.settle_unpublished(triage));
+        items
+    }
+
+    /// The settlements of the published events `which` (indexes into `events`, whole messages: a message's
+    /// followers are decided with their head), in the order of `which`: the first five rows of the module docs'
+    /// table.
+    pub(super) fn settle_published(
+        &self,
+        events: &[ClaimedEvent],
+        published: &Published,
+        which: &[usize],
+    ) -> Vec<SettleItem> {
+        let chosen: Vec<&ClaimedEvent> = which.iter().map(|&i| &events[i]).collect();
+        let outcomes: Vec<PublishOutcome> = which
+            .iter()
+            .map(|&i| published.events[i].outcome.clone())
+            .collect();
+        let mut items = self.decide_refs(&chosen, &outcomes);
+        // Where each event of `which` is in `items`.
+        let mut at: std::collections::HashMap<usize, usize> =
+            std::collections::HashMap::with_capacity(which.len());
+        for (pos, &i) in which.iter().enumerate() {
+            at.insert(i, pos);
+            if published.events[i].given_back() {
+                items[pos].settlement = Settlement::Release;
             }
         }
         for members in &published.messages {
-            if members.len() < 2 || triage.publish[members[0]].seq.is_none() {
+            if members.len() < 2 || events[members[0]].seq.is_none() {
                 continue;
             }
-            let follow = match &items[members[0]].settlement {
+            let Some(&head) = at.get(&members[0]) else {
+                continue;
+            };
+            let follow = match &items[head].settlement {
                 Settlement::Dead { .. } => Settlement::Release,
                 other => other.clone(),
             };
-            for &i in &members[1..] {
-                items[i].settlement = follow.clone();
+            for i in &members[1..] {
+                if let Some(&pos) = at.get(i) {
+                    items[pos].settlement = follow.clone();
+                }
             }
         }
-        items.extend(triage.exhausted.iter().map(|ev| self.exhausted(ev)));
+        items
+    }
+
+    /// The settlements of the events not published this cycle: exhausted (dead letters), then held back
+    /// (released), in [`Triage::in_settle_order`].
+    pub(super) fn settle_unpublished(&self, triage: &Triage) -> Vec<SettleItem> {
+        let mut items: Vec<SettleItem> = triage
+            .exhausted
+            .iter()
+            .map(|ev| self.exhausted(ev))
+            .collect();
         items.extend(triage.held_back.iter().map(|ev| SettleItem {
             id: ev.id,
             lease_token: ev.lease_token,
@@ -140,9 +190,12 @@ impl Decider<'_> {
     }
 }
 
-/// Logs each dead letter of `items` (in [`Triage::in_settle_order`]) with its event.
-pub(super) fn log_dead_letters(items: &[SettleItem], triage: &Triage) {
-    for (item, ev) in items.iter().zip(triage.in_settle_order()) {
+/// Logs each dead letter of `items` with its event (`events`, in the same order).
+pub(super) fn log_dead_letters<'a>(
+    items: &[SettleItem],
+    events: impl IntoIterator<Item = &'a ClaimedEvent>,
+) {
+    for (item, ev) in items.iter().zip(events) {
         if let Settlement::Dead { error, .. } = &item.settlement {
             tracing::warn!(outbox_id = ev.id.get(), topic = %ev.topic, key = %ev.partition_key, attempt = ev.attempts,
                 error = %error, "dead-lettering event");

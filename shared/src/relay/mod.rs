@@ -19,10 +19,13 @@
 //!    ordered messages also carry the delivery callback that frees their key. A permanent refusal of a message
 //!    of several events is retried one event per message in the same cycle. Each event gets one
 //!    [`PublishedEvent`].
-//! 3. **Settle** ([`settle`]) in one statement, fenced on the lease token: every event of a message gets the
-//!    message's outcome — dispatched, retry with full-jitter backoff ([`backoff`]), or dead letter (an ordered
-//!    run's followers go back to pending behind their dead head); `decide.rs` has the table. A relay whose lease
-//!    was taken over changes nothing.
+//! 3. **Settle** ([`settle`]), fenced on the lease token: every event of a message gets the message's outcome —
+//!    dispatched, retry with full-jitter backoff ([`backoff`]), or dead letter (an ordered run's followers go back
+//!    to pending behind their dead head); `decide.rs` has the table. A relay whose lease was taken over changes
+//!    nothing. Steps 2 and 3 run as a pipeline (`pipeline.rs`, decision record 0018): each `/v2/batch` request is
+//!    settled as soon as QStash answers it, in statements of whole messages of at most 500 rows, while the
+//!    cycle's other requests are still out — so a delivered run's evidence never waits for the rest of its
+//!    claim.
 //!
 //! Nothing is lost when a relay dies anywhere in between: an unsettled lease simply expires and the row is
 //! claimed again; a publish whose response was lost is retried with the same deduplication id (QStash returns
@@ -42,6 +45,7 @@
 //! | `publish.rs` | step 2: `/v2/batch` requests, the fallbacks, one [`PublishedEvent`] per event |
 //! | `decide.rs` | each event's [`settle::Settlement`] from its triage and publish (pure) |
 //! | `settle.rs` | step 3's statement |
+//! | `pipeline.rs` | steps 2 and 3 per request: each answered request settled at once, in pieces |
 //! | `backoff.rs` | the retry delay |
 //! | `outage.rs` | the shared outage row and its probe |
 //! | `drain.rs` | [`Relay::drain`]: cycles until the deadline, the outage gate |
@@ -57,6 +61,7 @@ pub mod forming;
 pub mod handler;
 pub mod housekeeping;
 pub mod outage;
+mod pipeline;
 pub mod publish;
 pub mod settle;
 pub mod triage;
@@ -268,7 +273,7 @@ impl Relay {
         self.decider().decide(events, outcomes)
     }
 
-    /// Step 3: settles in one fenced statement.
+    /// Step 3: settles `items` in one fenced statement (a cycle settles in pieces: `pipeline.rs`).
     pub async fn settle(&self, items: &[SettleItem]) -> Result<SettleCounts, RelayError> {
         let mut conn = self.pool().acquire().await.map_err(db("acquire"))?;
         settle::settle(
@@ -307,10 +312,8 @@ impl Relay {
         let claimed = events.len() as u64;
         let unordered = events.iter().filter(|e| e.seq.is_none()).count() as u64;
         let triage = triage::triage(events, self.cfg.max_attempts as i32);
-        let published = self.publish_classified(&triage.publish).await;
-        let items = self.decider().settle_inputs(&triage, &published);
-        decide::log_dead_letters(&items, &triage);
-        let settled = self.settle(&items).await?;
+        // Each request settled as soon as QStash answers it, in pieces (decision record 0018).
+        let (published, settled) = self.publish_and_settle(&triage).await?;
         // An outage (every publish request failed at request level) is recorded, a probe's failure advancing the
         // probe backoff; a request answered after this process saw an outage clears it.
         if published.is_outage() {

@@ -73,7 +73,7 @@ struct MessageResult {
 
 /// What [`Relay::send`] got back: one result per message, in order.
 #[derive(Debug, Default)]
-struct Sent {
+pub(super) struct Sent {
     results: Vec<MessageResult>,
     requests_ok: u64,
     requests_failed: u64,
@@ -81,7 +81,7 @@ struct Sent {
 }
 
 impl Sent {
-    fn absorb(&mut self, other: Sent) {
+    pub(super) fn absorb(&mut self, other: Sent) {
         self.results.extend(other.results);
         self.requests_ok += other.requests_ok;
         self.requests_failed += other.requests_failed;
@@ -112,7 +112,7 @@ impl Published {
     }
 
     /// Per event: the result of the message that carried it, or [`Reach::NotSent`].
-    fn assemble(n_events: usize, formed: &Formed, sent: Sent) -> Published {
+    pub(super) fn assemble(n_events: usize, formed: &Formed, sent: Sent) -> Published {
         let not_sent = PublishedEvent {
             outcome: PublishOutcome::Transient {
                 status: None,
@@ -181,7 +181,7 @@ impl Relay {
     /// Permanent refusals of multi-event messages: the messages to send instead, one event each. The refused
     /// message keeps its place with no events (its results stay in line with `formed`); an ordered run's
     /// followers are left over.
-    fn refused_singly(
+    pub(super) fn refused_singly(
         &self,
         events: &[ClaimedEvent],
         formed: &mut Formed,
@@ -213,7 +213,7 @@ impl Relay {
     }
 
     /// Sends messages through `/v2/batch` requests of `QSTASH_BATCH_SIZE`: one result per message.
-    async fn send(&self, messages: &[Message]) -> Sent {
+    pub(super) async fn send(&self, messages: &[Message]) -> Sent {
         let chunk = self.qstash.batch_size.max(1) as usize;
         let requests = messages.chunks(chunk).map(|c| self.send_request(c));
         let mut sent = Sent::default();
@@ -226,7 +226,7 @@ impl Relay {
     /// One `/v2/batch` request. A permanent refusal of a whole multi-message request (e.g. 413: the batch is
     /// too large) says nothing about each message: they are asked again one by one so only the culprits are
     /// dead-lettered.
-    async fn send_request(&self, c: &[Message]) -> Sent {
+    pub(super) async fn send_request(&self, c: &[Message]) -> Sent {
         let t = Instant::now();
         let resp = self.client.batch_classified(c).await;
         let out = resp.outcomes;

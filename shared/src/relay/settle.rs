@@ -1,4 +1,4 @@
-//! Settling a claim: one statement for the whole cycle — dispatched rows, retries with per-row jittered
+//! Settling a claim, one statement per piece of whole messages (decision record 0018) — dispatched rows, retries with per-row jittered
 //! backoff, dead letters into `dead_letters`, and the ordered keys' state — every write fenced on the row's lease
 //! token. A relay whose lease was taken over (it was too slow, another relay re-claimed) changes nothing: its
 //! rows no longer carry its token, so the statement matches zero rows for them. Without the fence, such a
@@ -68,6 +68,14 @@ impl SettleCounts {
     /// Rows settled in total.
     pub fn total(&self) -> u64 {
         self.dispatched + self.retried + self.dead + self.released
+    }
+
+    /// Adds another settle's counts (a cycle settled in pieces).
+    pub fn add(&mut self, other: SettleCounts) {
+        self.dispatched += other.dispatched;
+        self.retried += other.retried;
+        self.dead += other.dead;
+        self.released += other.released;
     }
 }
 
@@ -196,7 +204,8 @@ impl<'a> Columns<'a> {
     }
 }
 
-/// Settles a cycle's events in one statement. `evidence_timeout`: how long an accepted ordered head may wait
+/// Settles `items` in one statement (a cycle calls it once per piece of whole messages: `pipeline.rs`).
+/// `evidence_timeout`: how long an accepted ordered head may wait
 /// for its delivery callback before it is published again.
 pub async fn settle(
     conn: &mut PgConnection,

@@ -200,12 +200,22 @@ pub(crate) async fn seed_ordered(pool: &PgPool, keys: u64, per_key: u64) -> anyh
     Ok(())
 }
 
-/// The ordered SQL-only cycle: claim key heads, settle them dispatched, then record each one's delivery evidence
-/// with the same statement the callback receiver runs (one per event, 8 at a time, like concurrent callbacks).
+/// The rows of one settle statement of the relay's pipeline (`SETTLE_PIECE_ROWS` in `outbox::relay`'s
+/// `pipeline.rs`, decision record 0018).
+const SETTLE_PIECE_ROWS: usize = 500;
+
+/// The ordered SQL-only cycle, the relay's protocol without HTTP: claim runs of up to `delivery_batch` events per
+/// key with the relay's own claim statement (key heads alone at 1, [`outbox::ordering::CLAIM_RUNS_SQL`] above),
+/// settle them dispatched with the relay's settle statement in pieces of whole runs of at most 500 rows as the
+/// relay does, and record each run's delivery evidence with the statement the consumer runs
+/// (`record_delivery_batch`, one per run) once its piece is settled; a claim's pieces run side by side (on up
+/// to 8 more connections than workers), like the relay's requests and the consumer's deliveries. A key is claimed
+/// again only after its run's evidence, as in the pipeline.
 pub(crate) async fn sql_only_ordered(
     url: &str,
     batch: u32,
     concurrency: u32,
+    delivery_batch: u32,
 ) -> anyhow::Result<(u64, Duration)> {
     let mut cfg = DbConfig::defaults("bench-sql-only");
     cfg.async_commit = true;
@@ -213,7 +223,12 @@ pub(crate) async fn sql_only_ordered(
     let pool = cfg
         .pool(&secrecy::SecretString::from(url.to_owned()))
         .context("pool")?;
-    let claims = ClaimStatements::new(batch, Statements::Prepared);
+    let batching = outbox::config::DeliveryBatching {
+        default_n: delivery_batch.max(1),
+        ..Default::default()
+    };
+    let claims =
+        ClaimStatements::new(batch, Statements::Prepared).with_delivery_batching(&batching);
     let started = Instant::now();
     let workers = (0..concurrency).map(|_| {
         let pool = pool.clone();
@@ -240,40 +255,67 @@ pub(crate) async fn sql_only_ordered(
                     continue;
                 }
                 idle_rounds = 0;
-                let items: Vec<SettleItem> = evs
-                    .iter()
-                    .map(|e| SettleItem {
-                        id: e.id,
-                        lease_token: e.lease_token,
-                        settlement: Settlement::Dispatched {
-                            message_id: "sql-only".into(),
-                        },
-                    })
-                    .collect();
-                {
-                    let mut conn = pool.acquire().await?;
-                    settle(
-                        &mut conn,
-                        &items,
-                        Duration::from_secs(60),
-                        Statements::Prepared,
-                    )
-                    .await?;
+                // One run per key (the claim returns a key's rows together, in sequence order).
+                let mut runs: Vec<Vec<&outbox::relay::claim::ClaimedEvent>> = Vec::new();
+                for (i, e) in evs.iter().enumerate() {
+                    let same_key = i > 0
+                        && evs[i - 1].topic == e.topic
+                        && evs[i - 1].partition_key == e.partition_key;
+                    match runs.last_mut() {
+                        Some(run) if same_key => run.push(e),
+                        _ => runs.push(vec![e]),
+                    }
                 }
-                let ids: Vec<outbox::OutboxId> = evs.iter().map(|e| e.id).collect();
-                let evidence = ids.chunks(ids.len().div_ceil(8).max(1)).map(|chunk| {
+                // Like the relay (decision record 0018): whole runs settled in pieces of at most
+                // SETTLE_PIECE_ROWS rows, each piece's evidence recorded once it is settled, pieces side by side.
+                let mut pieces: Vec<Vec<Vec<&outbox::relay::claim::ClaimedEvent>>> =
+                    vec![Vec::new()];
+                let mut rows = 0;
+                for run in runs {
+                    if rows > 0 && rows + run.len() > SETTLE_PIECE_ROWS {
+                        pieces.push(Vec::new());
+                        rows = 0;
+                    }
+                    rows += run.len();
+                    if let Some(piece) = pieces.last_mut() {
+                        piece.push(run);
+                    }
+                }
+                let work = pieces.into_iter().map(|piece| {
                     let pool = pool.clone();
-                    let chunk = chunk.to_vec();
                     async move {
                         let mut conn = pool.acquire().await?;
-                        for id in chunk {
-                            outbox::ordering::record_delivery(&mut conn, id, Statements::Prepared)
-                                .await?;
+                        let items: Vec<SettleItem> = piece
+                            .iter()
+                            .flatten()
+                            .map(|e| SettleItem {
+                                id: e.id,
+                                lease_token: e.lease_token,
+                                settlement: Settlement::Dispatched {
+                                    message_id: "sql-only".into(),
+                                },
+                            })
+                            .collect();
+                        settle(
+                            &mut conn,
+                            &items,
+                            Duration::from_secs(60),
+                            Statements::Prepared,
+                        )
+                        .await?;
+                        for run in piece {
+                            let ids: Vec<outbox::OutboxId> = run.iter().map(|e| e.id).collect();
+                            outbox::ordering::record_delivery_batch(
+                                &mut conn,
+                                &ids,
+                                Statements::Prepared,
+                            )
+                            .await?;
                         }
                         Ok::<(), sqlx::Error>(())
                     }
                 });
-                for r in futures::future::join_all(evidence).await {
+                for r in futures::future::join_all(work).await {
                     r?;
                 }
                 done += evs.len() as u64;
@@ -441,16 +483,18 @@ pub(crate) async fn unordered_relay_run(
     })
 }
 
-/// Seeds `keys` × `per_key` ordered events and runs the SQL-only ordered protocol over them: events/s.
+/// Seeds `keys` × `per_key` ordered events and runs the SQL-only ordered protocol over them with runs of up to
+/// `delivery_batch` events per key (the relay's `RELAY_DELIVERY_BATCH`): events/s.
 pub(crate) async fn ordered_sql_only_rate(
     db: &ScratchDb,
     keys: u64,
     per_key: u64,
     knobs: Knobs,
+    delivery_batch: u32,
 ) -> anyhow::Result<f64> {
     let n = keys * per_key;
     seed_ordered(&db.pool, keys, per_key).await?;
-    let (m, t) = sql_only_ordered(&db.url, knobs.batch, knobs.concurrency).await?;
+    let (m, t) = sql_only_ordered(&db.url, knobs.batch, knobs.concurrency, delivery_batch).await?;
     if m != n {
         bail!("SQL-only ordered cycle finished {m} of {n} events");
     }

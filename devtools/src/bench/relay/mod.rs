@@ -150,7 +150,16 @@ async fn ordered(args: &RelayBenchArgs) -> anyhow::Result<Value> {
     let mut rates = Vec::new();
     let mut rates_consumer = Vec::new();
     for run in 1..=args.runs {
-        base.push(ordered_sql_only_rate(&db, args.ordered_keys, per_key, knobs).await?);
+        base.push(
+            ordered_sql_only_rate(
+                &db,
+                args.ordered_keys,
+                per_key,
+                knobs,
+                outbox::config::DEFAULT_DELIVERY_BATCH,
+            )
+            .await?,
+        );
         for (mode, rates) in [("callback", &mut rates), ("consumer", &mut rates_consumer)] {
             let o = ordered_relay_run(
                 &db,

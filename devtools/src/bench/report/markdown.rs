@@ -93,6 +93,39 @@ pub(super) fn markdown(fig: &Value, plan: &Plan) -> String {
          process) share these cores: CPU the relay and the dev server use is CPU Postgres does not get. A load \
          average above the core count before the run means something else was running too.\n"
     );
+    if let Some(targets) = fig["targets"].as_array().filter(|t| !t.is_empty()) {
+        let met = targets.iter().filter(|t| t["met"] == true).count();
+        let _ = writeln!(
+            w,
+            "## Targets
+"
+        );
+        let _ = writeln!(
+            w,
+            "Each a ratio within this run (medians of its rounds; the rounds are listed in each section), judged \
+             by the benchmark itself: {met} of {} met.\n",
+            targets.len()
+        );
+        let _ = writeln!(
+            w,
+            "| target | measured | required | verdict |\n|---|---:|---:|---|"
+        );
+        for t in targets {
+            let _ = writeln!(
+                w,
+                "| {} | {} | ≥ {} | {} |",
+                t["what"].as_str().unwrap_or(""),
+                batched::target_figure(t, "measured"),
+                batched::target_figure(t, "target"),
+                if t["met"] == true {
+                    "met"
+                } else {
+                    "**not met**"
+                }
+            );
+        }
+        let _ = writeln!(w);
+    }
 
     // Unordered.
     for (key, title, x, xname, svg) in [
@@ -131,23 +164,38 @@ pub(super) fn markdown(fig: &Value, plan: &Plan) -> String {
         let _ = writeln!(w, "![{title}](benchmarks/{svg})\n");
         let _ = writeln!(
             w,
-            "| {xname} | relay events/s | SQL-only events/s | relay / SQL-only | relay CPU µs/event | dev server CPU µs/event | relay peak RSS |"
+            "| {xname} | relay events/s | SQL-only events/s | relay / SQL-only | each round | CPU-bound ceiling | relay CPU µs/event | dev server CPU µs/event | relay peak RSS |"
         );
-        let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(w, "|---:|---:|---:|---:|---|---:|---:|---:|---:|");
+        let cores = f(&m["cpus"]);
         for p in v["points"].as_array().into_iter().flatten() {
+            let rounds: Vec<String> = p["relay_vs_sql_only_per_round"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| pct(f(r)))
+                .collect();
             let _ = writeln!(
                 w,
-                "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} MB |",
+                "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} MB |",
                 p[x],
                 k(f(&p["relay_median"])),
                 k(f(&p["sql_only_median"])),
                 pct(f(&p["relay_vs_sql_only"])),
+                rounds.join(", "),
+                pct(super::cpu_ceiling(p, cores)),
                 f(&p["relay_cpu_us_per_event"]),
                 f(&p["dev_server_cpu_us_per_event"]),
                 f(&p["relay_peak_rss_mb"]),
             );
         }
-        let _ = writeln!(w);
+        let _ = writeln!(
+            w,
+            "\n*CPU-bound ceiling*: the share of the SQL-only cycle the relay could reach at most here if the \
+             SQL-only cycle keeps all {cores} cores busy, since each relayed event also costs the relay's and the \
+             dev server's CPU µs on the same cores: 1 / (1 + (relay + dev server µs/event) × SQL-only events/s \
+             / ({cores} × 10⁶)). In AWS neither runs on the database's host.\n"
+        );
     }
 
     // Ordered.
@@ -155,14 +203,18 @@ pub(super) fn markdown(fig: &Value, plan: &Plan) -> String {
     let _ = writeln!(w, "## Relay, ordered, by number of keys\n");
     let _ = writeln!(
         w,
-        "Ordered events spread evenly over the keys, end to end: the relay publishes each key's head to the dev \
+        "Ordered events spread evenly over the keys, end to end: the relay publishes each key's run (up to its default 50 events per message) to the dev \
          server, which delivers it (signed) to the real consumer in the benchmark process (signature check, \
          dedupe row, per-key sequence check, a no-op handler, delivery evidence in the same transaction); the \
          relay claims a key's next event only once the evidence is recorded. Beside it, the SQL-only ordered \
-         protocol on the same rows (claim key heads, settle, record evidence; no HTTP). Batch {}, {} cycles in \
+         protocol on the same rows (claim runs of up to {} events per key like the relay at its default \
+         `RELAY_DELIVERY_BATCH`, settle, record each run's evidence; no HTTP). Batch {}, {} cycles in \
          flight, medians of {} round(s). With few keys the rate is bounded by one delivery round trip per key \
          at a time; with many, by CPU on this machine (the receivers, the dev server and Postgres share it).\n",
-        v["batch"], v["concurrency"], v["rounds"]
+        outbox::config::DEFAULT_DELIVERY_BATCH,
+        v["batch"],
+        v["concurrency"],
+        v["rounds"]
     );
     let _ = writeln!(
         w,

@@ -134,12 +134,21 @@ async fn unordered_point(
 ) -> anyhow::Result<Value> {
     let (mut relay, mut sql, mut rss, mut cpu_relay, mut cpu_dev) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..rounds {
+    for round in 1..=rounds {
         sql.push(
             relay::unordered_sql_only_rate(db, events, knobs.batch, knobs.concurrency, true)
                 .await?,
         );
         let r = relay::unordered_relay_run(db, dev, events, knobs).await?;
+        println!(
+            "  round {round}: relay {:>7.0}/s, SQL-only {:>7.0}/s ({:.0} %), CPU per event: relay {:.1} µs, dev \
+             server {:.1} µs",
+            r.events_per_sec,
+            sql[round - 1],
+            100.0 * r.events_per_sec / sql[round - 1],
+            r.relay_cpu_us,
+            r.dev_cpu_us
+        );
         relay.push(r.events_per_sec);
         rss.push(r.peak_rss_mb);
         cpu_relay.push(r.relay_cpu_us);
@@ -157,9 +166,38 @@ async fn unordered_point(
         "relay_events_per_sec": relay, "relay_median": r,
         "sql_only_events_per_sec": sql, "sql_only_median": s,
         "relay_vs_sql_only": r / s,
+        "relay_vs_sql_only_per_round": relay.iter().zip(&sql).map(|(r, s)| r / s).collect::<Vec<f64>>(),
         "relay_peak_rss_mb": rss.iter().cloned().fold(0.0, f64::max),
         "relay_cpu_us_per_event": median(&cpu_relay), "dev_server_cpu_us_per_event": median(&cpu_dev),
     }))
+}
+
+/// The share of the SQL-only cycle the relay can reach at most when the SQL-only cycle keeps every core busy
+/// and each relayed event also costs `relay_us + dev_us` µs of CPU on the same cores (the relay's own process
+/// and the dev server standing in for QStash): `1 / (1 + (relay_us + dev_us) · sql_rate / (cores · 10⁶))`.
+pub fn cpu_ceiling(point: &Value, cores: f64) -> f64 {
+    let extra_us = f(&point["relay_cpu_us_per_event"]) + f(&point["dev_server_cpu_us_per_event"]);
+    1.0 / (1.0 + extra_us * f(&point["sql_only_median"]) / (cores * 1e6))
+}
+
+/// The unordered target of issue 25: the relay at ≥ 80 % of the SQL-only cycle at every claim size and
+/// concurrency of the report (`{what, measured, target, unit, met}` per point, as [`batched::targets`]).
+pub fn unordered_targets(by_batch: &Value, by_conc: &Value) -> Vec<Value> {
+    let mut out = Vec::new();
+    for v in [by_batch, by_conc] {
+        for p in v["points"].as_array().into_iter().flatten() {
+            let m = f(&p["relay_vs_sql_only"]);
+            let what = format!(
+                "unordered relay / SQL-only cycle, {} rows per claim, {} cycles in flight",
+                p["batch"], p["concurrency"]
+            );
+            if out.iter().any(|t: &Value| t["what"] == what.as_str()) {
+                continue;
+            }
+            out.push(json!({ "what": what, "measured": m, "target": 0.8, "unit": "share", "met": m >= 0.8 }));
+        }
+    }
+    out
 }
 
 /// Unordered relay throughput by batch size and by concurrency (one database and dev server for all points;
@@ -216,7 +254,14 @@ async fn ordered_sweep(base_url: &str, plan: &Plan) -> anyhow::Result<Value> {
             let (mut relay_rates, mut sql, mut to_evidence, mut to_next) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for _ in 0..plan.rounds {
-                sql.push(relay::ordered_sql_only_rate(&db, keys, per_key, plan.base).await?);
+                sql.push(relay::ordered_sql_only_rate(
+                    &db,
+                    keys,
+                    per_key,
+                    plan.base,
+                    outbox::config::DEFAULT_DELIVERY_BATCH,
+                )
+                .await?);
                 let o = relay::ordered_relay_run(&db, &dev, &rig, keys, per_key, plan.base, "consumer", &[])
                     .await?;
                 relay_rates.push(o.events_per_sec);
@@ -450,7 +495,10 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
 
     batched::plot(&batched_out, &plots_dir.join(batched::SVG))?;
 
+    let mut targets = batched::targets(&batched_out);
+    targets.extend(unordered_targets(&by_batch, &by_conc));
     let figures = json!({
+        "targets": targets,
         "generated_at": chrono::Utc::now().to_rfc3339(),
         "mode": if plan.quick { "quick" } else { "full" },
         "rounds": plan.rounds,
@@ -480,6 +528,7 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
     let readme_written = readme_path.is_file() && readme::update(&readme_path, &figures)?;
     println!("\n{md}");
     println!("BENCH_JSON {}", figures);
+    batched::print_targets(figures["targets"].as_array().map_or(&[][..], Vec::as_slice));
     println!(
         "wrote {}, {}/*.svg and {} in {elapsed:.0} s",
         args.out.join("benchmarks.md").display(),

@@ -59,9 +59,31 @@ pub fn block(figures: &Value) -> anyhow::Result<String> {
         .find(|p| p["batch"].as_u64() == batch && p["concurrency"].as_u64() == concurrency)
         .context("the figures hold no point shared by both unordered sweeps")?;
     let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    let b = &s["batched_deliveries"];
+    let at = |scenario: &str, n: u64| {
+        b[scenario]["points"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["n"].as_u64() == Some(n)))
+    };
+    let n = u64::from(outbox::config::DEFAULT_DELIVERY_BATCH);
+    let ordered = match (at("ordered", 1), at("ordered", n), at("hot_key", n)) {
+        (Some(o1), Some(on), Some(hn)) if on["relay_vs_sql_only"].is_number() => format!(
+            "; ordered over {} keys × {} at {n} events per message: {} events/s, {:.1}× one event per message and \
+             {} of the SQL-only ordered protocol's {}; one hot key {:.0}× faster at {n}",
+            b["ordered"]["keys"],
+            b["ordered"]["events_per_key"],
+            k(f(&on["events_per_sec_median"])),
+            f(&on["events_per_sec_median"]) / f(&o1["events_per_sec_median"]),
+            pct(f(&on["relay_vs_sql_only"])),
+            k(f(&on["sql_only_median"])),
+            f(&hn["vs_first"]),
+        ),
+        _ => String::new(),
+    };
     Ok(format!(
         "relay beside the SQL-only cycle (here {}–{} of it over claim sizes and concurrencies; {} events/s \
-         unordered at {} rows per claim and {} cycles in flight, {} of the SQL-only cycle's {}, on {} shared cores)",
+         unordered at {} rows per claim and {} cycles in flight, {} of the SQL-only cycle's {}{ordered}, on {} \
+         shared cores)",
         pct(lo).trim_end_matches(" %"),
         pct(hi),
         k(f(&base["relay_median"])),
