@@ -155,7 +155,7 @@ pub(super) fn markdown(fig: &Value, plan: &Plan) -> String {
             v["events"],
             v["qstash_batch"],
             if key.ends_with("batch") {
-                format!("{} cycles in flight", v["concurrency"])
+                super::in_flight(&v["concurrency"])
             } else {
                 format!("{} rows per claim", v["batch"])
             },
