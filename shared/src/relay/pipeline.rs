@@ -144,19 +144,13 @@ impl Relay {
     /// One `/v2/batch` request of `messages`, with the fallback for a refused message of several events
     /// ([`Relay::publish_classified`]).
     async fn publish_request(&self, events: &[ClaimedEvent], messages: Vec<Outgoing>) -> Answered {
-        let mut formed = Formed {
+        let formed = Formed {
             messages,
             left_over: Vec::new(),
         };
         let bodies: Vec<Message> = formed.messages.iter().map(|m| m.message.clone()).collect();
-        let mut sent = self.send_request(&bodies).await;
-        let singles = self.refused_singly(events, &mut formed, &sent);
-        if !singles.is_empty() {
-            let bodies: Vec<Message> = singles.iter().map(|o| o.message.clone()).collect();
-            sent.absorb(self.send(&bodies).await);
-            formed.messages.extend(singles);
-        }
-        let published = Published::assemble(events.len(), &formed, sent);
+        let sent = self.send_request(&bodies).await;
+        let (formed, published) = self.with_single_fallback(events, formed, sent).await;
         Answered { formed, published }
     }
 

@@ -81,7 +81,7 @@ pub(super) struct Sent {
 }
 
 impl Sent {
-    pub(super) fn absorb(&mut self, other: Sent) {
+    fn absorb(&mut self, other: Sent) {
         self.results.extend(other.results);
         self.requests_ok += other.requests_ok;
         self.requests_failed += other.requests_failed;
@@ -166,22 +166,35 @@ impl Relay {
     /// published again one per message in the same cycle (an ordered run: its head alone, the rest waits) and
     /// each event gets its own outcome.
     pub async fn publish_classified(&self, events: &[ClaimedEvent]) -> Published {
-        let mut formed = self.messages_for(events);
+        let formed = self.messages_for(events);
         let messages: Vec<Message> = formed.messages.iter().map(|m| m.message.clone()).collect();
-        let mut sent = self.send(&messages).await;
+        let sent = self.send(&messages).await;
+        self.with_single_fallback(events, formed, sent).await.1
+    }
+
+    /// After `sent`, QStash's answer about `formed`'s messages: sends each permanently refused message of several
+    /// events again one event per message ([`Relay::refused_singly`]), then each event's result. Returns the
+    /// messages as finally sent (the singles added) and the per-event results.
+    pub(super) async fn with_single_fallback(
+        &self,
+        events: &[ClaimedEvent],
+        mut formed: Formed,
+        mut sent: Sent,
+    ) -> (Formed, Published) {
         let singles = self.refused_singly(events, &mut formed, &sent);
         if !singles.is_empty() {
             let messages: Vec<Message> = singles.iter().map(|o| o.message.clone()).collect();
             sent.absorb(self.send(&messages).await);
             formed.messages.extend(singles);
         }
-        Published::assemble(events.len(), &formed, sent)
+        let published = Published::assemble(events.len(), &formed, sent);
+        (formed, published)
     }
 
     /// Permanent refusals of multi-event messages: the messages to send instead, one event each. The refused
     /// message keeps its place with no events (its results stay in line with `formed`); an ordered run's
     /// followers are left over.
-    pub(super) fn refused_singly(
+    fn refused_singly(
         &self,
         events: &[ClaimedEvent],
         formed: &mut Formed,
@@ -213,7 +226,7 @@ impl Relay {
     }
 
     /// Sends messages through `/v2/batch` requests of `QSTASH_BATCH_SIZE`: one result per message.
-    pub(super) async fn send(&self, messages: &[Message]) -> Sent {
+    async fn send(&self, messages: &[Message]) -> Sent {
         let chunk = self.qstash.batch_size.max(1) as usize;
         let requests = messages.chunks(chunk).map(|c| self.send_request(c));
         let mut sent = Sent::default();
