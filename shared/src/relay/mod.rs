@@ -62,6 +62,7 @@ pub mod handler;
 pub mod housekeeping;
 pub mod outage;
 mod pipeline;
+pub use pipeline::{SETTLE_PIECE_ROWS, pieces};
 pub mod publish;
 pub mod settle;
 pub mod triage;

@@ -65,16 +65,7 @@ pub(crate) async fn sql_only(
                 if evs.is_empty() {
                     break;
                 }
-                let items: Vec<SettleItem> = evs
-                    .iter()
-                    .map(|e| SettleItem {
-                        id: e.id,
-                        lease_token: e.lease_token,
-                        settlement: Settlement::Dispatched {
-                            message_id: "sql-only".into(),
-                        },
-                    })
-                    .collect();
+                let items: Vec<SettleItem> = evs.iter().map(dispatched).collect();
                 done += settle(
                     &mut conn,
                     &items,
@@ -200,9 +191,16 @@ pub(crate) async fn seed_ordered(pool: &PgPool, keys: u64, per_key: u64) -> anyh
     Ok(())
 }
 
-/// The rows of one settle statement of the relay's pipeline (`SETTLE_PIECE_ROWS` in `outbox::relay`'s
-/// `pipeline.rs`, decision record 0018).
-const SETTLE_PIECE_ROWS: usize = 500;
+/// A claimed event settled as dispatched, as the SQL-only cycles settle every event they claim.
+fn dispatched(e: &outbox::relay::claim::ClaimedEvent) -> SettleItem {
+    SettleItem {
+        id: e.id,
+        lease_token: e.lease_token,
+        settlement: Settlement::Dispatched {
+            message_id: "sql-only".into(),
+        },
+    }
+}
 
 /// The ordered SQL-only cycle, the relay's protocol without HTTP: claim runs of up to `delivery_batch` events per
 /// key with the relay's own claim statement (key heads alone at 1, [`outbox::ordering::CLAIM_RUNS_SQL`] above),
@@ -267,35 +265,21 @@ pub(crate) async fn sql_only_ordered(
                     }
                 }
                 // Like the relay (decision record 0018): whole runs settled in pieces of at most
-                // SETTLE_PIECE_ROWS rows, each piece's evidence recorded once it is settled, pieces side by side.
-                let mut pieces: Vec<Vec<Vec<&outbox::relay::claim::ClaimedEvent>>> =
-                    vec![Vec::new()];
-                let mut rows = 0;
-                for run in runs {
-                    if rows > 0 && rows + run.len() > SETTLE_PIECE_ROWS {
-                        pieces.push(Vec::new());
-                        rows = 0;
-                    }
-                    rows += run.len();
-                    if let Some(piece) = pieces.last_mut() {
-                        piece.push(run);
-                    }
-                }
+                // SETTLE_PIECE_ROWS rows (the relay's own cut), each piece's evidence recorded once it is settled,
+                // pieces side by side.
+                let sizes: Vec<usize> = runs.iter().map(Vec::len).collect();
+                let mut runs = runs.into_iter();
+                let pieces: Vec<Vec<Vec<&outbox::relay::claim::ClaimedEvent>>> =
+                    outbox::relay::pieces(&sizes, outbox::relay::SETTLE_PIECE_ROWS)
+                        .into_iter()
+                        .map(|n| runs.by_ref().take(n).collect())
+                        .collect();
                 let work = pieces.into_iter().map(|piece| {
                     let pool = pool.clone();
                     async move {
                         let mut conn = pool.acquire().await?;
-                        let items: Vec<SettleItem> = piece
-                            .iter()
-                            .flatten()
-                            .map(|e| SettleItem {
-                                id: e.id,
-                                lease_token: e.lease_token,
-                                settlement: Settlement::Dispatched {
-                                    message_id: "sql-only".into(),
-                                },
-                            })
-                            .collect();
+                        let items: Vec<SettleItem> =
+                            piece.iter().flatten().map(|e| dispatched(e)).collect();
                         settle(
                             &mut conn,
                             &items,
