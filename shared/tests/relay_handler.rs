@@ -141,6 +141,13 @@ async fn handler_runs_from_the_scheduled_event_fixtures(pool: PgPool) {
             assert!(v[metric].is_number(), "{metric} missing from {line}");
         }
         assert_eq!(v["OutboxTableBytes"], json!(health.outbox_bytes as f64));
+        // Every claim is timed, the empty ones too: a drain that ran cycles has a claim latency.
+        assert!(
+            summary.drain.claim_p50_ms > 0.0
+                && summary.drain.claim_p99_ms >= summary.drain.claim_p50_ms,
+            "{summary:?}"
+        );
+        assert_eq!(v["ClaimLatencyP99"], json!(summary.drain.claim_p99_ms));
     }
     dev.handle()
         .wait_idle(Duration::from_secs(10))

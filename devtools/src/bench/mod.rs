@@ -11,6 +11,7 @@ pub mod relay;
 pub mod report;
 pub mod steady;
 pub mod support;
+pub mod sustained;
 pub mod xmin;
 
 use clap::Subcommand;
@@ -41,6 +42,10 @@ pub enum BenchCommand {
     /// Each page of the operator console (`outbox console`) on a big database (1,000,000 outbox rows, 100,000
     /// dead letters, 10,000 ordered keys by default): the console's own time per page, median of several requests.
     Console(console::ConsoleBenchArgs),
+    /// A steady rate for an hour while retention deletes what is done: every minute the events, claim and
+    /// commit → applied latency, table sizes, dead tuples, autovacuum runs and CPU; then every event accounted
+    /// for. `--quick` checks the command in under a minute.
+    Sustained(sustained::SustainedArgs),
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -53,5 +58,6 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Consumer(args) => consumer::run_cli(args).await,
         BenchCommand::DevServer(args) => dev_server::run(args).await,
         BenchCommand::Console(args) => console::run(args).await,
+        BenchCommand::Sustained(args) => sustained::run(args).await,
     }
 }

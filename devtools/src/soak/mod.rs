@@ -26,8 +26,8 @@ mod app;
 mod chaos;
 mod produce;
 mod report;
-mod supervisor;
-mod verdict;
+pub(crate) mod supervisor;
+pub(crate) mod verdict;
 pub mod worker;
 
 use std::path::PathBuf;
@@ -141,15 +141,15 @@ impl SoakArgs {
 
 /// Counters shared by the chaos loop and the report.
 #[derive(Default)]
-pub(super) struct Counts {
-    pub(super) relay_kills: AtomicU64,
-    pub(super) consumer_kills: AtomicU64,
-    pub(super) callback_kills: AtomicU64,
-    pub(super) backend_kills: AtomicU64,
-    pub(super) restarts: AtomicU64,
-    pub(super) worker_exits: AtomicU64,
-    pub(super) pg_restarts: AtomicU64,
-    pub(super) written: AtomicU64,
+pub(crate) struct Counts {
+    pub(crate) relay_kills: AtomicU64,
+    pub(crate) consumer_kills: AtomicU64,
+    pub(crate) callback_kills: AtomicU64,
+    pub(crate) backend_kills: AtomicU64,
+    pub(crate) restarts: AtomicU64,
+    pub(crate) worker_exits: AtomicU64,
+    pub(crate) pg_restarts: AtomicU64,
+    pub(crate) written: AtomicU64,
 }
 
 /// A pool that survives Postgres restarts and terminated backends (connections are checked before use).
@@ -269,6 +269,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
         },
         env,
         log_dir: log_dir.clone(),
+        relay_invocation_secs: 30,
     };
     let mut workers: Vec<Worker> = (0..args.relays)
         .map(|i| Worker {

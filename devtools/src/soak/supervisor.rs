@@ -13,7 +13,7 @@ use super::Counts;
 
 /// What a worker process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+pub(crate) enum Kind {
     Relay,
     Consumer,
     Callback,
@@ -30,26 +30,32 @@ impl Kind {
 }
 
 /// One worker process and how to start it again.
-pub(super) struct Worker {
-    pub(super) kind: Kind,
-    pub(super) index: usize,
-    pub(super) port: Option<u16>,
-    pub(super) child: Option<Child>,
+pub(crate) struct Worker {
+    pub(crate) kind: Kind,
+    pub(crate) index: usize,
+    pub(crate) port: Option<u16>,
+    pub(crate) child: Option<Child>,
 }
 
 /// Everything a worker needs to start.
-pub(super) struct Spawner {
-    pub(super) exe: PathBuf,
-    pub(super) env: Vec<(String, String)>,
-    pub(super) log_dir: PathBuf,
+pub(crate) struct Spawner {
+    pub(crate) exe: PathBuf,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) log_dir: PathBuf,
+    /// Length of each simulated relay invocation (`outbox relay --invocation-secs`).
+    pub(crate) relay_invocation_secs: u64,
 }
 
 impl Spawner {
-    pub(super) fn spawn(&self, w: &mut Worker) -> anyhow::Result<()> {
+    pub(crate) fn spawn(&self, w: &mut Worker) -> anyhow::Result<()> {
         let mut cmd = Command::new(&self.exe);
         cmd.arg("soak-worker");
         match (w.kind, w.port) {
-            (Kind::Relay, _) => cmd.args(["relay", "--invocation-secs", "30"]),
+            (Kind::Relay, _) => cmd.args([
+                "relay",
+                "--invocation-secs",
+                &self.relay_invocation_secs.to_string(),
+            ]),
             (Kind::Consumer, Some(p)) => cmd
                 .args(["consumer", "--port", &p.to_string()])
                 .env("PUBLIC_BASE_URL", format!("http://127.0.0.1:{p}")),
@@ -75,7 +81,7 @@ impl Spawner {
     }
 }
 
-pub(super) async fn kill(w: &mut Worker) {
+pub(crate) async fn kill(w: &mut Worker) {
     if let Some(mut c) = w.child.take() {
         let _ = c.start_kill(); // SIGKILL
         let _ = c.wait().await;
@@ -83,7 +89,7 @@ pub(super) async fn kill(w: &mut Worker) {
 }
 
 /// Restarts workers that exited by themselves.
-pub(super) async fn supervise(spawner: &Spawner, workers: &mut [Worker], counts: &Counts) {
+pub(crate) async fn supervise(spawner: &Spawner, workers: &mut [Worker], counts: &Counts) {
     for w in workers.iter_mut() {
         let exited = match w.child.as_mut().map(|c| c.try_wait()) {
             Some(Ok(Some(_))) | Some(Err(_)) | None => true,
@@ -100,13 +106,13 @@ pub(super) async fn supervise(spawner: &Spawner, workers: &mut [Worker], counts:
     }
 }
 
-pub(super) fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-pub(super) async fn wait_listening(port: u16, timeout: Duration) -> anyhow::Result<()> {
+pub(crate) async fn wait_listening(port: u16, timeout: Duration) -> anyhow::Result<()> {
     let until = Instant::now() + timeout;
     while tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -121,7 +127,7 @@ pub(super) async fn wait_listening(port: u16, timeout: Duration) -> anyhow::Resu
     Ok(())
 }
 
-pub(super) fn default_log_dir() -> PathBuf {
+pub(crate) fn default_log_dir() -> PathBuf {
     let file = crate::dev::logs::default_path();
     let parent = file.parent().map(PathBuf::from).unwrap_or_default();
     parent.join(format!(
@@ -132,7 +138,7 @@ pub(super) fn default_log_dir() -> PathBuf {
 }
 
 /// Sets `name` in `env` unless the process environment has it (the caller's relay settings pass through).
-pub(super) fn default_env(env: &mut Vec<(String, String)>, name: &str, value: &str) {
+pub(crate) fn default_env(env: &mut Vec<(String, String)>, name: &str, value: &str) {
     if std::env::var_os(name).is_none() {
         env.push((name.to_owned(), value.to_owned()));
     }

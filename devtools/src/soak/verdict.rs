@@ -11,7 +11,7 @@ use super::Counts;
 use super::report::{Reason, SoakReport, reason_of};
 
 /// Whether anything is pending, awaiting evidence, or leased in the outbox.
-pub(super) async fn busy(db: &PgPool) -> anyhow::Result<bool> {
+pub(crate) async fn busy(db: &PgPool) -> anyhow::Result<bool> {
     Ok(sqlx::query_scalar(outbox::schema::q(
         "SELECT EXISTS (SELECT 1 FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL) \
          OR EXISTS (SELECT 1 FROM {schema}.outbox_keys WHERE inflight_id IS NOT NULL)",

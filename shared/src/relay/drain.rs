@@ -40,6 +40,11 @@ pub struct DrainSummary {
     pub publish_p50_ms: f64,
     /// 99th percentile `/v2/batch` latency, ms.
     pub publish_p99_ms: f64,
+    /// Median claim latency (both claim statements, empty claims included), ms: it grows when dead tuples or a
+    /// pinned xmin horizon make the claim walk more of the outbox.
+    pub claim_p50_ms: f64,
+    /// 99th percentile claim latency, ms.
+    pub claim_p99_ms: f64,
     /// Why the drain stopped.
     pub stopped: &'static str,
 }
@@ -396,6 +401,7 @@ struct DrainState {
     wake: Arc<Notify>,
     totals: Totals,
     latencies: Mutex<Vec<Duration>>,
+    claim_latencies: Mutex<Vec<Duration>>,
     /// The error that stopped a worker (three failed cycles in a row).
     last_error: Mutex<Option<RelayError>>,
     /// A cycle found QStash out: every worker stops.
@@ -415,6 +421,7 @@ impl DrainState {
             wake: Arc::new(Notify::new()),
             totals: Totals::default(),
             latencies: Mutex::new(Vec::new()),
+            claim_latencies: Mutex::new(Vec::new()),
             last_error: Mutex::new(None),
             out: AtomicBool::new(false),
             empty: AtomicBool::new(false),
@@ -428,6 +435,9 @@ impl DrainState {
         self.totals.add(r);
         if let Ok(mut l) = self.latencies.lock() {
             l.extend(r.publish_latencies.iter().copied());
+        }
+        if let Ok(mut l) = self.claim_latencies.lock() {
+            l.push(r.claim_latency);
         }
     }
 
@@ -449,15 +459,8 @@ impl DrainState {
 
     /// The drain's summary, with the outage row as read at its end.
     fn summary(self, state: &OutageState, gate_empty: bool) -> DrainSummary {
-        let mut lat = self.latencies.into_inner().unwrap_or_default();
-        lat.sort();
-        let pct = |p: f64| -> f64 {
-            if lat.is_empty() {
-                return 0.0;
-            }
-            let i = ((lat.len() - 1) as f64 * p).round() as usize;
-            lat[i].as_secs_f64() * 1000.0
-        };
+        let publish = sorted(self.latencies.into_inner().unwrap_or_default());
+        let claim = sorted(self.claim_latencies.into_inner().unwrap_or_default());
         let t = &self.totals;
         let out = self.out.load(AtomicOrdering::Relaxed);
         DrainSummary {
@@ -472,8 +475,10 @@ impl DrainState {
             released: t.released.load(AtomicOrdering::Relaxed),
             qstash_outage: state.active(),
             outage_secs: state.duration().as_secs_f64(),
-            publish_p50_ms: pct(0.5),
-            publish_p99_ms: pct(0.99),
+            publish_p50_ms: percentile_ms(&publish, 0.5),
+            publish_p99_ms: percentile_ms(&publish, 0.99),
+            claim_p50_ms: percentile_ms(&claim, 0.5),
+            claim_p99_ms: percentile_ms(&claim, 0.99),
             stopped: if out {
                 "outage"
             } else if gate_empty || (self.stop_when_empty && Instant::now() < self.deadline) {
@@ -483,6 +488,20 @@ impl DrainState {
             },
         }
     }
+}
+
+fn sorted(mut v: Vec<Duration>) -> Vec<Duration> {
+    v.sort();
+    v
+}
+
+/// The nearest-rank percentile `p` of sorted durations, in ms (0 when there are none).
+fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
 }
 
 #[derive(Default)]

@@ -399,6 +399,8 @@ pub fn emf(function: &str, s: &InvocationSummary) -> EmfRecord {
             Unit::Milliseconds,
             s.drain.publish_p99_ms,
         )
+        .metric("ClaimLatencyP50", Unit::Milliseconds, s.drain.claim_p50_ms)
+        .metric("ClaimLatencyP99", Unit::Milliseconds, s.drain.claim_p99_ms)
         .property("requestId", s.request_id.clone());
     match &s.database {
         Some(h) => record

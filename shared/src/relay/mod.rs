@@ -121,6 +121,9 @@ pub struct CycleReport {
     pub full: bool,
     /// Duration of each `/v2/batch` request.
     pub publish_latencies: Vec<Duration>,
+    /// How long the claim took (both statements, after the connection was acquired); an empty claim counts too:
+    /// it is the query that slows down when the outbox bloats.
+    pub claim_latency: Duration,
     /// Transient publish failures caused by configuration (token, base URL).
     pub config_problems: u64,
     /// Publish requests QStash answered (any 2xx, or a verdict on the message).
@@ -224,7 +227,16 @@ impl Relay {
     }
 
     async fn claim_with(&self, claims: &ClaimStatements) -> Result<Vec<ClaimedEvent>, RelayError> {
+        Ok(self.claim_timed(claims).await?.0)
+    }
+
+    /// The claim, and how long its statements took (not counting the wait for a connection).
+    async fn claim_timed(
+        &self,
+        claims: &ClaimStatements,
+    ) -> Result<(Vec<ClaimedEvent>, Duration), RelayError> {
         let mut conn = self.pool().acquire().await.map_err(db("acquire"))?;
+        let started = std::time::Instant::now();
         let lease = self.cfg.lease.as_secs_f64();
         let mut events = claims
             .claim_unordered(&mut conn, lease)
@@ -235,7 +247,7 @@ impl Relay {
             .await
             .map_err(db("claim ordered keys"))?;
         events.extend(ordered);
-        Ok(events)
+        Ok((events, started.elapsed()))
     }
 
     /// The QStash message for one claimed event (a message of one event; [`Relay::messages_for`] forms the
@@ -306,9 +318,12 @@ impl Relay {
         claims: &ClaimStatements,
         probe: bool,
     ) -> Result<CycleReport, RelayError> {
-        let events = self.claim_with(claims).await?;
+        let (events, claim_latency) = self.claim_timed(claims).await?;
         if events.is_empty() {
-            return Ok(CycleReport::default());
+            return Ok(CycleReport {
+                claim_latency,
+                ..CycleReport::default()
+            });
         }
         let claimed = events.len() as u64;
         let unordered = events.iter().filter(|e| e.seq.is_none()).count() as u64;
@@ -344,14 +359,17 @@ impl Relay {
                 "QStash answers again: outage over"
             );
         }
-        Ok(CycleReport::of(
-            claimed,
-            unordered,
-            &triage,
-            published,
-            settled,
-            claims.batch_size(),
-        ))
+        Ok(CycleReport {
+            claim_latency,
+            ..CycleReport::of(
+                claimed,
+                unordered,
+                &triage,
+                published,
+                settled,
+                claims.batch_size(),
+            )
+        })
     }
 }
 
@@ -391,6 +409,7 @@ impl CycleReport {
             requests_failed: published.requests_failed,
             outage: published.is_outage(),
             publish_latencies: published.latencies,
+            claim_latency: Duration::ZERO,
         }
     }
 }
