@@ -5,6 +5,7 @@
 //! whole-system test `tests/test_layout.rs` fails on a file that no test binary compiles.
 
 mod bench_report;
+mod bench_sustained;
 mod dev_console;
 mod help;
 mod pg_local;

@@ -140,3 +140,113 @@ async fn claims_use_their_partial_indexes_under_a_generic_plan(pool: PgPool) {
         "batched ordered claim scans a table: {ordered:?}"
     );
 }
+
+/// Under retention churn — events written, dispatched and delivered, then deleted by the relay's own
+/// housekeeping, round after round, leaving dead tuples that no vacuum has removed (autovacuum is off on the test
+/// server, the worst case) — the claims keep their index plans, with the statistics as the churn left them and
+/// after an `ANALYZE` (what autovacuum runs). Dead index entries make the walk longer (`outbox-dev bench
+/// sustained` measures by how much); they must never turn a claim into a table scan or a sort.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn claims_keep_their_plans_under_retention_churn(pool: PgPool) {
+    use outbox::relay::housekeeping::{self, Retention};
+    use std::time::Duration;
+    let db = outbox::db::Db::new(pool.clone(), Statements::Prepared);
+    let retention = Retention {
+        outbox: Duration::from_secs(3600),
+        processed: Duration::from_secs(3600),
+        batch: 1000,
+        time_budget: Duration::from_secs(120),
+    };
+    for round in 0..4i64 {
+        sqlx::query(
+            "INSERT INTO outbox (topic, partition_key, payload) \
+             SELECT 'audit', 'k' || (g % 100), '{}'::jsonb FROM generate_series(1, 20000) g",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO outbox (topic, partition_key, seq, payload) \
+             SELECT 'orders', 'c' || k, $1 * 5 + s, '{}'::jsonb FROM generate_series(1, 1000) k, generate_series(1, 5) s",
+        )
+        .bind(round)
+        .execute(&pool)
+        .await
+        .unwrap();
+        // Dispatched and delivered as the settle and the delivery callbacks record it, two hours ago.
+        sqlx::query(
+            "UPDATE outbox SET dispatched_at = now() - interval '2 hours', delivered_at = now() - interval '2 hours' \
+             WHERE dispatched_at IS NULL",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO outbox_keys (topic, partition_key, done_seq) \
+             SELECT 'orders', 'c' || k, ($1 + 1) * 5 FROM generate_series(1, 1000) k \
+             ON CONFLICT (topic, partition_key) DO UPDATE SET done_seq = excluded.done_seq",
+        )
+        .bind(round)
+        .execute(&pool)
+        .await
+        .unwrap();
+        let pruned = housekeeping::run(&db, retention).await.unwrap();
+        assert_eq!(pruned.outbox_deleted, 25_000, "round {round}: {pruned:?}");
+    }
+    // What is pending now: 5,000 unordered events, and the next event of each ordered key.
+    sqlx::query(
+        "INSERT INTO outbox (topic, partition_key, payload) \
+         SELECT 'audit', 'k' || (g % 100), '{}'::jsonb FROM generate_series(1, 5000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO outbox (topic, partition_key, seq, payload) \
+         SELECT 'orders', 'c' || k, 21, '{}'::jsonb FROM generate_series(1, 1000) k",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let dead: i64 = sqlx::query_scalar(
+        "SELECT n_dead_tup FROM pg_stat_all_tables WHERE relid = 'outbox'::regclass",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(dead >= 50_000, "the churn left {dead} dead tuples");
+
+    let claims = ClaimStatements::new(500, Statements::Prepared);
+    for analyzed in [false, true] {
+        if analyzed {
+            sqlx::query("ANALYZE outbox, outbox_keys")
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        let unordered = generic_plan(&pool, claims.unordered_sql(), "15").await;
+        assert!(
+            unordered
+                .iter()
+                .any(|(_, idx)| idx.as_deref() == Some("outbox_claim_idx")),
+            "analyzed {analyzed}: the unordered claim does not use outbox_claim_idx: {unordered:?}"
+        );
+        assert!(
+            !unordered
+                .iter()
+                .any(|(t, _)| t == "Seq Scan" || t == "Sort"),
+            "analyzed {analyzed}: the unordered claim scans or sorts: {unordered:?}"
+        );
+        let ordered = generic_plan(&pool, claims.ordered_sql(), "15").await;
+        for idx in ["outbox_keys_ready_idx", "outbox_key_seq_idx"] {
+            assert!(
+                ordered.iter().any(|(_, i)| i.as_deref() == Some(idx)),
+                "analyzed {analyzed}: the ordered claim does not use {idx}: {ordered:?}"
+            );
+        }
+        assert!(
+            !ordered.iter().any(|(t, _)| t == "Seq Scan"),
+            "analyzed {analyzed}: the ordered claim scans a table: {ordered:?}"
+        );
+    }
+}

@@ -12,6 +12,7 @@ mod config;
 mod consumer;
 mod fixtures;
 mod health;
+mod housekeeping;
 mod ordering_keys;
 mod pool;
 mod producer;

@@ -59,7 +59,7 @@ impl RelayState {
         let mut db = DbConfig::from_vars_over(&vars, relay_defaults)?;
         db.max_connections = db
             .max_connections
-            .max(relay_cfg.concurrency + u32::from(relay_cfg.listen_notify));
+            .max(relay_cfg.concurrency + 1 + u32::from(relay_cfg.listen_notify));
         let secrets = SecretSource::from_env(env.clone())
             .await
             .load(&[SecretField::DatabaseUrl, SecretField::QstashToken])
@@ -294,7 +294,12 @@ pub async fn handle(
     let accounting_budget = deadline
         .saturating_duration_since(Instant::now())
         .min(ACCOUNTING_BUDGET);
-    let (drain, accounting) = tokio::join!(relay.drain(deadline), relay.account(accounting_budget));
+    // Housekeeping keeps going beside the drain too, so that retention keeps up with any write rate.
+    let (drain, accounting, pruned) = tokio::join!(
+        relay.drain(deadline),
+        relay.account(accounting_budget),
+        housekeeping::keep_up(relay.db(), retention, pruned, deadline)
+    );
     let drain = drain?;
     let (accounting, accounting_error) = match accounting {
         Ok(r) => (r, None),

@@ -22,6 +22,18 @@ pub struct HousekeepingReport {
     pub consumer_sequences_deleted: u64,
     /// Idle ordered keys released.
     pub keys_released: u64,
+    /// A step stopped at the time budget with full batches still coming: more is past retention.
+    pub more: bool,
+}
+
+impl HousekeepingReport {
+    fn add(&mut self, other: HousekeepingReport) {
+        self.outbox_deleted += other.outbox_deleted;
+        self.processed_deleted += other.processed_deleted;
+        self.consumer_sequences_deleted += other.consumer_sequences_deleted;
+        self.keys_released += other.keys_released;
+        self.more = other.more;
+    }
 }
 
 /// Retention settings for one pass.
@@ -151,25 +163,27 @@ pub async fn prune_dead_events_batch(
     delete_older_than(db, sql, older_than).await
 }
 
-/// One bounded pass of everything.
+/// One bounded pass of everything. The outbox and the dedupe rows get half the time budget each, so that a
+/// backlog of one never starves the other; [`HousekeepingReport::more`] says a step ran out of time.
 pub async fn run(db: &Db, retention: Retention) -> Result<HousekeepingReport, sqlx::Error> {
     let started = Instant::now();
     let mut report = HousekeepingReport::default();
+    let full = u64::from(retention.batch);
+    let half = retention.time_budget / 2;
+    let mut last = full;
+    while last >= full && started.elapsed() < half {
+        last = prune_outbox_batch(db, retention.outbox, retention.batch).await?;
+        report.outbox_deleted += last;
+    }
+    report.more |= last >= full;
+    let step = Instant::now();
+    last = full;
+    while last >= full && step.elapsed() < half {
+        last = prune_processed_batch(db, retention.processed, retention.batch).await?;
+        report.processed_deleted += last;
+    }
+    report.more |= last >= full;
     let within = |t: Instant| t.elapsed() < retention.time_budget;
-    while within(started) {
-        let n = prune_outbox_batch(db, retention.outbox, retention.batch).await?;
-        report.outbox_deleted += n;
-        if n < u64::from(retention.batch) {
-            break;
-        }
-    }
-    while within(started) {
-        let n = prune_processed_batch(db, retention.processed, retention.batch).await?;
-        report.processed_deleted += n;
-        if n < u64::from(retention.batch) {
-            break;
-        }
-    }
     if within(started) {
         report.consumer_sequences_deleted +=
             prune_consumer_sequences_batch(db, retention.processed, retention.batch).await?;
@@ -178,6 +192,51 @@ pub async fn run(db: &Db, retention: Retention) -> Result<HousekeepingReport, sq
         report.keys_released += release_idle_keys(db, retention.batch).await?;
     }
     Ok(report)
+}
+
+/// The pause between two passes of [`keep_up`] once nothing more is past retention.
+pub const KEEP_UP_PAUSE: Duration = Duration::from_secs(5);
+
+/// Housekeeping beside the drain, until `until`: another bounded pass soon while the last one ran out of time
+/// ([`HousekeepingReport::more`]), otherwise every [`KEEP_UP_PAUSE`]. One pass at the start of an invocation
+/// deletes at most a time budget's worth of rows per invocation, whatever the write rate: at 1,000 events/s that
+/// was just enough, and anything faster would grow the table without bound (decision record 0066). A failed pass
+/// is logged and ends the loop; the invocation's own pass already ran.
+pub async fn keep_up(
+    db: &Db,
+    retention: Retention,
+    first: HousekeepingReport,
+    until: Instant,
+) -> HousekeepingReport {
+    let mut total = first;
+    // After a pass that ran out of time, a pause as long as the pass: at most half of one connection's time goes
+    // to deleting, the rest of the database's is the drain's.
+    let mut pause = if first.more {
+        retention.time_budget
+    } else {
+        KEEP_UP_PAUSE
+    };
+    loop {
+        if Instant::now() + pause + retention.time_budget >= until {
+            return total;
+        }
+        tokio::time::sleep(pause).await;
+        let started = Instant::now();
+        match run(db, retention).await {
+            Ok(r) => {
+                pause = if r.more {
+                    started.elapsed()
+                } else {
+                    KEEP_UP_PAUSE
+                };
+                total.add(r);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "housekeeping beside the drain failed; the next invocation retries");
+                return total;
+            }
+        }
+    }
 }
 
 /// What waits at the end of an invocation, and for how long: pending events, blocked ordered keys, ordered heads

@@ -111,7 +111,7 @@ pub struct SustainedArgs {
     /// Seed of the producers' choices.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Check the command: 4 minutes of 10 s at 200 events/s, retention 1 minute, 20 s invocations.
+    /// Check the command: 4 minutes of 10 s at 200 events/s, retention 1 minute, 30 s invocations.
     #[arg(long)]
     pub quick: bool,
     /// Directory for `minutes.jsonl`, `sustained.json` and the workers' logs.
@@ -125,7 +125,20 @@ pub struct SustainedArgs {
     pub worker_exe: Option<PathBuf>,
 }
 
+#[derive(clap::Parser)]
+struct Wrapper {
+    #[command(flatten)]
+    args: SustainedArgs,
+}
+
 impl SustainedArgs {
+    /// The arguments as the command line `outbox-dev bench sustained ARGS…` would give them.
+    pub fn parse(args: &[&str]) -> anyhow::Result<SustainedArgs> {
+        use clap::Parser;
+        let argv = std::iter::once("sustained").chain(args.iter().copied());
+        Ok(Wrapper::try_parse_from(argv)?.args)
+    }
+
     /// `--quick`'s sizes, where the command line left the defaults.
     fn effective(mut self) -> SustainedArgs {
         if self.quick {
@@ -133,7 +146,7 @@ impl SustainedArgs {
             self.minute_secs = self.minute_secs.min(10);
             self.rate = self.rate.min(200.0);
             self.retention_minutes = self.retention_minutes.min(1.0);
-            self.invocation_secs = self.invocation_secs.min(20);
+            self.invocation_secs = self.invocation_secs.min(30);
             self.ordered_keys = self.ordered_keys.min(50);
             self.unordered_keys = self.unordered_keys.min(500);
             self.drain_timeout_secs = self.drain_timeout_secs.min(120);
@@ -254,7 +267,8 @@ pub async fn run_and_judge(args: SustainedArgs) -> anyhow::Result<Value> {
         ("CONSUMER_NAME".into(), "sustained".into()),
         ("OUTBOX_RETENTION_HOURS".into(), retention.clone()),
         ("PROCESSED_TTL_HOURS".into(), retention),
-        ("RUST_LOG".into(), "warn".into()),
+        // Warnings, and the relay's one summary line per invocation (its housekeeping figures).
+        ("RUST_LOG".into(), "warn,outbox::relay::handler=info".into()),
     ];
     let spawner = Spawner {
         exe: match &args.worker_exe {

@@ -366,7 +366,10 @@ pub fn emf_line(line: &str, at: f64) -> Option<Invocation> {
 /// `outbox` and from `processed_messages`.
 fn housekeeping_line(line: &str) -> Option<(u64, u64)> {
     let v: Value = serde_json::from_str(line.trim()).ok()?;
-    let summary: Value = serde_json::from_str(v["fields"]["summary"].as_str()?).ok()?;
+    let text = v["summary"]
+        .as_str()
+        .or_else(|| v["fields"]["summary"].as_str())?;
+    let summary: Value = serde_json::from_str(text).ok()?;
     let h = &summary["housekeeping"];
     Some((
         h["outbox_deleted"].as_u64().unwrap_or(0),

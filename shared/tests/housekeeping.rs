@@ -1,0 +1,81 @@
+//! The relay's housekeeping keeps up with the write rate: beside the drain it runs pass after pass while rows past
+//! retention remain, instead of one time-boxed pass per invocation (which deleted at most a budget's worth per
+//! invocation, whatever the rate). Rows still needed are never touched.
+
+use std::time::{Duration, Instant};
+
+use outbox::db::{Db, Statements};
+use outbox::relay::housekeeping::{self, Retention};
+use sqlx::PgPool;
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn housekeeping_beside_the_drain_deletes_everything_past_retention_and_nothing_else(
+    pool: PgPool,
+) {
+    // 3,000 events dispatched and delivered two hours ago, their dedupe rows as old.
+    sqlx::query(
+        "INSERT INTO outbox (topic, partition_key, payload, dispatched_at, delivered_at) \
+         SELECT 'audit', 'k' || (g % 10), '{}'::jsonb, now() - interval '2 hours', now() - interval '2 hours' \
+         FROM generate_series(1, 3000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO processed_messages (consumer, message_id, processed_at) \
+         SELECT 'c', 'm' || g, now() - interval '2 hours' FROM generate_series(1, 3000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Kept: a pending event, one dispatched but not delivered yet, one delivered recently, a recent dedupe row.
+    sqlx::query(
+        "INSERT INTO outbox (topic, partition_key, payload, dispatched_at, delivered_at) VALUES \
+         ('audit', 'p', '{}', NULL, NULL), \
+         ('audit', 'q', '{}', now() - interval '2 hours', NULL), \
+         ('audit', 'r', '{}', now(), now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO processed_messages (consumer, message_id) VALUES ('c', 'recent')")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let db = Db::new(pool.clone(), Statements::Prepared);
+    // A budget far too small for the backlog: each pass deletes a little and says there is more.
+    let retention = Retention {
+        outbox: Duration::from_secs(3600),
+        processed: Duration::from_secs(3600),
+        batch: 100,
+        time_budget: Duration::from_millis(20),
+    };
+    let first = housekeeping::run(&db, retention).await.unwrap();
+    assert!(
+        first.more,
+        "one pass should not clear 3,000 rows in 20 ms: {first:?}"
+    );
+    assert!(first.outbox_deleted < 3000, "{first:?}");
+    let until = Instant::now() + Duration::from_secs(8);
+    let total = housekeeping::keep_up(&db, retention, first, until).await;
+    assert!(
+        Instant::now() <= until + Duration::from_secs(1),
+        "keep_up overran its deadline"
+    );
+    assert_eq!(total.outbox_deleted, 3000, "{total:?}");
+    assert_eq!(total.processed_deleted, 3000, "{total:?}");
+    assert!(!total.more, "{total:?}");
+
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT partition_key FROM outbox ORDER BY partition_key")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(left, ["p", "q", "r"]);
+    let dedupe: Vec<String> = sqlx::query_scalar("SELECT message_id FROM processed_messages")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(dedupe, ["recent"]);
+}
