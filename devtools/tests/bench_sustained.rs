@@ -168,12 +168,14 @@ async fn a_quick_sustained_run_accounts_for_every_event_and_writes_its_report() 
 }
 
 /// The accounting counts each failure it exists to catch: an event never applied (lost), one applied twice, an
-/// application of an id nobody produced, a key applied out of order, a row left pending.
+/// application of an id nobody produced, a key applied out of order, a dead letter, a row left pending.
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
-async fn the_accounting_counts_lost_doubled_unknown_and_reordered_events(pool: sqlx::PgPool) {
+async fn the_accounting_counts_lost_doubled_unknown_reordered_dead_and_pending_events(
+    pool: sqlx::PgPool,
+) {
     outbox_devtools::soak::create_table(&pool).await.unwrap();
     let mut ids = Vec::new();
-    for n in 0..5u64 {
+    for n in 0..6u64 {
         let mut tx = pool.begin().await.unwrap();
         let e = outbox::NewEvent::new(
             &outbox_devtools::soak::ORDERED,
@@ -184,13 +186,28 @@ async fn the_accounting_counts_lost_doubled_unknown_and_reordered_events(pool: s
         ids.push(outbox::enqueue(&mut tx, e).await.unwrap().id.get());
         tx.commit().await.unwrap();
     }
-    // Everything dispatched but event 4 (left pending); events 0..3 applied, 1 twice, 2 before 0 (out of
-    // order); event 3 never applied (lost); id 999999 applied though never produced.
-    sqlx::query("UPDATE outbox SET dispatched_at = now() WHERE id <> $1")
-        .bind(ids[4])
+    // Everything dispatched and delivered but event 4 (left pending) and event 5 (dead-lettered); events 0..2
+    // and 4 applied, 1 twice, 2 before 0 (out of order); event 3 never applied (lost); id 999999 applied though
+    // never produced.
+    sqlx::query(
+        "UPDATE outbox SET dispatched_at = now(), delivered_at = now() WHERE id <> ALL($1)",
+    )
+    .bind(vec![ids[4], ids[5]])
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE outbox SET dead_lettered_at = now() WHERE id = $1")
+        .bind(ids[5])
         .execute(&pool)
         .await
         .unwrap();
+    sqlx::query(
+        "INSERT INTO dead_letters (source, natural_id, outbox_id, error) VALUES ('relay', 'test', $1, 'refused')",
+    )
+    .bind(ids[5])
+    .execute(&pool)
+    .await
+    .unwrap();
     let apply = |id: i64, seq: i64| {
         sqlx::query(
             "INSERT INTO soak_applied (outbox_id, topic, partition_key, seq, n) VALUES ($1, 'soak_ordered', 'k1', $2, 0)",
@@ -209,14 +226,26 @@ async fn the_accounting_counts_lost_doubled_unknown_and_reordered_events(pool: s
         apply(id, seq).execute(&pool).await.unwrap();
     }
     let a = verdict::account(&pool, ids.clone(), true).await.unwrap();
-    assert_eq!(a.produced, 5);
+    assert_eq!(a.produced, 6);
     assert_eq!(a.applied_once, 3, "{a:?}"); // 0, 2 and 4
     assert_eq!(a.applied_twice, 1, "{a:?}");
-    assert_eq!(a.lost, 1, "{a:?}");
+    assert_eq!(a.lost, 1, "{a:?}"); // 3; 5 is dead-lettered, not lost
+    assert_eq!(a.dead_lettered, 1, "{a:?}");
     assert_eq!(a.applied_unknown, 1, "{a:?}");
     // seq 2, 2 (not rising), 3, 1 (falls): two violations.
     assert_eq!(a.order_violations, 2, "{a:?}");
     assert_eq!(a.left_leased, 1, "{a:?}");
     assert!(!a.ok);
-    assert_eq!(a.problems.len(), 5, "{:?}", a.problems);
+    assert_eq!(a.problems.len(), 6, "{:?}", a.problems);
+    // With every row's outcome recorded, a dispatched event without one is still counted.
+    sqlx::query("UPDATE outbox SET dispatched_at = now(), delivered_at = NULL WHERE id = $1")
+        .bind(ids[4])
+        .execute(&pool)
+        .await
+        .unwrap();
+    let a = verdict::account(&pool, ids, true).await.unwrap();
+    assert_eq!(
+        a.left_leased, 1,
+        "a dispatched event without an outcome: {a:?}"
+    );
 }

@@ -28,12 +28,14 @@ async fn housekeeping_beside_the_drain_deletes_everything_past_retention_and_not
     .execute(&pool)
     .await
     .unwrap();
-    // Kept: a pending event, one dispatched but not delivered yet, one delivered recently, a recent dedupe row.
+    // Kept: a pending event, one dispatched but not delivered yet, one delivered recently, a dead-lettered one
+    // (old, and even with a delivery recorded), a recent dedupe row.
     sqlx::query(
-        "INSERT INTO outbox (topic, partition_key, payload, dispatched_at, delivered_at) VALUES \
-         ('audit', 'p', '{}', NULL, NULL), \
-         ('audit', 'q', '{}', now() - interval '2 hours', NULL), \
-         ('audit', 'r', '{}', now(), now())",
+        "INSERT INTO outbox (topic, partition_key, payload, dispatched_at, delivered_at, dead_lettered_at) VALUES \
+         ('audit', 'p', '{}', NULL, NULL, NULL), \
+         ('audit', 'q', '{}', now() - interval '2 hours', NULL, NULL), \
+         ('audit', 'r', '{}', now(), now(), NULL), \
+         ('audit', 's', '{}', now() - interval '2 hours', now() - interval '2 hours', now() - interval '2 hours')",
     )
     .execute(&pool)
     .await
@@ -58,7 +60,8 @@ async fn housekeeping_beside_the_drain_deletes_everything_past_retention_and_not
     );
     assert!(first.outbox_deleted < 3000, "{first:?}");
     let until = Instant::now() + Duration::from_secs(8);
-    let total = housekeeping::keep_up(&db, retention, first, until).await;
+    let never = tokio::sync::Notify::new();
+    let total = housekeeping::keep_up(&db, retention, first, until, &never).await;
     assert!(
         Instant::now() <= until + Duration::from_secs(1),
         "keep_up overran its deadline"
@@ -72,10 +75,32 @@ async fn housekeeping_beside_the_drain_deletes_everything_past_retention_and_not
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(left, ["p", "q", "r"]);
+    assert_eq!(left, ["p", "q", "r", "s"]);
     let dedupe: Vec<String> = sqlx::query_scalar("SELECT message_id FROM processed_messages")
         .fetch_all(&pool)
         .await
         .unwrap();
     assert_eq!(dedupe, ["recent"]);
+}
+
+/// The drain's end stops housekeeping at once, even between passes and even when it came first.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn housekeeping_beside_the_drain_stops_when_the_drain_ends(pool: PgPool) {
+    let db = Db::new(pool.clone(), Statements::Prepared);
+    let retention = Retention {
+        outbox: Duration::from_secs(3600),
+        processed: Duration::from_secs(3600),
+        batch: 100,
+        time_budget: Duration::from_millis(200),
+    };
+    let stop = tokio::sync::Notify::new();
+    stop.notify_one();
+    let started = Instant::now();
+    let until = started + Duration::from_secs(60);
+    let total = housekeeping::keep_up(&db, retention, Default::default(), until, &stop).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "kept going after the drain ended"
+    );
+    assert_eq!(total.outbox_deleted, 0);
 }

@@ -247,7 +247,8 @@ pub fn deadline_from(context_deadline_ms: u64, margin: Duration) -> Instant {
 /// The longest an accounting pass may take in one invocation.
 pub const ACCOUNTING_BUDGET: Duration = Duration::from_secs(20);
 
-/// The handler: housekeeping, drain until the deadline beside one accounting pass, summary log + EMF line.
+/// The handler: housekeeping, then the drain until the deadline beside one accounting pass and more housekeeping
+/// while rows past retention remain, then the summary log + EMF line.
 #[tracing::instrument(name = "relay.invoke", skip_all, fields(request_id = %event.context.request_id))]
 pub async fn handle(
     state: &RelayState,
@@ -294,11 +295,24 @@ pub async fn handle(
     let accounting_budget = deadline
         .saturating_duration_since(Instant::now())
         .min(ACCOUNTING_BUDGET);
-    // Housekeeping keeps going beside the drain too, so that retention keeps up with any write rate.
+    // Housekeeping keeps going beside the drain too, so that retention keeps up with any write rate; it stops
+    // when the drain does, and like the drain's workers starts nothing within a lease of the deadline.
+    let drained = tokio::sync::Notify::new();
+    let drain = async {
+        let d = relay.drain(deadline).await;
+        drained.notify_one();
+        d
+    };
     let (drain, accounting, pruned) = tokio::join!(
-        relay.drain(deadline),
+        drain,
         relay.account(accounting_budget),
-        housekeeping::keep_up(relay.db(), retention, pruned, deadline)
+        housekeeping::keep_up(
+            relay.db(),
+            retention,
+            pruned,
+            deadline.checked_sub(cfg.lease).unwrap_or(deadline),
+            &drained,
+        )
     );
     let drain = drain?;
     let (accounting, accounting_error) = match accounting {

@@ -1,4 +1,5 @@
-//! Housekeeping, run by the relay at the start of each invocation and bounded in rows and time: dispatched rows
+//! Housekeeping, run by the relay at the start of each invocation and then beside the drain while rows past
+//! retention remain ([`keep_up`], decision record 0066), each pass bounded in rows and time: dispatched rows
 //! whose outcome is known (delivered or applied, [`crate::accounting`]) leave the table after
 //! `OUTBOX_RETENTION_HOURS` (an event still in flight stays until it is accounted for; dead-lettered rows stay
 //! until their dead letter is handled), consumer dedupe rows and consumer sequence rows older than
@@ -22,7 +23,8 @@ pub struct HousekeepingReport {
     pub consumer_sequences_deleted: u64,
     /// Idle ordered keys released.
     pub keys_released: u64,
-    /// A step stopped at the time budget with full batches still coming: more is past retention.
+    /// A step stopped at the time budget with full batches still coming, or came back full: more is past
+    /// retention.
     pub more: bool,
 }
 
@@ -164,7 +166,8 @@ pub async fn prune_dead_events_batch(
 }
 
 /// One bounded pass of everything. The outbox and the dedupe rows get half the time budget each, so that a
-/// backlog of one never starves the other; [`HousekeepingReport::more`] says a step ran out of time.
+/// backlog of one never starves the other, then one statement each for consumer sequence rows and idle keys;
+/// [`HousekeepingReport::more`] says a step ran out of time or came back full.
 pub async fn run(db: &Db, retention: Retention) -> Result<HousekeepingReport, sqlx::Error> {
     let started = Instant::now();
     let mut report = HousekeepingReport::default();
@@ -183,22 +186,22 @@ pub async fn run(db: &Db, retention: Retention) -> Result<HousekeepingReport, sq
         report.processed_deleted += last;
     }
     report.more |= last >= full;
-    let within = |t: Instant| t.elapsed() < retention.time_budget;
-    if within(started) {
-        report.consumer_sequences_deleted +=
-            prune_consumer_sequences_batch(db, retention.processed, retention.batch).await?;
-    }
-    if within(started) {
-        report.keys_released += release_idle_keys(db, retention.batch).await?;
-    }
+    // One statement each, every pass: a backlog of the two above must not starve them.
+    let n = prune_consumer_sequences_batch(db, retention.processed, retention.batch).await?;
+    report.consumer_sequences_deleted += n;
+    report.more |= n >= full;
+    let n = release_idle_keys(db, retention.batch).await?;
+    report.keys_released += n;
+    report.more |= n >= full;
     Ok(report)
 }
 
 /// The pause between two passes of [`keep_up`] once nothing more is past retention.
 pub const KEEP_UP_PAUSE: Duration = Duration::from_secs(5);
 
-/// Housekeeping beside the drain, until `until`: another bounded pass soon while the last one ran out of time
-/// ([`HousekeepingReport::more`]), otherwise every [`KEEP_UP_PAUSE`]. One pass at the start of an invocation
+/// Housekeeping beside the drain, until `until` or `stop` (the drain ended; a permit stored by `notify_one`
+/// counts): another bounded pass soon while the last one ran out of time ([`HousekeepingReport::more`]),
+/// otherwise every [`KEEP_UP_PAUSE`]. No pass starts unless it can end before `until`. One pass at the start of an invocation
 /// deletes at most a time budget's worth of rows per invocation, whatever the write rate: at 1,000 events/s that
 /// was just enough, and anything faster would grow the table without bound (decision record 0066). A failed pass
 /// is logged and ends the loop; the invocation's own pass already ran.
@@ -207,6 +210,7 @@ pub async fn keep_up(
     retention: Retention,
     first: HousekeepingReport,
     until: Instant,
+    stop: &tokio::sync::Notify,
 ) -> HousekeepingReport {
     let mut total = first;
     // After a pass that ran out of time, a pause as long as the pass: at most half of one connection's time goes
@@ -220,7 +224,10 @@ pub async fn keep_up(
         if Instant::now() + pause + retention.time_budget >= until {
             return total;
         }
-        tokio::time::sleep(pause).await;
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.notified() => return total,
+        }
         let started = Instant::now();
         match run(db, retention).await {
             Ok(r) => {

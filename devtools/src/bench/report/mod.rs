@@ -507,7 +507,7 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
 
     let mut targets = batched::targets(&batched_out);
     targets.extend(unordered_targets(&by_batch, &by_conc));
-    let figures = json!({
+    let mut figures = json!({
         "targets": targets,
         "generated_at": chrono::Utc::now().to_rfc3339(),
         "mode": if plan.quick { "quick" } else { "full" },
@@ -525,11 +525,24 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
             "batched_deliveries": batched_out,
         },
     });
+    // The sustained-load runs (`bench sustained --report`) are not part of this report's run: kept as they were.
+    if let Ok(old) = std::fs::read_to_string(plots_dir.join("figures.json"))
+        && let Ok(old) = serde_json::from_str::<Value>(&old)
+    {
+        for key in super::sustained::report::KEYS {
+            if old[key].is_object() {
+                figures[key] = old[key].clone();
+            }
+        }
+    }
     std::fs::write(
         plots_dir.join("figures.json"),
         serde_json::to_string_pretty(&figures)? + "\n",
     )?;
-    let md = markdown(&figures, &plan);
+    let md = super::sustained::report::with_section(
+        &markdown(&figures, &plan),
+        &super::sustained::report::section(&figures),
+    );
     std::fs::write(args.out.join("benchmarks.md"), &md)?;
     let readme_path = args
         .readme

@@ -9,7 +9,8 @@
 //!   unordered one;
 //! * **relays**: `--relays` processes of `outbox relay` (simulated Lambda invocations of `--invocation-secs`
 //!   through the relay function's handler, staggered like overlapping scheduled runs), configured with the
-//!   function's defaults except the retention window: `OUTBOX_RETENTION_HOURS` and `PROCESSED_TTL_HOURS` are
+//!   relay's code defaults (delivery evidence from callbacks; the template deploys consumer and dedupe evidence)
+//!   except the retention window: `OUTBOX_RETENTION_HOURS` and `PROCESSED_TTL_HOURS` are
 //!   `--retention-minutes`, so the housekeeping each invocation starts with deletes as it does in production;
 //! * the **consumer** and the **callback receiver** as processes (the functions' handlers over HTTP), the
 //!   QStash-compatible dev server in this process delivering to them (no faults).
@@ -200,6 +201,14 @@ pub async fn run_and_judge(args: SustainedArgs) -> anyhow::Result<Value> {
         args.retention_minutes > 0.0,
         "--retention-minutes must be positive"
     );
+    if let Some(at) = args.long_transaction_at {
+        anyhow::ensure!(
+            at >= 1 && at < args.minutes && args.long_transaction_minutes >= 1,
+            "--long-transaction-at must be a minute of the run before its last (1 to {}), and \
+             --long-transaction-minutes at least 1",
+            args.minutes - 1
+        );
+    }
     outbox::install_crypto_provider();
     let schema = outbox::schema::from_process_env()?;
     outbox::schema::install(&schema)?;
@@ -267,6 +276,8 @@ pub async fn run_and_judge(args: SustainedArgs) -> anyhow::Result<Value> {
         ("CONSUMER_NAME".into(), "sustained".into()),
         ("OUTBOX_RETENTION_HOURS".into(), retention.clone()),
         ("PROCESSED_TTL_HOURS".into(), retention),
+        // JSON logs whatever the caller's environment says: the sampler reads the relays' summary lines.
+        ("LOG_FORMAT".into(), "json".into()),
         // Warnings, and the relay's one summary line per invocation (its housekeeping figures).
         ("RUST_LOG".into(), "warn,outbox::relay::handler=info".into()),
     ];
@@ -448,7 +459,7 @@ pub async fn run_and_judge(args: SustainedArgs) -> anyhow::Result<Value> {
             "invocation_secs": args.invocation_secs,
             "long_transaction_at": args.long_transaction_at,
             "long_transaction_minutes": args.long_transaction_at.map(|_| args.long_transaction_minutes),
-            "relay_settings": "the relay function's defaults, retention aside",
+            "relay_settings": "the relay's code defaults (delivery evidence from callbacks, batches of 500, delivery batch 50, 8 cycles, 15 s lease, 500 ms poll), retention aside",
         },
         "machine": machine,
         "autovacuum": autovacuum,

@@ -215,7 +215,10 @@ pub fn write(dir: &Path, summary: &Value) -> anyhow::Result<Vec<PathBuf>> {
             .with_context(|| format!("reading {}", figures_path.display()))?,
         Err(_) => json!({}),
     };
-    figures[key] = summary.clone();
+    let Some(object) = figures.as_object_mut() else {
+        anyhow::bail!("{} is not a JSON object", figures_path.display());
+    };
+    object.insert(key.to_owned(), summary.clone());
     std::fs::write(
         &figures_path,
         serde_json::to_string_pretty(&figures)? + "\n",
@@ -234,11 +237,12 @@ pub fn with_section(md: &str, section: &str) -> String {
     if section.is_empty() {
         return md.to_owned();
     }
-    match (md.find(BEGIN), md.find(END)) {
-        (Some(b), Some(e)) if e > b => {
-            format!("{}{}{}", &md[..b], section.trim_end(), &md[e + END.len()..])
-        }
-        _ => format!("{}\n{}\n", md.trim_end(), section.trim_end()),
+    let end = md
+        .find(BEGIN)
+        .and_then(|b| md[b..].find(END).map(|e| (b, b + e)));
+    match end {
+        Some((b, e)) => format!("{}{}{}", &md[..b], section.trim_end(), &md[e + END.len()..]),
+        None => format!("{}\n\n{}\n", md.trim_end(), section.trim_end()),
     }
 }
 

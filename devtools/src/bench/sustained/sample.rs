@@ -36,7 +36,8 @@ pub struct Minute {
     pub at_secs: f64,
     /// Events committed by the producers in this minute.
     pub produced: u64,
-    /// Events the relays marked dispatched in this minute.
+    /// Events the relays marked dispatched in this minute (counted among the rows still in the table: with a
+    /// retention window of a minute or less, some are gone before they are counted).
     pub dispatched: i64,
     /// Events the consumer applied in this minute.
     pub applied: i64,
@@ -122,6 +123,7 @@ pub struct Sampler {
     last_ord: i64,
     last_db_time: chrono::DateTime<chrono::Utc>,
     last_produced: u64,
+    last_applied: i64,
     last_cpu: HashMap<&'static str, f64>,
     logs: Vec<(PathBuf, u64, String)>,
     invocations: Vec<Invocation>,
@@ -165,6 +167,7 @@ impl Sampler {
             last_ord: 0,
             last_db_time,
             last_produced: 0,
+            last_applied: 0,
             last_cpu: HashMap::new(),
             logs,
             invocations: Vec::new(),
@@ -215,11 +218,12 @@ impl Sampler {
             if f.seek(SeekFrom::Start(*offset)).is_err() {
                 continue;
             }
-            let mut buf = String::new();
-            if let Ok(n) = f.read_to_string(&mut buf) {
+            // Bytes, decoded line by line: one invalid byte must not stop the reading for good.
+            let mut buf = Vec::new();
+            if let Ok(n) = f.read_to_end(&mut buf) {
                 *offset += n as u64;
             }
-            partial.push_str(&buf);
+            partial.push_str(&String::from_utf8_lossy(&buf));
             let complete = match partial.rfind('\n') {
                 Some(i) => i + 1,
                 None => continue,
@@ -257,7 +261,13 @@ impl Sampler {
         .bind(now)
         .fetch_one(&self.pool)
         .await?;
-        let (applied, p50, p99, max_ord): (i64, Option<f64>, Option<f64>, Option<i64>) =
+        // Latencies from the rows applied since the last minute's highest `ord` (a consumer transaction that took
+        // a lower `ord` and committed later is left out: a sample); the count from the table's total, which
+        // misses nothing.
+        let total_applied: i64 = sqlx::query_scalar("SELECT count(*) FROM soak_applied")
+            .fetch_one(&self.pool)
+            .await?;
+        let (_, p50, p99, max_ord): (i64, Option<f64>, Option<f64>, Option<i64>) =
             sqlx::query_as(outbox::schema::q(
                 "SELECT count(*), \
                         percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), \
@@ -294,7 +304,7 @@ impl Sampler {
             at_secs: secs,
             produced: produced - self.last_produced,
             dispatched,
-            applied,
+            applied: total_applied - self.last_applied,
             claim_p50_ms: (!claim_p50s.is_empty()).then(|| outbox_testkit::median(&claim_p50s)),
             claim_p99_ms: metric("ClaimLatencyP99").into_iter().reduce(f64::max),
             invocations: invocations.len(),
@@ -319,6 +329,7 @@ impl Sampler {
         self.last_cpu = cpu;
         self.last_db_time = now;
         self.last_produced = produced;
+        self.last_applied = total_applied;
         if let Some(o) = max_ord {
             self.last_ord = o;
         }
