@@ -48,7 +48,9 @@ pub struct PruneArgs {
 /// What `outbox prune` removed.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct PruneReport {
-    /// Dispatched outbox rows.
+    /// Outbox partitions dropped whole (every row in them done; the rest moved into DEFAULT first).
+    pub outbox_partitions: u64,
+    /// Dispatched outbox rows deleted one by one (DEFAULT and the pre-partitioning table).
     pub outbox: u64,
     /// `processed_messages` rows.
     pub processed_messages: u64,
@@ -142,7 +144,38 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
     let b = args.batch;
     let j = args.json;
     let p = &db;
+    // Whole partitions first (decision record 0067), so row retention does not delete rows one by one that a drop
+    // removes at once.
+    let parts = outbox::relay::partitions::maintain(
+        &db,
+        outbox::relay::partitions::PartitionSettings::new(outbox_ttl, Duration::from_secs(3600)),
+    )
+    .await;
+    if let Some(e) = &parts.error {
+        bail!("outbox partitions: {e}");
+    }
+    if j {
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({"step": "outbox_partitions", "dropped": parts.dropped, "survivors_moved": parts.survivors_moved, "created": parts.created, "busy": parts.busy})
+        )?;
+    } else {
+        writeln!(
+            out,
+            "outbox_partitions: {} dropped ({} rows not done moved to DEFAULT), {} made ahead{}",
+            parts.dropped,
+            parts.survivors_moved,
+            parts.created,
+            if parts.busy > 0 {
+                ", some busy (a transaction held the outbox): run again later"
+            } else {
+                ""
+            }
+        )?;
+    }
     let mut r = PruneReport {
+        outbox_partitions: parts.dropped,
         outbox: step(
             out,
             j,
@@ -205,8 +238,9 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
     } else {
         writeln!(
             out,
-            "pruned: {} outbox rows, {} dedupe rows, {} consumer sequences, {} dead letters, {} dead outbox rows, \
+            "pruned: {} outbox partitions, {} outbox rows, {} dedupe rows, {} consumer sequences, {} dead letters, {} dead outbox rows, \
              {} idle keys released",
+            r.outbox_partitions,
             r.outbox,
             r.processed_messages,
             r.consumer_sequences,

@@ -64,7 +64,7 @@ async fn application_tables(pool: &PgPool, with_dead_letters: bool) {
 /// constraints; and every table's rows as JSON.
 async fn snapshot(pool: &PgPool, schema: &str) -> Vec<(String, String, String)> {
     sqlx::query_as(
-        "SELECT c.relname::text, c.relkind::text, \
+        "SELECT c.relname::text, CASE WHEN c.relispartition THEN 'partition' ELSE c.relkind::text END, \
                 concat_ws(' | ', \
                   (SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) \
                                      || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END \
@@ -91,7 +91,8 @@ async fn snapshot(pool: &PgPool, schema: &str) -> Vec<(String, String, String)> 
 fn tables(snapshot: &[(String, String, String)]) -> Vec<String> {
     snapshot
         .iter()
-        .filter(|(_, kind, _)| kind == "r")
+        // Tables and partitioned tables (the outbox), not their partitions.
+        .filter(|(_, kind, _)| kind == "r" || kind == "p")
         .map(|(name, _, _)| name.clone())
         .collect()
 }

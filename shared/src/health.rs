@@ -59,13 +59,15 @@ pub struct TableHealth {
     pub live_tuples: i64,
     /// Dead tuples not yet vacuumed (the statistics' estimate).
     pub dead_tuples: i64,
-    /// Table, indexes and TOAST, bytes.
+    /// Table, indexes and TOAST, bytes. For a partitioned table (`outbox`) every figure here is the sum over
+    /// its partitions.
     pub total_bytes: i64,
     /// Indexes alone, bytes.
     pub index_bytes: i64,
     /// When autovacuum last finished on it, if ever.
     pub last_autovacuum: Option<DateTime<Utc>>,
-    /// How many times autovacuum has vacuumed it since the statistics were reset.
+    /// How many times autovacuum has vacuumed it since the statistics were reset (over the partitions that exist
+    /// now: a dropped partition takes its count with it).
     pub autovacuum_count: i64,
 }
 
@@ -142,16 +144,20 @@ pub async fn read(db: &Db) -> Result<DatabaseHealth, sqlx::Error> {
         let tables: Vec<TableHealth> = db
             .query_as(
                 "SELECT c.relname::text AS table, \
-                        coalesce(s.n_live_tup, 0)::int8 AS live_tuples, \
-                        coalesce(s.n_dead_tup, 0)::int8 AS dead_tuples, \
-                        pg_total_relation_size(c.oid)::int8 AS total_bytes, \
-                        pg_indexes_size(c.oid)::int8 AS index_bytes, \
-                        s.last_autovacuum, \
-                        coalesce(s.autovacuum_count, 0)::int8 AS autovacuum_count \
+                        sum(coalesce(s.n_live_tup, 0))::int8 AS live_tuples, \
+                        sum(coalesce(s.n_dead_tup, 0))::int8 AS dead_tuples, \
+                        sum(pg_total_relation_size(l.relid))::int8 AS total_bytes, \
+                        sum(pg_indexes_size(l.relid))::int8 AS index_bytes, \
+                        max(s.last_autovacuum) AS last_autovacuum, \
+                        sum(coalesce(s.autovacuum_count, 0))::int8 AS autovacuum_count \
                  FROM pg_class c \
                  JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid \
+                 CROSS JOIN LATERAL (SELECT c.oid AS relid WHERE c.relkind = 'r' \
+                                     UNION ALL SELECT relid FROM pg_partition_tree(c.oid) \
+                                     WHERE isleaf AND c.relkind = 'p') l \
+                 LEFT JOIN pg_stat_all_tables s ON s.relid = l.relid \
                  WHERE n.nspname = $1 AND c.relname = ANY($2) AND c.relkind IN ('r', 'p') \
+                 GROUP BY c.relname \
                  ORDER BY array_position($2, c.relname::text)",
             )
             .bind(&schema)

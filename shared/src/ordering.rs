@@ -90,17 +90,17 @@ RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.h
 /// as they are contiguous, not dead-lettered and not delivered) with one fencing token, and count each row's
 /// attempt. `n` is the key's topic's most events per message: `$2`/`$3` are the topics with their own `n`
 /// (parallel arrays), `$4` the `n` of every other topic; `$1` is the lease in seconds; `{limit}` as in
-/// [`CLAIM_HEADS_SQL`]. The run is found with one range scan of `outbox_key_seq_idx` per key and updated by
-/// `ctid` (no second index lookup). With every `n = 1` it claims what [`CLAIM_HEADS_SQL`] claims, but the relay
+/// [`CLAIM_HEADS_SQL`]. The run is found with one range scan of `outbox_key_seq_idx` per key and updated by `id`
+/// (not by `ctid`, which repeats across the outbox's partitions). With every `n = 1` it claims what [`CLAIM_HEADS_SQL`] claims, but the relay
 /// then uses that one: it was not measurably slower, yet not measurably as fast either on a shared machine.
 pub const CLAIM_RUNS_SQL: &str = concat!(
     claim_keys_sql!(),
     r#",
 run AS (
-    SELECT r.row_ctid
+    SELECT r.row_id
     FROM keys k
     CROSS JOIN LATERAL (
-        SELECT o.ctid AS row_ctid, o.seq, row_number() OVER (ORDER BY o.seq) AS rn
+        SELECT o.id AS row_id, o.seq, row_number() OVER (ORDER BY o.seq) AS rn
         FROM {schema}.outbox o
         WHERE o.topic = k.topic AND o.partition_key = k.partition_key
           AND o.seq > k.done_seq
@@ -115,7 +115,7 @@ SET attempts = o.attempts + 1,
     lease_token = (SELECT t FROM tok),
     locked_until = now() + make_interval(secs => $1)
 FROM run
-WHERE o.ctid = run.row_ctid
+WHERE o.id = run.row_id
 RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
           o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token
 "#

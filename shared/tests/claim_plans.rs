@@ -50,11 +50,37 @@ async fn generic_plan(pool: &PgPool, sql: &str, args: &str) -> Vec<(String, Opti
         .unwrap();
     let mut nodes = Vec::new();
     plan_nodes(&plan, &mut nodes);
+    // The outbox is partitioned: a plan names each partition's index; name the outbox's index it belongs to.
+    let parents: std::collections::HashMap<String, String> = sqlx::query_as(
+        "SELECT c.relname::text, p.relname::text FROM pg_inherits i \
+         JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent WHERE c.relkind = 'i'",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    for (_, idx) in &mut nodes {
+        if let Some(parent) = idx.as_ref().and_then(|i| parents.get(i)) {
+            *idx = Some(parent.clone());
+        }
+    }
     nodes
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn claims_use_their_partial_indexes_under_a_generic_plan(pool: PgPool) {
+    // A range partition made ahead (it takes the first 10,000 events), DEFAULT the rest.
+    let db = outbox::db::Db::new(pool.clone(), Statements::Prepared);
+    let made = outbox::relay::partitions::maintain(
+        &db,
+        outbox::relay::partitions::PartitionSettings::new(
+            std::time::Duration::from_secs(3600),
+            std::time::Duration::from_secs(10),
+        ),
+    )
+    .await;
+    assert_eq!((made.created, made.error), (1, None));
     // 40k pending unordered rows, 40k rows of history, 2k ordered keys with 5 events each.
     sqlx::query(
         "INSERT INTO outbox (topic, partition_key, payload, dispatched_at) \
@@ -157,6 +183,12 @@ async fn claims_keep_their_plans_under_retention_churn(pool: PgPool) {
         batch: 1000,
         time_budget: Duration::from_secs(120),
     };
+    // Every event in DEFAULT; the empty first partition of a new database gone, as the relay's first
+    // housekeeping pass leaves it.
+    sqlx::query("DROP TABLE outbox_legacy")
+        .execute(&pool)
+        .await
+        .unwrap();
     for round in 0..4i64 {
         sqlx::query(
             "INSERT INTO outbox (topic, partition_key, payload) \
@@ -190,8 +222,19 @@ async fn claims_keep_their_plans_under_retention_churn(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-        let pruned = housekeeping::run(&db, retention).await.unwrap();
-        assert_eq!(pruned.outbox_deleted, 25_000, "round {round}: {pruned:?}");
+        // Row retention, as it runs on DEFAULT (where events land when no range partition is ready: the relay
+        // lacks the privilege to make them, or a long transaction held its lock) and on the pre-partitioning table.
+        let mut pruned = 0;
+        loop {
+            let n = housekeeping::prune_outbox_batch(&db, retention.outbox, retention.batch)
+                .await
+                .unwrap();
+            pruned += n;
+            if n == 0 {
+                break;
+            }
+        }
+        assert_eq!(pruned, 25_000, "round {round}");
     }
     // What is pending now: 5,000 unordered events, and the next event of each ordered key.
     sqlx::query(
@@ -209,7 +252,7 @@ async fn claims_keep_their_plans_under_retention_churn(pool: PgPool) {
     .await
     .unwrap();
     let dead: i64 = sqlx::query_scalar(
-        "SELECT n_dead_tup FROM pg_stat_all_tables WHERE relid = 'outbox'::regclass",
+        "SELECT n_dead_tup FROM pg_stat_all_tables WHERE relid = 'outbox_default'::regclass",
     )
     .fetch_one(&pool)
     .await

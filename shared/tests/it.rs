@@ -14,6 +14,7 @@ mod fixtures;
 mod health;
 mod housekeeping;
 mod ordering_keys;
+mod partitions;
 mod pool;
 mod producer;
 mod relay;

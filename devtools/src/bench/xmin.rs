@@ -85,7 +85,8 @@ async fn dead_tuples(conn: &mut PgConnection) -> i64 {
         .execute(&mut *conn)
         .await;
     sqlx::query_scalar::<_, i64>(
-        "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'outbox'",
+        "SELECT sum(n_dead_tup)::int8 FROM pg_stat_user_tables \
+         WHERE relid IN (SELECT relid FROM pg_partition_tree('outbox') WHERE isleaf)",
     )
     .fetch_one(&mut *conn)
     .await

@@ -13,7 +13,9 @@ use crate::ids::{KeyLease, OutboxId, PartitionKey, TopicName};
 use crate::ordering::{CLAIM_HEADS_SQL, CLAIM_RUNS_SQL};
 use crate::producer::EventHeaders;
 
-/// The unordered claim. `$1` = lease seconds; `{limit}` is spliced in once (see [`CLAIM_HEADS_SQL`] on why).
+/// The unordered claim. `$1` = lease seconds; `{limit}` is spliced in once (see [`CLAIM_HEADS_SQL`] on why). Rows
+/// are found again by `id`, never by `ctid`: the outbox is partitioned, and a row address repeats from one
+/// partition to the next (decision record 0067).
 pub const CLAIM_UNORDERED_SQL: &str = r#"
 WITH tok AS (SELECT nextval('{schema}.outbox_lease_token_seq') AS t)
 UPDATE {schema}.outbox o
@@ -21,8 +23,8 @@ SET attempts = o.attempts + 1,
     lease_token = (SELECT t FROM tok),
     locked_until = now() + make_interval(secs => $1),
     available_at = now() + make_interval(secs => $1)
-WHERE o.ctid = ANY (ARRAY(
-    SELECT ctid FROM {schema}.outbox
+WHERE o.id = ANY (ARRAY(
+    SELECT id FROM {schema}.outbox
     WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND seq IS NULL AND available_at <= now()
     ORDER BY available_at, id
     LIMIT {limit}

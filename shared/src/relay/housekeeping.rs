@@ -9,6 +9,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::partitions::{self, PartitionSettings};
 use crate::db::Db;
 use serde::Serialize;
 
@@ -23,6 +24,12 @@ pub struct HousekeepingReport {
     pub consumer_sequences_deleted: u64,
     /// Idle ordered keys released.
     pub keys_released: u64,
+    /// Outbox partitions created ahead of the id sequence ([`partitions::maintain`]).
+    pub partitions_created: u64,
+    /// Outbox partitions dropped whole because everything in them was done.
+    pub partitions_dropped: u64,
+    /// Rows not done yet, moved into the DEFAULT partition before their partition was dropped.
+    pub survivors_moved: u64,
     /// A step stopped at the time budget with full batches still coming, or came back full: more is past
     /// retention.
     pub more: bool,
@@ -34,6 +41,9 @@ impl HousekeepingReport {
         self.processed_deleted += other.processed_deleted;
         self.consumer_sequences_deleted += other.consumer_sequences_deleted;
         self.keys_released += other.keys_released;
+        self.partitions_created += other.partitions_created;
+        self.partitions_dropped += other.partitions_dropped;
+        self.survivors_moved += other.survivors_moved;
         self.more = other.more;
     }
 }
@@ -60,21 +70,37 @@ async fn delete_older_than(db: &Db, sql: String, older_than: Duration) -> Result
     .await
 }
 
-/// Deletes one batch of dispatched outbox rows past retention; returns how many.
+/// Deletes one batch of done outbox rows ([`partitions::DONE`]) past retention from the partitions that are pruned
+/// row by row (DEFAULT, and the pre-partitioning table while it exists; the others are dropped whole by
+/// [`partitions::maintain`]); returns how many.
 pub async fn prune_outbox_batch(
     db: &Db,
     older_than: Duration,
     batch: u32,
 ) -> Result<u64, sqlx::Error> {
+    let tables = db
+        .run(async |c| partitions::list(c).await)
+        .await?
+        .into_iter()
+        .filter(partitions::Partition::row_pruned)
+        .map(|p| p.name)
+        .collect::<Vec<_>>();
     let schema = crate::schema::current().quoted();
-    let sql = format!(
-        "DELETE FROM {schema}.outbox WHERE id IN (\
-            SELECT id FROM {schema}.outbox \
-            WHERE dispatched_at < now() - make_interval(secs => $1) AND dead_lettered_at IS NULL \
-              AND delivered_at IS NOT NULL \
-            LIMIT {batch} FOR UPDATE SKIP LOCKED)"
-    );
-    delete_older_than(db, sql, older_than).await
+    let mut deleted = 0;
+    for t in tables {
+        let left = u64::from(batch).saturating_sub(deleted);
+        if left == 0 {
+            break;
+        }
+        let t = format!("{schema}.\"{t}\"");
+        let sql = format!(
+            "DELETE FROM {t} WHERE id IN (\
+                SELECT id FROM {t} WHERE {done} LIMIT {left} FOR UPDATE SKIP LOCKED)",
+            done = partitions::DONE
+        );
+        deleted += delete_older_than(db, sql, older_than).await?;
+    }
+    Ok(deleted)
 }
 
 /// Deletes one batch of consumer dedupe rows past their TTL; returns how many.
@@ -165,12 +191,24 @@ pub async fn prune_dead_events_batch(
     delete_older_than(db, sql, older_than).await
 }
 
-/// One bounded pass of everything. The outbox and the dedupe rows get half the time budget each, so that a
-/// backlog of one never starves the other, then one statement each for consumer sequence rows and idle keys;
-/// [`HousekeepingReport::more`] says a step ran out of time or came back full.
+/// One bounded pass of everything: first the outbox's partitions ([`partitions::maintain`]: new ones ahead, old
+/// ones dropped, within a quarter of the time budget; its failure is logged, never fatal), then row retention. The
+/// outbox and the dedupe rows get half the time budget each, so that a backlog of one never starves the other, then
+/// one statement each for consumer sequence rows and idle keys; [`HousekeepingReport::more`] says a step ran out
+/// of time or came back full.
 pub async fn run(db: &Db, retention: Retention) -> Result<HousekeepingReport, sqlx::Error> {
     let started = Instant::now();
-    let mut report = HousekeepingReport::default();
+    let parts = partitions::maintain(
+        db,
+        PartitionSettings::new(retention.outbox, retention.time_budget / 4),
+    )
+    .await;
+    let mut report = HousekeepingReport {
+        partitions_created: parts.created,
+        partitions_dropped: parts.dropped,
+        survivors_moved: parts.survivors_moved,
+        ..Default::default()
+    };
     let full = u64::from(retention.batch);
     let half = retention.time_budget / 2;
     let mut last = full;

@@ -61,6 +61,7 @@ pub mod forming;
 pub mod handler;
 pub mod housekeeping;
 pub mod outage;
+pub mod partitions;
 mod pipeline;
 pub use pipeline::{SETTLE_PIECE_ROWS, pieces};
 pub mod publish;
