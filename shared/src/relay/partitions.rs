@@ -256,7 +256,12 @@ async fn maintain_inner(
                 report.survivors_moved += moved;
                 tracing::info!(partition = %p.name, survivors_moved = moved, "outbox partition dropped");
             }
-            Err(e) if is_busy(&e) => report.busy += 1,
+            // The next partition would very likely wait on the same holder: each attempt queues the producers
+            // behind it for up to the lock timeout, so one per pass is enough.
+            Err(e) if is_busy(&e) => {
+                report.busy += 1;
+                break;
+            }
             Err(e) => return Err(e),
         }
     }
