@@ -500,3 +500,47 @@ async fn survivors_are_exactly_the_rows_row_retention_would_keep(pool: PgPool) {
         "done {done:?} kept {kept:?}"
     );
 }
+
+/// A quiet outbox: the partition in use gets few events, so its ids are never used up. Once no event came for a
+/// whole retention window it goes anyway (a partition made ahead and not used yet stays), so events never outlive
+/// retention waiting for a partition to fill.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_quiet_partition_in_use_goes_once_its_newest_event_is_past_retention(pool: PgPool) {
+    let db = Db::new(pool.clone(), Statements::Prepared);
+    partitions::maintain(&db, settings(1000)).await;
+    insert_audit(&pool, 20).await;
+    sqlx::query(
+        "UPDATE outbox SET created_at = now() - interval '2 hours', \
+                dispatched_at = now() - interval '2 hours', delivered_at = now() - interval '2 hours'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let before = partitions_of(&pool).await;
+    let in_use = before
+        .iter()
+        .find(|p| p.lo.is_some_and(|lo| lo <= 20))
+        .unwrap()
+        .name
+        .clone();
+    let r = partitions::maintain(&db, settings(1000)).await;
+    assert_eq!(r.error, None);
+    assert_eq!(r.dropped, 1, "{r:?} {before:?}");
+    let after = partitions_of(&pool).await;
+    assert!(after.iter().all(|p| p.name != in_use), "{after:?}");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    // New events still find a home: DEFAULT (pruned row by row) until their ids reach the partition made ahead.
+    insert_audit(&pool, 5).await;
+    let homes: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT tableoid::regclass::text FROM outbox")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(homes, ["outbox_default"]);
+    let r = partitions::maintain(&db, settings(1000)).await;
+    assert_eq!((r.dropped, r.error.as_deref()), (0, None), "{r:?}");
+}

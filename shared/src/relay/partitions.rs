@@ -8,8 +8,8 @@
 //! |---|---|
 //! | Ranges of `id`, not of time | `id` stays the primary key (a partitioned table's key must contain the partition key), and dead letters, ordered keys and dedupe rows refer to events by it. Ids grow with time, so a range is a stretch of time too. |
 //! | A DEFAULT partition | An insert never fails for want of a partition: ids no range covers (the relay did not run, or could not take its lock) land there and are pruned row by row as before. |
-//! | Width = the recent rate × a quarter of the retention window | The outbox then holds between 1 and about 1.25 windows of history plus one partition ready ahead, whatever the rate; a handful of partitions, so a claim that scans all of them stays cheap. |
-//! | Dropped only when its newest row is past retention, all its ids were handed out, and at most [`MAX_SURVIVORS`] rows in it are not done | Nothing pending, leased, in flight, dead-lettered or within the window is ever lost: those rows (the "survivors", the exact complement of what row retention deletes) are copied out under the outbox's and the partition's exclusive locks and re-inserted, same id and columns, into the DEFAULT partition in the same transaction as the drop. They are found through partial indexes, so the outbox is locked for milliseconds. |
+//! | Width = the recent rate × a quarter of the retention window | The outbox then holds between 1 and about 1.25 windows of history plus one partition ready ahead, whatever the rate; a handful of partitions, so a claim that scans all of them stays cheap. A partition in use whose newest row is past retention (a quiet outbox) goes too. |
+//! | Dropped only when its newest row is past retention, it is not the one made ahead, and at most [`MAX_SURVIVORS`] rows in it are not done | Nothing pending, leased, in flight, dead-lettered or within the window is ever lost: those rows (the "survivors", the exact complement of what row retention deletes) are copied out under the outbox's and the partition's exclusive locks and re-inserted, same id and columns, into the DEFAULT partition in the same transaction as the drop. They are found through partial indexes, so the outbox is locked for milliseconds. |
 //! | Every lock taken with a short `lock_timeout` | DDL on a partitioned table waits for every open statement on it; a long transaction that read the outbox would otherwise queue the DDL and every producer behind it. A lock not had in time is "busy": nothing changed, the next pass tries again. |
 //! | A bloated DEFAULT partition is recycled the same way | After an incident (a long transaction that blocked the DDL, so new rows went to DEFAULT), DEFAULT is replaced by a fresh one once its rows are done, giving the space back. |
 //! | Failure is never fatal | Without the privilege to create partitions (the relay's role must own `outbox`), rows go to DEFAULT and are deleted row by row: the pre-partitioning behaviour. The error is logged and reported. |
@@ -22,7 +22,7 @@ use sqlx::{Connection, PgConnection};
 use crate::db::{Db, Statements};
 
 /// The fewest ids a new partition covers.
-pub const MIN_ROWS: i64 = 10_000;
+pub const MIN_ROWS: i64 = 1_000;
 /// The most ids a new partition covers.
 pub const MAX_ROWS: i64 = 50_000_000;
 /// A partition with more rows that are not done than this is not dropped yet (moving them holds the outbox's
@@ -181,7 +181,8 @@ async fn last_id(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
     Ok(v.unwrap_or(0))
 }
 
-/// Ids per second lately: from the newest row and the row about 10,000 ids before it. `None` without history.
+/// Ids per second lately: from the newest row and the row about 10,000 ids before it (or the oldest). `None`
+/// without history.
 async fn recent_rate(conn: &mut PgConnection) -> Result<Option<f64>, sqlx::Error> {
     let o = outbox_name();
     let newest: Option<(i64, f64)> = Statements::Unnamed
@@ -200,6 +201,18 @@ async fn recent_rate(conn: &mut PgConnection) -> Result<Option<f64>, sqlx::Error
         .bind(n_id - 10_000)
         .fetch_optional(&mut *conn)
         .await?;
+    // Fewer than 10,000 ids yet: from the oldest row (a quiet outbox must get narrow partitions, or one would
+    // hold its events far past retention until its ids are used up).
+    let older = match older {
+        Some(o) => Some(o),
+        None => Statements::Unnamed
+            .query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT id, extract(epoch FROM created_at)::float8 FROM {o} ORDER BY id LIMIT 1"
+            )))
+            .fetch_optional(&mut *conn)
+            .await?
+            .filter(|&(o_id, _): &(i64, f64)| o_id < n_id),
+    };
     Ok(older.map(|(o_id, o_t)| (n_id - o_id) as f64 / (n_t - o_t).max(1.0)))
 }
 
@@ -327,8 +340,8 @@ async fn create_ahead(
     Ok(())
 }
 
-/// Whether `p` may go now: DEFAULT when it is large and nearly all done; a range when every id in it was handed
-/// out, its newest row is past retention and at most `max_survivors` rows in it are not done (read without a
+/// Whether `p` may go now: DEFAULT when it is large and nearly all done; a range when it is in use or full (not
+/// made ahead), its newest row is past retention and at most `max_survivors` rows in it are not done (read without a
 /// lock; [`recycle`] selects the survivors again under the lock).
 async fn droppable(
     conn: &mut PgConnection,
@@ -343,7 +356,10 @@ async fn droppable(
             return Ok(false);
         }
     } else {
-        if p.hi.is_some_and(|hi| hi > last + 1) {
+        // A partition made ahead, not used yet, stays. One in use may go once its newest row is past retention:
+        // no event came for a whole window (a quiet outbox), and later ids land in DEFAULT until the next one is
+        // made ahead.
+        if p.lo.is_some_and(|lo| lo > last) {
             return Ok(false);
         }
         let newest_recent: Option<bool> = Statements::Unnamed
