@@ -41,6 +41,17 @@ async fn insert_audit(pool: &PgPool, n: i64) {
     .unwrap();
 }
 
+/// Every event written two hours ago, dispatched and delivered then.
+async fn all_done_two_hours_ago(pool: &PgPool) {
+    sqlx::query(
+        "UPDATE outbox SET created_at = now() - interval '2 hours', \
+                dispatched_at = now() - interval '2 hours', delivered_at = now() - interval '2 hours'",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn partitions_are_made_ahead_of_the_id_sequence_and_new_events_land_in_them(pool: PgPool) {
     let db = Db::new(pool.clone(), Statements::Prepared);
@@ -81,13 +92,7 @@ async fn a_done_partition_is_dropped_and_every_row_not_done_survives_it_unchange
         insert_audit(&pool, 1000).await;
     }
     // Everything two hours old, dispatched and delivered; then the rows that must stay.
-    sqlx::query(
-        "UPDATE outbox SET created_at = now() - interval '2 hours', \
-                dispatched_at = now() - interval '2 hours', delivered_at = now() - interval '2 hours'",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    all_done_two_hours_ago(&pool).await;
     sqlx::raw_sql(
         "UPDATE outbox SET dispatched_at = NULL, delivered_at = NULL WHERE id IN (10, 1500);  \
          UPDATE outbox SET dispatched_at = NULL, delivered_at = NULL, attempts = 2, lease_token = 77, \
@@ -158,13 +163,7 @@ async fn a_partition_is_kept_while_its_newest_event_is_within_retention_or_too_m
     let db = Db::new(pool.clone(), Statements::Prepared);
     partitions::maintain(&db, settings(1000)).await;
     insert_audit(&pool, 2000).await;
-    sqlx::query(
-        "UPDATE outbox SET created_at = now() - interval '2 hours', \
-                dispatched_at = now() - interval '2 hours', delivered_at = now() - interval '2 hours'",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    all_done_two_hours_ago(&pool).await;
     // The first partition's newest event is recent; the second one's events are mostly pending.
     let parts = partitions_of(&pool).await;
     let first = parts.iter().find(|p| p.lo.is_some()).unwrap().clone();
@@ -207,13 +206,7 @@ async fn a_transaction_holding_the_outbox_makes_maintenance_wait_not_the_produce
     let db = Db::new(pool.clone(), Statements::Prepared);
     partitions::maintain(&db, settings(1000)).await;
     insert_audit(&pool, 2500).await;
-    sqlx::query(
-        "UPDATE outbox SET created_at = now() - interval '2 hours', \
-                dispatched_at = now() - interval '2 hours', delivered_at = now() - interval '2 hours'",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    all_done_two_hours_ago(&pool).await;
     // A report that read the outbox and stays open.
     let mut reader = pool.begin().await.unwrap();
     sqlx::query("SELECT count(*) FROM outbox")
@@ -509,13 +502,7 @@ async fn a_quiet_partition_in_use_goes_once_its_newest_event_is_past_retention(p
     let db = Db::new(pool.clone(), Statements::Prepared);
     partitions::maintain(&db, settings(1000)).await;
     insert_audit(&pool, 20).await;
-    sqlx::query(
-        "UPDATE outbox SET created_at = now() - interval '2 hours', \
-                dispatched_at = now() - interval '2 hours', delivered_at = now() - interval '2 hours'",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    all_done_two_hours_ago(&pool).await;
     let before = partitions_of(&pool).await;
     let in_use = before
         .iter()
