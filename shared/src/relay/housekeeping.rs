@@ -85,14 +85,13 @@ pub async fn prune_outbox_batch(
         .filter(partitions::Partition::row_pruned)
         .map(|p| p.name)
         .collect::<Vec<_>>();
-    let schema = crate::schema::current().quoted();
     let mut deleted = 0;
     for t in tables {
         let left = u64::from(batch).saturating_sub(deleted);
         if left == 0 {
             break;
         }
-        let t = format!("{schema}.\"{t}\"");
+        let t = partitions::table(&t);
         let sql = format!(
             "DELETE FROM {t} WHERE id IN (\
                 SELECT id FROM {t} WHERE {done} LIMIT {left} FOR UPDATE SKIP LOCKED)",

@@ -125,8 +125,6 @@ pub struct Partition {
     pub lo: Option<i64>,
     /// One past the last id it holds; `None` for the DEFAULT partition.
     pub hi: Option<i64>,
-    /// Table plus indexes, bytes.
-    pub bytes: i64,
 }
 
 impl Partition {
@@ -142,26 +140,23 @@ impl Partition {
 }
 
 fn outbox_name() -> String {
-    format!("{}.outbox", crate::schema::current().quoted())
+    crate::schema::current().table("outbox")
 }
 
-fn table(name: &str) -> String {
-    format!(
-        "{}.\"{}\"",
-        crate::schema::current().quoted(),
-        name.replace('"', "\"\"")
-    )
+/// Partition `name` of the outbox, schema-qualified and quoted for SQL.
+pub(crate) fn table(name: &str) -> String {
+    crate::schema::current().table(&format!("\"{}\"", name.replace('"', "\"\"")))
 }
 
 /// The outbox's partitions, ranges first in id order, DEFAULT last. Empty when the outbox is not partitioned.
+/// Catalog only (row retention reads it for every batch).
 pub async fn list(conn: &mut PgConnection) -> Result<Vec<Partition>, sqlx::Error> {
     Statements::Unnamed
         .query_as(
             "SELECT * FROM (\
                 SELECT c.relname::text AS name, \
                        substring(pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \\(''(-?[0-9]+)''\\)')::int8 AS lo, \
-                       substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \\(''(-?[0-9]+)''\\)')::int8 AS hi, \
-                       pg_total_relation_size(c.oid)::int8 AS bytes \
+                       substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \\(''(-?[0-9]+)''\\)')::int8 AS hi \
                 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
                 WHERE i.inhparent = to_regclass($1)) p \
              ORDER BY hi IS NULL, hi",
@@ -260,7 +255,7 @@ async fn maintain_inner(
         if started.elapsed() >= settings.time_budget {
             break;
         }
-        if !read(&mut conn, async |c| droppable(c, p, last, settings).await).await? {
+        if !may_go(p, last) || !read(&mut conn, async |c| droppable(c, p, settings).await).await? {
             continue;
         }
         match recycle(&mut conn, p, settings).await {
@@ -340,28 +335,33 @@ async fn create_ahead(
     Ok(())
 }
 
-/// Whether `p` may go now: DEFAULT when it is large and nearly all done; a range when it is in use or full (not
-/// made ahead), its newest row is past retention and at most `max_survivors` rows in it are not done (read without a
-/// lock; [`recycle`] selects the survivors again under the lock).
+/// Whether `p` may go at all, from its bounds alone: not the partition made ahead. One in use may go once its
+/// newest row is past retention ([`droppable`]): no event came for a whole window (a quiet outbox), and later ids
+/// land in DEFAULT until the next one is made ahead.
+fn may_go(p: &Partition, last: i64) -> bool {
+    p.lo.is_none_or(|lo| lo <= last)
+}
+
+/// Whether `p` may go now: DEFAULT when it is large and nearly all done; a range when its newest row is past
+/// retention and at most `max_survivors` rows in it are not done (read without a lock; [`recycle`] selects the
+/// survivors again under the lock).
 async fn droppable(
     conn: &mut PgConnection,
     p: &Partition,
-    last: i64,
     s: PartitionSettings,
 ) -> Result<bool, sqlx::Error> {
     let t = table(&p.name);
     let secs = s.retention.as_secs_f64();
     if p.is_default() {
-        if p.bytes < s.default_recycle_bytes {
+        let bytes: i64 = Statements::Unnamed
+            .query_scalar("SELECT coalesce(pg_total_relation_size(to_regclass($1)), 0)::int8")
+            .bind(&t)
+            .fetch_one(&mut *conn)
+            .await?;
+        if bytes < s.default_recycle_bytes {
             return Ok(false);
         }
     } else {
-        // A partition made ahead, not used yet, stays. One in use may go once its newest row is past retention:
-        // no event came for a whole window (a quiet outbox), and later ids land in DEFAULT until the next one is
-        // made ahead.
-        if p.lo.is_some_and(|lo| lo > last) {
-            return Ok(false);
-        }
         let newest_recent: Option<bool> = Statements::Unnamed
             .query_scalar(sqlx::AssertSqlSafe(format!(
                 "SELECT created_at >= now() - make_interval(secs => $1) FROM {t} ORDER BY id DESC LIMIT 1"
