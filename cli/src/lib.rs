@@ -7,4 +7,5 @@ pub mod dead_letters;
 pub mod prune;
 pub mod relay_cmd;
 pub mod status;
+pub mod subscribers;
 pub mod util;

@@ -3,7 +3,7 @@
 //! `outbox-dev`'s.)
 
 use clap::{Parser, Subcommand};
-use outbox_cli::{console, dead_letters, prune, relay_cmd, status, util};
+use outbox_cli::{console, dead_letters, prune, relay_cmd, status, subscribers, util};
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +35,9 @@ enum Command {
     /// The operator console: the outbox in a browser (overview, topics and keys, one event's timeline, dead
     /// letters with guarded redrive and purge). Loopback by default; another bind needs --token-file.
     Console(console::ConsoleArgs),
+    /// Fan-out: the subscribers of each topic (list, add with or without the retained history, replay, remove).
+    #[command(subcommand)]
+    Subscribers(subscribers::SubscribersCommand),
 }
 
 #[tokio::main]
@@ -50,6 +53,7 @@ async fn main() {
         Command::Migrate(args) => util::migrate(&args).await,
         Command::Relay(args) => relay_cmd::run(args).await,
         Command::Console(args) => console::run(args).await,
+        Command::Subscribers(cmd) => subscribers::run(cmd, &mut std::io::stdout()).await,
     };
     if let Err(e) = result {
         // Errors can quote stored data (a topic, a database message): escaped like every other line.

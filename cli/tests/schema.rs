@@ -22,7 +22,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 /// The outbox's tables, as the migrations create them.
-const OUTBOX_TABLES: [&str; 10] = [
+const OUTBOX_TABLES: [&str; 11] = [
     "_sqlx_migrations",
     "consumer_sequences",
     "dead_letters",
@@ -32,6 +32,7 @@ const OUTBOX_TABLES: [&str; 10] = [
     "outbox_keys",
     "outbox_relay_outage",
     "outbox_sequences",
+    "outbox_subscribers",
     "processed_messages",
 ];
 

@@ -169,6 +169,9 @@ pub struct KeyLease {
     pub topic: TopicName,
     /// The key.
     pub key: PartitionKey,
+    /// The subscriber whose lane of the key it is (`''`: the default one). One claim's token covers the lanes of
+    /// every subscriber it claimed, so the lane is part of the lease.
+    pub subscriber: String,
     /// The fencing token of the claim.
     pub token: i64,
 }

@@ -48,6 +48,7 @@
 //! - `contract`: the signed wire contract between relay, QStash and the receivers.
 //! - `ordering`: per-key order: sequences, heads, delivery evidence.
 //! - `producer`: [`enqueue`] and [`Producer`]: writing events in the caller's transaction.
+//! - `subscribers`: fan-out: a topic's subscribers, adding one with its history replayed, removing one.
 //! - `once`: the dedupe row that applies a side effect once.
 //! - `qstash`: the QStash client.
 //! - `dead_letters`: recording, listing, redriving and purging dead letters.
@@ -84,6 +85,7 @@ pub mod receiver;
 pub mod relay;
 pub mod schema;
 pub mod secrets;
+pub mod subscribers;
 pub mod telemetry;
 
 pub use headers::InvalidEvent;

@@ -44,7 +44,8 @@ keys AS (
                CASE WHEN h.id IS NOT NULL AND h.available_at <= now()
                     THEN now() + make_interval(secs => $1) ELSE k.locked_until END
         FROM (SELECT 1) one
-        LEFT JOIN {schema}.outbox h ON h.topic = k.topic AND h.partition_key = k.partition_key AND h.seq = k.done_seq + 1
+        LEFT JOIN {schema}.outbox h ON h.topic = k.topic AND h.partition_key = k.partition_key
+                          AND h.subscriber = k.subscriber AND h.seq = k.done_seq + 1
                           AND h.dead_lettered_at IS NULL AND h.delivered_at IS NULL)
     WHERE k.ctid = ANY (ARRAY(
         SELECT ctid FROM {schema}.outbox_keys
@@ -52,7 +53,7 @@ keys AS (
         ORDER BY available_at
         LIMIT {limit}
         FOR UPDATE SKIP LOCKED))
-    RETURNING k.topic, k.partition_key, k.done_seq, k.lease_token
+    RETURNING k.topic, k.partition_key, k.subscriber, k.done_seq, k.lease_token
 )"#
     };
 }
@@ -78,8 +79,9 @@ SET attempts = o.attempts + 1,
     locked_until = now() + make_interval(secs => $1)
 FROM keys k
 WHERE k.lease_token = (SELECT t FROM tok)
-  AND o.topic = k.topic AND o.partition_key = k.partition_key AND o.seq = k.done_seq + 1
-RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
+  AND o.topic = k.topic AND o.partition_key = k.partition_key AND o.subscriber = k.subscriber
+  AND o.seq = k.done_seq + 1
+RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, o.attempts,
           o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token
 "#
 );
@@ -102,7 +104,7 @@ run AS (
     CROSS JOIN LATERAL (
         SELECT o.id AS row_id, o.seq, row_number() OVER (ORDER BY o.seq) AS rn
         FROM {schema}.outbox o
-        WHERE o.topic = k.topic AND o.partition_key = k.partition_key
+        WHERE o.topic = k.topic AND o.partition_key = k.partition_key AND o.subscriber = k.subscriber
           AND o.seq > k.done_seq
           AND o.seq <= k.done_seq + coalesce(
                 (SELECT b.n FROM unnest($2::text[], $3::int[]) AS b(topic, n) WHERE b.topic = k.topic LIMIT 1), $4::int)
@@ -116,7 +118,7 @@ SET attempts = o.attempts + 1,
     locked_until = now() + make_interval(secs => $1)
 FROM run
 WHERE o.id = run.row_id
-RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
+RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, o.attempts,
           o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token
 "#
 );
@@ -173,7 +175,7 @@ WITH ev AS (
         dead_lettered_at = NULL,
         locked_until = NULL
     WHERE id = ANY ($1::bigint[])
-    RETURNING id, topic, partition_key, seq
+    RETURNING id, topic, partition_key, subscriber, seq
 ),
 resolved AS (
     UPDATE {schema}.dead_letters d SET resolved_at = coalesce(d.resolved_at, now()),
@@ -181,14 +183,17 @@ resolved AS (
     FROM ev WHERE d.outbox_id = ev.id
 ),
 runs AS (
-    SELECT k.topic, k.partition_key, k.done_seq AS old_done,
+    SELECT k.topic, k.partition_key, k.subscriber, k.done_seq AS old_done,
            (SELECT max(e.seq) FROM ev e
-             WHERE e.topic = k.topic AND e.partition_key = k.partition_key AND e.seq > k.done_seq
+             WHERE e.topic = k.topic AND e.partition_key = k.partition_key AND e.subscriber = k.subscriber
+               AND e.seq > k.done_seq
                AND e.seq - k.done_seq = (SELECT count(*) FROM ev e2
                                          WHERE e2.topic = k.topic AND e2.partition_key = k.partition_key
+                                           AND e2.subscriber = k.subscriber
                                            AND e2.seq > k.done_seq AND e2.seq <= e.seq)) AS new_done
     FROM {schema}.outbox_keys k
-    WHERE (k.topic, k.partition_key) IN (SELECT DISTINCT topic, partition_key FROM ev WHERE seq IS NOT NULL)
+    WHERE (k.topic, k.partition_key, k.subscriber)
+          IN (SELECT DISTINCT topic, partition_key, subscriber FROM ev WHERE seq IS NOT NULL)
 ),
 advanced AS (
     UPDATE {schema}.outbox_keys k
@@ -197,13 +202,15 @@ advanced AS (
         blocked_at = NULL, blocked_id = NULL, blocked_reason = NULL
     FROM runs r
     WHERE r.new_done IS NOT NULL AND k.topic = r.topic AND k.partition_key = r.partition_key
-      AND k.done_seq = r.old_done
+      AND k.subscriber = r.subscriber AND k.done_seq = r.old_done
       AND (k.blocked_at IS NULL OR k.blocked_id IN (SELECT id FROM ev))
-    RETURNING k.topic, k.partition_key, k.done_seq
+    RETURNING k.topic, k.partition_key, k.subscriber, k.done_seq
 )
-SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM ev) AS found, a.topic, a.partition_key, a.done_seq,
+SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM ev) AS found, a.topic, a.partition_key,
+       a.subscriber, a.done_seq,
        EXISTS (SELECT 1 FROM {schema}.outbox n
-               WHERE n.topic = a.topic AND n.partition_key = a.partition_key AND n.seq = a.done_seq + 1)
+               WHERE n.topic = a.topic AND n.partition_key = a.partition_key AND n.subscriber = a.subscriber
+                 AND n.seq = a.done_seq + 1)
            AS has_next
 FROM (SELECT 1) one LEFT JOIN advanced a ON true
 "#;
@@ -244,13 +251,14 @@ pub async fn record_delivery_batch(
             let has_next: Option<bool> = row.try_get("has_next")?;
             if has_next != Some(true) {
                 let key: PartitionKey = row.try_get("partition_key")?;
+                let subscriber: String = row.try_get("subscriber")?;
                 let done: i64 = row.try_get("done_seq")?;
-                idle.push((topic, key, done));
+                idle.push((topic, key, subscriber, done));
             }
         }
     }
-    for (topic, key, done) in idle {
-        release_idle_key(conn, &topic, &key, done, statements).await?;
+    for (topic, key, subscriber, done) in idle {
+        release_idle_key(conn, &topic, &key, &subscriber, done, statements).await?;
     }
     out.unknown = outbox_ids
         .iter()
@@ -268,6 +276,7 @@ pub async fn release_idle_key(
     conn: &mut PgConnection,
     topic: &TopicName,
     key: &PartitionKey,
+    subscriber: &str,
     done_seq: i64,
     statements: Statements,
 ) -> Result<bool, sqlx::Error> {
@@ -278,7 +287,7 @@ pub async fn release_idle_key(
                 .query(crate::schema::q(
                     r#"
         DELETE FROM {schema}.outbox_keys k
-        WHERE k.topic = $1 AND k.partition_key = $2 AND k.done_seq = $3
+        WHERE k.topic = $1 AND k.partition_key = $2 AND k.done_seq = $3 AND k.subscriber = $4
           AND k.blocked_at IS NULL AND k.inflight_id IS NULL
           AND (k.locked_until IS NULL OR k.locked_until < now())
           AND EXISTS (
@@ -289,7 +298,8 @@ pub async fn release_idle_key(
                 ))
                 .bind(topic)
                 .bind(key)
-                .bind(done_seq),
+                .bind(done_seq)
+                .bind(subscriber),
         )
         .await?;
     Ok(deleted > 0)
@@ -313,7 +323,7 @@ pub async fn apply_dead_head(
                 inflight_id = NULL, inflight_since = NULL, lease_token = NULL, locked_until = NULL
             FROM {schema}.outbox o
             WHERE o.id = $1 AND o.seq IS NOT NULL AND k.topic = o.topic AND k.partition_key = o.partition_key
-              AND k.done_seq = o.seq - 1
+              AND k.subscriber = o.subscriber AND k.done_seq = o.seq - 1
             "#
         }
         DeadHeadPolicy::Skip => {
@@ -323,7 +333,7 @@ pub async fn apply_dead_head(
                 inflight_id = NULL, inflight_since = NULL, lease_token = NULL, locked_until = NULL
             FROM {schema}.outbox o
             WHERE o.id = $1 AND o.seq IS NOT NULL AND k.topic = o.topic AND k.partition_key = o.partition_key
-              AND k.done_seq = o.seq - 1 AND $2::text IS NOT NULL
+              AND k.subscriber = o.subscriber AND k.done_seq = o.seq - 1 AND $2::text IS NOT NULL
             "#
         }
     };

@@ -398,6 +398,24 @@ WITH input AS (
     FROM unnest($1::text[], $2::text[], $3::bool[], $4::text[], $5::text[], $6::float8[])
          WITH ORDINALITY AS t(topic, partition_key, ordered, payload, headers, delay_secs, ord)
 ),
+-- Fan-out (decision record 0068): every subscriber of each topic gets a copy of the event. The named subscribers
+-- not removed, and the default one ('') unless it was removed; a replaying subscriber's new keys wait for the
+-- replay ('infinity').
+subs AS (
+    SELECT t.topic, s.name, s.replaying
+    FROM (SELECT DISTINCT topic FROM input) t
+    CROSS JOIN LATERAL (
+        SELECT x.name, (x.replay_from IS NOT NULL AND x.replay_done_at IS NULL) AS replaying
+        FROM {schema}.outbox_subscribers x WHERE x.topic = t.topic AND x.removed_at IS NULL
+        UNION ALL
+        SELECT '', false
+        WHERE NOT EXISTS (SELECT 1 FROM {schema}.outbox_subscribers x WHERE x.topic = t.topic AND x.name = '')
+    ) s
+),
+first_sub AS (
+    SELECT t.topic, coalesce((SELECT min(s.name) FROM subs s WHERE s.topic = t.topic), '') AS name
+    FROM (SELECT DISTINCT topic FROM input) t
+),
 counts AS (
     SELECT topic, partition_key, count(*) AS n
     FROM input WHERE ordered
@@ -414,21 +432,47 @@ first_seq AS (
     SELECT a.topic, a.partition_key, a.last_seq - c.n AS before_seq
     FROM alloc a JOIN counts c USING (topic, partition_key)
 ),
--- Re-activate an idle key for the relay; an active key row is left alone (never locked by producers).
+-- Re-activate an idle key for the relay, once per subscriber; an active key row is left alone (never locked by
+-- producers).
 activate AS (
-    INSERT INTO {schema}.outbox_keys (topic, partition_key, done_seq)
-    SELECT topic, partition_key, before_seq FROM first_seq ORDER BY topic, partition_key
-    ON CONFLICT (topic, partition_key) DO NOTHING
+    INSERT INTO {schema}.outbox_keys (topic, partition_key, subscriber, done_seq, available_at)
+    SELECT f.topic, f.partition_key, s.name, f.before_seq,
+           CASE WHEN s.replaying THEN 'infinity'::timestamptz ELSE now() END
+    FROM first_seq f JOIN subs s USING (topic)
+    ORDER BY f.topic, f.partition_key, s.name
+    ON CONFLICT (topic, partition_key, subscriber) DO NOTHING
+),
+events AS (
+    SELECT i.ord, i.topic, i.partition_key,
+           CASE WHEN i.ordered THEN f.before_seq
+                + row_number() OVER (PARTITION BY i.topic, i.partition_key, i.ordered ORDER BY i.ord) END AS seq,
+           i.payload::jsonb AS payload, i.headers::jsonb AS headers,
+           now() + make_interval(secs => i.delay_secs) AS available_at
+    FROM input i
+    LEFT JOIN first_seq f ON i.ordered AND f.topic = i.topic AND f.partition_key = i.partition_key
+),
+-- The first subscriber's copy is the event: its id is the event's id.
+firsts AS (
+    INSERT INTO {schema}.outbox (topic, partition_key, subscriber, seq, payload, headers, available_at)
+    SELECT e.topic, e.partition_key, fs.name, e.seq, e.payload, e.headers, e.available_at
+    FROM events e JOIN first_sub fs USING (topic)
+    ORDER BY e.ord
+    RETURNING id, seq
+),
+-- Identity values are drawn in insertion order, which follows the input order: the n-th id is input n's.
+numbered AS (
+    SELECT id, seq, row_number() OVER (ORDER BY id) AS ord FROM firsts
+),
+copies AS (
+    INSERT INTO {schema}.outbox (topic, partition_key, subscriber, seq, payload, headers, available_at, event_id)
+    SELECT e.topic, e.partition_key, s.name, e.seq, e.payload, e.headers, e.available_at, n.id
+    FROM events e
+    JOIN numbered n ON n.ord = e.ord
+    JOIN first_sub fs ON fs.topic = e.topic
+    JOIN subs s ON s.topic = e.topic AND s.name <> fs.name
+    ORDER BY e.ord, s.name
 )
-INSERT INTO {schema}.outbox (topic, partition_key, seq, payload, headers, available_at)
-SELECT i.topic, i.partition_key,
-       CASE WHEN i.ordered THEN f.before_seq
-            + row_number() OVER (PARTITION BY i.topic, i.partition_key, i.ordered ORDER BY i.ord) END,
-       i.payload::jsonb, i.headers::jsonb, now() + make_interval(secs => i.delay_secs)
-FROM input i
-LEFT JOIN first_seq f ON i.ordered AND f.topic = i.topic AND f.partition_key = i.partition_key
-ORDER BY i.ord
-RETURNING id, seq
+SELECT id, seq FROM numbered
 "#;
 
 impl Producer {

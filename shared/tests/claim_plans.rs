@@ -216,7 +216,7 @@ async fn claims_keep_their_plans_under_retention_churn(pool: PgPool) {
         sqlx::query(
             "INSERT INTO outbox_keys (topic, partition_key, done_seq) \
              SELECT 'orders', 'c' || k, ($1 + 1) * 5 FROM generate_series(1, 1000) k \
-             ON CONFLICT (topic, partition_key) DO UPDATE SET done_seq = excluded.done_seq",
+             ON CONFLICT (topic, partition_key, subscriber) DO UPDATE SET done_seq = excluded.done_seq",
         )
         .bind(round)
         .execute(&pool)

@@ -22,3 +22,4 @@ mod relay_batches;
 mod relay_handler;
 mod relay_outage;
 mod signatures;
+mod subscribers;

@@ -56,6 +56,26 @@ pub struct StackOptions {
     /// ([`LocalStack::recorded_requests`]): tests replay real signed deliveries from it. Off by default (it
     /// keeps every body in memory).
     pub record_requests: bool,
+    /// Named subscribers served beside the default consumer, each by a consumer of its own (its name is its
+    /// `CONSUMER_NAME`) on a port of its own, and made live for its topics at start ([`outbox::subscribers`]).
+    pub subscribers: Vec<SubscriberOptions>,
+}
+
+/// A named subscriber of the local pipeline ([`StackOptions::subscribers`]).
+pub struct SubscriberOptions {
+    /// Its name.
+    pub name: String,
+    /// The topics it subscribes to.
+    pub topics: Vec<String>,
+    /// Its consumer's handlers.
+    pub registry: Registry,
+}
+
+/// A named subscriber's consumer as started.
+struct LocalSubscriber {
+    name: String,
+    url: String,
+    down: Arc<AtomicBool>,
 }
 
 impl StackOptions {
@@ -91,6 +111,7 @@ impl StackOptions {
             registry: orders_example::registry(),
             consumer_metrics: false,
             record_requests: false,
+            subscribers: Vec::new(),
         })
     }
 }
@@ -113,6 +134,7 @@ pub struct LocalStack {
     servers: Vec<JoinHandle<std::io::Result<()>>>,
     recorded: Option<Recorder>,
     callbacks_down: Arc<AtomicBool>,
+    subscribers: Vec<LocalSubscriber>,
 }
 
 /// Which local receiver got a request.
@@ -202,19 +224,28 @@ where
 // here, in this crate, and never in the crates that await `LocalStack::start` (where they overflowed the default
 // query depth limit of the test crates).
 
-/// Serves the consumer handler on `listener` until `shutdown` turns true.
+/// Serves the consumer handler on `listener` until `shutdown` turns true; while `down` is set, every delivery
+/// is answered 503 without reaching it.
 fn serve_consumer(
     listener: tokio::net::TcpListener,
     state: Arc<ConsumerState>,
     recorder: Option<Recorder>,
+    down: Option<Arc<AtomicBool>>,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<std::io::Result<()>> {
     tokio::spawn(outbox::local::serve(
         listener,
         move |req| {
-            let (c, rec) = (state.clone(), recorder.clone());
+            let (c, rec, down) = (state.clone(), recorder.clone(), down.clone());
             async move {
                 recorded(rec.as_ref(), Receiver::Consumer, req, async |req| {
+                    if down.as_ref().is_some_and(|d| d.load(Ordering::SeqCst)) {
+                        let mut r = lambda_http::Response::new(lambda_http::Body::from(
+                            "consumer unavailable (test switch)",
+                        ));
+                        *r.status_mut() = lambda_http::http::StatusCode::SERVICE_UNAVAILABLE;
+                        return r;
+                    }
                     handle_event(&c, req).await
                 })
                 .await
@@ -378,11 +409,12 @@ impl LocalStack {
         );
         let recorder: Option<Recorder> = opts.record_requests.then(Default::default);
         let callbacks_down = Arc::new(AtomicBool::new(false));
-        let servers = vec![
+        let mut servers = vec![
             serve_consumer(
                 consumer_listener,
                 consumer,
                 recorder.clone(),
+                None,
                 shutdown.subscribe(),
             ),
             serve_callbacks(
@@ -393,6 +425,45 @@ impl LocalStack {
                 shutdown.subscribe(),
             ),
         ];
+
+        let mut subscribers = Vec::with_capacity(opts.subscribers.len());
+        let admin = Db::new(pool.clone(), opts.statements);
+        for sub in opts.subscribers {
+            let (listener, url) = listen().await?;
+            let state = Arc::new(ConsumerState::new(
+                ReceiverState::new(
+                    ConsumerConfig {
+                        name: sub.name.clone(),
+                        ..receiver_config(&url)
+                    },
+                    Db::new(
+                        pool_for(&opts.database_url, "outbox-local-subscriber", 4, false)?,
+                        opts.statements,
+                    ),
+                    ring(),
+                )
+                .with_metrics(opts.consumer_metrics),
+                sub.registry,
+            ));
+            let down = Arc::new(AtomicBool::new(false));
+            servers.push(serve_consumer(
+                listener,
+                state,
+                recorder.clone(),
+                Some(down.clone()),
+                shutdown.subscribe(),
+            ));
+            for topic in &sub.topics {
+                outbox::subscribers::ensure(&admin, topic, &sub.name, &url)
+                    .await
+                    .with_context(|| format!("making {} a subscriber of {topic}", sub.name))?;
+            }
+            subscribers.push(LocalSubscriber {
+                name: sub.name,
+                url,
+                down,
+            });
+        }
 
         let qstash = QstashConfig {
             base_url: dev.url(),
@@ -481,7 +552,28 @@ impl LocalStack {
             servers,
             recorded: recorder,
             callbacks_down,
+            subscribers,
         })
+    }
+
+    /// A named subscriber's base URL ([`StackOptions::subscribers`]).
+    pub fn subscriber_url(&self, name: &str) -> Option<&str> {
+        self.subscribers
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.url.as_str())
+    }
+
+    /// Takes a named subscriber's consumer down (every delivery answered 503 without reaching it, as a consumer
+    /// whose database is out would) or brings it back. False when there is no such subscriber.
+    pub fn set_subscriber_down(&self, name: &str, down: bool) -> bool {
+        match self.subscribers.iter().find(|s| s.name == name) {
+            Some(s) => {
+                s.down.store(down, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Every request the consumer and the callback receiver got so far, in arrival order of their answers

@@ -47,6 +47,10 @@ fn filter_of(p: &Params) -> Result<Filter, String> {
                     .map_err(|_| "max_id: not a number".to_owned())
             })
             .transpose()?,
+        subscriber: p
+            .get("subscriber")
+            .map(|v| outbox::subscribers::parse_name(v).map_err(|e| e.to_string()))
+            .transpose()?,
     })
 }
 

@@ -68,6 +68,14 @@ pub struct FilterArgs {
     /// Recorded before (same formats as --since).
     #[arg(long, value_parser = parse_time)]
     pub until: Option<DateTime<Utc>>,
+    /// Only this subscriber's (`default` for the relay's CONSUMER_URL; see `outbox subscribers`). A redrive
+    /// requeues the event for that subscriber only.
+    #[arg(long, value_parser = parse_subscriber)]
+    pub subscriber: Option<String>,
+}
+
+fn parse_subscriber(s: &str) -> Result<String, String> {
+    outbox::subscribers::parse_name(s).map_err(|e| e.to_string())
 }
 
 impl FilterArgs {
@@ -79,6 +87,7 @@ impl FilterArgs {
             key: self.key.clone(),
             since: self.since,
             until: self.until,
+            subscriber: self.subscriber.clone(),
             ..Filter::default()
         }
     }
@@ -93,6 +102,9 @@ impl FilterArgs {
         }
         if let Some(k) = &self.key {
             parts.push(format!("key={}", util::printable(k)));
+        }
+        if let Some(sub) = &self.subscriber {
+            parts.push(format!("subscriber={}", outbox::subscribers::label(sub)));
         }
         if let Some(s) = self.since {
             parts.push(format!("since={}", s.to_rfc3339()));

@@ -164,6 +164,7 @@ async fn the_two_migrators_make_what_the_single_one_made(pool: PgPool) {
             "outbox_keys",
             "outbox_relay_outage",
             "outbox_sequences",
+            "outbox_subscribers",
             "processed_messages"
         ],
         "the library's migrations hold the outbox's tables only"

@@ -81,11 +81,13 @@ WITH dead AS (
     SET dead_lettered_at = now(), locked_until = NULL, last_error = left($3, 2000)
     WHERE id = ANY ($1::bigint[]) AND seq IS NULL AND delivered_at IS NULL AND dead_lettered_at IS NULL
       AND qstash_message_id IS NOT DISTINCT FROM $2
-    RETURNING id, topic, partition_key, seq, payload, headers, attempts, republish_count, qstash_message_id
+    RETURNING id, topic, partition_key, subscriber, seq, payload, headers, attempts, republish_count,
+              qstash_message_id
 )
-INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, headers,
-                                   error, attempts, qstash_message_id)
-SELECT 'relay', d.id || '/unaccounted/' || d.republish_count, d.id, d.topic, d.partition_key, d.seq, d.payload,
+INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, subscriber, seq, payload,
+                                   headers, error, attempts, qstash_message_id)
+SELECT 'relay', d.id || '/unaccounted/' || d.republish_count, d.id, d.topic, d.partition_key, d.subscriber, d.seq,
+       d.payload,
        d.headers, $3, d.attempts, d.qstash_message_id
 FROM dead d
 ON CONFLICT (source, natural_id) DO NOTHING

@@ -14,12 +14,14 @@ use crate::ids::OutboxId;
 /// Rows read per statement.
 const PAGE: i64 = 2000;
 
-/// One page of in-flight events older than the grace, after the cursor, with whether a dedupe row of `$2`
-/// exists for each.
+/// One page of in-flight events older than the grace, after the cursor, with whether a dedupe row exists for
+/// each: in the namespace `$2` (`CONSUMER_NAME`) for the default subscriber's copies, in the subscriber's name for
+/// a named subscriber's ([`crate::subscribers`]).
 const PAGE_SQL: &str = r#"
 SELECT o.id, o.dispatched_at,
        EXISTS (SELECT 1 FROM {schema}.processed_messages pm
-               WHERE pm.consumer = $2 AND pm.message_id = o.id::text) AS applied
+               WHERE pm.consumer = CASE WHEN o.subscriber = '' THEN $2 ELSE o.subscriber END
+                 AND pm.message_id = o.id::text) AS applied
 FROM {schema}.outbox o
 WHERE o.dispatched_at IS NOT NULL AND o.delivered_at IS NULL AND o.dead_lettered_at IS NULL
   AND o.dispatched_at < now() - make_interval(secs => $1)

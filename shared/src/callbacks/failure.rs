@@ -292,7 +292,8 @@ fn mark_dead_head(members: &mut [BatchMember], applied: &[OutboxId]) {
     }
 }
 
-/// The outbox ids among `ids` whose dedupe rows (namespace `consumer`) show them applied.
+/// The outbox ids among `ids` whose dedupe rows (namespace `consumer`, or the copy's named subscriber) show them
+/// applied.
 async fn applied_ids(
     conn: &mut sqlx::PgConnection,
     consumer: &str,
@@ -302,7 +303,11 @@ async fn applied_ids(
     let texts: Vec<String> = ids.iter().map(OutboxId::to_string).collect();
     let q = statements
         .query_scalar(crate::schema::q(
-            "SELECT message_id FROM {schema}.processed_messages WHERE consumer = $1 AND message_id = ANY ($2::text[])",
+            "SELECT t.id FROM unnest($2::text[]) AS t(id) \
+             WHERE EXISTS (SELECT 1 FROM {schema}.processed_messages pm \
+                           WHERE pm.message_id = t.id \
+                             AND pm.consumer = coalesce((SELECT nullif(o.subscriber, '') FROM {schema}.outbox o \
+                                                         WHERE o.id = t.id::bigint), $1))",
         ))
         .bind(consumer)
         .bind(&texts);

@@ -157,7 +157,8 @@ const LEGACY_ROW_SQL: &str = "SELECT o.topic, o.partition_key, o.seq, o.headers,
                       WHERE c.consumer = $3 AND c.topic = o.topic AND c.partition_key = o.partition_key), 0) \
             >= o.seq - 1 \
          OR EXISTS (SELECT 1 FROM {schema}.outbox_keys k \
-                    WHERE k.topic = o.topic AND k.partition_key = o.partition_key AND k.done_seq >= o.seq - 1)) \
+                    WHERE k.topic = o.topic AND k.partition_key = o.partition_key \
+                      AND k.subscriber = o.subscriber AND k.done_seq >= o.seq - 1)) \
             AS predecessor_finished \
      FROM {schema}.outbox o WHERE o.id = $1";
 

@@ -36,8 +36,8 @@ pub async fn error_groups(
     let schema = crate::schema::current().quoted();
     let sql = format!(
         "SELECT d.error_group, count(*), min(d.id), max(d.id), sum(count(*)) OVER ()::bigint \
-         FROM {schema}.dead_letters d WHERE {FILTER_SQL} AND ($9 OR ({UNHANDLED_SQL})) \
-         GROUP BY d.error_group ORDER BY count(*) DESC, d.error_group LIMIT $10"
+         FROM {schema}.dead_letters d WHERE {FILTER_SQL} AND ($10 OR ({UNHANDLED_SQL})) \
+         GROUP BY d.error_group ORDER BY count(*) DESC, d.error_group LIMIT $11"
     );
     let rows = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), filter)
         .bind(include_handled)

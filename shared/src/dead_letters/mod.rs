@@ -99,6 +99,8 @@ pub struct Filter {
     /// Only dead letters with an id up to this one: a bulk action confirmed on a count touches only what was
     /// counted, not what was recorded after. Not a selection of its own ([`Filter::is_empty`] ignores it).
     pub max_id: Option<i64>,
+    /// Only this subscriber's (`''`: the default one; see `crate::subscribers`).
+    pub subscriber: Option<String>,
 }
 
 impl Filter {
@@ -111,6 +113,7 @@ impl Filter {
             && self.until.is_none()
             && self.error.is_none()
             && self.error_group.is_none()
+            && self.subscriber.is_none()
     }
 }
 
@@ -119,7 +122,8 @@ impl Filter {
 pub(super) const FILTER_SQL: &str = "($1::text IS NULL OR d.topic = $1) AND ($2::text IS NULL OR d.source = $2) \
      AND ($3::text IS NULL OR d.partition_key = $3) AND ($4::timestamptz IS NULL OR d.created_at >= $4) \
      AND ($5::timestamptz IS NULL OR d.created_at < $5) AND ($6::text IS NULL OR d.error ILIKE $6) \
-     AND ($7::text IS NULL OR d.error_group = $7) AND ($8::bigint IS NULL OR d.id <= $8)";
+     AND ($7::text IS NULL OR d.error_group = $7) AND ($8::bigint IS NULL OR d.id <= $8) \
+     AND ($9::text IS NULL OR d.subscriber = $9)";
 
 /// Not redriven and not resolved: still needs an operator.
 pub(super) const UNHANDLED_SQL: &str = "d.redriven_at IS NULL AND d.resolved_at IS NULL";
@@ -136,6 +140,7 @@ pub(super) fn bind_filter<'q>(
         .bind(f.error.as_deref().map(|e| format!("%{}%", like_escaped(e))))
         .bind(f.error_group.as_deref())
         .bind(f.max_id)
+        .bind(f.subscriber.as_deref())
 }
 
 /// `text` for a `LIKE` pattern, with `%`, `_` and `\` matching themselves (the default escape character).

@@ -44,9 +44,9 @@ pub async fn count_purge(
     let schema = crate::schema::current().quoted();
     let sql = format!(
         "SELECT (SELECT count(*) FROM {schema}.dead_letters d \
-                 WHERE {FILTER_SQL} AND (NOT $9 OR NOT ({UNHANDLED_SQL}))), \
+                 WHERE {FILTER_SQL} AND (NOT $10 OR NOT ({UNHANDLED_SQL}))), \
                 (SELECT count(*) FROM {schema}.dead_letters d \
-                 WHERE {FILTER_SQL} AND NOT $9 AND {UNHANDLED_SQL} \
+                 WHERE {FILTER_SQL} AND NOT $10 AND {UNHANDLED_SQL} \
                    AND d.outbox_id = ANY (ARRAY(SELECT k.blocked_id FROM {schema}.outbox_keys k \
                                                 WHERE k.blocked_id IS NOT NULL)))"
     );
@@ -82,7 +82,7 @@ pub async fn purge(
     let schema = crate::schema::current().quoted();
     let sql = format!(
         "DELETE FROM {schema}.dead_letters WHERE id IN (SELECT d.id FROM {schema}.dead_letters d \
-         WHERE {FILTER_SQL} AND (NOT $9 OR NOT ({UNHANDLED_SQL})) AND NOT {BLOCKING_SQL} \
+         WHERE {FILTER_SQL} AND (NOT $10 OR NOT ({UNHANDLED_SQL})) AND NOT {BLOCKING_SQL} \
          ORDER BY d.id LIMIT {} FOR UPDATE SKIP LOCKED)",
         batch.clamp(1, 100_000)
     );

@@ -26,6 +26,8 @@ pub struct DeadLetterSummary {
     pub topic: Option<TopicName>,
     /// Partition key, if known.
     pub partition_key: Option<PartitionKey>,
+    /// Whose delivery it was (`''`: the default subscriber; see `crate::subscribers`).
+    pub subscriber: String,
     /// Per-key sequence (ordered topics).
     pub seq: Option<i64>,
     /// Attempts made (relay: publish attempts; QStash: delivery attempts).
@@ -93,10 +95,10 @@ pub async fn list(conn: &mut PgConnection, q: &ListQuery) -> Result<Page, sqlx::
     let limit = q.limit.clamp(1, 10_000);
     let schema = crate::schema::current().quoted();
     let sql = format!(
-        "SELECT d.id, d.created_at, d.source, d.outbox_id, d.topic, d.partition_key, d.seq, d.attempts, d.status, \
-                d.error, d.redriven_at, d.resolved_at, d.resolution \
+        "SELECT d.id, d.created_at, d.source, d.outbox_id, d.topic, d.partition_key, d.subscriber, d.seq, d.attempts, \
+                d.status, d.error, d.redriven_at, d.resolved_at, d.resolution \
          FROM {schema}.dead_letters d \
-         WHERE {FILTER_SQL} AND ($9 OR ({UNHANDLED_SQL})) AND d.id > $10 \
+         WHERE {FILTER_SQL} AND ($10 OR ({UNHANDLED_SQL})) AND d.id > $11 \
          ORDER BY d.id LIMIT {}",
         limit + 1
     );
@@ -131,6 +133,8 @@ pub struct DeadLetter {
     pub outbox_id: Option<OutboxId>,
     pub topic: Option<TopicName>,
     pub partition_key: Option<PartitionKey>,
+    /// Whose delivery it was (`''`: the default subscriber; see `crate::subscribers`).
+    pub subscriber: String,
     /// Per-key sequence.
     pub seq: Option<i64>,
     /// The event payload, when it is JSON.
@@ -176,7 +180,7 @@ impl DeadLetter {
 /// One dead letter by id.
 pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<DeadLetter>, sqlx::Error> {
     sqlx::query_as::<_, DeadLetter>(
-        crate::schema::q("SELECT id, source, natural_id, outbox_id, topic, partition_key, seq, payload, body, headers, error, status, \
+        crate::schema::q("SELECT id, source, natural_id, outbox_id, topic, partition_key, subscriber, seq, payload, body, headers, error, status, \
                 response_body, attempts, qstash_message_id, dlq_id, raw_callback, parse_error, created_at, \
                 redriven_at, resolved_at, resolution \
          FROM {schema}.dead_letters WHERE id = $1"),
@@ -243,6 +247,7 @@ pub async fn event_state(
                 o.last_error, k.done_seq AS key_done_seq, k.blocked_id AS key_blocked_by \
          FROM {schema}.outbox o LEFT JOIN {schema}.outbox_keys k ON o.seq IS NOT NULL AND k.topic = o.topic \
                                               AND k.partition_key = o.partition_key \
+                                              AND k.subscriber = o.subscriber \
          WHERE o.id = $1"),
     )
     .bind(outbox_id)

@@ -123,8 +123,8 @@ pub enum FailureRecorded {
 /// Two cases are not failures, and the dead letter is stored already resolved, so it is not counted as
 /// unresolved, cannot be redriven, and does not block its key:
 /// - `delivered`: delivery evidence for the event arrived first.
-/// - `applied`: the dedupe row of `consumer` (the `CONSUMER_NAME` namespace in `processed_messages`) shows the
-///   event applied. QStash gives up on a message whose every response was lost after the consumer committed
+/// - `applied`: the dedupe row of `consumer` (the `CONSUMER_NAME` namespace in `processed_messages`; for a named
+///   subscriber's copy, the subscriber's name, see [`crate::subscribers`]) shows the event applied. QStash gives up on a message whose every response was lost after the consumer committed
 ///   (timeouts, a dropped connection); the event is done all the same, and is recorded as delivered here, which
 ///   also moves an ordered key on. This needs the consumer's dedupe table in the outbox's database, as this
 ///   project deploys it; with a consumer elsewhere the dead letter stays unresolved and a redrive of it is
@@ -175,10 +175,12 @@ pub async fn record_qstash_failure(
         .and_then(|b| serde_json::from_slice(b).ok());
     let row = statements.query(
         crate::schema::q(r#"
-        INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, body, headers,
+        INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, subscriber, seq,
+                                  payload, body, headers,
                                   error, status, response_body, attempts, qstash_message_id, dlq_id,
                                   raw_callback, parse_error, resolved_at, resolution)
-        SELECT 'qstash', $1, coalesce(o.id, $13), coalesce(o.topic, $14), coalesce(o.partition_key, $15), o.seq,
+        SELECT 'qstash', $1, coalesce(o.id, $13), coalesce(o.topic, $14), coalesce(o.partition_key, $15),
+               coalesce(o.subscriber, ''), o.seq,
                coalesce(o.payload, $2::jsonb), CASE WHEN o.id IS NULL AND $2::jsonb IS NULL THEN $3::bytea END,
                $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12,
                CASE WHEN o.delivered_at IS NOT NULL OR applied.yes THEN now() END,
@@ -188,7 +190,8 @@ pub async fn record_qstash_failure(
         CROSS JOIN LATERAL (
             SELECT $13::bigint IS NOT NULL AND EXISTS (
                 SELECT 1 FROM {schema}.processed_messages pm
-                WHERE pm.consumer = $16 AND pm.message_id = $13::bigint::text
+                WHERE pm.consumer = CASE WHEN coalesce(o.subscriber, '') = '' THEN $16 ELSE o.subscriber END
+                  AND pm.message_id = $13::bigint::text
             ) AS yes
         ) applied
         ON CONFLICT (source, natural_id) DO NOTHING
@@ -281,7 +284,9 @@ WITH seen AS (
       AND NOT EXISTS (SELECT 1 FROM seen)
       AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o WHERE o.id = $1 AND o.delivered_at IS NOT NULL)
       AND NOT EXISTS (SELECT 1 FROM {schema}.processed_messages pm
-                      WHERE pm.consumer = $3 AND pm.message_id = $1::bigint::text)
+                      WHERE pm.consumer = coalesce((SELECT nullif(o.subscriber, '') FROM {schema}.outbox o
+                                                    WHERE o.id = $1), $3)
+                        AND pm.message_id = $1::bigint::text)
     ORDER BY d.id
     LIMIT 1
 ), merged AS (
@@ -386,7 +391,11 @@ pub async fn record_qstash_batch_failure(
     let ids: Vec<OutboxId> = members.iter().filter_map(|m| m.failure.outbox_id).collect();
     let id_texts: Vec<String> = ids.iter().map(OutboxId::to_string).collect();
     let applied: Vec<String> = statements.query_scalar(crate::schema::q(
-        "SELECT message_id FROM {schema}.processed_messages WHERE consumer = $1 AND message_id = ANY ($2::text[])",
+        "SELECT t.id FROM unnest($2::text[]) AS t(id) \
+         WHERE EXISTS (SELECT 1 FROM {schema}.processed_messages pm \
+                       WHERE pm.message_id = t.id \
+                         AND pm.consumer = coalesce((SELECT nullif(o.subscriber, '') FROM {schema}.outbox o \
+                                                     WHERE o.id = t.id::bigint), $1))",
     ))
     .bind(consumer)
     .bind(&id_texts)

@@ -233,6 +233,7 @@ struct DeadLetterRow {
     outbox_id: Option<OutboxId>,
     topic: Option<TopicName>,
     partition_key: Option<PartitionKey>,
+    subscriber: String,
     seq: Option<i64>,
     payload: Option<Value>,
     headers: Option<Value>,
@@ -248,6 +249,7 @@ struct DeadLetterRow {
 struct OutboxRow {
     topic: TopicName,
     partition_key: PartitionKey,
+    subscriber: String,
     seq: Option<i64>,
     dispatched_at: Option<DateTime<Utc>>,
     delivered_at: Option<DateTime<Utc>>,
@@ -271,7 +273,7 @@ async fn lock_dead_letter(
     dead_letter_id: i64,
 ) -> Result<(DeadLetterRow, OutboxId), RedriveError> {
     let dead_letter: DeadLetterRow = sqlx::query_as(
-        crate::schema::q("SELECT id, source, outbox_id, topic, partition_key, seq, payload, headers, error, parse_error, raw_callback, \
+        crate::schema::q("SELECT id, source, outbox_id, topic, partition_key, subscriber, seq, payload, headers, error, parse_error, raw_callback, \
                 redriven_at, resolved_at \
          FROM {schema}.dead_letters WHERE id = $1 FOR UPDATE"),
     )
@@ -307,7 +309,7 @@ async fn lock_outbox_row(
     outbox_id: OutboxId,
 ) -> Result<Option<OutboxRow>, sqlx::Error> {
     sqlx::query_as(
-        crate::schema::q("SELECT topic, partition_key, seq, dispatched_at, delivered_at, dead_lettered_at, last_error \
+        crate::schema::q("SELECT topic, partition_key, subscriber, seq, dispatched_at, delivered_at, dead_lettered_at, last_error \
          FROM {schema}.outbox WHERE id = $1 FOR UPDATE"),
     )
     .bind(outbox_id)
@@ -345,18 +347,7 @@ async fn reset_outbox_row(
     }
     let order = match row.seq {
         None => RedriveOrder::Unordered,
-        Some(seq) => {
-            ordered_position(
-                tx,
-                dead_letter.id,
-                outbox_id,
-                &row.topic,
-                &row.partition_key,
-                seq,
-                opts,
-            )
-            .await?
-        }
+        Some(seq) => ordered_position(tx, dead_letter.id, outbox_id, &row, seq, opts).await?,
     };
     let drop_seq = matches!(order, RedriveOrder::OutOfOrder { .. });
     let redrive_count: i32 = sqlx::query_scalar(
@@ -376,7 +367,7 @@ async fn reset_outbox_row(
         ..
     } = order
     {
-        unblock_key(tx, &row.topic, &row.partition_key).await?;
+        unblock_key(tx, &row.topic, &row.partition_key, &row.subscriber).await?;
     }
     Ok(Requeued {
         topic: row.topic,
@@ -444,8 +435,8 @@ async fn reinsert_pruned_event(
     ))
     .unwrap_or_else(|_| Value::Object(Default::default()));
     sqlx::query(
-        crate::schema::q("INSERT INTO {schema}.outbox (id, topic, partition_key, seq, payload, headers, redrive_count, last_error) \
-         OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3, NULL, $4, $5, $6, $7)"),
+        crate::schema::q("INSERT INTO {schema}.outbox (id, topic, partition_key, seq, payload, headers, redrive_count, last_error, subscriber) \
+         OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3, NULL, $4, $5, $6, $7, $8)"),
     )
     .bind(outbox_id)
     .bind(&topic)
@@ -454,6 +445,7 @@ async fn reinsert_pruned_event(
     .bind(&headers)
     .bind(redrive_count)
     .bind(redrive_note(dead_letter.id, &dead_letter.error))
+    .bind(&dead_letter.subscriber)
     .execute(&mut *tx)
     .await?;
     Ok(Requeued {
@@ -472,21 +464,24 @@ fn redrive_note(dead_letter_id: i64, was: &str) -> String {
 }
 
 /// Where an ordered event stands in its key: in order (head, or behind earlier unfinished events) or a middle
-/// event (the key is past it, gone, or blocked by another event at its place). Locks the key row.
+/// event (the key is past it, gone, or blocked by another event at its place), in the lane of its subscriber.
+/// Locks the key row.
 async fn ordered_position(
     tx: &mut PgConnection,
     dead_letter_id: i64,
     outbox_id: OutboxId,
-    topic: &TopicName,
-    key: &PartitionKey,
+    row: &OutboxRow,
     seq: i64,
     opts: RedriveOptions,
 ) -> Result<RedriveOrder, RedriveError> {
-    let k: Option<(i64, Option<OutboxId>)> = sqlx::query_as(
-        crate::schema::q("SELECT done_seq, blocked_id FROM {schema}.outbox_keys WHERE topic = $1 AND partition_key = $2 FOR UPDATE"),
-    )
+    let (topic, key) = (&row.topic, &row.partition_key);
+    let k: Option<(i64, Option<OutboxId>)> = sqlx::query_as(crate::schema::q(
+        "SELECT done_seq, blocked_id FROM {schema}.outbox_keys \
+                          WHERE topic = $1 AND partition_key = $2 AND subscriber = $3 FOR UPDATE",
+    ))
     .bind(topic)
     .bind(key)
+    .bind(&row.subscriber)
     .fetch_optional(&mut *tx)
     .await?;
     let why = match k {
@@ -532,15 +527,17 @@ async fn unblock_key(
     tx: &mut PgConnection,
     topic: &TopicName,
     key: &PartitionKey,
+    subscriber: &str,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         crate::schema::q("UPDATE {schema}.outbox_keys SET blocked_at = NULL, blocked_id = NULL, blocked_reason = NULL, \
                 inflight_id = NULL, inflight_since = NULL, lease_token = NULL, locked_until = NULL, \
                 available_at = now() \
-         WHERE topic = $1 AND partition_key = $2"),
+         WHERE topic = $1 AND partition_key = $2 AND subscriber = $3"),
     )
     .bind(topic)
     .bind(key)
+    .bind(subscriber)
     .execute(&mut *tx)
     .await?;
     Ok(())

@@ -58,7 +58,7 @@ pub async fn redrive_matching(
     .await?;
     let schema = crate::schema::current().quoted();
     let sql = format!(
-        "SELECT d.id FROM {schema}.dead_letters d WHERE {FILTER_SQL} AND {UNHANDLED_SQL} AND d.id > $9 AND d.id <= $10 \
+        "SELECT d.id FROM {schema}.dead_letters d WHERE {FILTER_SQL} AND {UNHANDLED_SQL} AND d.id > $10 AND d.id <= $11 \
          ORDER BY d.id LIMIT 500"
     );
     let mut report = BulkReport::default();

@@ -29,7 +29,7 @@ WHERE o.id = ANY (ARRAY(
     ORDER BY available_at, id
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED))
-RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload::text AS payload, o.headers, o.attempts,
+RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, o.attempts,
           o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token
 "#;
 
@@ -40,6 +40,9 @@ pub struct ClaimedEvent {
     pub id: OutboxId,
     pub topic: TopicName,
     pub partition_key: PartitionKey,
+    /// The subscriber this copy of the event is for (`''`: the default one, `CONSUMER_URL`; see
+    /// [`crate::subscribers`]).
+    pub subscriber: String,
     /// Per-key sequence (ordered topics).
     pub seq: Option<i64>,
     /// JSON payload text.
@@ -60,12 +63,13 @@ pub struct ClaimedEvent {
 }
 
 impl ClaimedEvent {
-    /// The lease an ordered event was claimed under: its topic, its key and the claim's fencing token, shared by
+    /// The lease an ordered event was claimed under: its topic, its key, its subscriber and the claim's fencing token, shared by
     /// the key's run in this claim. `None` for an unordered event (its lease is the row's alone).
     pub fn key_lease(&self) -> Option<KeyLease> {
         self.seq.map(|_| KeyLease {
             topic: self.topic.clone(),
             key: self.partition_key.clone(),
+            subscriber: self.subscriber.clone(),
             token: self.lease_token,
         })
     }
@@ -79,6 +83,7 @@ impl ClaimedEvent {
             id: r.try_get("id")?,
             topic: r.try_get("topic")?,
             partition_key: r.try_get("partition_key")?,
+            subscriber: r.try_get("subscriber")?,
             seq: r.try_get("seq")?,
             payload: r.try_get("payload")?,
             headers: headers.0,
@@ -106,6 +111,7 @@ impl ClaimedEvent {
             id: OutboxId(id),
             topic: topic.into(),
             partition_key: key.into(),
+            subscriber: String::new(),
             seq,
             payload: "{}".into(),
             headers: EventHeaders::default(),

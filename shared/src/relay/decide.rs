@@ -167,7 +167,48 @@ impl Decider<'_> {
             lease_token: ev.lease_token,
             settlement: Settlement::Release,
         }));
+        items.extend(self.orphaned(&triage.orphans));
         items
+    }
+
+    /// Copies for a subscriber that is not live: an unordered one, or the head of a lane's run, is a dead letter
+    /// saying so (redrive it once the subscriber is back); the rest of the run is given back behind its head.
+    fn orphaned(&self, orphans: &[ClaimedEvent]) -> Vec<SettleItem> {
+        let mut heads: std::collections::HashMap<crate::ids::KeyLease, i64> =
+            std::collections::HashMap::new();
+        for ev in orphans {
+            if let (Some(lease), Some(seq)) = (ev.key_lease(), ev.seq) {
+                let h = heads.entry(lease).or_insert(seq);
+                *h = (*h).min(seq);
+            }
+        }
+        orphans
+            .iter()
+            .map(|ev| {
+                let head = match (ev.key_lease(), ev.seq) {
+                    (Some(lease), Some(seq)) => heads.get(&lease) == Some(&seq),
+                    _ => true,
+                };
+                let settlement = if head {
+                    Settlement::Dead {
+                        error: format!(
+                            "no destination: subscriber {:?} of topic {} is not configured (removed, or never                              added with `outbox subscribers add`); add it and redrive this dead letter",
+                            crate::subscribers::label(&ev.subscriber),
+                            ev.topic
+                        ),
+                        status: None,
+                        skip_key: self.skip_key(ev),
+                    }
+                } else {
+                    Settlement::Release
+                };
+                SettleItem {
+                    id: ev.id,
+                    lease_token: ev.lease_token,
+                    settlement,
+                }
+            })
+            .collect()
     }
 
     /// The dead letter of an event whose budget was spent by claims that never settled.
@@ -360,6 +401,7 @@ mod tests {
             exhausted: vec![event(8, "t", None, 4)],
             held_back: vec![event(9, "r", Some(2), 1)],
             ordered_runs: 4,
+            orphans: Vec::new(),
         };
         let published = Published {
             events: vec![

@@ -12,11 +12,13 @@
 //!   again after a crash between publish and settle gets the same id and QStash drops the copy.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::config::{EvidenceMode, OutcomeSource, QstashConfig, RelayConfig};
 use crate::contract;
 use crate::ids::{KeyLease, OutboxId, TopicName};
 use crate::qstash::{FlowControl, HeaderName, Message, PublishOptions, flow_control_key};
+use crate::subscribers::Destinations;
 
 use super::claim::ClaimedEvent;
 
@@ -43,14 +45,16 @@ pub struct Outgoing {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Group<'a> {
     Run(KeyLease),
-    Topic(&'a TopicName),
+    Topic(&'a TopicName, &'a str),
 }
 
-/// The settings forming reads: the relay's (evidence, batching) and QStash's (URLs, retries, flow control).
-#[derive(Clone, Copy)]
+/// The settings forming reads: the relay's (evidence, batching), QStash's (URLs, retries, flow control) and the
+/// named subscribers' URLs ([`crate::subscribers`]).
+#[derive(Clone)]
 pub(super) struct Forming<'a> {
     pub(super) cfg: &'a RelayConfig,
     pub(super) qstash: &'a QstashConfig,
+    pub(super) destinations: Arc<Destinations>,
 }
 
 /// The envelope headers of one event: trace context, correlation id, then the application's own headers.
@@ -89,14 +93,15 @@ fn wire_event<'a>(
     }
 }
 
-/// Claimed events grouped for forming, in first-seen order: ordered events per key lease, unordered per topic.
+/// Claimed events grouped for forming, in first-seen order: ordered events per key lease (a subscriber's lane),
+/// unordered per topic and subscriber.
 fn groups(events: &[ClaimedEvent]) -> Vec<(Group<'_>, Vec<usize>)> {
     let mut groups: Vec<(Group<'_>, Vec<usize>)> = Vec::new();
     let mut index: HashMap<Group<'_>, usize> = HashMap::new();
     for (i, e) in events.iter().enumerate() {
         let g = match e.key_lease() {
             Some(lease) => Group::Run(lease),
-            None => Group::Topic(&e.topic),
+            None => Group::Topic(&e.topic, &e.subscriber),
         };
         let at = match index.get(&g) {
             Some(&at) => at,
@@ -112,6 +117,17 @@ fn groups(events: &[ClaimedEvent]) -> Vec<(Group<'_>, Vec<usize>)> {
 }
 
 impl Forming<'_> {
+    /// Where an event's subscriber receives it: the default subscriber at `CONSUMER_URL`, a named one at its URL;
+    /// `None` for a subscriber that is not live (the relay dead-letters such a copy instead of forming it).
+    pub(super) fn destination(&self, ev: &ClaimedEvent) -> Option<String> {
+        let base = if ev.subscriber.is_empty() {
+            self.qstash.consumer_url.as_str()
+        } else {
+            self.destinations.url(&ev.topic, &ev.subscriber)?
+        };
+        Some(contract::destination(base, &ev.topic))
+    }
+
     /// The QStash message carrying `events`: all of one topic, and for an ordered topic consecutive events of one
     /// key in sequence order. Everything that decides a write is in the signed envelope body and the signed
     /// destination URL; `x-outbox-id` (the ids, comma-joined) and `traceparent` (the first event's) are
@@ -129,7 +145,11 @@ impl Forming<'_> {
             .collect();
         let body = contract::write_envelope(&first.topic, self.evidence_for(ordered), &wire);
         Message {
-            destination: contract::destination(&self.qstash.consumer_url, &first.topic),
+            // The relay only forms events whose subscriber is live (`Relay::orphans`); should one slip through, an
+            // unroutable destination makes QStash refuse it rather than deliver it to someone else.
+            destination: self.destination(first).unwrap_or_else(|| {
+                contract::destination("http://subscriber-not-configured.invalid", &first.topic)
+            }),
             body,
             options: self.options(events),
         }
@@ -159,11 +179,17 @@ impl Forming<'_> {
         let dedup: Vec<(OutboxId, i32)> =
             events.iter().map(|e| (e.id, e.dedup_generation)).collect();
         // Ordered messages keep their key's flow-control key; an unordered message of several events (any keys)
-        // uses its topic's.
-        let flow_key = if ordered || events.len() == 1 {
-            flow_control_key(&format!("{}.{}", first.topic, first.partition_key))
+        // uses its topic's. A named subscriber's messages have their own keys: its retries never take another
+        // subscriber's parallelism.
+        let lane = if first.subscriber.is_empty() {
+            String::new()
         } else {
-            flow_control_key(&first.topic)
+            format!("@{}", first.subscriber)
+        };
+        let flow_key = if ordered || events.len() == 1 {
+            flow_control_key(&format!("{}.{}{lane}", first.topic, first.partition_key))
+        } else {
+            flow_control_key(&format!("{}{lane}", first.topic))
         };
         let cb = &self.qstash.callback_url;
         PublishOptions {
@@ -208,7 +234,7 @@ impl Forming<'_> {
         for (group, mut members) in groups(events) {
             let (ordered, topic) = match &group {
                 Group::Run(lease) => (true, lease.topic.as_str()),
-                Group::Topic(topic) => (false, topic.as_str()),
+                Group::Topic(topic, _) => (false, topic.as_str()),
             };
             if ordered {
                 members.sort_by_key(|&i| events[i].seq);
@@ -303,6 +329,7 @@ mod tests {
     struct Settings {
         cfg: RelayConfig,
         qstash: QstashConfig,
+        destinations: Arc<Destinations>,
     }
 
     impl Settings {
@@ -318,6 +345,11 @@ mod tests {
             Settings {
                 cfg: RelayConfig::from_vars(&v, 5).expect("relay settings"),
                 qstash: QstashConfig::from_vars(&v).expect("qstash settings"),
+                destinations: Arc::new(Destinations::default().with(
+                    "orders",
+                    "billing",
+                    "https://billing.example",
+                )),
             }
         }
 
@@ -325,6 +357,7 @@ mod tests {
             Forming {
                 cfg: &self.cfg,
                 qstash: &self.qstash,
+                destinations: self.destinations.clone(),
             }
         }
     }
@@ -508,6 +541,45 @@ mod tests {
         let formed = s.forming().messages_for(&ordered);
         assert_eq!(ids(&ordered, &formed), vec![vec![1, 2]]);
         assert_eq!(formed.left_over, vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn each_subscribers_copies_go_to_its_url_in_messages_and_flow_keys_of_their_own() {
+        let s = Settings::new(&[("RELAY_DELIVERY_BATCH", "10")]);
+        let mut events: Vec<ClaimedEvent> = (1..=4)
+            .map(|id| event(id, "orders", "k", None, 0))
+            .collect();
+        events[1].subscriber = "billing".into();
+        events[3].subscriber = "billing".into();
+        let formed = s.forming().messages_for(&events);
+        assert_eq!(ids(&events, &formed), vec![vec![1, 3], vec![2, 4]]);
+        let default = &formed.messages[0].message;
+        let billing = &formed.messages[1].message;
+        assert_eq!(
+            default.destination,
+            contract::destination("https://consumer.example", "orders")
+        );
+        assert_eq!(
+            billing.destination,
+            contract::destination("https://billing.example", "orders")
+        );
+        assert_ne!(flow_control(default).key, flow_control(billing).key);
+        // An ordered lane: one message per (key, subscriber) under the same claim token.
+        let mut a = event(5, "orders", "k", Some(1), 9);
+        let mut b = a.clone();
+        b.id = OutboxId(6);
+        b.subscriber = "billing".into();
+        a.headers = b.headers.clone();
+        let formed = s.forming().messages_for(&[a.clone(), b.clone()]);
+        assert_eq!(formed.messages.len(), 2);
+        assert_ne!(
+            flow_control(&formed.messages[0].message).key,
+            flow_control(&formed.messages[1].message).key
+        );
+        // A subscriber that is not live has no destination (the relay dead-letters its copies).
+        b.subscriber = "gone".into();
+        assert_eq!(s.forming().destination(&b), None);
+        assert!(s.forming().destination(&a).is_some());
     }
 
     #[test]

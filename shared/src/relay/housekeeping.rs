@@ -137,12 +137,13 @@ pub async fn release_idle_keys(db: &Db, batch: u32) -> Result<u64, sqlx::Error> 
     let schema = crate::schema::current().quoted();
     let sql = format!(
         "WITH idle AS (\
-            SELECT k.topic, k.partition_key FROM {schema}.outbox_keys k \
+            SELECT k.topic, k.partition_key, k.subscriber FROM {schema}.outbox_keys k \
             JOIN {schema}.outbox_sequences s ON s.topic = k.topic AND s.partition_key = k.partition_key \
             WHERE s.last_seq = k.done_seq AND k.blocked_at IS NULL AND k.inflight_id IS NULL \
               AND (k.locked_until IS NULL OR k.locked_until < now()) \
             LIMIT {batch} FOR UPDATE OF k, s SKIP LOCKED) \
-         DELETE FROM {schema}.outbox_keys k USING idle WHERE k.topic = idle.topic AND k.partition_key = idle.partition_key"
+         DELETE FROM {schema}.outbox_keys k USING idle \
+         WHERE k.topic = idle.topic AND k.partition_key = idle.partition_key AND k.subscriber = idle.subscriber"
     );
     db.execute(db.query(sqlx::AssertSqlSafe(sql))).await
 }
@@ -184,7 +185,8 @@ pub async fn prune_dead_events_batch(
               AND NOT EXISTS (SELECT 1 FROM {schema}.dead_letters d WHERE d.outbox_id = o.id \
                                 AND d.redriven_at IS NULL AND d.resolved_at IS NULL) \
               AND (o.seq IS NULL OR NOT EXISTS (SELECT 1 FROM {schema}.outbox_keys k \
-                     WHERE k.topic = o.topic AND k.partition_key = o.partition_key AND k.done_seq < o.seq)) \
+                     WHERE k.topic = o.topic AND k.partition_key = o.partition_key \
+                       AND k.subscriber = o.subscriber AND k.done_seq < o.seq)) \
             LIMIT {batch} FOR UPDATE SKIP LOCKED)"
     );
     delete_older_than(db, sql, older_than).await

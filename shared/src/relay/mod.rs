@@ -78,6 +78,7 @@ use crate::db::Db;
 
 use crate::config::{QstashConfig, RelayConfig};
 use crate::qstash::{Message, PublishOutcome, QstashClient};
+use crate::subscribers::Destinations;
 use backoff::Backoff;
 use claim::{ClaimStatements, ClaimedEvent};
 use decide::Decider;
@@ -150,7 +151,22 @@ pub struct Relay {
     /// This process has seen an outage recorded that it has not seen cleared: a successful cycle clears the row
     /// (without the hint, successful cycles skip that statement).
     outage_hint: AtomicBool,
+    /// The named subscribers' URLs, read when a claim holds copies for them ([`Relay::refresh_destinations`]).
+    destinations: std::sync::Mutex<DestinationsCache>,
 }
+
+/// The named subscribers' URLs as last read.
+#[derive(Default)]
+struct DestinationsCache {
+    read_at: Option<std::time::Instant>,
+    current: Arc<Destinations>,
+}
+
+/// How long the named subscribers' URLs are used before they are read again (a subscriber added or removed
+/// takes effect at the relay within this long; a copy for a subscriber not in the cache reads them at once, at
+/// most once per [`DESTINATIONS_RETRY`]).
+const DESTINATIONS_TTL: Duration = Duration::from_secs(5);
+const DESTINATIONS_RETRY: Duration = Duration::from_secs(1);
 
 impl Relay {
     /// Builds a relay.
@@ -170,6 +186,7 @@ impl Relay {
                 cap: cfg.outage_probe_cap,
             },
             outage_hint: AtomicBool::new(false),
+            destinations: std::sync::Mutex::new(DestinationsCache::default()),
             db,
             client,
             cfg,
@@ -262,7 +279,45 @@ impl Relay {
         Forming {
             cfg: &self.cfg,
             qstash: &self.qstash,
+            destinations: self.cached_destinations().current.clone(),
         }
+    }
+
+    fn cached_destinations(&self) -> std::sync::MutexGuard<'_, DestinationsCache> {
+        self.destinations
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Reads the named subscribers' URLs when `events` hold a copy for one and the cached ones are older than
+    /// [`DESTINATIONS_TTL`], or do not know its subscriber (read at most once per [`DESTINATIONS_RETRY`]). A claim of
+    /// the default subscriber's copies only never reads them.
+    pub async fn refresh_destinations(&self, events: &[ClaimedEvent]) -> Result<(), RelayError> {
+        let (fresh, recent, current) = {
+            let c = self.cached_destinations();
+            let age = c.read_at.map(|t| t.elapsed());
+            (
+                age.is_some_and(|a| a < DESTINATIONS_TTL),
+                age.is_some_and(|a| a < DESTINATIONS_RETRY),
+                c.current.clone(),
+            )
+        };
+        if events.iter().all(|e| e.subscriber.is_empty()) {
+            return Ok(());
+        }
+        let missing = events
+            .iter()
+            .any(|e| !e.subscriber.is_empty() && current.url(&e.topic, &e.subscriber).is_none());
+        if fresh && (recent || !missing) {
+            return Ok(());
+        }
+        let loaded = Destinations::load(&self.db)
+            .await
+            .map_err(db("read subscribers"))?;
+        let mut c = self.cached_destinations();
+        c.read_at = Some(std::time::Instant::now());
+        c.current = Arc::new(loaded);
+        Ok(())
     }
 
     /// Groups claimed events into QStash messages (decision record 0014; [`forming`] says how), each with the
@@ -328,7 +383,15 @@ impl Relay {
         }
         let claimed = events.len() as u64;
         let unordered = events.iter().filter(|e| e.seq.is_none()).count() as u64;
-        let triage = triage::triage(events, self.cfg.max_attempts as i32);
+        // Copies for a subscriber that is not live (removed while they were claimed, or written by hand) are
+        // dead-lettered, never sent anywhere else.
+        self.refresh_destinations(&events).await?;
+        let forming = self.forming();
+        let (events, orphans): (Vec<ClaimedEvent>, Vec<ClaimedEvent>) = events
+            .into_iter()
+            .partition(|e| forming.destination(e).is_some());
+        let mut triage = triage::triage(events, self.cfg.max_attempts as i32);
+        triage.orphans = orphans;
         // Each request settled as soon as QStash answers it, in pieces (decision record 0018).
         let (published, settled) = self.publish_and_settle(&triage).await?;
         // An outage (every publish request failed at request level) is recorded, a probe's failure advancing the

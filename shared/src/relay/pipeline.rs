@@ -121,7 +121,14 @@ impl Relay {
                 })
                 .collect();
             let first = self.decider().settle_unpublished(triage);
-            log_dead_letters(&first, triage.exhausted.iter().chain(&triage.held_back));
+            log_dead_letters(
+                &first,
+                triage
+                    .exhausted
+                    .iter()
+                    .chain(&triage.held_back)
+                    .chain(&triage.orphans),
+            );
             unpublished.extend(first);
             let singles = vec![1; unpublished.len()];
             counts.add(self.settle_in_pieces(&unpublished, &singles).await?);

@@ -98,21 +98,23 @@ upd AS (
     FROM s
     WHERE o.id = s.id AND o.lease_token = s.token
       AND (s.outcome = 0 OR o.delivered_at IS NULL)
-    RETURNING o.id, o.topic, o.partition_key, o.seq, o.payload, o.headers, o.attempts, o.qstash_message_id,
-              s.token, s.outcome, s.delay_secs, s.error, s.status, s.skip_key
+    RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload, o.headers, o.attempts,
+              o.qstash_message_id, s.token, s.outcome, s.delay_secs, s.error, s.status, s.skip_key
 ),
 dead AS (
-    INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, seq, payload, headers, error,
-                              status, response_body, attempts, qstash_message_id)
-    SELECT 'relay', u.id || '/' || u.token, u.id, u.topic, u.partition_key, u.seq, u.payload, u.headers, u.error,
-           u.status, CASE WHEN u.status IS NOT NULL THEN u.error END, u.attempts, u.qstash_message_id
+    INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, subscriber, seq, payload,
+                              headers, error, status, response_body, attempts, qstash_message_id)
+    SELECT 'relay', u.id || '/' || u.token, u.id, u.topic, u.partition_key, u.subscriber, u.seq, u.payload,
+           u.headers, u.error, u.status, CASE WHEN u.status IS NOT NULL THEN u.error END, u.attempts,
+           u.qstash_message_id
     FROM upd u WHERE u.outcome = 2
     ON CONFLICT (source, natural_id) DO NOTHING
 ),
 last AS (
-    SELECT DISTINCT ON (u.token, u.topic, u.partition_key) u.token, u.topic, u.partition_key, u.id
+    SELECT DISTINCT ON (u.token, u.topic, u.partition_key, u.subscriber)
+           u.token, u.topic, u.partition_key, u.subscriber, u.id
     FROM upd u WHERE u.seq IS NOT NULL AND u.outcome = 0
-    ORDER BY u.token, u.topic, u.partition_key, u.seq DESC
+    ORDER BY u.token, u.topic, u.partition_key, u.subscriber, u.seq DESC
 ),
 keys AS (
     UPDATE {schema}.outbox_keys k SET
@@ -128,8 +130,9 @@ keys AS (
         lease_token    = NULL,
         locked_until   = NULL
     FROM upd u LEFT JOIN last l ON l.token = u.token AND l.topic = u.topic AND l.partition_key = u.partition_key
+                               AND l.subscriber = u.subscriber
     WHERE u.seq IS NOT NULL AND k.topic = u.topic AND k.partition_key = u.partition_key
-      AND k.lease_token = u.token AND k.done_seq = u.seq - 1
+      AND k.subscriber = u.subscriber AND k.lease_token = u.token AND k.done_seq = u.seq - 1
 )
 SELECT count(*) FILTER (WHERE outcome = 0) AS dispatched,
        count(*) FILTER (WHERE outcome = 1) AS retried,

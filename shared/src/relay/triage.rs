@@ -33,6 +33,9 @@ pub struct Triage {
     pub held_back: Vec<ClaimedEvent>,
     /// Ordered runs (key leases) in the claim: the ordered claim's size is counted in keys.
     pub ordered_runs: usize,
+    /// Copies for a subscriber that is not live ([`crate::subscribers`]): each unordered one and each lane's head
+    /// is dead-lettered, the rest of a lane's run given back. Filled by the relay, which knows the subscribers.
+    pub orphans: Vec<ClaimedEvent>,
 }
 
 /// Splits a claim (see the module docs) with `max_attempts` publish attempts per event.

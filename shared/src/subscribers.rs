@@ -1,0 +1,829 @@
+//! Fan-out: one event, several subscribers (decision record 0068). Where a newcomer finds how each subscriber
+//! gets every event once, in its own order, with its own retries and dead letters.
+//!
+//! A topic has one or more named subscribers (`outbox_subscribers`), each the base URL of a consumer whose
+//! `CONSUMER_NAME` is the subscriber's name. The subscriber named `''` (shown as `default`) is the relay's
+//! `CONSUMER_URL` / `CONSUMER_NAME`: every topic has it unless it was removed, so a deployment that never adds a
+//! subscriber works as before.
+//!
+//! | Rule | Why |
+//! |---|---|
+//! | The producer's one statement writes a **copy** of each event per subscriber of its topic (an outbox row each, sharing the event's sequence; `event_id` names the first copy) | Each copy has its own lease, attempts, delivery evidence, dead letter and redrive: isolation is the relay's existing per-row machinery, and the copies commit with the business write, so no subscriber can miss an event the others got |
+//! | An ordered key's relay state (`outbox_keys`) is per (topic, key, subscriber): a *lane* | A's dead head blocks A's lane only; B's slow consumer holds back B's events only |
+//! | The relay publishes each copy to its subscriber's URL, with the subscriber in the flow-control key | QStash's per-key parallelism is per subscriber too: B's retries never take A's slot |
+//! | The consumer's dedupe rows are keyed by its `CONSUMER_NAME`, the subscriber's name; the relay reads a named copy's dedupe row in that namespace | Once-only per subscriber ([`crate::once`]); the applied sweep and failure callbacks find the right row |
+//! | [`add`] takes effect for every enqueue statement that starts after it commits | Statements read the subscriber list with their snapshot; per key, the copies a new subscriber gets are a suffix of the key's events, so its lane starts where its first copy is |
+//! | [`add`] with a start ([`Start`]) first waits until every transaction older than the subscriber is over, then [`replay_step`] copies the retained events from the start up to that point that have no copy for it, in event order, a chunk per transaction (copies and cursor together) | Exactly the events it would otherwise miss, each once; a crash resumes from the cursor |
+//! | While a subscriber replays, its ordered lanes wait (`available_at = 'infinity'`, also for lanes producers open meanwhile); each lane then starts at its first replayed sequence | A key's live events never overtake its replayed history |
+//! | [`remove`] marks the subscriber removed, waits for older transactions, then deletes its unfinished copies and lanes; dead-lettered copies and dead letters stay | Deliveries stop; nothing it failed on is lost from view |
+//!
+//! Replay reaches what the outbox still holds: events are kept `OUTBOX_RETENTION_HOURS` after they are done for
+//! their subscriber (`docs/operations.md` gives the storage cost).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use crate::db::Db;
+use crate::ids::TopicName;
+
+/// The default subscriber's stored name: the relay's `CONSUMER_URL` and `CONSUMER_NAME`.
+pub const DEFAULT: &str = "";
+
+/// How the default subscriber is shown and named on the command line.
+pub const DEFAULT_LABEL: &str = "default";
+
+/// Events copied per replay transaction.
+pub const REPLAY_CHUNK: i64 = 5_000;
+
+/// The name as shown to people: `default` for the default subscriber.
+pub fn label(name: &str) -> &str {
+    if name.is_empty() { DEFAULT_LABEL } else { name }
+}
+
+/// What can go wrong managing subscribers.
+#[derive(Debug, thiserror::Error)]
+pub enum SubscriberError {
+    /// A name that cannot be a subscriber's.
+    #[error(
+        "invalid subscriber name {0:?}: use 1 to 63 lower-case letters, digits, '_', '.' or '-', starting with a \
+         letter or digit (it is the consumer's CONSUMER_NAME), or `default` for the relay's CONSUMER_URL"
+    )]
+    InvalidName(String),
+    /// A destination that is not an absolute http(s) URL.
+    #[error(
+        "invalid URL {url:?} for subscriber {name}: {why} (give the consumer's base URL, e.g. https://billing.example.com)"
+    )]
+    InvalidUrl {
+        /// The subscriber.
+        name: String,
+        /// The URL as given.
+        url: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A topic name the producer would refuse.
+    #[error("invalid topic {0:?}")]
+    InvalidTopic(String),
+    /// The subscriber exists already.
+    #[error(
+        "topic {topic} already has subscriber {name} (remove it first to change its URL or replay)"
+    )]
+    Exists {
+        /// The topic.
+        topic: String,
+        /// The subscriber.
+        name: String,
+    },
+    /// No such (live) subscriber.
+    #[error("topic {topic} has no subscriber {name}")]
+    NotFound {
+        /// The topic.
+        topic: String,
+        /// The subscriber.
+        name: String,
+    },
+    /// The default subscriber's URL is the relay's `CONSUMER_URL`.
+    #[error(
+        "the default subscriber delivers to the relay's CONSUMER_URL; `add <topic> default` only restores it \
+         after a remove, without a URL"
+    )]
+    DefaultUrl,
+    /// A named subscriber needs a URL.
+    #[error("subscriber {0} needs the URL of its consumer")]
+    MissingUrl(String),
+    /// Removing it would leave the topic without subscribers.
+    #[error(
+        "{name} is the last subscriber of topic {topic}: its events would go nowhere (add another one first)"
+    )]
+    LastSubscriber {
+        /// The topic.
+        topic: String,
+        /// The subscriber.
+        name: String,
+    },
+    /// No event at or after the replay's start time.
+    #[error("no retained event of topic {topic} was written at or after {at}: nothing to replay")]
+    NothingSince {
+        /// The topic.
+        topic: String,
+        /// The time asked for.
+        at: DateTime<Utc>,
+    },
+    /// A transaction older than the change did not end in time.
+    #[error(
+        "transactions that began before the change are still open after {waited:?} (pids {pids:?}); they may \
+         still write events without seeing it. The change is recorded: run the command again once they end"
+    )]
+    OldTransactions {
+        /// How long it waited.
+        waited: Duration,
+        /// Their backends.
+        pids: Vec<i32>,
+    },
+    /// The database.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Checks and normalises a subscriber name as given on the command line: `default` is [`DEFAULT`].
+pub fn parse_name(raw: &str) -> Result<String, SubscriberError> {
+    if raw == DEFAULT_LABEL {
+        return Ok(DEFAULT.to_owned());
+    }
+    let ok = !raw.is_empty()
+        && raw.len() <= 63
+        && raw
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && raw.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
+        });
+    if ok {
+        Ok(raw.to_owned())
+    } else {
+        Err(SubscriberError::InvalidName(raw.to_owned()))
+    }
+}
+
+fn check_url(name: &str, raw: &str) -> Result<String, SubscriberError> {
+    let bad = |why: String| SubscriberError::InvalidUrl {
+        name: name.to_owned(),
+        url: raw.to_owned(),
+        why,
+    };
+    let url = url::Url::parse(raw).map_err(|e| bad(e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(bad(format!(
+            "scheme {:?} is not http or https",
+            url.scheme()
+        )));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("a base URL has no query or fragment".into()));
+    }
+    Ok(raw.trim_end_matches('/').to_owned())
+}
+
+/// The URL of every live named subscriber, by (topic, name): what the relay publishes to. Loaded from
+/// `outbox_subscribers` (a handful of rows).
+#[derive(Debug, Clone, Default)]
+pub struct Destinations {
+    urls: HashMap<(String, String), String>,
+}
+
+impl Destinations {
+    /// Reads the live named subscribers.
+    pub async fn load(db: &Db) -> Result<Destinations, sqlx::Error> {
+        let q = db.query(crate::schema::q(
+            "SELECT topic, name, url FROM {schema}.outbox_subscribers \
+             WHERE removed_at IS NULL AND name <> '' AND url IS NOT NULL",
+        ));
+        let rows = db.run(async |c| q.fetch_all(c).await).await?;
+        let mut urls = HashMap::with_capacity(rows.len());
+        for r in rows {
+            urls.insert((r.try_get("topic")?, r.try_get("name")?), r.try_get("url")?);
+        }
+        Ok(Destinations { urls })
+    }
+
+    /// A named subscriber's base URL; `None` when it is not live (removed, or never added).
+    pub fn url(&self, topic: &str, name: &str) -> Option<&str> {
+        self.urls
+            .get(&(topic.to_owned(), name.to_owned()))
+            .map(String::as_str)
+    }
+
+    /// With one subscriber's URL set (tests and the local pipeline).
+    pub fn with(mut self, topic: &str, name: &str, url: &str) -> Self {
+        self.urls
+            .insert((topic.to_owned(), name.to_owned()), url.to_owned());
+        self
+    }
+}
+
+/// Where a new subscriber's history starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Only events written from now on (the default).
+    Now,
+    /// Retained events written at or after this time.
+    Since(DateTime<Utc>),
+    /// Retained events with this event id or a later one.
+    FromId(i64),
+}
+
+impl std::str::FromStr for Start {
+    type Err = String;
+
+    /// `now`, an RFC 3339 timestamp, or an outbox id.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "now" {
+            return Ok(Start::Now);
+        }
+        if let Ok(id) = s.parse::<i64>() {
+            return if id > 0 {
+                Ok(Start::FromId(id))
+            } else {
+                Err(format!("outbox id {id} must be positive"))
+            };
+        }
+        DateTime::parse_from_rfc3339(s)
+            .map(|t| Start::Since(t.with_timezone(&Utc)))
+            .map_err(|e| format!("{s:?} is not `now`, an outbox id or an RFC 3339 timestamp ({e})"))
+    }
+}
+
+/// A subscriber as stored.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Subscriber {
+    /// Its topic.
+    pub topic: String,
+    /// Its name (`''`: the default one).
+    pub name: String,
+    /// Its consumer's base URL (`None`: the relay's `CONSUMER_URL`).
+    pub url: Option<String>,
+    /// When it was added.
+    pub added_at: Option<DateTime<Utc>>,
+    /// When it was removed.
+    pub removed_at: Option<DateTime<Utc>>,
+    /// Its replay, if it was added with a start.
+    pub replay: Option<Replay>,
+}
+
+/// A replay's progress.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Replay {
+    /// First event id.
+    pub from: i64,
+    /// Last event id (set once older transactions ended).
+    pub to: Option<i64>,
+    /// The cursor: every event up to it that needed a copy has one.
+    pub done_to: Option<i64>,
+    /// Events copied so far.
+    pub copied: i64,
+    /// When the last chunk was copied and the subscriber's ordered keys were released.
+    pub done_at: Option<DateTime<Utc>>,
+}
+
+fn subscriber_of(r: &sqlx::postgres::PgRow) -> Result<Subscriber, sqlx::Error> {
+    let from: Option<i64> = r.try_get("replay_from")?;
+    Ok(Subscriber {
+        topic: r.try_get("topic")?,
+        name: r.try_get("name")?,
+        url: r.try_get("url")?,
+        added_at: r.try_get("added_at")?,
+        removed_at: r.try_get("removed_at")?,
+        replay: match from {
+            None => None,
+            Some(from) => Some(Replay {
+                from,
+                to: r.try_get("replay_to")?,
+                done_to: r.try_get("replayed_to")?,
+                copied: r.try_get("replayed")?,
+                done_at: r.try_get("replay_done_at")?,
+            }),
+        },
+    })
+}
+
+const COLUMNS: &str = "topic, name, url, added_at, removed_at, replay_from, replay_to, replayed_to, replayed, \
+                       replay_done_at";
+
+/// Every subscriber on record, and the implicit default subscriber of each topic that has named ones, ordered by
+/// topic and name. Removed ones are included (`removed_at`). A topic not listed has only the default subscriber.
+pub async fn list(db: &Db) -> Result<Vec<Subscriber>, sqlx::Error> {
+    let sql = crate::schema::sql(&format!(
+        "SELECT {COLUMNS} FROM {{schema}}.outbox_subscribers \
+         UNION ALL \
+         SELECT t.topic, '', NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL \
+         FROM (SELECT DISTINCT topic FROM {{schema}}.outbox_subscribers) t \
+         WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_subscribers x WHERE x.topic = t.topic AND x.name = '') \
+         ORDER BY 1, 2"
+    ));
+    let q = db.query(sqlx::AssertSqlSafe(sql));
+    let rows = db.run(async |c| q.fetch_all(c).await).await?;
+    rows.iter().map(subscriber_of).collect()
+}
+
+/// What [`add`] did.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Added {
+    /// The subscriber as stored.
+    pub subscriber: Subscriber,
+    /// Retained events it will be sent (copies still to make), when it replays.
+    pub to_replay: Option<i64>,
+}
+
+/// Adds a subscriber to a live topic (see the module docs): from the next enqueue statement on, or, with a
+/// [`Start`] other than `Now`, also the retained history from there, copied by [`replay_step`] (call
+/// [`replay`] to run it to the end). Re-adding a removed subscriber starts it afresh. Waits at most `wait` for
+/// transactions older than the change.
+pub async fn add(
+    db: &Db,
+    topic: &str,
+    name: &str,
+    url: Option<&str>,
+    start: Start,
+    wait: Duration,
+) -> Result<Added, SubscriberError> {
+    crate::producer::validate_topic(topic)
+        .map_err(|_| SubscriberError::InvalidTopic(topic.to_owned()))?;
+    let url = match (name, url) {
+        (DEFAULT, Some(_)) => return Err(SubscriberError::DefaultUrl),
+        (DEFAULT, None) => None,
+        (n, None) => return Err(SubscriberError::MissingUrl(n.to_owned())),
+        (n, Some(u)) => Some(check_url(n, u)?),
+    };
+    let mut tx = db.pool().begin().await?;
+    let from: Option<i64> = match start {
+        Start::Now => None,
+        Start::FromId(id) => Some(id),
+        Start::Since(at) => {
+            let first: Option<i64> = sqlx::query_scalar(crate::schema::q(
+                "SELECT min(coalesce(event_id, id)) FROM {schema}.outbox WHERE topic = $1 AND created_at >= $2",
+            ))
+            .bind(topic)
+            .bind(at)
+            .fetch_one(&mut *tx)
+            .await?;
+            Some(first.ok_or_else(|| SubscriberError::NothingSince {
+                topic: topic.to_owned(),
+                at,
+            })?)
+        }
+    };
+    let existing: Option<Option<DateTime<Utc>>> = sqlx::query_scalar(crate::schema::q(
+        "SELECT removed_at FROM {schema}.outbox_subscribers WHERE topic = $1 AND name = $2 FOR UPDATE",
+    ))
+    .bind(topic)
+    .bind(name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let live = match existing {
+        Some(removed) => removed.is_none(),
+        // The default subscriber exists without a row until it is removed.
+        None => name == DEFAULT,
+    };
+    if live {
+        return Err(SubscriberError::Exists {
+            topic: topic.to_owned(),
+            name: label(name).to_owned(),
+        });
+    }
+    let sql = crate::schema::sql(&format!(
+        "INSERT INTO {{schema}}.outbox_subscribers (topic, name, url, replay_from) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (topic, name) DO UPDATE SET url = excluded.url, added_at = now(), removed_at = NULL, \
+             replay_from = excluded.replay_from, replay_to = NULL, replayed_to = NULL, replayed = 0, \
+             replay_done_at = NULL \
+         RETURNING {COLUMNS}"
+    ));
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(topic)
+        .bind(name)
+        .bind(&url)
+        .bind(from)
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    let mut subscriber = subscriber_of(&row)?;
+    let Some(from) = from else {
+        return Ok(Added {
+            subscriber,
+            to_replay: None,
+        });
+    };
+    let to_replay = fix_replay_end(db, topic, name, from, wait).await?;
+    subscriber = get(db, topic, name).await?;
+    Ok(Added {
+        subscriber,
+        to_replay: Some(to_replay),
+    })
+}
+
+/// What [`ensure`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Ensured {
+    /// Live already, with that URL.
+    Unchanged,
+    /// Live already: its URL was changed (deliveries not yet published go to the new one).
+    UrlChanged,
+    /// Added, from now on ([`Start::Now`]).
+    Added,
+}
+
+/// Makes a named subscriber live with `url`, as a declaration does (the relay's `OUTBOX_SUBSCRIBERS`, the local
+/// pipeline): added from now on when it is not live, its URL updated when it differs. Never replays or removes.
+pub async fn ensure(
+    db: &Db,
+    topic: &str,
+    name: &str,
+    url: &str,
+) -> Result<Ensured, SubscriberError> {
+    if name == DEFAULT {
+        return Err(SubscriberError::DefaultUrl);
+    }
+    let url = check_url(name, url)?;
+    crate::producer::validate_topic(topic)
+        .map_err(|_| SubscriberError::InvalidTopic(topic.to_owned()))?;
+    let row: Option<(Option<String>,)> = sqlx::query_as(crate::schema::q(
+        "SELECT url FROM {schema}.outbox_subscribers WHERE topic = $1 AND name = $2 AND removed_at IS NULL",
+    ))
+    .bind(topic)
+    .bind(name)
+    .fetch_optional(db.pool())
+    .await?;
+    match row {
+        Some((Some(current),)) if current == url => Ok(Ensured::Unchanged),
+        Some(_) => {
+            sqlx::query(crate::schema::q(
+                "UPDATE {schema}.outbox_subscribers SET url = $3 WHERE topic = $1 AND name = $2",
+            ))
+            .bind(topic)
+            .bind(name)
+            .bind(&url)
+            .execute(db.pool())
+            .await?;
+            Ok(Ensured::UrlChanged)
+        }
+        None => match add(db, topic, name, Some(&url), Start::Now, Duration::ZERO).await {
+            Ok(_) => Ok(Ensured::Added),
+            // Someone else added it meanwhile.
+            Err(SubscriberError::Exists { .. }) => Ok(Ensured::Unchanged),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// One subscriber row.
+pub async fn get(db: &Db, topic: &str, name: &str) -> Result<Subscriber, SubscriberError> {
+    let sql = crate::schema::sql(&format!(
+        "SELECT {COLUMNS} FROM {{schema}}.outbox_subscribers WHERE topic = $1 AND name = $2"
+    ));
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(topic)
+        .bind(name)
+        .fetch_optional(db.pool())
+        .await?
+        .ok_or_else(|| SubscriberError::NotFound {
+            topic: topic.to_owned(),
+            name: label(name).to_owned(),
+        })?;
+    Ok(subscriber_of(&row)?)
+}
+
+/// Waits until no transaction that began before now is still open (other than this session's), polling; a
+/// transaction older than a change to `outbox_subscribers` may still write events with the list it read.
+pub async fn wait_for_older_transactions(db: &Db, wait: Duration) -> Result<(), SubscriberError> {
+    let since: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(db.pool())
+        .await?;
+    let started = std::time::Instant::now();
+    loop {
+        let pids: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() \
+               AND backend_type = 'client backend' \
+               AND xact_start IS NOT NULL AND xact_start < $1 ORDER BY pid",
+        )
+        .bind(since)
+        .fetch_all(db.pool())
+        .await?;
+        if pids.is_empty() {
+            return Ok(());
+        }
+        if started.elapsed() >= wait {
+            return Err(SubscriberError::OldTransactions {
+                waited: started.elapsed(),
+                pids,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Fixes where a replay ends: once every older transaction is over, every event written later has a copy for
+/// the subscriber, so the replay needs to reach only the topic's newest event id now. Returns roughly how many
+/// events the replay covers (retained events in the range; some may have copies already).
+async fn fix_replay_end(
+    db: &Db,
+    topic: &str,
+    name: &str,
+    from: i64,
+    wait: Duration,
+) -> Result<i64, SubscriberError> {
+    wait_for_older_transactions(db, wait).await?;
+    let row = sqlx::query(crate::schema::q(
+        "WITH e AS (SELECT coalesce(max(coalesce(event_id, id)), 0) AS last FROM {schema}.outbox WHERE topic = $1) \
+         UPDATE {schema}.outbox_subscribers s SET replay_to = e.last, replayed_to = coalesce(s.replayed_to, $3 - 1) \
+         FROM e WHERE s.topic = $1 AND s.name = $2 AND s.replay_to IS NULL \
+         RETURNING s.replay_to, \
+             (SELECT count(DISTINCT coalesce(o.event_id, o.id)) FROM {schema}.outbox o \
+              WHERE o.topic = $1 AND coalesce(o.event_id, o.id) BETWEEN $3 AND s.replay_to) AS events",
+    ))
+    .bind(topic)
+    .bind(name)
+    .bind(from)
+    .fetch_optional(db.pool())
+    .await?;
+    Ok(match row {
+        Some(r) => r.try_get("events")?,
+        None => 0,
+    })
+}
+
+/// What one [`replay_step`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ReplayProgress {
+    /// Copies made by this step.
+    pub copied: i64,
+    /// Copies made by the whole replay so far.
+    pub total: i64,
+    /// The cursor after this step.
+    pub done_to: i64,
+    /// The replay's last event id.
+    pub to: i64,
+    /// The replay is over: its ordered keys are released.
+    pub finished: bool,
+}
+
+/// The next chunk of a replay, in one transaction: the retained events after the cursor (one copy each, the
+/// lowest-id one, read through `outbox_event_idx`) that have no copy for the subscriber get one, each ordered
+/// key's lane is opened (waiting) at its first copied sequence, and the cursor moves. Returns `None` when the
+/// subscriber has no replay under way.
+const REPLAY_CHUNK_SQL: &str = r#"
+WITH src AS (
+    SELECT DISTINCT ON (coalesce(o.event_id, o.id)) coalesce(o.event_id, o.id) AS ev, o.topic, o.partition_key,
+           o.seq, o.payload, o.headers
+    FROM {schema}.outbox o
+    WHERE o.topic = $1 AND coalesce(o.event_id, o.id) > $3 AND coalesce(o.event_id, o.id) <= $4
+    ORDER BY coalesce(o.event_id, o.id), o.id
+    LIMIT $5
+),
+todo AS (
+    SELECT s.* FROM src s
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.outbox c
+                      WHERE c.topic = $1 AND coalesce(c.event_id, c.id) = s.ev AND c.subscriber = $2)
+),
+lanes AS (
+    INSERT INTO {schema}.outbox_keys AS k (topic, partition_key, subscriber, done_seq, available_at)
+    SELECT topic, partition_key, $2, min(seq) - 1, 'infinity'::timestamptz
+    FROM todo WHERE seq IS NOT NULL
+    GROUP BY topic, partition_key
+    ORDER BY topic, partition_key
+    ON CONFLICT (topic, partition_key, subscriber)
+    DO UPDATE SET done_seq = least(k.done_seq, excluded.done_seq)
+),
+copied AS (
+    INSERT INTO {schema}.outbox (topic, partition_key, subscriber, seq, payload, headers, event_id)
+    SELECT topic, partition_key, $2, seq, payload, headers, ev FROM todo ORDER BY ev
+    RETURNING 1
+),
+moved AS (
+    UPDATE {schema}.outbox_subscribers
+    SET replayed_to = coalesce((SELECT max(ev) FROM src), $4),
+        replayed = replayed + (SELECT count(*) FROM copied)
+    WHERE topic = $1 AND name = $2
+    RETURNING replayed_to, replayed
+)
+SELECT (SELECT count(*) FROM copied) AS copied, (SELECT count(*) FROM src) AS read, m.replayed_to, m.replayed
+FROM moved m
+"#;
+
+/// Copies the next chunk of `limit` events of a subscriber's replay (see [`REPLAY_CHUNK_SQL`]); the chunk that
+/// reaches the end also releases the subscriber's waiting ordered keys and marks the replay done. `None`: no
+/// replay under way (none asked for, already finished, or its end is not fixed yet).
+pub async fn replay_step(
+    db: &Db,
+    topic: &str,
+    name: &str,
+    limit: i64,
+) -> Result<Option<ReplayProgress>, SubscriberError> {
+    let mut tx = db.pool().begin().await?;
+    let state: Option<(Option<i64>, Option<i64>)> = sqlx::query_as(crate::schema::q(
+        "SELECT replayed_to, replay_to FROM {schema}.outbox_subscribers \
+         WHERE topic = $1 AND name = $2 AND removed_at IS NULL AND replay_from IS NOT NULL \
+           AND replay_done_at IS NULL FOR UPDATE",
+    ))
+    .bind(topic)
+    .bind(name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((Some(cursor), Some(to))) = state else {
+        return Ok(None);
+    };
+    let row = sqlx::query(crate::schema::q(REPLAY_CHUNK_SQL))
+        .bind(topic)
+        .bind(name)
+        .bind(cursor)
+        .bind(to)
+        .bind(limit.max(1))
+        .fetch_one(&mut *tx)
+        .await?;
+    let read: i64 = row.try_get("read")?;
+    let done_to: i64 = row.try_get("replayed_to")?;
+    let finished = read < limit.max(1) || done_to >= to;
+    if finished {
+        sqlx::query(crate::schema::q(
+            "UPDATE {schema}.outbox_subscribers SET replay_done_at = now(), replayed_to = replay_to \
+             WHERE topic = $1 AND name = $2",
+        ))
+        .bind(topic)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(crate::schema::q(
+            "UPDATE {schema}.outbox_keys SET available_at = now() \
+             WHERE topic = $1 AND subscriber = $2 AND available_at = 'infinity'",
+        ))
+        .bind(topic)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(Some(ReplayProgress {
+        copied: row.try_get("copied")?,
+        total: row.try_get("replayed")?,
+        done_to: if finished { to } else { done_to },
+        to,
+        finished,
+    }))
+}
+
+/// Runs a subscriber's replay to the end, chunk by chunk, calling `progress` after each; fixes the replay's end
+/// first when an earlier [`add`] could not (older transactions were still open). Returns the last progress.
+pub async fn replay(
+    db: &Db,
+    topic: &str,
+    name: &str,
+    wait: Duration,
+    mut progress: impl FnMut(&ReplayProgress),
+) -> Result<Option<ReplayProgress>, SubscriberError> {
+    let s = get(db, topic, name).await?;
+    let Some(r) = s.replay else {
+        return Ok(None);
+    };
+    if r.to.is_none() {
+        fix_replay_end(db, topic, name, r.from, wait).await?;
+    }
+    let mut last = None;
+    while let Some(p) = replay_step(db, topic, name, REPLAY_CHUNK).await? {
+        progress(&p);
+        let finished = p.finished;
+        last = Some(p);
+        if finished {
+            break;
+        }
+    }
+    Ok(last)
+}
+
+/// What [`remove`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Removed {
+    /// Unfinished copies deleted (pending, leased or in flight): they will not be delivered.
+    pub copies_deleted: u64,
+    /// Ordered lanes deleted.
+    pub keys_deleted: u64,
+}
+
+/// Removes a subscriber from a topic (see the module docs): no copy is written for it once this commits, and
+/// after the older transactions end its unfinished copies and lanes are deleted. Its dead letters and
+/// dead-lettered copies stay queryable. Refuses to remove a topic's last subscriber. Run again on a subscriber
+/// already removed, it finishes that removal (after [`SubscriberError::OldTransactions`]).
+pub async fn remove(
+    db: &Db,
+    topic: &str,
+    name: &str,
+    wait: Duration,
+) -> Result<Removed, SubscriberError> {
+    let topic_name = TopicName::from(topic);
+    let mut tx = db.pool().begin().await?;
+    // Serialises changes to the topic's subscribers (two removals could otherwise leave none).
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('outbox_subscribers:' || $1))")
+        .bind(topic)
+        .execute(&mut *tx)
+        .await?;
+    let live: Vec<String> = sqlx::query_scalar(crate::schema::q(
+        "SELECT name FROM {schema}.outbox_subscribers WHERE topic = $1 AND removed_at IS NULL \
+         UNION ALL SELECT '' WHERE NOT EXISTS \
+             (SELECT 1 FROM {schema}.outbox_subscribers WHERE topic = $1 AND name = '')",
+    ))
+    .bind(&topic_name)
+    .fetch_all(&mut *tx)
+    .await?;
+    if !live.iter().any(|n| n == name) {
+        // Removed before (a removal that gave up waiting for older transactions): finish it.
+        let removed: bool = sqlx::query_scalar(crate::schema::q(
+            "SELECT EXISTS (SELECT 1 FROM {schema}.outbox_subscribers \
+                            WHERE topic = $1 AND name = $2 AND removed_at IS NOT NULL)",
+        ))
+        .bind(topic)
+        .bind(name)
+        .fetch_one(&mut *tx)
+        .await?;
+        if !removed {
+            return Err(SubscriberError::NotFound {
+                topic: topic.to_owned(),
+                name: label(name).to_owned(),
+            });
+        }
+        tx.commit().await?;
+        return delete_copies(db, topic, name, wait).await;
+    }
+    if live.len() == 1 {
+        return Err(SubscriberError::LastSubscriber {
+            topic: topic.to_owned(),
+            name: label(name).to_owned(),
+        });
+    }
+    // A named subscriber has its row; the default one gets one when it is first removed.
+    sqlx::query(crate::schema::q(
+        "INSERT INTO {schema}.outbox_subscribers AS s (topic, name, url, removed_at) \
+         SELECT $1, $2, url, now() FROM {schema}.outbox_subscribers WHERE topic = $1 AND name = $2 \
+         UNION ALL SELECT $1, $2, NULL, now() WHERE $2 = '' \
+         LIMIT 1 \
+         ON CONFLICT (topic, name) DO UPDATE SET removed_at = now()",
+    ))
+    .bind(topic)
+    .bind(name)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    delete_copies(db, topic, name, wait).await
+}
+
+/// The second half of [`remove`]: once the older transactions are over, no new copy for the subscriber can
+/// appear; its unfinished ones and its lanes are deleted.
+async fn delete_copies(
+    db: &Db,
+    topic: &str,
+    name: &str,
+    wait: Duration,
+) -> Result<Removed, SubscriberError> {
+    wait_for_older_transactions(db, wait).await?;
+    let mut tx = db.pool().begin().await?;
+    let keys_deleted = sqlx::query(crate::schema::q(
+        "DELETE FROM {schema}.outbox_keys WHERE topic = $1 AND subscriber = $2",
+    ))
+    .bind(topic)
+    .bind(name)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    let copies_deleted = sqlx::query(crate::schema::q(
+        "DELETE FROM {schema}.outbox WHERE topic = $1 AND subscriber = $2 \
+           AND delivered_at IS NULL AND dead_lettered_at IS NULL",
+    ))
+    .bind(topic)
+    .bind(name)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(Removed {
+        copies_deleted,
+        keys_deleted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(parse_name("default").unwrap(), "");
+        assert_eq!(parse_name("billing-eu.v2").unwrap(), "billing-eu.v2");
+        for bad in ["", "Billing", "-x", "a b", "a/b", &"x".repeat(64)] {
+            assert!(parse_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            check_url("b", "https://billing.example/").unwrap(),
+            "https://billing.example"
+        );
+        assert!(check_url("b", "ftp://x").is_err());
+        assert!(check_url("b", "billing").is_err());
+        assert!(check_url("b", "https://x/?a=1").is_err());
+    }
+
+    #[test]
+    fn starts() {
+        assert_eq!("now".parse::<Start>(), Ok(Start::Now));
+        assert_eq!("42".parse::<Start>(), Ok(Start::FromId(42)));
+        assert!(matches!(
+            "2026-12-01T00:00:00Z".parse::<Start>(),
+            Ok(Start::Since(_))
+        ));
+        assert!("0".parse::<Start>().is_err());
+        assert!("yesterday".parse::<Start>().is_err());
+    }
+}

@@ -1,0 +1,331 @@
+//! Fan-out's database side (`outbox::subscribers`, decision record 0068): the producer's copies, adding and
+//! removing subscribers, and the upgrade of a single-consumer database with events in flight. The whole system
+//! with three subscribers is in the repository's `tests/fanout.rs`.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use outbox::db::{Db, Statements};
+use outbox::ordering::{self, DeliveryRecorded};
+use outbox::relay::claim::ClaimStatements;
+use outbox::subscribers::{self, Ensured, Start, SubscriberError};
+use outbox::{NewEvent, OutboxId, Topic};
+use sqlx::PgPool;
+
+const ORDERS: Topic = Topic::ordered("orders");
+const AUDIT: Topic = Topic::unordered("audit");
+const WAIT: Duration = Duration::from_secs(5);
+
+fn db(pool: &PgPool) -> Db {
+    Db::new(pool.clone(), Statements::Prepared)
+}
+
+async fn enqueue(pool: &PgPool, topic: &Topic, key: &str, n: i64) -> i64 {
+    let mut conn = pool.acquire().await.unwrap();
+    outbox::enqueue(
+        &mut conn,
+        NewEvent::new(topic, key, &serde_json::json!({ "n": n })).unwrap(),
+    )
+    .await
+    .unwrap()
+    .id
+    .get()
+}
+
+/// (subscriber, event id, seq) of every row of a topic, by id.
+async fn copies(pool: &PgPool, topic: &str) -> Vec<(String, i64, Option<i64>)> {
+    sqlx::query_as(
+        "SELECT subscriber, coalesce(event_id, id), seq FROM outbox WHERE topic = $1 ORDER BY id",
+    )
+    .bind(topic)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// The producer writes one copy per live subscriber, sharing the sequence, the first copy's id being the event's;
+/// a topic without subscribers gets the default one only, as before fan-out.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn the_producer_writes_one_copy_per_subscriber_of_the_topic(pool: PgPool) {
+    let db = db(&pool);
+    let first = enqueue(&pool, &ORDERS, "c1", 1).await;
+    assert_eq!(
+        copies(&pool, "orders").await,
+        [(String::new(), first, Some(1))]
+    );
+    for name in ["billing", "search"] {
+        let added = subscribers::add(
+            &db,
+            "orders",
+            name,
+            Some("http://127.0.0.1:9/"),
+            Start::Now,
+            WAIT,
+        )
+        .await
+        .unwrap();
+        assert_eq!(added.subscriber.url.as_deref(), Some("http://127.0.0.1:9"));
+    }
+    let second = enqueue(&pool, &ORDERS, "c1", 2).await;
+    let rows = copies(&pool, "orders").await;
+    assert_eq!(
+        rows[1..],
+        [
+            (String::new(), second, Some(2)),
+            ("billing".into(), second, Some(2)),
+            ("search".into(), second, Some(2)),
+        ]
+    );
+    // Each lane of the key starts where its first copy is: the new ones at sequence 1 done (their first copy is 2).
+    let lanes: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT subscriber, done_seq FROM outbox_keys WHERE topic = 'orders' ORDER BY subscriber",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        lanes,
+        [
+            (String::new(), 0),
+            ("billing".into(), 1),
+            ("search".into(), 1)
+        ]
+    );
+    // Another topic is untouched.
+    let audit = enqueue(&pool, &AUDIT, "a", 3).await;
+    assert_eq!(copies(&pool, "audit").await, [(String::new(), audit, None)]);
+}
+
+/// Clear refusals, and nothing changed by them.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn subscriber_changes_refuse_what_would_lose_or_misroute_events(pool: PgPool) {
+    let db = db(&pool);
+    let url = Some("http://127.0.0.1:9");
+    let err = subscribers::remove(&db, "orders", "", WAIT)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, SubscriberError::LastSubscriber { .. }),
+        "{err}"
+    );
+    assert!(matches!(
+        subscribers::add(&db, "orders", "billing", None, Start::Now, WAIT).await,
+        Err(SubscriberError::MissingUrl(_))
+    ));
+    assert!(matches!(
+        subscribers::add(&db, "orders", "billing", Some("ftp://x"), Start::Now, WAIT).await,
+        Err(SubscriberError::InvalidUrl { .. })
+    ));
+    assert!(matches!(
+        subscribers::add(&db, "orders", "", url, Start::Now, WAIT).await,
+        Err(SubscriberError::DefaultUrl)
+    ));
+    assert!(matches!(
+        subscribers::add(&db, "orders", "", None, Start::Now, WAIT).await,
+        Err(SubscriberError::Exists { .. })
+    ));
+    subscribers::add(&db, "orders", "billing", url, Start::Now, WAIT)
+        .await
+        .unwrap();
+    assert!(matches!(
+        subscribers::add(&db, "orders", "billing", url, Start::Now, WAIT).await,
+        Err(SubscriberError::Exists { .. })
+    ));
+    // The default one can go now that billing is there; billing then cannot.
+    subscribers::remove(&db, "orders", "", WAIT).await.unwrap();
+    assert!(matches!(
+        subscribers::remove(&db, "orders", "billing", WAIT).await,
+        Err(SubscriberError::LastSubscriber { .. })
+    ));
+    let id = enqueue(&pool, &ORDERS, "k", 1).await;
+    assert_eq!(
+        copies(&pool, "orders").await,
+        [("billing".into(), id, Some(1))]
+    );
+    // A start in the future has nothing to replay.
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    assert!(matches!(
+        subscribers::add(&db, "orders", "search", url, Start::Since(later), WAIT).await,
+        Err(SubscriberError::NothingSince { .. })
+    ));
+    assert!(
+        !subscribers::list(&db)
+            .await
+            .unwrap()
+            .iter()
+            .any(|s| s.name == "search")
+    );
+    // A declaration: added, then unchanged, then its URL moved.
+    assert_eq!(
+        subscribers::ensure(&db, "audit", "search", "http://127.0.0.1:9")
+            .await
+            .unwrap(),
+        Ensured::Added
+    );
+    assert_eq!(
+        subscribers::ensure(&db, "audit", "search", "http://127.0.0.1:9")
+            .await
+            .unwrap(),
+        Ensured::Unchanged
+    );
+    assert_eq!(
+        subscribers::ensure(&db, "audit", "search", "http://127.0.0.1:10")
+            .await
+            .unwrap(),
+        Ensured::UrlChanged
+    );
+}
+
+/// Removing a subscriber deletes its unfinished copies and lanes and keeps its dead-lettered copy and dead
+/// letter; a transaction that began before the removal holds it up (it may still write copies for it).
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_removed_subscriber_loses_its_pending_copies_and_keeps_its_dead_letters(pool: PgPool) {
+    let db = db(&pool);
+    subscribers::add(
+        &db,
+        "orders",
+        "billing",
+        Some("http://127.0.0.1:9"),
+        Start::Now,
+        WAIT,
+    )
+    .await
+    .unwrap();
+    enqueue(&pool, &ORDERS, "k", 1).await;
+    enqueue(&pool, &ORDERS, "k", 2).await;
+    sqlx::raw_sql(
+        "UPDATE outbox SET dead_lettered_at = now() WHERE subscriber = 'billing' AND seq = 1; \
+         INSERT INTO dead_letters (source, natural_id, outbox_id, topic, partition_key, subscriber, seq, error) \
+           SELECT 'relay', id || '/1', id, topic, partition_key, subscriber, seq, 'poison' \
+           FROM outbox WHERE subscriber = 'billing' AND seq = 1;",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    // An open transaction from before: the removal waits for it, then gives up with a clear error.
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1").execute(&mut *open).await.unwrap();
+    let err = subscribers::remove(&db, "orders", "billing", Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, SubscriberError::OldTransactions { .. }),
+        "{err}"
+    );
+    open.rollback().await.unwrap();
+    // Marked removed already (no new copies); running it again finishes the job.
+    let removed = subscribers::remove(&db, "orders", "billing", WAIT)
+        .await
+        .unwrap();
+    assert_eq!((removed.copies_deleted, removed.keys_deleted), (1, 1));
+    let left: Vec<(String, i64, Option<i64>)> = copies(&pool, "orders").await;
+    assert_eq!(
+        left.iter().filter(|c| c.0 == "billing").count(),
+        1,
+        "{left:?}"
+    );
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM dead_letters WHERE subscriber = 'billing'"
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap(),
+        1
+    );
+    enqueue(&pool, &ORDERS, "k", 3).await;
+    assert_eq!(copies(&pool, "orders").await.len(), 3 + 1);
+}
+
+/// A single-consumer database with events in every state upgrades without a change: every row, key and dead
+/// letter belongs to the default subscriber, the in-flight head's evidence moves its key on, the next event
+/// continues the key's sequence with one copy, and the relay claims it.
+#[sqlx::test(migrations = false)]
+async fn a_single_consumer_database_upgrades_with_events_in_flight_unchanged(pool: PgPool) {
+    const FAN_OUT: i64 = 20261205000001;
+    let before = sqlx::migrate::Migrator {
+        migrations: Cow::Owned(
+            outbox::MIGRATOR
+                .migrations
+                .iter()
+                .filter(|m| m.version < FAN_OUT)
+                .cloned()
+                .collect(),
+        ),
+        ..sqlx::migrate::Migrator::DEFAULT
+    };
+    before.run(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO outbox (topic, partition_key, payload, dispatched_at, delivered_at) \
+           SELECT 'audit', 'k', jsonb_build_object('n', g), now(), now() FROM generate_series(1, 5) g; \
+         INSERT INTO outbox (topic, partition_key, payload, dispatched_at) VALUES ('audit', 'k', '{}', now()); \
+         INSERT INTO outbox (topic, partition_key, payload) VALUES ('audit', 'k', '{}'); \
+         INSERT INTO outbox (topic, partition_key, payload, dead_lettered_at) VALUES ('audit', 'k', '{}', now()); \
+         INSERT INTO dead_letters (source, natural_id, outbox_id, topic, partition_key, error) \
+           SELECT 'relay', id || '/1', id, topic, partition_key, 'poison' FROM outbox WHERE dead_lettered_at IS NOT NULL; \
+         INSERT INTO outbox (topic, partition_key, seq, payload, dispatched_at, delivered_at) \
+           SELECT 'orders', 'c1', s, '{}'::jsonb, now(), now() FROM generate_series(1, 2) s; \
+         INSERT INTO outbox (topic, partition_key, seq, payload, dispatched_at, qstash_message_id) \
+           VALUES ('orders', 'c1', 3, '{}', now(), 'msg_3'); \
+         INSERT INTO outbox (topic, partition_key, seq, payload) \
+           SELECT 'orders', 'c1', s, '{}'::jsonb FROM generate_series(4, 5) s; \
+         INSERT INTO outbox_sequences (topic, partition_key, last_seq) VALUES ('orders', 'c1', 5); \
+         INSERT INTO outbox_keys (topic, partition_key, done_seq, inflight_id, inflight_since) \
+           SELECT 'orders', 'c1', 2, id, now() FROM outbox WHERE topic = 'orders' AND seq = 3;",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let snapshot = |pool: PgPool| async move {
+        sqlx::query_as::<_, (serde_json::Value,)>(
+            "SELECT jsonb_build_object('outbox', (SELECT jsonb_agg(to_jsonb(o) - 'subscriber' - 'event_id' ORDER BY id) FROM outbox o), \
+               'keys', (SELECT jsonb_agg(to_jsonb(k) - 'subscriber') FROM outbox_keys k), \
+               'dead', (SELECT jsonb_agg(to_jsonb(d) - 'subscriber' ORDER BY id) FROM dead_letters d))",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        .0
+    };
+    let old = snapshot(pool.clone()).await;
+    outbox::MIGRATOR.run(&pool).await.unwrap();
+    assert_eq!(snapshot(pool.clone()).await, old, "every row as it was");
+    let named: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM outbox WHERE subscriber <> '' OR event_id IS NOT NULL) \
+              + (SELECT count(*) FROM outbox_keys WHERE subscriber <> '') \
+              + (SELECT count(*) FROM dead_letters WHERE subscriber <> '') \
+              + (SELECT count(*) FROM outbox_subscribers)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(named, 0, "everything belongs to the default subscriber");
+
+    // The in-flight head's evidence moves the key on; the next event continues the sequence, once.
+    let head: i64 = sqlx::query_scalar("SELECT id FROM outbox WHERE topic = 'orders' AND seq = 3")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let recorded = ordering::record_delivery(&mut conn, OutboxId(head), Statements::Prepared)
+        .await
+        .unwrap();
+    assert_eq!(recorded, DeliveryRecorded::Recorded { key_advanced: true });
+    let next = enqueue(&pool, &ORDERS, "c1", 6).await;
+    assert_eq!(
+        copies(&pool, "orders").await.last(),
+        Some(&(String::new(), next, Some(6)))
+    );
+    let claims = ClaimStatements::new(100, Statements::Prepared);
+    let ordered = claims.claim_ordered(&mut conn, 30.0).await.unwrap();
+    assert_eq!(
+        ordered
+            .iter()
+            .map(|e| (e.seq, e.subscriber.as_str()))
+            .collect::<Vec<_>>(),
+        [(Some(4), "")]
+    );
+    let unordered = claims.claim_unordered(&mut conn, 30.0).await.unwrap();
+    assert_eq!(unordered.len(), 1);
+    assert_eq!(unordered[0].subscriber, "");
+}
