@@ -26,6 +26,7 @@ async fn the_local_pipeline_runs_end_to_end(pool: PgPool) {
         verbose: false,
         log_file: None,
         progress_secs: 1,
+        subscribers: 1,
     })
     .await
     .expect("outbox-dev dev runs");
@@ -69,4 +70,71 @@ async fn the_local_pipeline_runs_end_to_end(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(charges as u64, summary.demo_orders - summary.demo_poison);
+}
+
+/// `outbox-dev dev --subscribers 3`: the default consumer and two named subscribers, the last of which refuses the
+/// audit entries of orders whose id ends in 7. Each gets a copy of every event; the default one dead-letters the
+/// demo's poison orders, the picky one exactly the entries it refuses, the other nothing; the summary says so per
+/// subscriber.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn the_local_pipeline_runs_with_three_subscribers(pool: PgPool) {
+    let summary = run(DevArgs {
+        db: DbArgs {
+            database_url: url_of(&pool),
+        },
+        existing_db: true,
+        no_demo: false,
+        faults: false,
+        rate: 40.0,
+        poison_every: 8,
+        qstash_port: 0,
+        duration_secs: Some(4),
+        drain_secs: 60,
+        json: true,
+        verbose: false,
+        log_file: None,
+        progress_secs: 1,
+        subscribers: 3,
+    })
+    .await
+    .expect("outbox-dev dev runs");
+    assert!(summary.drained, "shutdown did not drain: {summary:?}");
+    let per: Vec<(&str, i64, i64, i64)> = summary
+        .subscribers
+        .iter()
+        .map(|s| {
+            (
+                s.subscriber.as_str(),
+                s.enqueued,
+                s.applied,
+                s.dead_lettered,
+            )
+        })
+        .collect();
+    assert_eq!(
+        per.iter().map(|p| p.0).collect::<Vec<_>>(),
+        ["default", "billing", "shipping"]
+    );
+    let events = summary.progress.enqueued / 3;
+    assert!(events >= 40, "{per:?}");
+    let refused: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE subscriber = '' AND topic = 'audit' \
+           AND payload->'details'->>'order_id' LIKE '%7'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(refused >= 1, "the run must include orders ending in 7");
+    let poison = summary.demo_poison as i64;
+    assert_eq!(per[0], ("default", events, events - poison, poison));
+    assert_eq!(per[1], ("billing", events, events, 0));
+    assert_eq!(per[2], ("shipping", events, events - refused, refused));
+    let line = outbox_devtools::dev::summary_line(&summary);
+    assert!(
+        line.contains(&format!(
+            "shipping {events} enqueued / {} applied / {refused} dead-lettered",
+            events - refused
+        )),
+        "{line}"
+    );
 }

@@ -69,6 +69,45 @@ pub fn bytes(n: i64) -> String {
     }
 }
 
+/// The "Subscribers" section: one line per subscriber of each topic with named subscribers (none otherwise).
+fn write_subscribers(
+    subs: &[outbox::ops::subscribers::SubscriberStatus],
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    if subs.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "\nSubscribers (fan-out: each subscriber's copies of its topic's events)"
+    )?;
+    writeln!(
+        out,
+        "  {:<22} {:<16} {:>8} {:>10} {:>9} {:>10} {:>7} {:>6}",
+        "topic", "subscriber", "pending", "oldest", "in flight", "oldest", "blocked", "dead"
+    )?;
+    for x in subs {
+        writeln!(
+            out,
+            "  {:<22} {:<16} {:>8} {:>10} {:>9} {:>10} {:>7} {:>6}{}",
+            util::one_line(&x.topic, 22),
+            outbox::subscribers::label(&x.subscriber),
+            x.pending,
+            age(x.oldest_pending_age_secs),
+            x.in_flight,
+            age(x.oldest_in_flight_age_secs),
+            x.blocked_keys,
+            x.dead_letters,
+            if x.replaying {
+                "  (replay under way: its ordered keys wait)"
+            } else {
+                ""
+            }
+        )?;
+    }
+    Ok(())
+}
+
 /// The "Database" section: the xmin horizon and the watched tables.
 fn write_database(d: &outbox::health::DatabaseHealth, out: &mut dyn Write) -> std::io::Result<()> {
     let h = &d.horizon;
@@ -259,6 +298,7 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
     }
 
     write_database(&s.database, out)?;
+    write_subscribers(&s.subscribers, out)?;
 
     let f = &s.in_flight;
     writeln!(

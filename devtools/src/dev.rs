@@ -10,6 +10,9 @@
 mod console;
 pub mod dead_letters;
 pub mod logs;
+pub mod mirror;
+
+pub use console::summary_line;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -83,6 +86,62 @@ pub struct DevArgs {
     /// terminal the table is redrawn every second.
     #[arg(long, default_value_t = 5)]
     pub progress_secs: u64,
+    /// Subscribers of each example topic (fan-out, docs/fanout.md): the default consumer plus N-1 named ones
+    /// (billing, shipping, search, …), each a consumer of its own on its own port; the last one rejects the audit
+    /// entries of orders whose id ends in 7, which the others accept. The summary counts each one's events.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub subscribers: u32,
+}
+
+/// One subscriber's figures (`--subscribers` above 1).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SubscriberCounts {
+    /// `default` or the subscriber's name.
+    pub subscriber: String,
+    /// Copies written for it.
+    pub enqueued: i64,
+    /// Applied by its consumer (its dedupe rows).
+    pub applied: i64,
+    /// Its dead letters.
+    pub dead_lettered: i64,
+}
+
+/// Each subscriber's figures: `names` are the named ones; the default one's dedupe rows are `consumer_name`'s.
+pub async fn subscriber_counts(
+    pool: &PgPool,
+    consumer_name: &str,
+    names: &[String],
+) -> anyhow::Result<Vec<SubscriberCounts>> {
+    let db = Db::new(pool.clone(), Statements::Unnamed);
+    let mut all = vec![String::new()];
+    all.extend(names.iter().cloned());
+    let rows: Vec<(String, i64, i64, i64)> = db
+        .run(async |c| {
+            db.query_as(outbox::schema::q(
+                "SELECT s.name, \
+                    (SELECT count(*) FROM {schema}.outbox o WHERE o.subscriber = s.name), \
+                    (SELECT count(*) FROM {schema}.processed_messages p \
+                      WHERE p.consumer = CASE WHEN s.name = '' THEN $2 ELSE s.name END), \
+                    (SELECT count(*) FROM {schema}.dead_letters d WHERE d.subscriber = s.name) \
+                 FROM unnest($1::text[]) WITH ORDINALITY AS s(name, ord) ORDER BY s.ord",
+            ))
+            .bind(&all)
+            .bind(consumer_name)
+            .fetch_all(c)
+            .await
+        })
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(name, enqueued, applied, dead_lettered)| SubscriberCounts {
+                subscriber: outbox::subscribers::label(&name).to_owned(),
+                enqueued,
+                applied,
+                dead_lettered,
+            },
+        )
+        .collect())
 }
 
 /// Figures of the pipeline at one moment.
@@ -129,6 +188,8 @@ pub struct DevSummary {
     pub drained: bool,
     pub seconds: f64,
     pub log_file: PathBuf,
+    /// Per subscriber, with `--subscribers` above 1 (empty otherwise).
+    pub subscribers: Vec<SubscriberCounts>,
 }
 
 /// Reads the progress figures.
@@ -249,6 +310,24 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
         opts.dev.time_scale = 0.05; // QStash's 12 s first retry becomes 0.6 s
     }
     let consumer_name = opts.consumer_name.clone();
+    let named = mirror::names(args.subscribers);
+    if !named.is_empty() {
+        let admin = connect(&url).await?;
+        sqlx::query(mirror::CREATE_SQL).execute(&admin).await?;
+        admin.close().await;
+    }
+    opts.subscribers = named
+        .iter()
+        .enumerate()
+        .map(|(i, name)| outbox_testkit::stack::SubscriberOptions {
+            name: name.clone(),
+            topics: vec![
+                orders_example::ORDERS.name().to_owned(),
+                orders_example::AUDIT.name().to_owned(),
+            ],
+            registry: mirror::registry(name, i + 1 == named.len()),
+        })
+        .collect();
     let stack = LocalStack::start(opts).await?;
     let operator_console = start_console(&url, &consumer_name).await?;
     let keys = stack.dev.signing_keys();
@@ -281,6 +360,17 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
         ),
     ] {
         console.line(&line);
+    }
+    for (i, name) in named.iter().enumerate() {
+        console.line(&format!(
+            "  subscriber        {name} at {}/events/{{topic}}{}",
+            stack.subscriber_url(name).unwrap_or("?"),
+            if i + 1 == named.len() {
+                "   (rejects the audit entries of orders whose id ends in 7)"
+            } else {
+                ""
+            }
+        ));
     }
     if args.faults {
         console.line(
@@ -379,6 +469,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
     reporter.report(&mut console, "stopped").await?;
     let last = reporter.last;
     let causes = reporter.tally.causes();
+    let subscribers = if named.is_empty() {
+        Vec::new()
+    } else {
+        subscriber_counts(&stack.pool, &consumer_name, &named).await?
+    };
     stack.stop().await;
     operator_console.stop().await?;
     let c = *counts_rx.borrow();
@@ -393,6 +488,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
         drained,
         seconds: started.elapsed().as_secs_f64(),
         log_file: log_file.clone(),
+        subscribers,
     };
     tracing::info!(summary = %serde_json::to_string(&summary)?, "outbox-dev dev stopped");
     console.line(end);

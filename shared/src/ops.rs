@@ -12,6 +12,7 @@
 
 pub mod actions;
 pub mod keys;
+pub mod subscribers;
 pub mod timeline;
 pub mod topics;
 
@@ -58,6 +59,9 @@ pub struct Status {
     pub reconciler: crate::accounting::AccountingTotals,
     /// The xmin horizon and the outbox tables' size and dead tuples ([`crate::health`]).
     pub database: crate::health::DatabaseHealth,
+    /// Per subscriber, for the topics with named subscribers ([`subscribers::SubscriberStatus`]; empty when every
+    /// topic has only the default one).
+    pub subscribers: Vec<subscribers::SubscriberStatus>,
 }
 
 /// (1) Events neither dispatched nor dead: how many, how old, and which keep failing.
@@ -280,11 +284,13 @@ pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Sta
         .await?;
     let in_flight = crate::accounting::in_flight(&mut conn, horizon, Statements::Prepared).await?;
     let reconciler = crate::accounting::totals(&mut conn, Statements::Prepared).await?;
+    let subscribers = subscribers::read(&mut conn).await?;
     drop(conn);
     let database =
         crate::health::read(&crate::db::Db::new(pool.clone(), Statements::Prepared)).await?;
 
     Ok(Status {
+        subscribers,
         database,
         in_flight,
         reconciler,

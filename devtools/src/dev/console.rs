@@ -239,6 +239,19 @@ pub fn summary_line(s: &DevSummary) -> String {
         "summary: {} events enqueued, {} applied, {} dead-lettered",
         p.enqueued, p.applied, p.dead_lettered
     );
+    if !s.subscribers.is_empty() {
+        let each: Vec<String> = s
+            .subscribers
+            .iter()
+            .map(|x| {
+                format!(
+                    "{} {} enqueued / {} applied / {} dead-lettered",
+                    x.subscriber, x.enqueued, x.applied, x.dead_lettered
+                )
+            })
+            .collect();
+        out.push_str(&format!(" [per subscriber: {}]", each.join("; ")));
+    }
     let group = |poison: bool| {
         let causes: Vec<&CauseCount> = s
             .dead_letters_by_cause
