@@ -743,6 +743,14 @@ fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
                 Some("true") => "false".to_owned(),
                 Some("false") => "true".to_owned(),
                 Some(d) if d.parse::<u64>().is_ok() => (d.parse::<u64>().unwrap() + 1).to_string(),
+                // A `topic:name=url` list (OUTBOX_SUBSCRIBERS).
+                Some("")
+                    if cfn["Parameters"][value["Ref"].as_str().unwrap()]["AllowedPattern"]
+                        .as_str()
+                        .is_some_and(|p| p.contains(':') && p.contains('=')) =>
+                {
+                    "changed:sub=https://changed.example".to_owned()
+                }
                 // A `topic=n` list (RELAY_DELIVERY_BATCH_TOPICS).
                 Some("")
                     if cfn["Parameters"][value["Ref"].as_str().unwrap()]["AllowedPattern"]

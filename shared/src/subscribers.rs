@@ -149,6 +149,15 @@ pub fn parse_name(raw: &str) -> Result<String, SubscriberError> {
     }
 }
 
+/// Checks a stored name: `''` (the default subscriber) or a name [`parse_name`] accepts other than `default`.
+fn check_stored_name(name: &str) -> Result<(), SubscriberError> {
+    if name == DEFAULT || (name != DEFAULT_LABEL && parse_name(name).is_ok()) {
+        Ok(())
+    } else {
+        Err(SubscriberError::InvalidName(name.to_owned()))
+    }
+}
+
 fn check_url(name: &str, raw: &str) -> Result<String, SubscriberError> {
     let bad = |why: String| SubscriberError::InvalidUrl {
         name: name.to_owned(),
@@ -332,6 +341,7 @@ pub async fn add(
 ) -> Result<Added, SubscriberError> {
     crate::producer::validate_topic(topic)
         .map_err(|_| SubscriberError::InvalidTopic(topic.to_owned()))?;
+    check_stored_name(name)?;
     let url = match (name, url) {
         (DEFAULT, Some(_)) => return Err(SubscriberError::DefaultUrl),
         (DEFAULT, None) => None,
@@ -426,6 +436,7 @@ pub async fn ensure(
     if name == DEFAULT {
         return Err(SubscriberError::DefaultUrl);
     }
+    check_stored_name(name)?;
     let url = check_url(name, url)?;
     crate::producer::validate_topic(topic)
         .map_err(|_| SubscriberError::InvalidTopic(topic.to_owned()))?;

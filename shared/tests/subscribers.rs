@@ -329,3 +329,72 @@ async fn a_single_consumer_database_upgrades_with_events_in_flight_unchanged(poo
     assert_eq!(unordered.len(), 1);
     assert_eq!(unordered[0].subscriber, "");
 }
+
+/// `OUTBOX_SUBSCRIBERS`: the relay makes the declared subscribers live at its first invocation (from now on), a
+/// later process with a changed URL updates it, and a bad URL stops the invocation with a message naming the item.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn the_relay_makes_its_declared_subscribers_live_and_refuses_a_bad_one(pool: PgPool) {
+    use outbox::config::{DeclaredSubscriber, QstashConfig};
+    let qstash = |url: &str| QstashConfig {
+        base_url: "http://127.0.0.1:9".into(),
+        retries: 0,
+        publish_timeout: Duration::from_secs(1),
+        batch_size: 10,
+        delivery_timeout: None,
+        flow_parallelism: 1,
+        flow_rate: None,
+        flow_period: Duration::from_secs(1),
+        consumer_url: url.into(),
+        callback_url: url.into(),
+    };
+    let relay_with = |items: &str| {
+        let mut cfg = outbox_testkit::relaying::relay_config();
+        cfg.subscribers = items
+            .split(',')
+            .map(|i| DeclaredSubscriber::parse(i).unwrap())
+            .collect();
+        outbox_testkit::relaying::relay_to(&pool, "token", cfg, qstash("http://127.0.0.1:9"))
+    };
+    let relay = relay_with("orders:billing=http://127.0.0.1:9/b,audit:search=http://127.0.0.1:9/s");
+    relay.declare_subscribers().await.unwrap();
+    relay.declare_subscribers().await.unwrap();
+    let urls = |pool: PgPool| async move {
+        sqlx::query_as::<_, (String, String, String)>(
+            "SELECT topic, name, url FROM outbox_subscribers WHERE removed_at IS NULL ORDER BY 1, 2",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(
+        urls(pool.clone()).await,
+        [
+            (
+                "audit".into(),
+                "search".into(),
+                "http://127.0.0.1:9/s".into()
+            ),
+            (
+                "orders".into(),
+                "billing".into(),
+                "http://127.0.0.1:9/b".into()
+            ),
+        ]
+    );
+    relay_with("orders:billing=http://127.0.0.1:10/b")
+        .declare_subscribers()
+        .await
+        .unwrap();
+    assert_eq!(urls(pool.clone()).await[1].2, "http://127.0.0.1:10/b");
+    let err = relay_with("orders:Billing=http://127.0.0.1:9/b")
+        .declare_subscribers()
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("OUTBOX_SUBSCRIBERS: orders:Billing: invalid subscriber name"),
+        "{err}"
+    );
+    assert!(DeclaredSubscriber::parse("orders-billing=http://x").is_err());
+    assert!(DeclaredSubscriber::parse("orders:billing").is_err());
+}

@@ -36,6 +36,7 @@ pub fn relay_config() -> RelayConfig {
         deadline_margin: Duration::ZERO,
         concurrency: 2,
         skip_topics: vec![],
+        subscribers: vec![],
         evidence_timeout: Duration::from_secs(30),
         retention: Duration::from_secs(86_400),
         processed_ttl: Duration::from_secs(7 * 86_400),

@@ -25,8 +25,9 @@ pub use consumer::{
 };
 pub use env::{ConfigError, EnvSource, ProcessEnv, Vars};
 pub use relay::{
-    AccountingConfig, DEFAULT_DELIVERY_BATCH, DeliveryBatching, EvidenceMode, MAX_DELIVERY_BATCH,
-    OutcomeSource, QstashConfig, RelayConfig, qstash_retry_horizon, reconcile_horizon,
+    AccountingConfig, DEFAULT_DELIVERY_BATCH, DeclaredSubscriber, DeliveryBatching, EvidenceMode,
+    MAX_DELIVERY_BATCH, OutcomeSource, QstashConfig, RelayConfig, qstash_retry_horizon,
+    reconcile_horizon,
 };
 
 /// What happens to the later events of an ordered key whose head is dead.

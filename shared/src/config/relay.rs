@@ -98,6 +98,10 @@ pub struct RelayConfig {
     pub concurrency: u32,
     /// `RELAY_SKIP_DEAD_HEAD_TOPICS` (comma list): ordered topics whose dead heads are skipped, not blocking.
     pub skip_topics: Vec<String>,
+    /// `OUTBOX_SUBSCRIBERS` (comma list of `topic:name=url`): named subscribers the relay makes live at its first
+    /// invocation, from now on, updating the URL of one that exists (fan-out, `crate::subscribers::ensure`; never
+    /// removes one and never replays: `outbox subscribers` does that).
+    pub subscribers: Vec<DeclaredSubscriber>,
     /// `RELAY_EVIDENCE_TIMEOUT_SECS`: an ordered head accepted by QStash without delivery evidence for this
     /// long is published again. Default: QStash's whole retry horizon for `QSTASH_RETRIES`, plus an hour.
     pub evidence_timeout: Duration,
@@ -123,6 +127,43 @@ pub struct RelayConfig {
     pub batching: DeliveryBatching,
     /// How the relay learns every event's outcome and closes what callbacks leave open (decision record 0015).
     pub accounting: AccountingConfig,
+}
+
+/// One item of `OUTBOX_SUBSCRIBERS`: `topic:name=url` (the name and URL are checked when the relay applies it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeclaredSubscriber {
+    pub topic: String,
+    pub name: String,
+    /// The consumer's base URL.
+    pub url: String,
+}
+
+impl DeclaredSubscriber {
+    /// Splits `topic:name=url`.
+    pub fn parse(item: &str) -> Result<Self, ConfigError> {
+        let bad = |reason: &str| ConfigError::InvalidVar {
+            name: "OUTBOX_SUBSCRIBERS",
+            value: item.to_owned(),
+            reason: format!(
+                "{reason} (each item is topic:name=url, e.g. orders:billing=https://billing.example)"
+            ),
+        };
+        let (lane, url) = item
+            .split_once('=')
+            .ok_or_else(|| bad("no '=' before the URL"))?;
+        let (topic, name) = lane
+            .split_once(':')
+            .ok_or_else(|| bad("no ':' between topic and name"))?;
+        let (topic, name, url) = (topic.trim(), name.trim(), url.trim());
+        if topic.is_empty() || name.is_empty() || url.is_empty() {
+            return Err(bad("topic, name and URL are all required"));
+        }
+        Ok(DeclaredSubscriber {
+            topic: topic.to_owned(),
+            name: name.to_owned(),
+            url: url.to_owned(),
+        })
+    }
 }
 
 /// Where the outcome of an **unordered** event comes from (decision record 0015). Ordered events always have one:
@@ -419,6 +460,11 @@ impl RelayConfig {
             deadline_margin: v.duration_or("RELAY_DEADLINE_MARGIN_MS", Duration::from_secs(3))?,
             concurrency: v.ranged_or("RELAY_CONCURRENCY", 8, 1, 16)?,
             skip_topics: v.list("RELAY_SKIP_DEAD_HEAD_TOPICS"),
+            subscribers: v
+                .list("OUTBOX_SUBSCRIBERS")
+                .iter()
+                .map(|item| DeclaredSubscriber::parse(item))
+                .collect::<Result<_, _>>()?,
             evidence_timeout: v.duration_or(
                 "RELAY_EVIDENCE_TIMEOUT_SECS",
                 qstash_retry_horizon(qstash_retries) + Duration::from_secs(3600),

@@ -277,6 +277,7 @@ pub async fn handle(
         Duration::from_millis(deadline_ms.saturating_sub(now_ms)),
         "the Lambda invocation's time to its deadline (the function's timeout)",
     )?;
+    relay.declare_subscribers().await?;
     let deadline = deadline_from(deadline_ms, state.margin);
     let retention = Retention {
         outbox: cfg.retention,

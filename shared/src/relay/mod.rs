@@ -105,6 +105,14 @@ pub enum RelayError {
     /// than reported as an empty success ([`RelayConfig::check_invocation_budget`]).
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// A subscriber of `OUTBOX_SUBSCRIBERS` could not be made live (a bad name or URL, or the database).
+    #[error("OUTBOX_SUBSCRIBERS: {topic}:{name}: {source}")]
+    Subscriber {
+        topic: String,
+        name: String,
+        #[source]
+        source: crate::subscribers::SubscriberError,
+    },
 }
 
 fn db(step: &'static str) -> impl FnOnce(sqlx::Error) -> RelayError {
@@ -153,6 +161,8 @@ pub struct Relay {
     outage_hint: AtomicBool,
     /// The named subscribers' URLs, read when a claim holds copies for them ([`Relay::refresh_destinations`]).
     destinations: std::sync::Mutex<DestinationsCache>,
+    /// `OUTBOX_SUBSCRIBERS` was applied by this process ([`Relay::declare_subscribers`]).
+    declared: tokio::sync::OnceCell<()>,
 }
 
 /// The named subscribers' URLs as last read.
@@ -187,6 +197,7 @@ impl Relay {
             },
             outage_hint: AtomicBool::new(false),
             destinations: std::sync::Mutex::new(DestinationsCache::default()),
+            declared: tokio::sync::OnceCell::new(),
             db,
             client,
             cfg,
@@ -281,6 +292,33 @@ impl Relay {
             qstash: &self.qstash,
             destinations: self.cached_destinations().current.clone(),
         }
+    }
+
+    /// Makes the subscribers of `OUTBOX_SUBSCRIBERS` live (from now on; a URL that changed is updated), once per
+    /// process: the first invocation does it, a failed attempt is tried again by the next one.
+    pub async fn declare_subscribers(&self) -> Result<(), RelayError> {
+        if self.cfg.subscribers.is_empty() {
+            return Ok(());
+        }
+        self.declared
+            .get_or_try_init(|| async {
+                for d in &self.cfg.subscribers {
+                    let outcome = crate::subscribers::ensure(&self.db, &d.topic, &d.name, &d.url)
+                        .await
+                        .map_err(|source| RelayError::Subscriber {
+                            topic: d.topic.clone(),
+                            name: d.name.clone(),
+                            source,
+                        })?;
+                    if outcome != crate::subscribers::Ensured::Unchanged {
+                        tracing::info!(topic = %d.topic, subscriber = %d.name, url = %d.url, ?outcome,
+                            "OUTBOX_SUBSCRIBERS applied");
+                    }
+                }
+                Ok::<(), RelayError>(())
+            })
+            .await?;
+        Ok(())
     }
 
     fn cached_destinations(&self) -> std::sync::MutexGuard<'_, DestinationsCache> {
