@@ -6,6 +6,7 @@ pub mod batched;
 pub mod console;
 pub mod consumer;
 pub mod dev_server;
+pub mod fanout;
 pub mod plot;
 pub mod relay;
 pub mod report;
@@ -46,6 +47,10 @@ pub enum BenchCommand {
     /// commit → applied latency, table sizes, dead tuples, autovacuum runs and CPU; then every event accounted
     /// for. `--quick` checks the command in under a minute.
     Sustained(sustained::SustainedArgs),
+    /// Fan-out: ordered and unordered drains with 1 and 3 subscribers side by side (events/s per subscriber,
+    /// QStash messages per event per subscriber, relay CPU per event), then a replay of retained history to a new
+    /// subscriber beside a live one at a steady rate.
+    Fanout(fanout::FanoutArgs),
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -55,6 +60,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Readme(args) => report::readme::run(args),
         BenchCommand::Batched(args) => batched::run_cli(args).await,
         BenchCommand::Accounting(args) => accounting::run(args).await,
+        BenchCommand::Fanout(args) => fanout::run(args).await,
         BenchCommand::Consumer(args) => consumer::run_cli(args).await,
         BenchCommand::DevServer(args) => dev_server::run(args).await,
         BenchCommand::Console(args) => console::run(args).await,

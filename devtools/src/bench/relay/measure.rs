@@ -372,6 +372,22 @@ pub(crate) async fn ordered_endpoints(
             let _ = rx2.wait_for(|s| *s).await;
         },
     ));
+    let (consumer_url, requests) = consumer_endpoint(db_url, "consumer", rx.clone()).await?;
+    Ok((consumer_url, cb_url, tx, requests))
+}
+
+/// The real consumer (signature, dedupe row, per-key sequence check, a no-op handler on `bench_ordered` and
+/// `bench`, evidence in the same transaction when asked), synchronous commits like the consumer Lambda, with
+/// `CONSUMER_NAME` `name` (a subscriber's name, fan-out), behind the function-URL adapter until `rx` turns true.
+/// Returns its URL and a counter of the HTTP requests it received.
+pub(crate) async fn consumer_endpoint(
+    db_url: &str,
+    name: &str,
+    rx: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<(String, std::sync::Arc<std::sync::atomic::AtomicU64>)> {
+    use outbox::config::{ConsumerConfig, Vars};
+    use outbox::consumer::ReceiverState;
+    use outbox::receiver::{KeyRing, SigningKeys};
     // The real consumer (signature, dedupe row, per-key sequence check, a no-op handler, evidence in the same
     // transaction when asked), synchronous commits like the consumer Lambda.
     let cl = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -381,6 +397,7 @@ pub(crate) async fn ordered_endpoints(
         String,
     >::new()))?;
     ccfg.public_base_url = Some(consumer_url.clone());
+    ccfg.name = name.to_owned();
     let mut cdb = DbConfig::defaults("bench-consumer");
     cdb.max_connections = 16;
     let consumer = std::sync::Arc::new(outbox::consumer::ConsumerState::new(
@@ -411,7 +428,7 @@ pub(crate) async fn ordered_endpoints(
             let _ = rx3.wait_for(|s| *s).await;
         },
     ));
-    Ok((consumer_url, cb_url, tx, requests))
+    Ok((consumer_url, requests))
 }
 
 /// One relay drain through the dev server, as the relay process reported it.

@@ -1,0 +1,512 @@
+//! Scenario "Fan-out" (decision record 0068): the same drains with 1 and with 3 subscribers side by side in one run,
+//! then a replay of retained history to a new subscriber while a live subscriber takes a steady rate.
+//!
+//! Throughput, for each number of subscribers, alternating within each round: events written through the
+//! producer's statement (so each subscriber gets its copy), drained by the relay process (`outbox relay
+//! --until-empty`, `RELAY_DELIVERY_BATCH=50`, consumer evidence) through the delivering dev server into one real
+//! consumer per subscriber (its own `CONSUMER_NAME`). Per subscriber: events/s from the relay's start to its last
+//! dedupe row; QStash messages per event per subscriber (the dev server's `accepted`); the relay process's CPU per
+//! event and per copy.
+//!
+//! Replay: 100,000 ordered events (1,000 keys × 100) retained and done for the default subscriber; a live
+//! producer writes 100 events/s on the unordered topic; after a baseline window a subscriber is added `--from` the first
+//! event and its history copied (`subscribers::replay`), while the relay (in this process) keeps serving both. The
+//! replay's events/s (first copy → last applied) and the live subscriber's commit → applied p50/p99 in the
+//! baseline window and during the replay.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use outbox::db::{Db, Statements};
+use outbox::subscribers::{self, Start};
+use outbox::{NewEvent, Topic};
+use outbox_cli::util::DbArgs;
+use outbox_testkit::median;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use super::relay;
+use super::support::{DevServerProcess, Knobs, ScratchDb, in_process_relay};
+
+const ORDERED: Topic = Topic::ordered("bench_ordered");
+const UNORDERED: Topic = Topic::unordered("bench");
+/// The live subscriber's topic in the replay scenario (the bench consumers handle `bench`).
+const LIVE: Topic = UNORDERED;
+/// The named subscribers (the default one is `consumer`).
+const NAMED: [&str; 2] = ["billing", "search"];
+const REPLAYED: &str = "ledger";
+/// Events per QStash message.
+const DELIVERY_BATCH: u32 = 50;
+
+/// `outbox-dev bench fanout`.
+#[derive(Args, Debug)]
+pub struct FanoutArgs {
+    /// Small sizes (seconds): for checking the command.
+    #[arg(long)]
+    pub quick: bool,
+    /// Rounds per throughput point (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+struct Plan {
+    keys: u64,
+    per_key: u64,
+    unordered: u64,
+    replay_keys: u64,
+    replay_per_key: u64,
+    live_rate: u64,
+    baseline_secs: f64,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                keys: 50,
+                per_key: 4,
+                unordered: 500,
+                replay_keys: 50,
+                replay_per_key: 20,
+                live_rate: 50,
+                baseline_secs: 2.0,
+            }
+        } else {
+            Plan {
+                keys: 1_000,
+                per_key: 20,
+                unordered: 20_000,
+                replay_keys: 1_000,
+                replay_per_key: 100,
+                live_rate: 100,
+                baseline_secs: 10.0,
+            }
+        }
+    }
+}
+
+/// The consumers: the default one first, then the named ones.
+struct Rig {
+    callback_url: String,
+    consumers: Vec<(String, String)>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+async fn rig(db: &ScratchDb) -> anyhow::Result<Rig> {
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let (default_url, callback_url, stop_default, _) = relay::ordered_endpoints(&db.url).await?;
+    let mut consumers = vec![("consumer".to_owned(), default_url)];
+    for name in NAMED.iter().chain([&REPLAYED]) {
+        let (url, _) = relay::consumer_endpoint(&db.url, name, rx.clone()).await?;
+        consumers.push(((*name).to_owned(), url));
+    }
+    // One switch for all.
+    let mut rx2 = rx.clone();
+    tokio::spawn(async move {
+        let _ = rx2.wait_for(|s| *s).await;
+        let _ = stop_default.send(true);
+    });
+    Ok(Rig {
+        callback_url,
+        consumers,
+        stop,
+    })
+}
+
+/// Empties every table the drains use, and makes the first `subs - 1` named subscribers live for both topics.
+async fn reset(db: &ScratchDb, rig: &Rig, subs: usize) -> anyhow::Result<()> {
+    sqlx::query(
+        "TRUNCATE outbox, outbox_keys, outbox_sequences, dead_letters, processed_messages, consumer_sequences, \
+         outbox_subscribers",
+    )
+    .execute(&db.pool)
+    .await?;
+    let h = Db::new(db.pool.clone(), Statements::Prepared);
+    for (name, url) in rig.consumers.iter().skip(1).take(subs - 1) {
+        for topic in [ORDERED.name(), UNORDERED.name()] {
+            subscribers::add(
+                &h,
+                topic,
+                name,
+                Some(url),
+                Start::Now,
+                Duration::from_secs(30),
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes events through the producer's statement, 1,000 per transaction.
+async fn produce(pool: &PgPool, events: Vec<NewEvent>) -> anyhow::Result<()> {
+    for chunk in events.chunks(1_000) {
+        let mut tx = pool.begin().await?;
+        outbox::enqueue_batch(&mut tx, chunk).await?;
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+fn ordered_events(keys: u64, per_key: u64) -> anyhow::Result<Vec<NewEvent>> {
+    let mut out = Vec::with_capacity((keys * per_key) as usize);
+    for s in 1..=per_key {
+        for k in 1..=keys {
+            out.push(NewEvent::new(
+                &ORDERED,
+                format!("key-{k}"),
+                &json!({"k": k, "s": s, "pad": "x".repeat(170)}),
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+fn unordered_events(n: u64) -> anyhow::Result<Vec<NewEvent>> {
+    (0..n)
+        .map(|i| {
+            Ok(NewEvent::new(
+                &UNORDERED,
+                format!("k{}", i % 1000),
+                &json!({"i": i, "pad": "x".repeat(170)}),
+            )?)
+        })
+        .collect()
+}
+
+/// One drain: events/s per subscriber (relay start → its last dedupe row), messages per event per subscriber,
+/// relay CPU per event and per copy.
+async fn drain(
+    db: &ScratchDb,
+    dev: &DevServerProcess,
+    rig: &Rig,
+    knobs: Knobs,
+    subs: usize,
+    ordered: bool,
+    plan: &Plan,
+) -> anyhow::Result<Value> {
+    reset(db, rig, subs).await?;
+    let (events, batch) = if ordered {
+        (
+            plan.keys * plan.per_key,
+            ordered_events(plan.keys, plan.per_key)?,
+        )
+    } else {
+        (plan.unordered, unordered_events(plan.unordered)?)
+    };
+    produce(&db.pool, batch).await?;
+    sqlx::query("VACUUM ANALYZE outbox")
+        .execute(&db.pool)
+        .await?;
+    let m0 = dev.accepted().await?;
+    let started_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&db.pool)
+        .await?;
+    let env = vec![
+        ("CONSUMER_URL", rig.consumers[0].1.clone()),
+        ("CALLBACK_URL", rig.callback_url.clone()),
+        ("QSTASH_RETRIES", "3".into()),
+        ("RELAY_ORDERED_EVIDENCE", "consumer".into()),
+        ("RELAY_DELIVERY_BATCH", DELIVERY_BATCH.to_string()),
+    ];
+    let out = relay::relay_child(&db.url, &dev.url, knobs, &env).await?;
+    let names: Vec<&str> = rig
+        .consumers
+        .iter()
+        .take(subs)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    let give_up = Instant::now() + Duration::from_secs(300);
+    let per: Vec<(String, i64, f64)> = loop {
+        let rows: Vec<(String, i64, f64)> = sqlx::query_as(
+            "SELECT consumer, count(*), extract(epoch FROM max(processed_at) - $2)::float8 \
+             FROM processed_messages WHERE consumer = ANY($1) GROUP BY consumer ORDER BY consumer",
+        )
+        .bind(&names)
+        .bind(started_at)
+        .fetch_all(&db.pool)
+        .await?;
+        if rows.len() == subs && rows.iter().all(|r| r.1 as u64 >= events) {
+            break rows;
+        }
+        if Instant::now() > give_up {
+            bail!("subscribers applied {rows:?} of {events} events each within 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let messages = dev.accepted().await? - m0;
+    let cpu = out["cpu_secs"].as_f64().unwrap_or(f64::NAN);
+    let rates: Vec<f64> = per.iter().map(|(_, n, secs)| *n as f64 / secs).collect();
+    Ok(json!({
+        "subscribers": subs,
+        "events": events,
+        "per_subscriber": per.iter().zip(&rates).map(|((name, n, secs), r)| json!({
+            "subscriber": name, "applied": n, "secs": secs, "events_per_sec": r})).collect::<Vec<_>>(),
+        "events_per_sec_per_subscriber_min": rates.iter().copied().fold(f64::INFINITY, f64::min),
+        "qstash_messages_per_event_per_subscriber": messages as f64 / (events as f64 * subs as f64),
+        "relay_cpu_us_per_event": cpu * 1e6 / events as f64,
+        "relay_cpu_us_per_copy": cpu * 1e6 / (events as f64 * subs as f64),
+        "relay_secs": out["elapsed_secs"],
+    }))
+}
+
+/// The medians of one (kind, subscribers) point over its rounds.
+fn point(runs: &[Value]) -> Value {
+    let m = |k: &str| {
+        median(
+            &runs
+                .iter()
+                .filter_map(|r| r[k].as_f64())
+                .collect::<Vec<_>>(),
+        )
+    };
+    json!({
+        "subscribers": runs[0]["subscribers"],
+        "events": runs[0]["events"],
+        "events_per_sec_per_subscriber": m("events_per_sec_per_subscriber_min"),
+        "qstash_messages_per_event_per_subscriber": m("qstash_messages_per_event_per_subscriber"),
+        "relay_cpu_us_per_event": m("relay_cpu_us_per_event"),
+        "relay_cpu_us_per_copy": m("relay_cpu_us_per_copy"),
+        "rounds": runs,
+    })
+}
+
+/// Commit → applied of the live topic's events applied by `consumer` between `from` and `to` (database clock):
+/// (count, p50 ms, p99 ms).
+async fn live_latency(
+    pool: &PgPool,
+    from: chrono::DateTime<chrono::Utc>,
+    to: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<(i64, f64, f64)> {
+    let r: (i64, Option<f64>, Option<f64>) = sqlx::query_as(
+        "SELECT count(*), \
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM p.processed_at - o.created_at) * 1000)::float8, \
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM p.processed_at - o.created_at) * 1000)::float8 \
+         FROM processed_messages p JOIN outbox o ON o.id = p.message_id::bigint \
+         WHERE p.consumer = 'consumer' AND o.topic = $1 AND o.created_at >= $2 AND o.created_at < $3",
+    )
+    .bind(LIVE.name())
+    .bind(from)
+    .bind(to)
+    .fetch_one(pool)
+    .await?;
+    Ok((r.0, r.1.unwrap_or(f64::NAN), r.2.unwrap_or(f64::NAN)))
+}
+
+/// The replay scenario (module docs).
+async fn replay(
+    db: &ScratchDb,
+    dev: &DevServerProcess,
+    rig: &Rig,
+    knobs: Knobs,
+    plan: &Plan,
+) -> anyhow::Result<Value> {
+    reset(db, rig, 1).await?;
+    let history = plan.replay_keys * plan.replay_per_key;
+    produce(
+        &db.pool,
+        ordered_events(plan.replay_keys, plan.replay_per_key)?,
+    )
+    .await?;
+    // Retained and done for the default subscriber: delivered, its lanes at the end.
+    sqlx::raw_sql(
+        "UPDATE outbox SET dispatched_at = now(), delivered_at = now(); \
+         UPDATE outbox_keys k SET done_seq = s.last_seq FROM outbox_sequences s \
+           WHERE s.topic = k.topic AND s.partition_key = k.partition_key;",
+    )
+    .execute(&db.pool)
+    .await?;
+    sqlx::query("VACUUM ANALYZE outbox")
+        .execute(&db.pool)
+        .await?;
+    let env = vec![
+        ("CONSUMER_URL", rig.consumers[0].1.clone()),
+        ("CALLBACK_URL", rig.callback_url.clone()),
+        ("QSTASH_RETRIES", "3".into()),
+        ("RELAY_ORDERED_EVIDENCE", "consumer".into()),
+        ("RELAY_UNORDERED_EVIDENCE", "dedupe".into()),
+        ("RELAY_DELIVERY_BATCH", DELIVERY_BATCH.to_string()),
+    ];
+    let relay = std::sync::Arc::new(in_process_relay(&db.url, &dev.url, knobs, &env).await?);
+    let stop = relay.stop_handle();
+    let draining = {
+        let relay = relay.clone();
+        tokio::spawn(async move {
+            relay
+                .drain_with(
+                    tokio::time::Instant::now().into_std() + Duration::from_secs(3_600),
+                    false,
+                )
+                .await
+        })
+    };
+    // The live producer: one event per 1/rate s, each in its own transaction.
+    let (live_stop, live_rx) = tokio::sync::watch::channel(false);
+    let pool = db.pool.clone();
+    let rate = plan.live_rate;
+    let live = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+        let mut i = 0u64;
+        while !*live_rx.borrow() {
+            tick.tick().await;
+            i += 1;
+            let e = NewEvent::new(&LIVE, format!("l{}", i % 100), &json!({"i": i}))?;
+            let mut conn = pool.acquire().await?;
+            outbox::enqueue(&mut conn, e).await?;
+        }
+        anyhow::Ok(i)
+    });
+    let clock = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>("SELECT clock_timestamp()")
+            .fetch_one(&pool)
+            .await
+    };
+    let t0 = clock(db.pool.clone()).await?;
+    tokio::time::sleep(Duration::from_secs_f64(plan.baseline_secs)).await;
+    let t1 = clock(db.pool.clone()).await?;
+    let h = Db::new(db.pool.clone(), Statements::Prepared);
+    let (name, url) = rig.consumers.last().context("the replayed subscriber")?;
+    let copy_started = Instant::now();
+    subscribers::add(
+        &h,
+        ORDERED.name(),
+        name,
+        Some(url),
+        Start::FromId(1),
+        Duration::from_secs(60),
+    )
+    .await?;
+    let last =
+        subscribers::replay(&h, ORDERED.name(), name, Duration::from_secs(60), |_| {}).await?;
+    let copy_secs = copy_started.elapsed().as_secs_f64();
+    let give_up = Instant::now() + Duration::from_secs(600);
+    loop {
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM processed_messages WHERE consumer = $1")
+                .bind(name)
+                .fetch_one(&db.pool)
+                .await?;
+        if n as u64 >= history {
+            break;
+        }
+        if Instant::now() > give_up {
+            bail!("the new subscriber applied {n} of {history} replayed events within 600 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let replay_secs = copy_started.elapsed().as_secs_f64();
+    let t2 = clock(db.pool.clone()).await?;
+    let _ = live_stop.send(true);
+    let live_events = live.await??;
+    // Let the last live events arrive, then stop the relay.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.stop();
+    let _ = draining.await;
+    let base = live_latency(&db.pool, t0 + chrono::Duration::seconds(1), t1).await?;
+    let during = live_latency(&db.pool, t1, t2).await?;
+    let ordered_ok: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM consumer_sequences WHERE consumer = $1 AND topic = $2 AND last_seq = $3",
+    )
+    .bind(name)
+    .bind(ORDERED.name())
+    .bind(plan.replay_per_key as i64)
+    .fetch_one(&db.pool)
+    .await?;
+    Ok(json!({
+        "history_events": history,
+        "copied": last.map(|p| p.total),
+        "copy_secs": copy_secs,
+        "replay_secs": replay_secs,
+        "replay_events_per_sec": history as f64 / replay_secs,
+        "keys_complete_in_order": ordered_ok,
+        "live_rate": plan.live_rate,
+        "live_events": live_events,
+        "live_baseline": {"events": base.0, "p50_ms": base.1, "p99_ms": base.2},
+        "live_during_replay": {"events": during.0, "p50_ms": during.1, "p99_ms": during.2},
+        "live_p50_ratio": during.1 / base.1,
+        "live_p99_ratio": during.2 / base.2,
+    }))
+}
+
+/// `outbox-dev bench fanout`: prints each drain as it ends, the medians, and one `BENCH_JSON` line.
+pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
+    let plan = Plan::new(args.quick);
+    let rounds = if args.quick { 1 } else { args.rounds.max(1) };
+    let knobs = Knobs {
+        batch: 500,
+        concurrency: 8,
+        qstash_batch: 100,
+    };
+    let db = ScratchDb::create(&args.db.database_url, "outbox_bench_fanout").await?;
+    let dev = DevServerProcess::start(&["--deliver", "true"]).await?;
+    let rig = rig(&db).await?;
+    let result = async {
+        let mut runs: Vec<Vec<Value>> = vec![Vec::new(); 4];
+        for round in 0..rounds {
+            for (i, (ordered, subs)) in [(true, 1), (true, 3), (false, 1), (false, 3)].into_iter().enumerate() {
+                let r = drain(&db, &dev, &rig, knobs, subs, ordered, &plan).await?;
+                println!(
+                    "fanout round {}: {} {} events, {subs} subscriber(s): {:.0} events/s per subscriber (slowest), \
+                     {:.4} QStash messages per event per subscriber, relay CPU {:.1} µs/event ({:.1} µs/copy)",
+                    round + 1,
+                    if ordered { "ordered" } else { "unordered" },
+                    r["events"],
+                    r["events_per_sec_per_subscriber_min"].as_f64().unwrap_or(f64::NAN),
+                    r["qstash_messages_per_event_per_subscriber"].as_f64().unwrap_or(f64::NAN),
+                    r["relay_cpu_us_per_event"].as_f64().unwrap_or(f64::NAN),
+                    r["relay_cpu_us_per_copy"].as_f64().unwrap_or(f64::NAN),
+                );
+                runs[i].push(r);
+            }
+        }
+        let r = replay(&db, &dev, &rig, knobs, &plan).await?;
+        println!(
+            "fanout replay: {} retained events to a new subscriber in {:.1} s ({:.0} events/s; copying {:.1} s); live \
+             subscriber at {}/s: p50 {:.0} → {:.0} ms, p99 {:.0} → {:.0} ms (baseline → during the replay)",
+            r["history_events"],
+            r["replay_secs"].as_f64().unwrap_or(f64::NAN),
+            r["replay_events_per_sec"].as_f64().unwrap_or(f64::NAN),
+            r["copy_secs"].as_f64().unwrap_or(f64::NAN),
+            r["live_rate"],
+            r["live_baseline"]["p50_ms"].as_f64().unwrap_or(f64::NAN),
+            r["live_during_replay"]["p50_ms"].as_f64().unwrap_or(f64::NAN),
+            r["live_baseline"]["p99_ms"].as_f64().unwrap_or(f64::NAN),
+            r["live_during_replay"]["p99_ms"].as_f64().unwrap_or(f64::NAN),
+        );
+        anyhow::Ok(json!({
+            "delivery_batch": DELIVERY_BATCH,
+            "ordered": [point(&runs[0]), point(&runs[1])],
+            "unordered": [point(&runs[2]), point(&runs[3])],
+            "replay": r,
+        }))
+    }
+    .await;
+    let _ = rig.stop.send(true);
+    dev.stop().await;
+    db.drop_now().await?;
+    let figures = result?;
+    for kind in ["ordered", "unordered"] {
+        for p in figures[kind].as_array().into_iter().flatten() {
+            println!(
+                "{kind:>9}, {} subscriber(s): {:.0} events/s per subscriber, {:.4} messages/event/subscriber, \
+                 relay CPU {:.1} µs/event",
+                p["subscribers"],
+                p["events_per_sec_per_subscriber"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+                p["qstash_messages_per_event_per_subscriber"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+                p["relay_cpu_us_per_event"].as_f64().unwrap_or(f64::NAN),
+            );
+        }
+    }
+    println!(
+        "BENCH_JSON {}",
+        serde_json::to_string(&json!({ "fanout": figures }))?
+    );
+    Ok(())
+}
