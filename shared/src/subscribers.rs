@@ -693,6 +693,20 @@ pub async fn replay(
     Ok(last)
 }
 
+/// Opens the ordered lanes still waiting (`available_at = 'infinity'`) for a subscriber that is not replaying any
+/// more. A producer whose statement saw the subscriber replaying may open a lane after the replay's last chunk
+/// released the others; the relay's housekeeping calls this every pass (one probe of `outbox_keys_ready_idx`).
+pub async fn release_waiting_lanes(db: &Db) -> Result<u64, sqlx::Error> {
+    let q = db.query(crate::schema::q(
+        "UPDATE {schema}.outbox_keys k SET available_at = now() \
+         WHERE k.available_at = 'infinity' AND k.blocked_at IS NULL \
+           AND NOT EXISTS (SELECT 1 FROM {schema}.outbox_subscribers s \
+                           WHERE s.topic = k.topic AND s.name = k.subscriber AND s.removed_at IS NULL \
+                             AND s.replay_from IS NOT NULL AND s.replay_done_at IS NULL)",
+    ));
+    db.execute(q).await
+}
+
 /// What [`remove`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Removed {

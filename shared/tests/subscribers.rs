@@ -398,3 +398,30 @@ async fn the_relay_makes_its_declared_subscribers_live_and_refuses_a_bad_one(poo
     assert!(DeclaredSubscriber::parse("orders-billing=http://x").is_err());
     assert!(DeclaredSubscriber::parse("orders:billing").is_err());
 }
+
+/// A lane a producer opened with `'infinity'` for a subscriber whose replay ended meanwhile is opened by the
+/// relay's housekeeping; a lane of a subscriber still replaying keeps waiting.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn lanes_left_waiting_after_a_replay_are_released_and_a_replaying_ones_are_not(pool: PgPool) {
+    sqlx::raw_sql(
+        "INSERT INTO outbox_subscribers (topic, name, url, replay_from, replay_to, replayed_to, replay_done_at) VALUES \
+           ('orders', 'done', 'http://127.0.0.1:9', 1, 10, 10, now()), \
+           ('orders', 'busy', 'http://127.0.0.1:9', 1, 10, 5, NULL); \
+         INSERT INTO outbox_keys (topic, partition_key, subscriber, done_seq, available_at) VALUES \
+           ('orders', 'k', 'done', 3, 'infinity'), ('orders', 'k', 'busy', 3, 'infinity');",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let released = subscribers::release_waiting_lanes(&db(&pool))
+        .await
+        .unwrap();
+    assert_eq!(released, 1);
+    let waiting: Vec<String> = sqlx::query_scalar(
+        "SELECT subscriber FROM outbox_keys WHERE available_at = 'infinity' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(waiting, ["busy"]);
+}

@@ -297,3 +297,18 @@ pub async fn in_process_relay(
         .context("relay configuration")?;
     Ok(state.relay)
 }
+
+/// `md` with the block from `begin` to `end` replaced by `section` (appended when `md` has none; `md` unchanged
+/// when `section` is empty): how `benchmarks.md` keeps the sections other commands write.
+pub fn splice_section(md: &str, begin: &str, end: &str, section: &str) -> String {
+    if section.is_empty() {
+        return md.to_owned();
+    }
+    let found = md
+        .find(begin)
+        .and_then(|b| md[b..].find(end).map(|e| (b, b + e)));
+    match found {
+        Some((b, e)) => format!("{}{}{}", &md[..b], section.trim_end(), &md[e + end.len()..]),
+        None => format!("{}\n\n{}\n", md.trim_end(), section.trim_end()),
+    }
+}

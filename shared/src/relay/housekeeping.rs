@@ -232,6 +232,9 @@ pub async fn run(db: &Db, retention: Retention) -> Result<HousekeepingReport, sq
     let n = release_idle_keys(db, retention.batch).await?;
     report.keys_released += n;
     report.more |= n >= full;
+    // A lane a producer opened for a replaying subscriber while its replay was ending waits for nothing now.
+    let n = crate::subscribers::release_waiting_lanes(db).await?;
+    report.keys_released += n;
     Ok(report)
 }
 

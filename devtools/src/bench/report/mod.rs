@@ -525,11 +525,15 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
             "batched_deliveries": batched_out,
         },
     });
-    // The sustained-load runs (`bench sustained --report`) are not part of this report's run: kept as they were.
+    // The sustained-load and fan-out runs (`bench sustained --report`, `bench fanout --report`) are not part of this
+    // report's run: kept as they were.
     if let Ok(old) = std::fs::read_to_string(plots_dir.join("figures.json"))
         && let Ok(old) = serde_json::from_str::<Value>(&old)
     {
-        for key in super::sustained::report::KEYS {
+        for key in super::sustained::report::KEYS
+            .iter()
+            .chain([&super::fanout::report::KEY])
+        {
             if old[key].is_object() {
                 figures[key] = old[key].clone();
             }
@@ -543,6 +547,7 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
         &markdown(&figures, &plan),
         &super::sustained::report::section(&figures),
     );
+    let md = super::fanout::report::with_section(&md, &super::fanout::report::section(&figures));
     std::fs::write(args.out.join("benchmarks.md"), &md)?;
     let readme_path = args
         .readme

@@ -234,16 +234,7 @@ pub fn write(dir: &Path, summary: &Value) -> anyhow::Result<Vec<PathBuf>> {
 
 /// `md` with its sustained section replaced by `section` (appended when it has none).
 pub fn with_section(md: &str, section: &str) -> String {
-    if section.is_empty() {
-        return md.to_owned();
-    }
-    let end = md
-        .find(BEGIN)
-        .and_then(|b| md[b..].find(END).map(|e| (b, b + e)));
-    match end {
-        Some((b, e)) => format!("{}{}{}", &md[..b], section.trim_end(), &md[e + END.len()..]),
-        None => format!("{}\n\n{}\n", md.trim_end(), section.trim_end()),
-    }
+    super::super::support::splice_section(md, BEGIN, END, section)
 }
 
 /// The sustained-load section of `benchmarks.md`, from `figures.json` alone (empty when it holds no run).

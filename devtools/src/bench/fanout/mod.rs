@@ -27,7 +27,9 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use super::relay;
-use super::support::{DevServerProcess, Knobs, ScratchDb, in_process_relay};
+use super::support::{DevServerProcess, Knobs, ScratchDb, in_process_relay, load_average};
+
+pub mod report;
 
 const ORDERED: Topic = Topic::ordered("bench_ordered");
 const UNORDERED: Topic = Topic::unordered("bench");
@@ -48,6 +50,10 @@ pub struct FanoutArgs {
     /// Rounds per throughput point (medians are reported).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Also write the figures into DIR/benchmarks.md (its fan-out section) and DIR/benchmarks/figures.json
+    /// (`--report docs`).
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub db: DbArgs,
 }
@@ -417,6 +423,7 @@ async fn replay(
     .await?;
     Ok(json!({
         "history_events": history,
+        "keys": plan.replay_keys,
         "copied": last.map(|p| p.total),
         "copy_secs": copy_secs,
         "replay_secs": replay_secs,
@@ -440,6 +447,7 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
         concurrency: 8,
         qstash_batch: 100,
     };
+    let load_before = load_average();
     let db = ScratchDb::create(&args.db.database_url, "outbox_bench_fanout").await?;
     let dev = DevServerProcess::start(&["--deliver", "true"]).await?;
     let rig = rig(&db).await?;
@@ -477,6 +485,9 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
             r["live_during_replay"]["p99_ms"].as_f64().unwrap_or(f64::NAN),
         );
         anyhow::Ok(json!({
+            "generated_at": chrono::Utc::now().to_rfc3339(),
+            "mode": if args.quick { "quick" } else { "full" },
+            "rounds": rounds,
             "delivery_batch": DELIVERY_BATCH,
             "ordered": [point(&runs[0]), point(&runs[1])],
             "unordered": [point(&runs[2]), point(&runs[3])],
@@ -487,7 +498,9 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
     let _ = rig.stop.send(true);
     dev.stop().await;
     db.drop_now().await?;
-    let figures = result?;
+    let mut figures = result?;
+    figures["load_before"] = json!(load_before);
+    figures["load_after"] = json!(load_average());
     for kind in ["ordered", "unordered"] {
         for p in figures[kind].as_array().into_iter().flatten() {
             println!(
@@ -508,5 +521,10 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
         "BENCH_JSON {}",
         serde_json::to_string(&json!({ "fanout": figures }))?
     );
+    if let Some(dir) = &args.report {
+        for path in report::write(dir, &figures)? {
+            println!("wrote {}", path.display());
+        }
+    }
     Ok(())
 }
