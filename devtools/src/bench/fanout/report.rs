@@ -159,7 +159,10 @@ mod tests {
                        "live_p50_ratio": 2.0, "live_p99_ratio": 3.0}
         }});
         let s = section(&figures);
-        assert!(s.contains("| ordered | 3 | 100 | 1200 | 0.40 | 3600 | 0.0200 | 30.0 | 10.0 |"), "{s}");
+        assert!(
+            s.contains("| ordered | 3 | 100 | 1200 | 0.40 | 3600 | 0.0200 | 30.0 | 10.0 |"),
+            "{s}"
+        );
         assert!(s.contains("load average before 1.00 / 2.00 / 3.00"), "{s}");
         assert!(s.contains("**2500 events/s**"), "{s}");
         let md = with_section("# Benchmarks\n\nintro\n", &s);
