@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::config::DeadHeadPolicy;
 use crate::contract;
-use crate::db::{Db, Statements};
+use crate::db::Db;
 use crate::dead_letters::{
     BatchMember, QstashFailure, record_qstash_batch_failure, record_qstash_failure,
 };
@@ -259,7 +259,14 @@ async fn batch_failure(
         Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
     };
     if ordered && !verdict_readable {
-        let applied = match applied_ids(&mut conn, rec.consumer, &ids, rec.db.statements()).await {
+        let applied = match crate::dead_letters::applied_ids(
+            &mut conn,
+            rec.consumer,
+            &ids,
+            rec.db.statements(),
+        )
+        .await
+        {
             Ok(a) => a,
             Err(e) => {
                 return CallbackOutcome::Database(format!("could not read the dedupe rows: {e}"));
@@ -290,30 +297,4 @@ fn mark_dead_head(members: &mut [BatchMember], applied: &[OutboxId]) {
         m.dead = !found && !is_applied;
         found |= m.dead;
     }
-}
-
-/// The outbox ids among `ids` whose dedupe rows (namespace `consumer`, or the copy's named subscriber) show them
-/// applied.
-async fn applied_ids(
-    conn: &mut sqlx::PgConnection,
-    consumer: &str,
-    ids: &[OutboxId],
-    statements: Statements,
-) -> Result<Vec<OutboxId>, sqlx::Error> {
-    let texts: Vec<String> = ids.iter().map(OutboxId::to_string).collect();
-    let q = statements
-        .query_scalar(crate::schema::q(
-            "SELECT t.id FROM unnest($2::text[]) AS t(id) \
-             WHERE EXISTS (SELECT 1 FROM {schema}.processed_messages pm \
-                           WHERE pm.message_id = t.id \
-                             AND pm.consumer = coalesce((SELECT nullif(o.subscriber, '') FROM {schema}.outbox o \
-                                                         WHERE o.id = t.id::bigint), $1))",
-        ))
-        .bind(consumer)
-        .bind(&texts);
-    let applied: Vec<String> = statements.run(conn, async |c| q.fetch_all(c).await).await?;
-    Ok(applied
-        .iter()
-        .filter_map(|s| s.parse::<i64>().ok().map(OutboxId))
-        .collect())
 }

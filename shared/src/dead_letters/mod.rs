@@ -40,8 +40,8 @@ pub use query::{
     event_state, get, list,
 };
 pub use record::{
-    BatchFailureRecorded, BatchMember, FailureRecorded, QstashFailure, record_qstash_batch_failure,
-    record_qstash_failure,
+    BatchFailureRecorded, BatchMember, FailureRecorded, QstashFailure, applied_ids,
+    record_qstash_batch_failure, record_qstash_failure,
 };
 pub use redrive::{RedriveError, RedriveOptions, RedriveOrder, Redriven, redrive};
 pub use redrive_bulk::{BulkOutcome, BulkReport, redrive_matching};

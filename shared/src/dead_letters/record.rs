@@ -367,6 +367,33 @@ pub struct BatchFailureRecorded {
     pub left: Vec<OutboxId>,
 }
 
+/// The outbox ids among `ids` whose dedupe rows show them applied: in the namespace `consumer`
+/// (`CONSUMER_NAME`) for the default subscriber's copies, in the subscriber's name for a named subscriber's
+/// ([`crate::subscribers`]).
+pub async fn applied_ids(
+    conn: &mut PgConnection,
+    consumer: &str,
+    ids: &[OutboxId],
+    statements: Statements,
+) -> Result<Vec<OutboxId>, sqlx::Error> {
+    let texts: Vec<String> = ids.iter().map(OutboxId::to_string).collect();
+    let q = statements
+        .query_scalar(crate::schema::q(
+            "SELECT t.id FROM unnest($2::text[]) AS t(id) \
+             WHERE EXISTS (SELECT 1 FROM {schema}.processed_messages pm \
+                           WHERE pm.message_id = t.id \
+                             AND pm.consumer = coalesce((SELECT nullif(o.subscriber, '') FROM {schema}.outbox o \
+                                                         WHERE o.id = t.id::bigint), $1))",
+        ))
+        .bind(consumer)
+        .bind(&texts);
+    let applied: Vec<String> = statements.run(conn, async |c| q.fetch_all(c).await).await?;
+    Ok(applied
+        .iter()
+        .filter_map(|s| s.parse::<i64>().ok().map(OutboxId))
+        .collect())
+}
+
 /// Records QStash's failure of a **batched** message (several events), in one transaction (decision record
 /// 0027), per event in envelope order:
 ///
@@ -389,24 +416,13 @@ pub async fn record_qstash_batch_failure(
         .execute(&mut *tx)
         .await?;
     let ids: Vec<OutboxId> = members.iter().filter_map(|m| m.failure.outbox_id).collect();
-    let id_texts: Vec<String> = ids.iter().map(OutboxId::to_string).collect();
-    let applied: Vec<String> = statements.query_scalar(crate::schema::q(
-        "SELECT t.id FROM unnest($2::text[]) AS t(id) \
-         WHERE EXISTS (SELECT 1 FROM {schema}.processed_messages pm \
-                       WHERE pm.message_id = t.id \
-                         AND pm.consumer = coalesce((SELECT nullif(o.subscriber, '') FROM {schema}.outbox o \
-                                                     WHERE o.id = t.id::bigint), $1))",
-    ))
-    .bind(consumer)
-    .bind(&id_texts)
-    .fetch_all(&mut *tx)
-    .await?;
+    let applied = applied_ids(&mut tx, consumer, &ids, statements).await?;
     let mut out = BatchFailureRecorded::default();
     for m in members {
         let Some(id) = m.failure.outbox_id else {
             continue;
         };
-        if applied.contains(&id.to_string()) {
+        if applied.contains(&id) {
             out.delivered.push(id);
         }
     }
