@@ -328,7 +328,7 @@ impl Relay {
     }
 
     /// Reads the named subscribers' URLs when `events` hold a copy for one and the cached ones are older than
-    /// [`DESTINATIONS_TTL`], or do not know its subscriber (read at most once per [`DESTINATIONS_RETRY`]). A claim of
+    /// 5 s, or do not know its subscriber (read at most once per second). A claim of
     /// the default subscriber's copies only never reads them.
     pub async fn refresh_destinations(&self, events: &[ClaimedEvent]) -> Result<(), RelayError> {
         let (fresh, recent, current) = {

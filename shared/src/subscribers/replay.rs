@@ -108,7 +108,7 @@ SELECT (SELECT count(*) FROM copied) AS copied, (SELECT count(*) FROM src) AS re
 FROM moved m
 "#;
 
-/// Copies the next chunk of `limit` events of a subscriber's replay (see [`REPLAY_CHUNK_SQL`]); the chunk that
+/// Copies the next chunk of `limit` events of a subscriber's replay (the chunk statement above); the chunk that
 /// reaches the end also releases the subscriber's waiting ordered keys and marks the replay done. `None`: no
 /// replay under way (none asked for, already finished, or its end is not fixed yet).
 pub async fn replay_step(
