@@ -8,11 +8,11 @@ use outbox_devtools::dev::{DevArgs, run};
 use outbox_testkit::db::url_of;
 use sqlx::PgPool;
 
-#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
-async fn the_local_pipeline_runs_end_to_end(pool: PgPool) {
-    let summary = run(DevArgs {
+/// Four seconds of the demo at 40 orders/s (one in 8 poison) on the test's database, with `subscribers` per topic.
+fn four_seconds(pool: &PgPool, subscribers: u32) -> DevArgs {
+    DevArgs {
         db: DbArgs {
-            database_url: url_of(&pool),
+            database_url: url_of(pool),
         },
         existing_db: true,
         no_demo: false,
@@ -26,10 +26,15 @@ async fn the_local_pipeline_runs_end_to_end(pool: PgPool) {
         verbose: false,
         log_file: None,
         progress_secs: 1,
-        subscribers: 1,
-    })
-    .await
-    .expect("outbox-dev dev runs");
+        subscribers,
+    }
+}
+
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn the_local_pipeline_runs_end_to_end(pool: PgPool) {
+    let summary = run(four_seconds(&pool, 1))
+        .await
+        .expect("outbox-dev dev runs");
     let p = summary.progress;
     assert!(summary.drained, "shutdown did not drain: {summary:?}");
     assert!(
@@ -78,26 +83,9 @@ async fn the_local_pipeline_runs_end_to_end(pool: PgPool) {
 /// subscriber.
 #[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn the_local_pipeline_runs_with_three_subscribers(pool: PgPool) {
-    let summary = run(DevArgs {
-        db: DbArgs {
-            database_url: url_of(&pool),
-        },
-        existing_db: true,
-        no_demo: false,
-        faults: false,
-        rate: 40.0,
-        poison_every: 8,
-        qstash_port: 0,
-        duration_secs: Some(4),
-        drain_secs: 60,
-        json: true,
-        verbose: false,
-        log_file: None,
-        progress_secs: 1,
-        subscribers: 3,
-    })
-    .await
-    .expect("outbox-dev dev runs");
+    let summary = run(four_seconds(&pool, 3))
+        .await
+        .expect("outbox-dev dev runs");
     assert!(summary.drained, "shutdown did not drain: {summary:?}");
     let per: Vec<(&str, i64, i64, i64)> = summary
         .subscribers

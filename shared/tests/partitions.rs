@@ -366,19 +366,8 @@ async fn claims_take_exactly_the_rows_they_selected_across_partitions(pool: PgPo
 async fn an_existing_outbox_with_events_in_flight_becomes_the_first_partition_unchanged(
     pool: PgPool,
 ) {
-    use std::borrow::Cow;
     const PARTITIONED: i64 = 20261204000001;
-    let before = sqlx::migrate::Migrator {
-        migrations: Cow::Owned(
-            outbox::MIGRATOR
-                .migrations
-                .iter()
-                .filter(|m| m.version < PARTITIONED)
-                .cloned()
-                .collect(),
-        ),
-        ..sqlx::migrate::Migrator::DEFAULT
-    };
+    let before = outbox_testkit::db::library_migrations(|v| v < PARTITIONED);
     before.run(&pool).await.unwrap();
     let relkind: String =
         sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE relname = 'outbox'")
@@ -405,17 +394,7 @@ async fn an_existing_outbox_with_events_in_flight_becomes_the_first_partition_un
     .unwrap();
     let old_rows = rows(&pool).await;
 
-    let partitioned = sqlx::migrate::Migrator {
-        migrations: Cow::Owned(
-            outbox::MIGRATOR
-                .migrations
-                .iter()
-                .filter(|m| m.version <= PARTITIONED)
-                .cloned()
-                .collect(),
-        ),
-        ..sqlx::migrate::Migrator::DEFAULT
-    };
+    let partitioned = outbox_testkit::db::library_migrations(|v| v <= PARTITIONED);
     partitioned.run(&pool).await.unwrap();
     let relkind: String =
         sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE relname = 'outbox'")

@@ -2,7 +2,6 @@
 //! removing subscribers, and the upgrade of a single-consumer database with events in flight. The whole system
 //! with three subscribers is in the repository's `tests/fanout.rs`.
 
-use std::borrow::Cow;
 use std::time::Duration;
 
 use outbox::db::{Db, Statements};
@@ -243,17 +242,7 @@ async fn a_removed_subscriber_loses_its_pending_copies_and_keeps_its_dead_letter
 #[sqlx::test(migrations = false)]
 async fn a_single_consumer_database_upgrades_with_events_in_flight_unchanged(pool: PgPool) {
     const FAN_OUT: i64 = 20261205000001;
-    let before = sqlx::migrate::Migrator {
-        migrations: Cow::Owned(
-            outbox::MIGRATOR
-                .migrations
-                .iter()
-                .filter(|m| m.version < FAN_OUT)
-                .cloned()
-                .collect(),
-        ),
-        ..sqlx::migrate::Migrator::DEFAULT
-    };
+    let before = outbox_testkit::db::library_migrations(|v| v < FAN_OUT);
     before.run(&pool).await.unwrap();
     sqlx::raw_sql(
         "INSERT INTO outbox (topic, partition_key, payload, dispatched_at, delivered_at) \

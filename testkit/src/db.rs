@@ -139,3 +139,19 @@ pub fn with_database(base_url: &str, name: &str) -> String {
         Err(_) => format!("{base_url}/{name}"),
     }
 }
+
+/// The library's migrations whose version `keep` accepts: a database as an earlier release left it (the upgrade
+/// tests migrate with `|v| v < VERSION`, fill it, then run [`outbox::MIGRATOR`]).
+pub fn library_migrations(keep: impl Fn(i64) -> bool) -> sqlx::migrate::Migrator {
+    sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Owned(
+            outbox::MIGRATOR
+                .migrations
+                .iter()
+                .filter(|m| keep(m.version))
+                .cloned()
+                .collect(),
+        ),
+        ..sqlx::migrate::Migrator::DEFAULT
+    }
+}

@@ -101,6 +101,20 @@ struct Rig {
     stop: tokio::sync::watch::Sender<bool>,
 }
 
+impl Rig {
+    /// The relay's variables for these consumers: the default one's URL, the callback receiver, consumer
+    /// evidence, [`DELIVERY_BATCH`] events per message.
+    fn relay_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("CONSUMER_URL", self.consumers[0].1.clone()),
+            ("CALLBACK_URL", self.callback_url.clone()),
+            ("QSTASH_RETRIES", "3".into()),
+            ("RELAY_ORDERED_EVIDENCE", "consumer".into()),
+            ("RELAY_DELIVERY_BATCH", DELIVERY_BATCH.to_string()),
+        ]
+    }
+}
+
 async fn rig(db: &ScratchDb) -> anyhow::Result<Rig> {
     let (stop, rx) = tokio::sync::watch::channel(false);
     let (default_url, callback_url, stop_default, _) = relay::ordered_endpoints(&db.url).await?;
@@ -211,14 +225,7 @@ async fn drain(
     let started_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
         .fetch_one(&db.pool)
         .await?;
-    let env = vec![
-        ("CONSUMER_URL", rig.consumers[0].1.clone()),
-        ("CALLBACK_URL", rig.callback_url.clone()),
-        ("QSTASH_RETRIES", "3".into()),
-        ("RELAY_ORDERED_EVIDENCE", "consumer".into()),
-        ("RELAY_DELIVERY_BATCH", DELIVERY_BATCH.to_string()),
-    ];
-    let out = relay::relay_child(&db.url, &dev.url, knobs, &env).await?;
+    let out = relay::relay_child(&db.url, &dev.url, knobs, &rig.relay_env()).await?;
     let names: Vec<&str> = rig
         .consumers
         .iter()
@@ -328,14 +335,8 @@ async fn replay(
     sqlx::query("VACUUM ANALYZE outbox")
         .execute(&db.pool)
         .await?;
-    let env = vec![
-        ("CONSUMER_URL", rig.consumers[0].1.clone()),
-        ("CALLBACK_URL", rig.callback_url.clone()),
-        ("QSTASH_RETRIES", "3".into()),
-        ("RELAY_ORDERED_EVIDENCE", "consumer".into()),
-        ("RELAY_UNORDERED_EVIDENCE", "dedupe".into()),
-        ("RELAY_DELIVERY_BATCH", DELIVERY_BATCH.to_string()),
-    ];
+    let mut env = rig.relay_env();
+    env.push(("RELAY_UNORDERED_EVIDENCE", "dedupe".into()));
     let relay = std::sync::Arc::new(in_process_relay(&db.url, &dev.url, knobs, &env).await?);
     let stop = relay.stop_handle();
     let draining = {
