@@ -443,9 +443,11 @@ async fn a_subscriber_added_with_history_gets_every_retained_event_once_in_order
 ) {
     const C: &str = "c";
     const D: &str = "d";
+    const REPLAY_PARALLELISM: u32 = 2;
     let stack = stack_with(&pool, &[C, D], false, |o| {
         o.dev.time_scale = 0.005;
         o.relay.batching.default_n = 10;
+        o.replay_parallelism = REPLAY_PARALLELISM;
     })
     .await;
     let before = enqueue(&pool, 1, 6, 5, 30, |_| Vec::new()).await;
@@ -493,6 +495,30 @@ async fn a_subscriber_added_with_history_gets_every_retained_event_once_in_order
     assert_applied_once_in_order(&pool, DEFAULT, &all).await;
     assert_applied_once_in_order(&pool, C, &all).await;
     assert_applied_once_in_order(&pool, D, &new).await;
+    // C's history went through QStash under flow control of its own, one key per topic at the replay's
+    // parallelism (so a replay's backlog queues apart from everyone's live events); nobody else's did.
+    let flows: Vec<serde_json::Value> = reqwest::Client::new()
+        .get(format!("{}/v2/flowControl", stack.dev.url()))
+        .bearer_auth(stack.dev.token())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let replay_keys: Vec<(&str, u64)> = flows
+        .iter()
+        .filter_map(|f| {
+            let key = f["flowControlKey"].as_str()?;
+            key.contains("replay")
+                .then(|| (key, f["parallelismMax"].as_u64().unwrap_or(0)))
+        })
+        .collect();
+    assert_eq!(replay_keys.len(), 2, "one replay key per topic: {flows:?}");
+    for (key, parallelism) in replay_keys {
+        assert!(key.contains(C), "{key}");
+        assert_eq!(parallelism, u64::from(REPLAY_PARALLELISM), "{key}");
+    }
 
     // D removed: no copies for it any more; the others go on.
     for topic in [ORDERED.name(), UNORDERED.name()] {

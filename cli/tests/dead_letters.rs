@@ -44,6 +44,7 @@ fn relay(pool: &PgPool) -> Relay {
         batch_size: 10,
         delivery_timeout: None,
         flow_parallelism: 1,
+        replay_parallelism: 4,
         flow_rate: None,
         flow_period: Duration::from_secs(1),
         consumer_url: "http://consumer.test".into(),

@@ -167,6 +167,7 @@ async fn child_runs_the_stack() {
         batch_size: 10,
         delivery_timeout: None,
         flow_parallelism: 1,
+        replay_parallelism: 4,
         flow_rate: None,
         flow_period: Duration::from_secs(1),
         consumer_url: "http://127.0.0.1:9".into(),

@@ -82,7 +82,8 @@ WHERE k.lease_token = (SELECT t FROM tok)
   AND o.topic = k.topic AND o.partition_key = k.partition_key AND o.subscriber = k.subscriber
   AND o.seq = k.done_seq + 1
 RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, o.attempts,
-          o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token
+          o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token,
+          coalesce(o.event_id, o.id) AS event_id
 "#
 );
 
@@ -119,7 +120,8 @@ SET attempts = o.attempts + 1,
 FROM run
 WHERE o.id = run.row_id
 RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, o.attempts,
-          o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token
+          o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token,
+          coalesce(o.event_id, o.id) AS event_id
 "#
 );
 

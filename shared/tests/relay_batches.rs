@@ -517,6 +517,7 @@ async fn a_run_is_settled_and_its_evidence_recorded_while_the_rest_of_its_claim_
         batch_size: 1,
         delivery_timeout: None,
         flow_parallelism: 1,
+        replay_parallelism: 4,
         flow_rate: None,
         flow_period: Duration::from_secs(1),
         consumer_url: "http://127.0.0.1:9/consumer".into(),

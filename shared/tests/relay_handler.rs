@@ -55,6 +55,7 @@ async fn handler_runs_from_the_scheduled_event_fixtures(pool: PgPool) {
         batch_size: 100,
         delivery_timeout: None,
         flow_parallelism: 10,
+        replay_parallelism: 4,
         flow_rate: None,
         flow_period: Duration::from_secs(1),
         consumer_url: sink.url.clone(),

@@ -331,6 +331,7 @@ async fn the_relay_makes_its_declared_subscribers_live_and_refuses_a_bad_one(poo
         batch_size: 10,
         delivery_timeout: None,
         flow_parallelism: 1,
+        replay_parallelism: 4,
         flow_rate: None,
         flow_period: Duration::from_secs(1),
         consumer_url: url.into(),

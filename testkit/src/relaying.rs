@@ -72,6 +72,7 @@ pub fn qstash_config(
         batch_size: 25,
         delivery_timeout: None,
         flow_parallelism: 1,
+        replay_parallelism: 4,
         flow_rate: None,
         flow_period: Duration::from_secs(1),
         consumer_url: sink.url.clone(),

@@ -41,6 +41,8 @@ pub struct StackOptions {
     pub qstash_retries: u32,
     /// Messages per `/v2/batch` request (`QSTASH_BATCH_SIZE`).
     pub qstash_batch_size: u32,
+    /// Parallelism of a subscriber's replay (`QSTASH_REPLAY_PARALLELISM`).
+    pub replay_parallelism: u32,
     /// Length of one simulated relay invocation.
     pub invocation: Duration,
     /// Consumer name (dedupe namespace).
@@ -106,6 +108,7 @@ impl StackOptions {
             relay,
             qstash_retries: 3,
             qstash_batch_size: 100,
+            replay_parallelism: 4,
             invocation: Duration::from_secs(30),
             consumer_name: "consumer".into(),
             registry: orders_example::registry(),
@@ -472,6 +475,7 @@ impl LocalStack {
             batch_size: opts.qstash_batch_size,
             delivery_timeout: None,
             flow_parallelism: 10,
+            replay_parallelism: opts.replay_parallelism,
             flow_rate: None,
             flow_period: Duration::from_secs(1),
             consumer_url: consumer_url.clone(),

@@ -22,6 +22,10 @@ pub struct QstashConfig {
     pub delivery_timeout: Option<Duration>,
     /// `QSTASH_FLOW_PARALLELISM` (default 10): `parallelism` of the per-key flow-control key.
     pub flow_parallelism: u32,
+    /// `QSTASH_REPLAY_PARALLELISM` (default 4): `parallelism` of the one flow-control key a subscriber's replayed
+    /// copies share (`crate::subscribers`): how many messages of a replay QStash delivers at once, so a replay's
+    /// backlog waits in its own queue instead of ahead of everyone's live events.
+    pub replay_parallelism: u32,
     /// `QSTASH_FLOW_RATE` (optional): `rate` per `QSTASH_FLOW_PERIOD_SECS` (default 1).
     pub flow_rate: Option<u32>,
     /// `QSTASH_FLOW_PERIOD_SECS`.
@@ -34,6 +38,9 @@ pub struct QstashConfig {
 }
 
 impl QstashConfig {
+    /// `QSTASH_REPLAY_PARALLELISM`'s default.
+    pub const DEFAULT_REPLAY_PARALLELISM: u32 = 4;
+
     /// Reads the `QSTASH_*`, `CONSUMER_URL` and `CALLBACK_URL` variables.
     pub fn from_vars(v: &Vars<'_>) -> Result<Self, ConfigError> {
         Ok(QstashConfig {
@@ -48,6 +55,12 @@ impl QstashConfig {
                 None => None,
             },
             flow_parallelism: v.ranged_or("QSTASH_FLOW_PARALLELISM", 10, 1, 1000)?,
+            replay_parallelism: v.ranged_or(
+                "QSTASH_REPLAY_PARALLELISM",
+                Self::DEFAULT_REPLAY_PARALLELISM,
+                1,
+                1000,
+            )?,
             flow_rate: match v.raw("QSTASH_FLOW_RATE") {
                 Some(_) => Some(v.ranged_or("QSTASH_FLOW_RATE", 1, 1, 1_000_000)?),
                 None => None,

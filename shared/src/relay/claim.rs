@@ -30,7 +30,8 @@ WHERE o.id = ANY (ARRAY(
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED))
 RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, o.attempts,
-          o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token
+          o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token,
+          coalesce(o.event_id, o.id) AS event_id
 "#;
 
 /// An event a relay holds under lease.
@@ -60,6 +61,9 @@ pub struct ClaimedEvent {
     pub last_error: Option<String>,
     /// The fencing token of this lease.
     pub lease_token: i64,
+    /// The event this row is a copy of (its first copy's id; [`ClaimedEvent::id`] itself for the first copy): a
+    /// replayed copy is recognised by it ([`crate::subscribers::Destinations::replayed`]).
+    pub event_id: OutboxId,
 }
 
 impl ClaimedEvent {
@@ -92,6 +96,7 @@ impl ClaimedEvent {
             dedup_generation: r.try_get("dedup_generation")?,
             last_error: r.try_get("last_error")?,
             lease_token: r.try_get("lease_token")?,
+            event_id: r.try_get("event_id")?,
         })
     }
 }
@@ -120,6 +125,7 @@ impl ClaimedEvent {
             dedup_generation: 0,
             last_error: None,
             lease_token,
+            event_id: OutboxId(id),
         }
     }
 }

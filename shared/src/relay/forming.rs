@@ -41,11 +41,12 @@ pub struct Outgoing {
 }
 
 /// How claimed events are grouped into messages: an ordered key's claimed run (its key lease), or an unordered
-/// topic's events.
+/// topic's events per subscriber, replayed copies apart from live ones (they go out under different flow
+/// control).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Group<'a> {
     Run(KeyLease),
-    Topic(&'a TopicName, &'a str),
+    Topic(&'a TopicName, &'a str, bool),
 }
 
 /// The settings forming reads: the relay's (evidence, batching), QStash's (URLs, retries, flow control) and the
@@ -94,14 +95,21 @@ fn wire_event<'a>(
 }
 
 /// Claimed events grouped for forming, in first-seen order: ordered events per key lease (a subscriber's lane),
-/// unordered per topic and subscriber.
-fn groups(events: &[ClaimedEvent]) -> Vec<(Group<'_>, Vec<usize>)> {
+/// unordered per topic, subscriber and whether replayed.
+fn groups<'e>(
+    events: &'e [ClaimedEvent],
+    destinations: &Destinations,
+) -> Vec<(Group<'e>, Vec<usize>)> {
     let mut groups: Vec<(Group<'_>, Vec<usize>)> = Vec::new();
     let mut index: HashMap<Group<'_>, usize> = HashMap::new();
     for (i, e) in events.iter().enumerate() {
         let g = match e.key_lease() {
             Some(lease) => Group::Run(lease),
-            None => Group::Topic(&e.topic, &e.subscriber),
+            None => Group::Topic(
+                &e.topic,
+                &e.subscriber,
+                destinations.replayed(&e.topic, &e.subscriber, e.event_id.get()),
+            ),
         };
         let at = match index.get(&g) {
             Some(&at) => at,
@@ -180,16 +188,35 @@ impl Forming<'_> {
             events.iter().map(|e| (e.id, e.dedup_generation)).collect();
         // Ordered messages keep their key's flow-control key; an unordered message of several events (any keys)
         // uses its topic's. A named subscriber's messages have their own keys: its retries never take another
-        // subscriber's parallelism.
+        // subscriber's parallelism. A replay's messages share one key per subscriber, at the replay's
+        // parallelism: its backlog waits in a queue of its own, not ahead of anyone's live events (an ordered
+        // lane still has one message in flight, so its order does not depend on the key).
         let lane = if first.subscriber.is_empty() {
             String::new()
         } else {
             format!("@{}", first.subscriber)
         };
-        let flow_key = if ordered || events.len() == 1 {
-            flow_control_key(&format!("{}.{}{lane}", first.topic, first.partition_key))
+        let replayed =
+            self.destinations
+                .replayed(&first.topic, &first.subscriber, first.event_id.get());
+        let (flow_key, parallelism, rate) = if replayed {
+            (
+                flow_control_key(&format!("{}{lane}.replay", first.topic)),
+                self.qstash.replay_parallelism,
+                None,
+            )
+        } else if ordered || events.len() == 1 {
+            (
+                flow_control_key(&format!("{}.{}{lane}", first.topic, first.partition_key)),
+                self.qstash.flow_parallelism,
+                self.qstash.flow_rate,
+            )
         } else {
-            flow_control_key(&format!("{}{lane}", first.topic))
+            (
+                flow_control_key(&format!("{}{lane}", first.topic)),
+                self.qstash.flow_parallelism,
+                self.qstash.flow_rate,
+            )
         };
         let cb = &self.qstash.callback_url;
         PublishOptions {
@@ -202,9 +229,9 @@ impl Forming<'_> {
             forward,
             flow_control: Some(FlowControl {
                 key: flow_key,
-                parallelism: Some(self.qstash.flow_parallelism),
-                rate: self.qstash.flow_rate,
-                period: self.qstash.flow_rate.map(|_| self.qstash.flow_period),
+                parallelism: Some(parallelism),
+                rate,
+                period: rate.map(|_| self.qstash.flow_period),
             }),
             label: Some(first.topic.to_string()),
             ..Default::default()
@@ -231,10 +258,10 @@ impl Forming<'_> {
                 .collect();
             return formed;
         }
-        for (group, mut members) in groups(events) {
+        for (group, mut members) in groups(events, &self.destinations) {
             let (ordered, topic) = match &group {
                 Group::Run(lease) => (true, lease.topic.as_str()),
-                Group::Topic(topic, _) => (false, topic.as_str()),
+                Group::Topic(topic, _, _) => (false, topic.as_str()),
             };
             if ordered {
                 members.sort_by_key(|&i| events[i].seq);
@@ -580,6 +607,67 @@ mod tests {
         b.subscriber = "gone".into();
         assert_eq!(s.forming().destination(&b), None);
         assert!(s.forming().destination(&a).is_some());
+    }
+
+    #[test]
+    fn a_replays_copies_share_one_paced_key_and_never_a_message_with_live_ones() {
+        let mut s = Settings::new(&[
+            ("RELAY_DELIVERY_BATCH", "10"),
+            ("QSTASH_REPLAY_PARALLELISM", "3"),
+        ]);
+        s.destinations = Arc::new(
+            Destinations::default()
+                .with("orders", "billing", "https://billing.example")
+                .with_replay("orders", "billing", 1, Some(100)),
+        );
+        // Billing's copies of events 1..=100 are its replay; event 150's copy is live. Copies have ids of their
+        // own (the replay wrote them late), the event id says which event they carry.
+        let copy = |id: i64, event: i64, key: &str, seq: Option<i64>| {
+            let mut e = event_for(id, key, seq);
+            e.subscriber = "billing".into();
+            e.event_id = OutboxId(event);
+            e
+        };
+        let events = vec![
+            copy(1001, 7, "a", None),
+            copy(1002, 150, "b", None),
+            copy(1003, 8, "c", None),
+        ];
+        let formed = s.forming().messages_for(&events);
+        assert_eq!(ids(&events, &formed), vec![vec![1001, 1003], vec![1002]]);
+        let replay = flow_control(&formed.messages[0].message);
+        let live = flow_control(&formed.messages[1].message);
+        assert_eq!(replay.key, flow_control_key("orders@billing.replay"));
+        assert_eq!(replay.parallelism, Some(3));
+        assert_eq!(live.parallelism, Some(10));
+        assert_ne!(replay.key, live.key);
+        // Two replayed lanes share the key; the same lane's live copy (after the replay's end) does not.
+        let lanes = [
+            copy(1004, 9, "x", Some(1)),
+            copy(1005, 10, "y", Some(1)),
+            copy(1006, 151, "z", Some(1)),
+        ];
+        let keys: Vec<String> = lanes
+            .iter()
+            .map(|e| flow_control(&s.forming().message_of(&[e])).key.clone())
+            .collect();
+        assert_eq!(keys[0], keys[1]);
+        assert_eq!(keys[0], flow_control_key("orders@billing.replay"));
+        assert_eq!(keys[2], flow_control_key("orders.z@billing"));
+        // The default subscriber's copies of the same events are not billing's replay.
+        let mut default = copy(1007, 7, "a", None);
+        default.subscriber = String::new();
+        let fc = s
+            .forming()
+            .message_of(&[&default])
+            .options
+            .flow_control
+            .expect("flow control");
+        assert_eq!(fc.key, "orders.a");
+    }
+
+    fn event_for(id: i64, key: &str, seq: Option<i64>) -> ClaimedEvent {
+        event(id, "orders", key, seq, 0)
     }
 
     #[test]

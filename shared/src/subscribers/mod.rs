@@ -179,26 +179,36 @@ fn check_url(name: &str, raw: &str) -> Result<String, SubscriberError> {
     Ok(raw.trim_end_matches('/').to_owned())
 }
 
-/// The URL of every live named subscriber, by (topic, name): what the relay publishes to. Loaded from
-/// `outbox_subscribers` (a handful of rows).
+/// The URL of every live named subscriber, by (topic, name): what the relay publishes to; and the range of
+/// every live subscriber's replay, by which the relay recognises a replayed copy ([`Destinations::replayed`]).
+/// Loaded from `outbox_subscribers` (a handful of rows).
 #[derive(Debug, Clone, Default)]
 pub struct Destinations {
     urls: HashMap<(String, String), String>,
+    /// `replay_from ..= replay_to` (`None`: the end is not fixed yet, so everything from the start counts).
+    replays: HashMap<(String, String), (i64, Option<i64>)>,
 }
 
 impl Destinations {
-    /// Reads the live named subscribers.
+    /// Reads the live subscribers.
     pub async fn load(db: &Db) -> Result<Destinations, sqlx::Error> {
         let q = db.query(crate::schema::q(
-            "SELECT topic, name, url FROM {schema}.outbox_subscribers \
-             WHERE removed_at IS NULL AND name <> '' AND url IS NOT NULL",
+            "SELECT topic, name, url, replay_from, replay_to FROM {schema}.outbox_subscribers \
+             WHERE removed_at IS NULL",
         ));
         let rows = db.run(async |c| q.fetch_all(c).await).await?;
-        let mut urls = HashMap::with_capacity(rows.len());
+        let mut d = Destinations::default();
         for r in rows {
-            urls.insert((r.try_get("topic")?, r.try_get("name")?), r.try_get("url")?);
+            let at: (String, String) = (r.try_get("topic")?, r.try_get("name")?);
+            if let Some(from) = r.try_get::<Option<i64>, _>("replay_from")? {
+                d.replays
+                    .insert(at.clone(), (from, r.try_get("replay_to")?));
+            }
+            if let (false, Some(url)) = (at.1.is_empty(), r.try_get::<Option<String>, _>("url")?) {
+                d.urls.insert(at, url);
+            }
         }
-        Ok(Destinations { urls })
+        Ok(d)
     }
 
     /// A named subscriber's base URL; `None` when it is not live (removed, or never added).
@@ -208,10 +218,26 @@ impl Destinations {
             .map(String::as_str)
     }
 
+    /// Whether the copy of `event_id` for subscriber `name` of `topic` is part of the subscriber's replay (its
+    /// event lies in the replay's range): the relay paces such copies apart from live traffic.
+    pub fn replayed(&self, topic: &str, name: &str, event_id: i64) -> bool {
+        match self.replays.get(&(topic.to_owned(), name.to_owned())) {
+            Some(&(from, to)) => event_id >= from && to.is_none_or(|to| event_id <= to),
+            None => false,
+        }
+    }
+
     /// With one subscriber's URL set (tests and the local pipeline).
     pub fn with(mut self, topic: &str, name: &str, url: &str) -> Self {
         self.urls
             .insert((topic.to_owned(), name.to_owned()), url.to_owned());
+        self
+    }
+
+    /// With a subscriber's replay range set (tests).
+    pub fn with_replay(mut self, topic: &str, name: &str, from: i64, to: Option<i64>) -> Self {
+        self.replays
+            .insert((topic.to_owned(), name.to_owned()), (from, to));
         self
     }
 }

@@ -50,12 +50,24 @@ pub struct FanoutArgs {
     /// Rounds per throughput point (medians are reported).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Run one part only (`throughput` or `replay`), e.g. while tuning it; not with `--report`.
+    #[arg(long, value_enum)]
+    pub only: Option<Part>,
     /// Also write the figures into DIR/benchmarks.md (its fan-out section) and DIR/benchmarks/figures.json
     /// (`--report docs`).
     #[arg(long)]
     pub report: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub db: DbArgs,
+}
+
+/// The parts of `bench fanout`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Drains with 1 and 3 subscribers, ordered and unordered.
+    Throughput,
+    /// The replay to a new subscriber beside a live one.
+    Replay,
 }
 
 struct Plan {
@@ -287,35 +299,73 @@ fn point(runs: &[Value]) -> Value {
     })
 }
 
-/// Commit → applied of the live topic's events applied by `consumer` between `from` and `to` (database clock):
-/// (count, p50 ms, p99 ms).
+/// The live subscriber's latency over the live topic's events applied by `consumer` between `from` and `to`
+/// (database clock).
+struct LiveLatency {
+    events: i64,
+    /// Commit → applied, ms.
+    p50_ms: f64,
+    p99_ms: f64,
+    /// Commit → accepted by QStash (the part spent in the outbox and the relay), ms.
+    relay_p50_ms: f64,
+    relay_p99_ms: f64,
+}
+
+impl LiveLatency {
+    fn json(&self) -> Value {
+        json!({
+            "events": self.events,
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+            "relay_p50_ms": self.relay_p50_ms,
+            "relay_p99_ms": self.relay_p99_ms,
+        })
+    }
+}
+
 async fn live_latency(
     pool: &PgPool,
     from: chrono::DateTime<chrono::Utc>,
     to: chrono::DateTime<chrono::Utc>,
-) -> anyhow::Result<(i64, f64, f64)> {
-    let r: (i64, Option<f64>, Option<f64>) = sqlx::query_as(
-        "SELECT count(*), \
-                percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM p.processed_at - o.created_at) * 1000)::float8, \
-                percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM p.processed_at - o.created_at) * 1000)::float8 \
-         FROM processed_messages p JOIN outbox o ON o.id = p.message_id::bigint \
-         WHERE p.consumer = 'consumer' AND o.topic = $1 AND o.created_at >= $2 AND o.created_at < $3",
+) -> anyhow::Result<LiveLatency> {
+    let r: (i64, Option<f64>, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
+        "WITH l AS (SELECT extract(epoch FROM p.processed_at - o.created_at) * 1000 AS applied, \
+                           extract(epoch FROM o.dispatched_at - o.created_at) * 1000 AS relayed \
+                    FROM processed_messages p JOIN outbox o ON o.id = p.message_id::bigint \
+                    WHERE p.consumer = 'consumer' AND o.topic = $1 AND o.created_at >= $2 AND o.created_at < $3) \
+         SELECT count(*), \
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY applied)::float8, \
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY applied)::float8, \
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY relayed)::float8, \
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY relayed)::float8 \
+         FROM l",
     )
     .bind(LIVE.name())
     .bind(from)
     .bind(to)
     .fetch_one(pool)
     .await?;
-    Ok((r.0, r.1.unwrap_or(f64::NAN), r.2.unwrap_or(f64::NAN)))
+    let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
+    Ok(LiveLatency {
+        events: r.0,
+        p50_ms: nan(r.1),
+        p99_ms: nan(r.2),
+        relay_p50_ms: nan(r.3),
+        relay_p99_ms: nan(r.4),
+    })
 }
 
-/// The replay scenario (module docs).
+/// `QSTASH_REPLAY_PARALLELISM` of the unpaced baseline run: QStash's flow control never holds a replay back.
+const UNPACED: u32 = 1_000;
+
+/// The replay scenario (module docs), with `QSTASH_REPLAY_PARALLELISM = parallelism`.
 async fn replay(
     db: &ScratchDb,
     dev: &DevServerProcess,
     rig: &Rig,
     knobs: Knobs,
     plan: &Plan,
+    parallelism: u32,
 ) -> anyhow::Result<Value> {
     reset(db, rig, 1).await?;
     let history = plan.replay_keys * plan.replay_per_key;
@@ -337,6 +387,7 @@ async fn replay(
         .await?;
     let mut env = rig.relay_env();
     env.push(("RELAY_UNORDERED_EVIDENCE", "dedupe".into()));
+    env.push(("QSTASH_REPLAY_PARALLELISM", parallelism.to_string()));
     let relay = std::sync::Arc::new(in_process_relay(&db.url, &dev.url, knobs, &env).await?);
     let stop = relay.stop_handle();
     let draining = {
@@ -423,6 +474,7 @@ async fn replay(
     .fetch_one(&db.pool)
     .await?;
     Ok(json!({
+        "replay_parallelism": parallelism,
         "history_events": history,
         "keys": plan.replay_keys,
         "copied": last.map(|p| p.total),
@@ -432,15 +484,19 @@ async fn replay(
         "keys_complete_in_order": ordered_ok,
         "live_rate": plan.live_rate,
         "live_events": live_events,
-        "live_baseline": {"events": base.0, "p50_ms": base.1, "p99_ms": base.2},
-        "live_during_replay": {"events": during.0, "p50_ms": during.1, "p99_ms": during.2},
-        "live_p50_ratio": during.1 / base.1,
-        "live_p99_ratio": during.2 / base.2,
+        "live_baseline": base.json(),
+        "live_during_replay": during.json(),
+        "live_p50_ratio": during.p50_ms / base.p50_ms,
+        "live_p99_ratio": during.p99_ms / base.p99_ms,
     }))
 }
 
 /// `outbox-dev bench fanout`: prints each drain as it ends, the medians, and one `BENCH_JSON` line.
 pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
+    if args.only.is_some() && args.report.is_some() {
+        bail!("--report needs every part: leave out --only");
+    }
+    let runs_part = |p: Part| args.only.is_none_or(|o| o == p);
     let plan = Plan::new(args.quick);
     let rounds = if args.quick { 1 } else { args.rounds.max(1) };
     let knobs = Knobs {
@@ -454,7 +510,7 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
     let rig = rig(&db).await?;
     let result = async {
         let mut runs: Vec<Vec<Value>> = vec![Vec::new(); 4];
-        for round in 0..rounds {
+        for round in 0..if runs_part(Part::Throughput) { rounds } else { 0 } {
             for (i, (ordered, subs)) in [(true, 1), (true, 3), (false, 1), (false, 3)].into_iter().enumerate() {
                 let r = drain(&db, &dev, &rig, knobs, subs, ordered, &plan).await?;
                 println!(
@@ -471,29 +527,42 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
                 runs[i].push(r);
             }
         }
-        let r = replay(&db, &dev, &rig, knobs, &plan).await?;
-        println!(
-            "fanout replay: {} retained events to a new subscriber in {:.1} s ({:.0} events/s; copying {:.1} s); live \
-             subscriber at {}/s: p50 {:.0} → {:.0} ms, p99 {:.0} → {:.0} ms (baseline → during the replay)",
-            r["history_events"],
-            r["replay_secs"].as_f64().unwrap_or(f64::NAN),
-            r["replay_events_per_sec"].as_f64().unwrap_or(f64::NAN),
-            r["copy_secs"].as_f64().unwrap_or(f64::NAN),
-            r["live_rate"],
-            r["live_baseline"]["p50_ms"].as_f64().unwrap_or(f64::NAN),
-            r["live_during_replay"]["p50_ms"].as_f64().unwrap_or(f64::NAN),
-            r["live_baseline"]["p99_ms"].as_f64().unwrap_or(f64::NAN),
-            r["live_during_replay"]["p99_ms"].as_f64().unwrap_or(f64::NAN),
-        );
-        anyhow::Ok(json!({
+        let mut figures = json!({
             "generated_at": chrono::Utc::now().to_rfc3339(),
             "mode": if args.quick { "quick" } else { "full" },
             "rounds": rounds,
             "delivery_batch": DELIVERY_BATCH,
-            "ordered": [point(&runs[0]), point(&runs[1])],
-            "unordered": [point(&runs[2]), point(&runs[3])],
-            "replay": r,
-        }))
+        });
+        if runs_part(Part::Throughput) {
+            figures["ordered"] = json!([point(&runs[0]), point(&runs[1])]);
+            figures["unordered"] = json!([point(&runs[2]), point(&runs[3])]);
+        }
+        if runs_part(Part::Replay) {
+            // Unpaced first (the baseline), then at the default parallelism, in this process.
+            let default = outbox::config::QstashConfig::DEFAULT_REPLAY_PARALLELISM;
+            for (key, parallelism) in [("replay_unpaced", UNPACED), ("replay", default)] {
+                let r = replay(&db, &dev, &rig, knobs, &plan, parallelism).await?;
+                let ms = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+                println!(
+                    "fanout replay, QSTASH_REPLAY_PARALLELISM={parallelism}: {} retained events to a new subscriber in \
+                     {:.1} s ({:.0} events/s; copying {:.1} s); live subscriber at {}/s: p50 {:.0} → {:.0} ms, \
+                     p99 {:.0} → {:.0} ms, in the relay p99 {:.0} → {:.0} ms (baseline → during the replay)",
+                    r["history_events"],
+                    ms(&r["replay_secs"]),
+                    ms(&r["replay_events_per_sec"]),
+                    ms(&r["copy_secs"]),
+                    r["live_rate"],
+                    ms(&r["live_baseline"]["p50_ms"]),
+                    ms(&r["live_during_replay"]["p50_ms"]),
+                    ms(&r["live_baseline"]["p99_ms"]),
+                    ms(&r["live_during_replay"]["p99_ms"]),
+                    ms(&r["live_baseline"]["relay_p99_ms"]),
+                    ms(&r["live_during_replay"]["relay_p99_ms"]),
+                );
+                figures[key] = r;
+            }
+        }
+        anyhow::Ok(figures)
     }
     .await;
     let _ = rig.stop.send(true);
