@@ -153,6 +153,32 @@ pub(crate) struct Counts {
 }
 
 /// A pool that survives Postgres restarts and terminated backends (connections are checked before use).
+/// The dev server's clock: QStash's retry delays ×0.05.
+const TIME_SCALE: f64 = 0.05;
+
+/// The longest the drain can legitimately take once the chaos is off, from the workers' settings: a message's
+/// retries then its failure callback's (each QStash's retry delays at the dev server's scale), or, when that
+/// callback never reached a receiver, the reconciler's horizon plus one relay invocation and its accounting
+/// pass; and a minute for the rest (backoff, the applied sweep, the last delivery). The soak waits at least this
+/// long, whatever `--drain-timeout-secs` says.
+fn drain_bound(spawner: &Spawner, time_scale: f64) -> anyhow::Result<Duration> {
+    let var = |name: &str| -> anyhow::Result<u64> {
+        let v = spawner
+            .env
+            .iter()
+            .find(|(k, _)| k == name)
+            .with_context(|| format!("{name} is not set for the workers"))?;
+        v.1.parse()
+            .with_context(|| format!("{name}={:?} is not a whole number", v.1))
+    };
+    let retries = u32::try_from(var("QSTASH_RETRIES")?)?;
+    let qstash = outbox::config::qstash_retry_horizon(retries).mul_f64(2.0 * time_scale);
+    let reconciler =
+        Duration::from_secs(var("RELAY_RECONCILE_AFTER_SECS")? + spawner.relay_invocation_secs)
+            + outbox::relay::handler::ACCOUNTING_BUDGET;
+    Ok(qstash.max(reconciler) + Duration::from_secs(60))
+}
+
 fn pool(url: &str, name: &str, max: u32) -> anyhow::Result<PgPool> {
     let opts: PgConnectOptions = url.parse().context("DATABASE_URL")?;
     Ok(PgPoolOptions::new()
@@ -200,7 +226,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
     let mut dev_cfg = qstash_dev::Config {
         port: 0,
         seed: args.seed,
-        time_scale: 0.05,
+        time_scale: TIME_SCALE,
         waitlist_order: qstash_dev::WaitlistOrder::Shuffled,
         // Shorter than the relays' evidence timeout (20 s below): when an ordered head's delivery callback is
         // lost, the relay republishes it after that timeout with the same deduplication id, and within the
@@ -253,6 +279,11 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
         // Short, so that a delivery callback lost with a killed callback receiver costs seconds, not the
         // production default (QStash's retry horizon + 1 h): the relay republishes the head, the consumer dedupes.
         ("RELAY_EVIDENCE_TIMEOUT_SECS", "20"),
+        // Short for the same reason: an event whose failure callback never arrived (the callback receiver was
+        // killed through all of the callback's retries) is looked up at QStash after this, not after the
+        // production horizon (hours), so it ends as a dead letter within the drain. At least
+        // RELAY_APPLIED_GRACE_SECS (30), so the applied sweep comes first.
+        ("RELAY_RECONCILE_AFTER_SECS", "30"),
         ("RELAY_BACKOFF_BASE_SECS", "0.5"),
         ("RELAY_BACKOFF_CAP_SECS", "10"),
         ("RELAY_OUTAGE_PROBE_BASE_MS", "200"),
@@ -386,7 +417,10 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
 
     // Drain: every worker up, nothing pending or in flight, the dev server idle — twice in a row.
     eprintln!("soak: producers done; chaos off; draining");
-    let drain_until = Instant::now() + Duration::from_secs(args.drain_timeout_secs);
+    let drain_secs = args
+        .drain_timeout_secs
+        .max(drain_bound(&spawner, TIME_SCALE)?.as_secs());
+    let drain_until = Instant::now() + Duration::from_secs(drain_secs);
     let mut quiet_twice = 0;
     let drained = loop {
         supervise(&spawner, &mut workers, &counts).await;
@@ -405,10 +439,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
     if !drained {
-        eprintln!(
-            "soak: NOT drained after {} s: counting what is there (the run fails)",
-            args.drain_timeout_secs
-        );
+        eprintln!("soak: NOT drained after {drain_secs} s: counting what is there (the run fails)");
     }
     for w in &mut workers {
         kill(w).await;

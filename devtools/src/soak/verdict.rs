@@ -10,10 +10,12 @@ use sqlx::PgPool;
 use super::Counts;
 use super::report::{Reason, SoakReport, reason_of};
 
-/// Whether anything is pending, awaiting evidence, or leased in the outbox.
+/// Whether any event has no outcome yet: pending, leased, or accepted by QStash with neither delivery evidence
+/// nor a dead letter (an event whose failure callback was lost stays so until the reconciler records it), or an
+/// ordered key awaits evidence.
 pub(crate) async fn busy(db: &PgPool) -> anyhow::Result<bool> {
     Ok(sqlx::query_scalar(outbox::schema::q(
-        "SELECT EXISTS (SELECT 1 FROM {schema}.outbox WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL) \
+        "SELECT EXISTS (SELECT 1 FROM {schema}.outbox WHERE delivered_at IS NULL AND dead_lettered_at IS NULL) \
          OR EXISTS (SELECT 1 FROM {schema}.outbox_keys WHERE inflight_id IS NOT NULL)",
     ))
     .fetch_one(db)
