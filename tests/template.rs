@@ -19,13 +19,15 @@ use outbox::config::{
 };
 use outbox::consumer::{ConsumerState, ReceiverState, handle_event};
 use outbox::db::{Db, DbConfig, Statements};
+use outbox::ops::subscribers::SubscriberStatus;
 use outbox::receiver::{DEV_SIGNING_KEYS, KeyRing, RECEIVER_SECRETS, SigningKeys};
-use outbox::relay::handler::{InvocationSummary, emf};
+use outbox::relay::handler::{InvocationSummary, emf, subscriber_emf};
 use outbox::secrets::{SECRET_ID_VAR, SecretField};
 use outbox_testkit::repo_root;
 use outbox_testkit::sam::{
     FunctionDimension, MetricId, alarm_reads, dashboard_alarms, dashboard_body, dashboard_widgets,
-    emf_metrics, outbox_alarm_metrics, ref_placeholder, translate, translated_template, venv_tool,
+    emf_metrics, insights, outbox_alarm_metrics, ref_placeholder, translate, translated_template,
+    venv_tool,
 };
 use serde_json::{Value, json};
 
@@ -892,6 +894,60 @@ fn alarms_read_metrics_the_code_emits_and_notify_one_topic() {
     let age = &cfn["Resources"][&find("OldestPendingAge").alarm]["Properties"];
     assert_eq!(age["Statistic"], "Maximum");
     assert_eq!(age["TreatMissingData"], "breaching");
+
+    // The Metrics Insights alarms read metrics the relay prints (the per-subscriber lines among them).
+    let printed = printed_metrics();
+    let problems = alarm_query_problems(&cfn, &printed);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // Per subscriber: the oldest pending age and blocked keys of each (topic, subscriber), one contributor each,
+    // with the thresholds and windows of the relay-wide alarms. A removed subscriber stops reporting: not
+    // breaching (OldestPendingAgeAlarm covers a relay that stops reporting).
+    let relay_only = BTreeSet::from([insights::Filter {
+        key: "Function".into(),
+        equal: true,
+        value: relay.clone(),
+    }]);
+    for (id, metric, period, threshold, operator, evaluation) in [
+        (
+            "SubscriberLagAlarm",
+            "SubscriberOldestPendingAge",
+            60,
+            "OldestPendingAgeThresholdSecs",
+            "GreaterThanThreshold",
+            json!({"Ref": "OldestPendingAgeEvaluationMinutes"}),
+        ),
+        (
+            "SubscriberBlockedKeysAlarm",
+            "SubscriberBlockedKeys",
+            300,
+            "BlockedKeysThreshold",
+            "GreaterThanOrEqualToThreshold",
+            json!(1),
+        ),
+    ] {
+        let reads = alarm_reads(&cfn)
+            .into_iter()
+            .find(|a| a.alarm == id)
+            .unwrap_or_else(|| panic!("no alarm {id}"));
+        assert!(reads.metrics.is_empty(), "{id}");
+        assert_eq!(reads.queries.len(), 1, "{id}");
+        let q = reads.queries[0].query.as_ref().unwrap();
+        assert_eq!(
+            (q.function.as_str(), q.metric.as_str()),
+            ("MAX", metric),
+            "{id}"
+        );
+        assert_eq!(q.filters, relay_only, "{id}");
+        assert_eq!(q.group_by, ["Topic", "Subscriber"], "{id}");
+        assert_eq!(q.order_by, Some(("MAX".to_owned(), true)), "{id}");
+        assert_eq!(reads.queries[0].period, period, "{id}");
+        let p = &cfn["Resources"][id]["Properties"];
+        assert_eq!(p["Metrics"][0]["ReturnData"], true, "{id}");
+        assert_eq!(p["Threshold"], json!({ "Ref": threshold }), "{id}");
+        assert_eq!(p["ComparisonOperator"], operator, "{id}");
+        assert_eq!(p["EvaluationPeriods"], evaluation, "{id}");
+        assert_eq!(p["TreatMissingData"], "notBreaching", "{id}");
+    }
     // Dead letters: any arrival, no data = none arrived.
     for m in ["DeadLettered", "DeadLettersRecorded"] {
         let p = &cfn["Resources"][&find(m).alarm]["Properties"];
@@ -967,10 +1023,69 @@ fn outputs_give_the_urls_for_qstash() {
     );
 }
 
-/// The relay's EMF line, as its handler prints it at the end of a run (`emf` is what the handler calls) with
-/// `function` as its name.
-fn relay_emf_line(function: &str) -> Value {
-    let summary = InvocationSummary {
+/// The longest window a Metrics Insights alarm can evaluate: CloudWatch gives such an alarm the last 3 hours.
+const INSIGHTS_ALARM_WINDOW_SECS: u64 = 3 * 3600;
+
+/// What is wrong with the Metrics Insights alarms of `cfn`, given the metrics the functions print (empty:
+/// nothing): a query that does not parse, reads no printed metric (a metric name, `SCHEMA` or `WHERE` value no
+/// function prints) or has another [`insights::InsightsQuery::problems`]; a grouped query without `ORDER BY` (a
+/// multi-time-series alarm needs one, to choose its 500 series); a window longer than 3 hours at the largest
+/// `EvaluationPeriods` the template accepts.
+fn alarm_query_problems(cfn: &Value, printed: &BTreeSet<MetricId>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for alarm in alarm_reads(cfn) {
+        let p = &cfn["Resources"][&alarm.alarm]["Properties"];
+        for q in &alarm.queries {
+            let query = match &q.query {
+                Ok(query) => query,
+                Err(e) => {
+                    problems.push(format!("the alarm {}: {}: {e}", alarm.alarm, q.text));
+                    continue;
+                }
+            };
+            for problem in query.problems(printed) {
+                problems.push(format!("the alarm {} reads {problem}", alarm.alarm));
+            }
+            if !query.group_by.is_empty() && query.order_by.is_none() {
+                problems.push(format!(
+                    "the alarm {}: {query} groups without ORDER BY",
+                    alarm.alarm
+                ));
+            }
+            let periods = match &p["EvaluationPeriods"] {
+                Value::Number(n) => n.as_u64(),
+                v => v["Ref"]
+                    .as_str()
+                    .and_then(|param| cfn["Parameters"][param]["MaxValue"].as_u64()),
+            };
+            match periods {
+                Some(n) if n * q.period <= INSIGHTS_ALARM_WINDOW_SECS && q.period > 0 => {}
+                _ => problems.push(format!(
+                    "the alarm {}: {} periods of {} s may exceed the 3 hours a Metrics Insights alarm sees",
+                    alarm.alarm, p["EvaluationPeriods"], q.period
+                )),
+            }
+        }
+    }
+    problems
+}
+
+/// A sample end-of-run summary: every optional figure present, and a topic with two subscribers (the default one
+/// and `billing`), so that the per-subscriber lines are printed too.
+fn relay_summary() -> InvocationSummary {
+    let subscriber = |name: &str| SubscriberStatus {
+        topic: "orders".into(),
+        subscriber: name.into(),
+        pending: 3,
+        oldest_pending_age_secs: 4.5,
+        in_flight: 2,
+        oldest_in_flight_age_secs: 1.0,
+        blocked_keys: 0,
+        dead_letters: 1,
+        replaying: false,
+        added_at: None,
+    };
+    InvocationSummary {
         request_id: "r".into(),
         trigger: "t".into(),
         drain: Default::default(),
@@ -979,9 +1094,29 @@ fn relay_emf_line(function: &str) -> Value {
         accounting_error: None,
         backlog: Default::default(),
         database: Some(Default::default()),
+        subscribers: vec![subscriber(""), subscriber("billing")],
+        subscribers_error: None,
         duration_ms: 0,
-    };
-    serde_json::from_str(&emf(function, &summary).to_json()).unwrap()
+    }
+}
+
+/// The relay's EMF line, as its handler prints it at the end of a run (`emf` is what the handler calls) with
+/// `function` as its name.
+fn relay_emf_line(function: &str) -> Value {
+    serde_json::from_str(&emf(function, &relay_summary()).to_json()).unwrap()
+}
+
+/// Every EMF line the relay prints at the end of a run with subscribers: [`relay_emf_line`], then one per
+/// subscriber (`subscriber_emf`, which the handler calls beside `emf`).
+fn relay_emf_lines(function: &str) -> Vec<Value> {
+    let mut lines = vec![relay_emf_line(function)];
+    lines.extend(
+        subscriber_emf(function, &relay_summary())
+            .iter()
+            .map(|r| serde_json::from_str::<Value>(&r.to_json()).unwrap()),
+    );
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    lines
 }
 
 /// A function-URL fixture from `events/` without its `Upstash-Signature`: the receivers refuse it with 401 before
@@ -1075,22 +1210,64 @@ fn receivers_emf_lines() -> Vec<Value> {
 /// Every metric the three functions print: the relay's line (named as Lambda names it: `AWS_LAMBDA_FUNCTION_NAME`,
 /// which is `!Ref RelayFunction`) and the receivers' lines as their handlers print them.
 fn printed_metrics() -> BTreeSet<MetricId> {
-    let mut lines = vec![relay_emf_line(&ref_placeholder("RelayFunction"))];
+    let mut lines = relay_emf_lines(&ref_placeholder("RelayFunction"));
     lines.extend(receivers_emf_lines());
     let printed: BTreeSet<MetricId> = lines.iter().flat_map(emf_metrics).collect();
     assert!(printed.len() > 20, "{printed:?}");
     printed
 }
 
+/// Metric-math functions' keyword arguments (`FILL(m, REPEAT)`, `SORT(m, MAX, DESC)`, ...).
+const METRIC_MATH_KEYWORDS: [&str; 9] = [
+    "REPEAT", "LINEAR", "ASC", "DESC", "SUM", "AVG", "MAX", "MIN", "COUNT",
+];
+
+/// What is wrong with a metric-math `expression` of the widget `title`, whose ids are `ids`: every word must be
+/// one of them, a number, a function call (an upper-case word followed by `(`) or a keyword argument. A Metrics
+/// Insights query that does not start with `SELECT` (`SELEC ...`) fails here.
+fn metric_math_problems(title: &str, expression: &str, ids: &BTreeSet<&str>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut rest = expression;
+    while let Some(start) = rest.find(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+        let tail = &rest[start..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let token = &tail[..end];
+        rest = &tail[end..];
+        let call = rest.trim_start().starts_with('(');
+        let fine = ids.contains(token)
+            || token.chars().all(|c| c.is_ascii_digit() || c == '.')
+            || (token.starts_with(|c: char| c.is_ascii_uppercase())
+                && (call || METRIC_MATH_KEYWORDS.contains(&token)));
+        if fine {
+            continue;
+        }
+        problems.push(if token.starts_with(|c: char| c.is_ascii_lowercase()) {
+            format!("{title:?}: {expression} uses {token}, no metric of the widget")
+        } else {
+            format!(
+                "{title:?}: {expression} is neither metric math over the widget's ids nor a Metrics Insights \
+                 query ({token} is no id, function or keyword)"
+            )
+        });
+    }
+    problems
+}
+
 /// What is wrong with the dashboard of `cfn`, given the metrics the functions print (empty: nothing).
 ///
 /// * Every metric a widget draws in the `Outbox` namespace is one the functions print: same namespace, name and
 ///   dimension set (names and values); an `AWS/Lambda` metric has the one dimension `FunctionName` = one of the
-///   template's functions. No search expressions (they would match anything); expressions use ids of the widget.
-/// * Every metric the functions print is on some widget.
+///   template's functions. No search expressions (they would match anything). An expression is either metric
+///   math over the widget's ids (every word an id, a function call or a math keyword) or a Metrics Insights query
+///   ([`insights`]) that reads printed metrics: its `SCHEMA` is the whole dimension set of each metric it draws,
+///   its `WHERE` holds of their values, its keys are quoted; at most one query per widget (CloudWatch runs one
+///   per request).
+/// * Every metric the functions print is on some widget (a query draws every printed metric it reads).
 /// * Every alarm of the template is on the dashboard (an alarm widget or an alarm annotation), and is drawn on a
-///   widget: its metrics at its statistic and period, with a horizontal line at its threshold (the same
-///   parameter, or the same number).
+///   widget: its metrics at its statistic and period, or its Metrics Insights query (the same, however spelt) at
+///   its period, with a horizontal line at its threshold (the same parameter, or the same number).
 /// * Widgets fit the 24-column grid without overlapping; metric widgets show the stack's region.
 fn dashboard_problems(cfn: &Value, printed: &BTreeSet<MetricId>) -> Vec<String> {
     let body = match dashboard_body(cfn, "Dashboard") {
@@ -1162,6 +1339,7 @@ fn dashboard_problems(cfn: &Value, printed: &BTreeSet<MetricId>) -> Vec<String> 
             .iter()
             .filter_map(|m| m.id.as_deref())
             .chain(w.expressions.iter().filter_map(|(id, _)| id.as_deref()))
+            .chain(w.queries.iter().filter_map(|q| q.id.as_deref()))
             .collect();
         for (_, expression) in &w.expressions {
             if expression.to_uppercase().contains("SEARCH") {
@@ -1169,15 +1347,30 @@ fn dashboard_problems(cfn: &Value, printed: &BTreeSet<MetricId>) -> Vec<String> 
                     "{:?}: a search expression ({expression}) cannot be checked against the printed metrics",
                     w.title
                 ));
+                continue;
             }
-            for token in expression.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-                if token.starts_with(|c: char| c.is_ascii_lowercase()) && !ids.contains(token) {
-                    problems.push(format!(
-                        "{:?}: {expression} uses {token}, no metric of the widget",
-                        w.title
-                    ));
+            problems.extend(metric_math_problems(&w.title, expression, &ids));
+        }
+        for q in &w.queries {
+            match &q.query {
+                Ok(query) => {
+                    shown.extend(query.reads(printed).into_iter().cloned());
+                    for p in query.problems(printed) {
+                        problems.push(format!("{:?} draws {p}", w.title));
+                    }
                 }
+                Err(e) => problems.push(format!(
+                    "{:?}: {} is neither metric math nor a Metrics Insights query: {e}",
+                    w.title, q.text
+                )),
             }
+        }
+        if w.queries.len() > 1 {
+            problems.push(format!(
+                "{:?} has {} Metrics Insights queries: a graph runs one",
+                w.title,
+                w.queries.len()
+            ));
         }
     }
     for p in printed {
@@ -1200,7 +1393,11 @@ fn dashboard_problems(cfn: &Value, printed: &BTreeSet<MetricId>) -> Vec<String> 
         ));
     }
     for alarm in alarm_reads(cfn) {
-        assert!(!alarm.metrics.is_empty(), "{}", alarm.alarm);
+        assert!(
+            !alarm.metrics.is_empty() || !alarm.queries.is_empty(),
+            "{}",
+            alarm.alarm
+        );
         let at_threshold = |v: &Value| match body.parameter(v) {
             Some(param) => alarm.threshold == json!({ "Ref": param }),
             None => alarm.threshold.is_number() && v.as_f64() == alarm.threshold.as_f64(),
@@ -1210,13 +1407,23 @@ fn dashboard_problems(cfn: &Value, printed: &BTreeSet<MetricId>) -> Vec<String> 
                 w.metrics
                     .iter()
                     .any(|m| m.metric == a.metric && m.stat == a.stat && m.period == a.period)
-            }) && w.thresholds.iter().any(at_threshold)
+            }) && alarm
+                .queries
+                .iter()
+                .all(|a| w.queries.iter().any(|q| q.same_as(a)))
+                && w.thresholds.iter().any(at_threshold)
         });
         if !drawn {
             let reads: Vec<String> = alarm
                 .metrics
                 .iter()
                 .map(|m| format!("{} ({} / {} s)", m.metric, m.stat, m.period))
+                .chain(
+                    alarm
+                        .queries
+                        .iter()
+                        .map(|q| format!("{} ({} s)", q.text, q.period)),
+                )
                 .collect();
             problems.push(format!(
                 "the alarm {} is on no widget: none draws {reads:?} with a line at its threshold {}",
@@ -1304,6 +1511,16 @@ fn the_dashboard_check_catches_renamed_metrics_wrong_dimensions_and_missing_alar
     };
     let relay =
         |name: &str| format!("\"Outbox\", \"{name}\", \"Function\", \"${{RelayFunction}}\"");
+    // A subscriber widget's Metrics Insights query, as the body's JSON writes it.
+    let query = |name: &str| {
+        format!(
+            concat!(
+                r#"SELECT MAX({name}) FROM SCHEMA(\"Outbox\", \"Function\", \"Subscriber\", \"Topic\") "#,
+                r#"WHERE \"Function\" = '${{RelayFunction}}' GROUP BY \"Topic\", \"Subscriber\" ORDER BY MAX() DESC"#
+            ),
+            name = name
+        )
+    };
     // The Lambda errors widget, from its title to its first metric (its period is the alarms').
     let start = body.find("Lambda: errors").unwrap();
     let errors_widget = body[start..start + body[start..].find("\"Errors\"").unwrap()].to_owned();
@@ -1338,9 +1555,67 @@ fn the_dashboard_check_catches_renamed_metrics_wrong_dimensions_and_missing_alar
         ),
         // A threshold line that is not the alarm's.
         (
-            "\"value\": ${BlockedKeysThreshold}".into(),
-            "\"value\": 2".into(),
+            "(blocked keys)\", \"value\": ${BlockedKeysThreshold}".into(),
+            "(blocked keys)\", \"value\": 2".into(),
             vec!["the alarm BlockedKeysAlarm is on no widget"],
+        ),
+        // A Metrics Insights query naming a metric no function prints (and the one it should draw is then on no
+        // widget, nor is the alarm that reads it).
+        (
+            query("SubscriberOldestPendingAge"),
+            query("SubscriberOldestPendingAge")
+                .replace("MAX(SubscriberOldestPendingAge)", "MAX(SubscriberLagg)"),
+            vec![
+                "\"Subscribers: oldest pending copy age (s)\" draws SELECT MAX(\"SubscriberLagg\")",
+                "reads no metric any function prints",
+                "Outbox/SubscriberOldestPendingAge {Function=!Ref RelayFunction, Subscriber=\"billing\", \
+                 Topic=\"orders\"} is printed but no widget draws it",
+                "the alarm SubscriberLagAlarm is on no widget",
+            ],
+        ),
+        // A SCHEMA without Topic is another dimension set (and groups by a key it lacks).
+        (
+            query("SubscriberPending"),
+            query("SubscriberPending").replace(r#", \"Topic\")"#, ")"),
+            vec![
+                "reads no metric any function prints",
+                "filters or groups by \"Topic\", which is not a key of its SCHEMA",
+                "Outbox/SubscriberPending {Function=!Ref RelayFunction, Subscriber=\"billing\", \
+                 Topic=\"orders\"} is printed but no widget draws it",
+            ],
+        ),
+        // A WHERE on another function.
+        (
+            query("SubscriberInFlight"),
+            query("SubscriberInFlight").replace("${RelayFunction}", "${ConsumerFunction}"),
+            vec![
+                "\"Subscribers: in flight (accepted by QStash, no outcome yet)\" draws SELECT",
+                "reads no metric any function prints",
+            ],
+        ),
+        // An unquoted key: FUNCTION is a Metrics Insights keyword.
+        (
+            query("SubscriberDeadLetters"),
+            query("SubscriberDeadLetters").replace(r#"WHERE \"Function\""#, "WHERE Function"),
+            vec!["the label keys {\"Function\"} are not in double quotes"],
+        ),
+        // Neither a query nor metric math.
+        (
+            query("SubscriberOldestInFlightAge"),
+            query("SubscriberOldestInFlightAge").replace("SELECT", "SELEC"),
+            vec!["is neither metric math over the widget's ids nor a Metrics Insights query"],
+        ),
+        // The alarm's query drawn at another period than the alarm evaluates.
+        (
+            format!(
+                r#"{}", "id": "blocked", "period": 300"#,
+                query("SubscriberBlockedKeys")
+            ),
+            format!(
+                r#"{}", "id": "blocked", "period": 60"#,
+                query("SubscriberBlockedKeys")
+            ),
+            vec!["the alarm SubscriberBlockedKeysAlarm is on no widget"],
         ),
         // The alarm's metric drawn at another period than the alarm evaluates.
         (
@@ -1386,6 +1661,76 @@ fn the_dashboard_check_catches_renamed_metrics_wrong_dimensions_and_missing_alar
         problems.iter().any(|p| p.contains(
             "draws Outbox/Dispatched {Function=!Ref RelayFunction}, which no function prints"
         )),
+        "{}",
+        problems.join("\n")
+    );
+}
+
+/// The Metrics Insights alarms' check goes red on a query that reads no printed metric (a misspelt metric, a
+/// SCHEMA missing a key, a WHERE on another function), on a grouped query without ORDER BY, on a window past 3
+/// hours; and the dashboard check then finds the alarm on no widget.
+#[test]
+fn the_alarm_query_check_catches_wrong_metrics_schemas_and_functions() {
+    let cfn = translated_template();
+    let printed = printed_metrics();
+    assert!(alarm_query_problems(&cfn, &printed).is_empty());
+    let expression = |cfn: &Value| {
+        cfn["Resources"]["SubscriberLagAlarm"]["Properties"]["Metrics"][0]["Expression"]["Fn::Sub"]
+            .as_str()
+            .expect("SubscriberLagAlarm's expression is a !Sub")
+            .to_owned()
+    };
+    let original = expression(&cfn);
+    let cases = [
+        (
+            "MAX(SubscriberOldestPendingAge)",
+            "MAX(SubscriberLagg)",
+            "reads SELECT MAX(\"SubscriberLagg\")",
+        ),
+        (
+            r#""Subscriber", "Topic")"#,
+            r#""Subscriber")"#,
+            "reads no metric any function prints",
+        ),
+        (
+            "${RelayFunction}",
+            "${ConsumerFunction}",
+            "reads no metric any function prints",
+        ),
+        (" ORDER BY MAX() DESC", "", "groups without ORDER BY"),
+    ];
+    for (from, to, says) in cases {
+        assert_eq!(original.matches(from).count(), 1, "{from}");
+        let mut broken = cfn.clone();
+        broken["Resources"]["SubscriberLagAlarm"]["Properties"]["Metrics"][0]["Expression"]["Fn::Sub"] =
+            json!(original.replacen(from, to, 1));
+        let problems = alarm_query_problems(&broken, &printed);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("the alarm SubscriberLagAlarm") && p.contains(says)),
+            "{from} → {to}: no problem says {says:?}; problems:\n{}",
+            problems.join("\n")
+        );
+        // Its query is no longer the one the dashboard draws.
+        let problems = dashboard_problems(&broken, &printed);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("the alarm SubscriberLagAlarm is on no widget")),
+            "{from} → {to}:\n{}",
+            problems.join("\n")
+        );
+    }
+    // 60 one-minute periods fit the 3 hours; 200 five-minute ones would not.
+    let mut broken = cfn.clone();
+    broken["Resources"]["SubscriberBlockedKeysAlarm"]["Properties"]["EvaluationPeriods"] =
+        json!(200);
+    let problems = alarm_query_problems(&broken, &printed);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("SubscriberBlockedKeysAlarm") && p.contains("3 hours")),
         "{}",
         problems.join("\n")
     );

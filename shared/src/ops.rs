@@ -284,7 +284,7 @@ pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Sta
         .await?;
     let in_flight = crate::accounting::in_flight(&mut conn, horizon, Statements::Prepared).await?;
     let reconciler = crate::accounting::totals(&mut conn, Statements::Prepared).await?;
-    let subscribers = subscribers::read(&mut conn).await?;
+    let subscribers = subscribers::read(&mut conn, Statements::Prepared).await?;
     drop(conn);
     let database =
         crate::health::read(&crate::db::Db::new(pool.clone(), Statements::Prepared)).await?;

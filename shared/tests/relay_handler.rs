@@ -162,3 +162,91 @@ async fn handler_runs_from_the_scheduled_event_fixtures(pool: PgPool) {
         .unwrap();
     assert_eq!(sink.accepted().len(), 11);
 }
+
+/// The per-subscriber figures the handler reads after the backlog (`ops::subscribers::read_within`): none while
+/// no topic has named subscribers; one row per subscriber of a topic that has, the default one included, in
+/// either statement mode; and the read is bounded: its statement timeout, local to its own transaction, turns a
+/// read stuck behind a lock into an error (which the handler logs and goes on without) and leaves the session's
+/// own timeout as it was.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn per_subscriber_figures_are_read_within_a_statement_timeout(pool: PgPool) {
+    use outbox::ops::subscribers::read_within;
+    use outbox::subscribers::{self, Start};
+
+    // One connection: the session read after `read_within` is the one it used.
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let before: String = sqlx::query_scalar("SHOW statement_timeout")
+        .fetch_one(&one)
+        .await
+        .unwrap();
+    let timeout = Duration::from_millis(300);
+    for statements in [Statements::Prepared, Statements::Unnamed] {
+        let db = Db::new(one.clone(), statements);
+        assert!(read_within(&db, timeout).await.unwrap().is_empty());
+    }
+
+    let topic = Topic::unordered("audit");
+    subscribers::add(
+        &Db::new(pool.clone(), Statements::Prepared),
+        "audit",
+        "billing",
+        Some("http://127.0.0.1:9/"),
+        Start::Now,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let events: Vec<NewEvent> = (0..3)
+        .map(|i| NewEvent::new(&topic, "k", &json!({"i": i})).unwrap())
+        .collect();
+    let mut tx = pool.begin().await.unwrap();
+    enqueue_batch(&mut tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+    for statements in [Statements::Prepared, Statements::Unnamed] {
+        let rows = read_within(&Db::new(one.clone(), statements), timeout)
+            .await
+            .unwrap();
+        let got: Vec<(&str, &str, i64)> = rows
+            .iter()
+            .map(|r| (r.topic.as_str(), r.subscriber.as_str(), r.pending))
+            .collect();
+        assert_eq!(got, [("audit", "", 3), ("audit", "billing", 3)]);
+        assert!(rows.iter().all(|r| r.oldest_pending_age_secs >= 0.0));
+    }
+    let after: String = sqlx::query_scalar("SHOW statement_timeout")
+        .fetch_one(&one)
+        .await
+        .unwrap();
+    assert_eq!(after, before, "the timeout leaked into the session");
+
+    // A read that would wait behind a lock on the subscribers table is cancelled by its timeout.
+    let mut locker = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE outbox_subscribers IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = read_within(&Db::new(one.clone(), Statements::Prepared), timeout)
+        .await
+        .expect_err("the read waited for the lock");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.to_string().contains("statement timeout"),
+        "not the statement timeout: {err}"
+    );
+    locker.rollback().await.unwrap();
+    // The connection is usable again, with its own timeout.
+    let after: String = sqlx::query_scalar("SHOW statement_timeout")
+        .fetch_one(&one)
+        .await
+        .unwrap();
+    assert_eq!(after, before);
+}

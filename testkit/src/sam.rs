@@ -1,6 +1,8 @@
 //! `template.yaml` as the tests see it: the CloudFormation the SAM transform generates from it (through
 //! `scripts/sam-translate`, offline), the Python tools in `./.venv`, the alarms that read the functions' EMF
-//! metrics, and the dashboard that shows them.
+//! metrics, and the dashboard that shows them; their Metrics Insights queries are read by [`insights`].
+
+pub mod insights;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -259,6 +261,86 @@ pub struct PlottedMetric {
     pub id: Option<String>,
 }
 
+/// A Metrics Insights query drawn by a widget (or read by an alarm) over a period.
+#[derive(Debug, Clone)]
+pub struct PlottedQuery {
+    /// The query as written (after substitution).
+    pub text: String,
+    /// The parsed query, or why it does not parse.
+    pub query: Result<insights::InsightsQuery, String>,
+    /// Seconds.
+    pub period: u64,
+    /// Its id in the widget or alarm, if any.
+    pub id: Option<String>,
+}
+
+impl PlottedQuery {
+    fn new(text: &str, period: u64, id: Option<String>) -> Self {
+        PlottedQuery {
+            text: text.to_owned(),
+            query: insights::parse(text),
+            period,
+            id,
+        }
+    }
+
+    /// Whether `other` is the same query (read the same way, however spelt) over the same period.
+    pub fn same_as(&self, other: &PlottedQuery) -> bool {
+        self.period == other.period
+            && matches!((&self.query, &other.query), (Ok(a), Ok(b)) if a == b)
+    }
+}
+
+/// The text of a `!Sub` string (or of a plain string) with its variables replaced as [`dashboard_body`] replaces
+/// them, parameters by `parameter(name)`; `what` names the text in errors.
+fn substitute(
+    cfn: &Value,
+    what: &str,
+    text: &str,
+    mut parameter: impl FnMut(&str) -> String,
+) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..]
+            .find('}')
+            .ok_or_else(|| format!("{what}: unterminated ${{"))?;
+        let name = &rest[start + 2..start + end];
+        rest = &rest[start + end + 1..];
+        if let Some(literal) = name.strip_prefix('!') {
+            out.push_str(&format!("${{{literal}}}"));
+        } else if name.starts_with("AWS::") {
+            out.push_str(&format!("@{name}@"));
+        } else if let Some((resource, _)) = name.split_once('.') {
+            if cfn["Resources"].get(resource).is_none() {
+                return Err(format!("{what}: ${{{name}}} names no resource"));
+            }
+            out.push_str(&format!("@{name}@"));
+        } else if cfn["Parameters"].get(name).is_some() {
+            out.push_str(&parameter(name));
+        } else if cfn["Resources"].get(name).is_some() {
+            out.push_str(&ref_placeholder(name));
+        } else {
+            return Err(format!(
+                "{what}: ${{{name}}} is no parameter, resource or pseudo parameter"
+            ));
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// A string property of the generated template as text: a plain string, or `!Sub` of one with its variables
+/// replaced (resources by [`ref_placeholder`], parameters by `@param:<Name>@`).
+pub fn sub_text(cfn: &Value, what: &str, v: &Value) -> Result<String, String> {
+    match (v, &v["Fn::Sub"]) {
+        (Value::String(s), _) => Ok(s.clone()),
+        (_, Value::String(s)) => substitute(cfn, what, s, |p| format!("@param:{p}@")),
+        _ => Err(format!("{what}: neither a string nor !Sub of one: {v}")),
+    }
+}
+
 /// The `DashboardBody` of a dashboard, its `Fn::Sub` resolved into parseable JSON: a pseudo parameter
 /// `${AWS::X}` becomes the text `@AWS::X@`, a resource `${Id}` becomes [`ref_placeholder`], an attribute
 /// `${Id.Attr}` becomes `@Id.Attr@`, and a parameter `${Name}` a number of its own (it may stand where JSON
@@ -290,38 +372,11 @@ pub fn dashboard_body(cfn: &Value, id: &str) -> Result<DashboardBody, String> {
         }
     };
     let mut parameters = BTreeMap::new();
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let end = rest[start..]
-            .find('}')
-            .ok_or_else(|| format!("{id}: unterminated ${{ in the body"))?;
-        let name = &rest[start + 2..start + end];
-        rest = &rest[start + end + 1..];
-        if let Some(literal) = name.strip_prefix('!') {
-            out.push_str(&format!("${{{literal}}}"));
-        } else if name.starts_with("AWS::") {
-            out.push_str(&format!("@{name}@"));
-        } else if let Some((resource, _)) = name.split_once('.') {
-            if cfn["Resources"].get(resource).is_none() {
-                return Err(format!("{id}: ${{{name}}} names no resource"));
-            }
-            out.push_str(&format!("@{name}@"));
-        } else if cfn["Parameters"].get(name).is_some() {
-            let n = parameters.len();
-            let stand_in = (900_000_001 + n).to_string();
-            parameters.insert(stand_in.clone(), name.to_owned());
-            out.push_str(&stand_in);
-        } else if cfn["Resources"].get(name).is_some() {
-            out.push_str(&ref_placeholder(name));
-        } else {
-            return Err(format!(
-                "{id}: ${{{name}}} is no parameter, resource or pseudo parameter"
-            ));
-        }
-    }
-    out.push_str(rest);
+    let out = substitute(cfn, id, text, |name| {
+        let stand_in = (900_000_001 + parameters.len()).to_string();
+        parameters.insert(stand_in.clone(), name.to_owned());
+        stand_in
+    })?;
     let json = serde_json::from_str(&out)
         .map_err(|e| format!("{id}: DashboardBody is not JSON after substitution: {e}\n{out}"))?;
     Ok(DashboardBody { json, parameters })
@@ -340,6 +395,8 @@ pub struct Widget {
     pub metrics: Vec<PlottedMetric>,
     /// A metric widget's math expressions: (id, expression).
     pub expressions: Vec<(Option<String>, String)>,
+    /// A metric widget's Metrics Insights queries (expressions that start with `SELECT`).
+    pub queries: Vec<PlottedQuery>,
     /// The values of its horizontal annotations.
     pub thresholds: Vec<Value>,
     /// The alarms it shows (an alarm widget's list, or a metric widget's alarm annotations): their logical ids,
@@ -348,8 +405,9 @@ pub struct Widget {
 }
 
 /// The widgets of a dashboard body. A metric row is `[namespace, name, dim, value, ..., {options}]` where `"."`
-/// repeats the previous row's entry at that place; a row of only `{options}` is an expression. The widget's
-/// `stat` and `period` apply unless the row's options override them (CloudWatch's defaults: Average, 300 s).
+/// repeats the previous row's entry at that place; a row of only `{options}` is an expression: a Metrics
+/// Insights query when it starts with `SELECT`, metric math otherwise. The widget's `stat` and `period` apply
+/// unless the row's options override them (CloudWatch's defaults: Average, 300 s).
 pub fn dashboard_widgets(body: &DashboardBody) -> Result<Vec<Widget>, String> {
     let mut out = Vec::new();
     let widgets = body.json["widgets"]
@@ -367,6 +425,7 @@ pub fn dashboard_widgets(body: &DashboardBody) -> Result<Vec<Widget>, String> {
             raw: w.clone(),
             metrics: Vec::new(),
             expressions: Vec::new(),
+            queries: Vec::new(),
             thresholds: Vec::new(),
             alarms: Vec::new(),
         };
@@ -389,7 +448,14 @@ pub fn dashboard_widgets(body: &DashboardBody) -> Result<Vec<Widget>, String> {
                     .ok_or_else(|| {
                         format!("{title}: a row without metric or expression: {row:?}")
                     })?;
-                widget.expressions.push((id, expression.to_owned()));
+                if insights::is_query(expression) {
+                    let period = option("period").and_then(Value::as_u64).unwrap_or(period);
+                    widget
+                        .queries
+                        .push(PlottedQuery::new(expression, period, id));
+                } else {
+                    widget.expressions.push((id, expression.to_owned()));
+                }
                 continue;
             }
             let fields: Vec<Value> = fields
@@ -460,14 +526,17 @@ pub fn dashboard_widgets(body: &DashboardBody) -> Result<Vec<Widget>, String> {
     Ok(out)
 }
 
-/// What an alarm evaluates: its metrics with their statistic and period (several for metric math), its
-/// threshold (a number or `{"Ref": parameter}`).
+/// What an alarm evaluates: its metrics with their statistic and period (several for metric math) or its Metrics
+/// Insights query, its threshold (a number or `{"Ref": parameter}`).
 #[derive(Debug, Clone)]
 pub struct AlarmReads {
     /// The alarm's logical id.
     pub alarm: String,
     /// The metrics it reads.
     pub metrics: Vec<PlottedMetric>,
+    /// Its Metrics Insights queries (an `Expression` of `Metrics` that starts with `SELECT`; a `!Sub` has its
+    /// variables replaced as by [`sub_text`]).
+    pub queries: Vec<PlottedQuery>,
     pub threshold: Value,
 }
 
@@ -484,7 +553,7 @@ fn template_dimensions(dims: &Value) -> BTreeMap<String, FunctionDimension> {
         .collect()
 }
 
-/// What every alarm of `cfn` reads (plain and metric-math alarms).
+/// What every alarm of `cfn` reads (plain, metric-math and Metrics Insights alarms).
 pub fn alarm_reads(cfn: &Value) -> Vec<AlarmReads> {
     let mut out = Vec::new();
     for (id, r) in cfn["Resources"].as_object().expect("Resources") {
@@ -493,6 +562,7 @@ pub fn alarm_reads(cfn: &Value) -> Vec<AlarmReads> {
         }
         let p = &r["Properties"];
         let mut metrics = Vec::new();
+        let mut queries = Vec::new();
         if let Some(name) = p["MetricName"].as_str() {
             metrics.push(PlottedMetric {
                 metric: MetricId {
@@ -512,6 +582,18 @@ pub fn alarm_reads(cfn: &Value) -> Vec<AlarmReads> {
         for m in p["Metrics"].as_array().into_iter().flatten() {
             let stat = &m["MetricStat"];
             if stat.is_null() {
+                let id_text = m["Id"].as_str().map(str::to_owned);
+                let text = match sub_text(cfn, id, &m["Expression"]) {
+                    Ok(text) => text,
+                    Err(e) => panic!("alarm {id}: {e}"),
+                };
+                if insights::is_query(&text) {
+                    queries.push(PlottedQuery::new(
+                        &text,
+                        m["Period"].as_u64().unwrap_or_default(),
+                        id_text,
+                    ));
+                }
                 continue;
             }
             metrics.push(PlottedMetric {
@@ -534,6 +616,7 @@ pub fn alarm_reads(cfn: &Value) -> Vec<AlarmReads> {
         out.push(AlarmReads {
             alarm: id.clone(),
             metrics,
+            queries,
             threshold: p["Threshold"].clone(),
         });
     }

@@ -2,9 +2,13 @@
 //! topic that has named subscribers, its backlog, what is in flight, its blocked keys and unhandled dead letters.
 //! A topic with only the default subscriber is not listed: the status's overall figures are its figures.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
+
+use crate::db::{Db, Statements};
 
 /// One subscriber of one topic.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
@@ -30,9 +34,13 @@ pub struct SubscriberStatus {
     pub added_at: Option<DateTime<Utc>>,
 }
 
-/// Reads the figures of every live subscriber of the topics that have named subscribers, by topic and name.
-pub async fn read(conn: &mut PgConnection) -> Result<Vec<SubscriberStatus>, sqlx::Error> {
-    sqlx::query_as(crate::schema::q(
+/// Reads the figures of every live subscriber of the topics that have named subscribers, by topic and name, with
+/// statements sent as `statements` says.
+pub async fn read(
+    conn: &mut PgConnection,
+    statements: Statements,
+) -> Result<Vec<SubscriberStatus>, sqlx::Error> {
+    statements.query_as(crate::schema::q(
         r#"
 WITH subs AS (
     SELECT topic, name, added_at, (replay_from IS NOT NULL AND replay_done_at IS NULL) AS replaying
@@ -64,4 +72,21 @@ ORDER BY s.topic, s.name
     ))
     .fetch_all(&mut *conn)
     .await
+}
+
+/// [`read`] on a connection of `db`, in a short transaction whose statements the database cancels after `timeout`
+/// (`statement_timeout`, local to the transaction): what the relay reads at the end of every invocation, where a
+/// large backlog must not make monitoring eat the time left before the Lambda deadline. A timeout is an error
+/// like any other (the caller logs it and goes on without the figures).
+pub async fn read_within(db: &Db, timeout: Duration) -> Result<Vec<SubscriberStatus>, sqlx::Error> {
+    let statements = db.statements();
+    let mut tx = db.pool().begin().await?;
+    statements
+        .query("SELECT set_config('statement_timeout', $1, true)")
+        .bind(format!("{}ms", timeout.as_millis().max(1)))
+        .execute(&mut *tx)
+        .await?;
+    let rows = read(&mut tx, statements).await?;
+    tx.commit().await?;
+    Ok(rows)
 }

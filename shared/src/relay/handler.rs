@@ -5,7 +5,8 @@
 //! (`{"source":"aws.events","detail-type":"Scheduled Event",…}`), an EventBridge Scheduler (`ScheduleV2`) payload,
 //! which is only the configured `Input` (e.g. `{"trigger":"schedule"}`), or anything else (the payload is only
 //! logged). Each invocation: bounded housekeeping, drain until the Lambda deadline minus
-//! `RELAY_DEADLINE_MARGIN_MS`, then one JSON summary log line and one EMF metrics line.
+//! `RELAY_DEADLINE_MARGIN_MS`, then one JSON summary log line and one EMF metrics line, plus one EMF line per
+//! subscriber of the topics that have named subscribers ([`subscriber_emf`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -20,6 +21,7 @@ use crate::accounting::AccountingReport;
 use crate::config::{ConfigError, EnvSource, ProcessEnv, QstashConfig, RelayConfig, Vars};
 use crate::db::DbConfig;
 use crate::metrics::{EmfRecord, Unit};
+use crate::ops::subscribers::SubscriberStatus;
 use crate::qstash::{QstashClient, QstashClientError};
 use crate::secrets::{SecretField, SecretSource};
 
@@ -144,6 +146,14 @@ pub struct InvocationSummary {
     /// be read (the invocation's other figures stand, and no health metric is emitted).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub database: Option<HealthGauges>,
+    /// Per subscriber of the topics that have named subscribers, at the end ([`crate::ops::subscribers`]; the
+    /// metrics of [`subscriber_emf`]). Empty when no topic has named subscribers, or when the read failed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub subscribers: Vec<SubscriberStatus>,
+    /// Why the per-subscriber read failed, if it did (the invocation's other figures stand, and no
+    /// per-subscriber metric is emitted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscribers_error: Option<String>,
     /// Wall time, ms.
     pub duration_ms: u64,
 }
@@ -198,6 +208,22 @@ async fn health_gauges(db: &crate::db::Db) -> Option<HealthGauges> {
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the database's health figures");
             None
+        }
+    }
+}
+
+/// The longest the per-subscriber read may run in one invocation (its statement timeout). It runs after the
+/// drain, within `RELAY_DEADLINE_MARGIN_MS` of the deadline, beside the backlog and health reads.
+pub const SUBSCRIBERS_READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Reads the per-subscriber figures ([`crate::ops::subscribers::read_within`]); a failure (a timeout among them)
+/// is logged and returned as text, not the invocation's failure: monitoring must not stop the relay.
+async fn subscriber_gauges(db: &crate::db::Db) -> (Vec<SubscriberStatus>, Option<String>) {
+    match crate::ops::subscribers::read_within(db, SUBSCRIBERS_READ_TIMEOUT).await {
+        Ok(rows) => (rows, None),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the per-subscriber figures");
+            (Vec::new(), Some(crate::telemetry::error_chain(&e)))
         }
     }
 }
@@ -332,6 +358,7 @@ pub async fn handle(
             step: "backlog",
             source,
         })?;
+    let (subscribers, subscribers_error) = subscriber_gauges(relay.db()).await;
     let summary = InvocationSummary {
         request_id: context.request_id.clone(),
         trigger: trigger_of(&payload),
@@ -341,13 +368,58 @@ pub async fn handle(
         accounting_error,
         backlog,
         database: health_gauges(relay.db()).await,
+        subscribers,
+        subscribers_error,
         duration_ms: started.elapsed().as_millis() as u64,
     };
     tracing::info!(summary = %serde_json::to_string(&summary).unwrap_or_default(), "relay invocation done");
     if state.emit_metrics {
         emf(&state.function_name, &summary).emit();
+        for record in subscriber_emf(&state.function_name, &summary) {
+            record.emit();
+        }
     }
     Ok(summary)
+}
+
+/// The EMF records of an invocation's per-subscriber figures: one per (topic, subscriber) of
+/// [`InvocationSummary::subscribers`], with the dimensions `Function`, `Topic` and `Subscriber` (the subscriber's
+/// [`crate::subscribers::label`]: `default` for the relay's `CONSUMER_URL`). The alarms `SubscriberLagAlarm` and
+/// `SubscriberBlockedKeysAlarm` read `SubscriberOldestPendingAge` and `SubscriberBlockedKeys` through Metrics
+/// Insights queries grouped by topic and subscriber (decision record 0069).
+pub fn subscriber_emf(function: &str, s: &InvocationSummary) -> Vec<EmfRecord> {
+    s.subscribers
+        .iter()
+        .map(|sub| {
+            EmfRecord::new(function)
+                .dimension("Topic", &sub.topic)
+                .dimension("Subscriber", crate::subscribers::label(&sub.subscriber))
+                .metric("SubscriberPending", Unit::Count, sub.pending as f64)
+                .metric(
+                    "SubscriberOldestPendingAge",
+                    Unit::Seconds,
+                    sub.oldest_pending_age_secs,
+                )
+                .metric("SubscriberInFlight", Unit::Count, sub.in_flight as f64)
+                .metric(
+                    "SubscriberOldestInFlightAge",
+                    Unit::Seconds,
+                    sub.oldest_in_flight_age_secs,
+                )
+                .metric(
+                    "SubscriberBlockedKeys",
+                    Unit::Count,
+                    sub.blocked_keys as f64,
+                )
+                .metric(
+                    "SubscriberDeadLetters",
+                    Unit::Count,
+                    sub.dead_letters as f64,
+                )
+                .property("requestId", s.request_id.clone())
+                .property("replaying", sub.replaying)
+        })
+        .collect()
 }
 
 /// The EMF record of an invocation (the alarms read `OldestPendingAge`, `DeadLettered` and `QStashOutage`).
@@ -440,6 +512,94 @@ pub fn emf(function: &str, s: &InvocationSummary) -> EmfRecord {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn summary_with(subscribers: Vec<SubscriberStatus>) -> InvocationSummary {
+        InvocationSummary {
+            request_id: "r".into(),
+            trigger: "t".into(),
+            drain: Default::default(),
+            housekeeping: Default::default(),
+            accounting: Default::default(),
+            accounting_error: None,
+            backlog: Default::default(),
+            database: None,
+            subscribers,
+            subscribers_error: None,
+            duration_ms: 0,
+        }
+    }
+
+    fn subscriber(name: &str, pending: i64, blocked_keys: i64) -> SubscriberStatus {
+        SubscriberStatus {
+            topic: "orders".into(),
+            subscriber: name.into(),
+            pending,
+            oldest_pending_age_secs: 12.5,
+            in_flight: 2,
+            oldest_in_flight_age_secs: 3.0,
+            blocked_keys,
+            dead_letters: 1,
+            replaying: false,
+            added_at: None,
+        }
+    }
+
+    /// One record per (topic, subscriber), dimensions `[Function, Topic, Subscriber]` with the default subscriber
+    /// shown as `default`; none without named subscribers, and the summary line then has no `subscribers` field.
+    #[test]
+    fn one_record_per_subscriber_with_topic_and_subscriber_dimensions() {
+        let s = summary_with(vec![subscriber("", 4, 0), subscriber("billing", 9, 1)]);
+        let lines: Vec<Value> = subscriber_emf("relay", &s)
+            .iter()
+            .map(|r| serde_json::from_str(&r.to_json()).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        for (line, (name, pending, blocked)) in
+            lines.iter().zip([("default", 4, 0), ("billing", 9, 1)])
+        {
+            let directive = &line["_aws"]["CloudWatchMetrics"][0];
+            assert_eq!(
+                directive["Dimensions"],
+                json!([["Function", "Topic", "Subscriber"]])
+            );
+            let names: Vec<&str> = directive["Metrics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["Name"].as_str().unwrap())
+                .collect();
+            assert_eq!(
+                names,
+                [
+                    "SubscriberPending",
+                    "SubscriberOldestPendingAge",
+                    "SubscriberInFlight",
+                    "SubscriberOldestInFlightAge",
+                    "SubscriberBlockedKeys",
+                    "SubscriberDeadLetters"
+                ]
+            );
+            assert_eq!(line["Function"], "relay");
+            assert_eq!(line["Topic"], "orders");
+            assert_eq!(line["Subscriber"], name);
+            assert_eq!(line["SubscriberPending"], pending as f64);
+            assert_eq!(line["SubscriberOldestPendingAge"], 12.5);
+            assert_eq!(line["SubscriberBlockedKeys"], blocked as f64);
+            assert_eq!(line["SubscriberDeadLetters"], 1.0);
+        }
+        // The invocation's own record is unchanged by them.
+        let main: Value = serde_json::from_str(&emf("relay", &s).to_json()).unwrap();
+        assert_eq!(
+            main["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([["Function"]])
+        );
+
+        let none = summary_with(Vec::new());
+        assert!(subscriber_emf("relay", &none).is_empty());
+        let text = serde_json::to_value(&none).unwrap();
+        assert!(text.get("subscribers").is_none(), "{text}");
+        assert!(text.get("subscribers_error").is_none(), "{text}");
+    }
 
     #[test]
     fn triggers() {
