@@ -1,5 +1,6 @@
 //! Scenario "Fan-out" (decision record 0068): the same drains with 1 and with 3 subscribers side by side in one run,
-//! then a replay of retained history to a new subscriber while a live subscriber takes a steady rate.
+//! a replay of retained history to a new subscriber while a live subscriber takes a steady rate, and a subscriber
+//! down for a minute beside a healthy one. `--only throughput|replay|outage` runs one part.
 //!
 //! Throughput, for each number of subscribers, alternating within each round: events written through the
 //! producer's statement (so each subscriber gets its copy), drained by the relay process (`outbox relay
@@ -12,7 +13,13 @@
 //! producer writes 100 events/s on the unordered topic; after a baseline window a subscriber is added `--from` the first
 //! event and its history copied (`subscribers::replay`), while the relay (in this process) keeps serving both. The
 //! replay's events/s (first copy → last applied) and the live subscriber's commit → applied p50/p99 in the
-//! baseline window and during the replay.
+//! baseline window and during the replay; run unpaced (`QSTASH_REPLAY_PARALLELISM` 1000) and then paced at the
+//! default.
+//!
+//! Outage ([`b_down_run`]): A and B subscribe to the ordered topic; a producer writes 200 events/s for 75 s; B
+//! answers 503 for the middle 60 s in one run and stays healthy in the other. A's events/s and commit → applied over
+//! that minute side by side, and B's catch-up (every event once, every key in order, no dead letter). This part's
+//! dev server runs QStash's retry delays 20× faster.
 
 use std::time::{Duration, Instant};
 
@@ -68,6 +75,8 @@ pub enum Part {
     Throughput,
     /// The replay to a new subscriber beside a live one.
     Replay,
+    /// Subscriber B down for a minute beside A (`--quick`: 5 s), against a run with B healthy.
+    Outage,
 }
 
 struct Plan {
@@ -78,6 +87,11 @@ struct Plan {
     replay_per_key: u64,
     live_rate: u64,
     baseline_secs: f64,
+    outage_rate: u64,
+    outage_keys: u64,
+    outage_before_secs: f64,
+    outage_down_secs: f64,
+    outage_after_secs: f64,
 }
 
 impl Plan {
@@ -91,6 +105,11 @@ impl Plan {
                 replay_per_key: 20,
                 live_rate: 50,
                 baseline_secs: 2.0,
+                outage_rate: 50,
+                outage_keys: 20,
+                outage_before_secs: 2.0,
+                outage_down_secs: 5.0,
+                outage_after_secs: 2.0,
             }
         } else {
             Plan {
@@ -101,6 +120,11 @@ impl Plan {
                 replay_per_key: 100,
                 live_rate: 100,
                 baseline_secs: 10.0,
+                outage_rate: 200,
+                outage_keys: 100,
+                outage_before_secs: 10.0,
+                outage_down_secs: 60.0,
+                outage_after_secs: 5.0,
             }
         }
     }
@@ -110,6 +134,8 @@ impl Plan {
 struct Rig {
     callback_url: String,
     consumers: Vec<(String, String)>,
+    /// Takes the first named subscriber ([`NAMED`]`[0]`, "B") down: it answers 503 while true.
+    b_down: std::sync::Arc<std::sync::atomic::AtomicBool>,
     stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -131,8 +157,13 @@ async fn rig(db: &ScratchDb) -> anyhow::Result<Rig> {
     let (stop, rx) = tokio::sync::watch::channel(false);
     let (default_url, callback_url, stop_default, _) = relay::ordered_endpoints(&db.url).await?;
     let mut consumers = vec![("consumer".to_owned(), default_url)];
-    for name in NAMED.iter().chain([&REPLAYED]) {
-        let (url, _) = relay::consumer_endpoint(&db.url, name, rx.clone()).await?;
+    let b_down = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for (i, name) in NAMED.iter().chain([&REPLAYED]).enumerate() {
+        let (url, _) = if i == 0 {
+            relay::switchable_consumer_endpoint(&db.url, name, rx.clone(), b_down.clone()).await?
+        } else {
+            relay::consumer_endpoint(&db.url, name, rx.clone()).await?
+        };
         consumers.push(((*name).to_owned(), url));
     }
     // One switch for all.
@@ -144,6 +175,7 @@ async fn rig(db: &ScratchDb) -> anyhow::Result<Rig> {
     Ok(Rig {
         callback_url,
         consumers,
+        b_down,
         stop,
     })
 }
@@ -328,11 +360,23 @@ async fn live_latency(
     from: chrono::DateTime<chrono::Utc>,
     to: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<LiveLatency> {
+    latency(pool, LIVE.name(), "consumer", from, to).await
+}
+
+/// Commit → applied (and commit → accepted by QStash) of `topic`'s events written between `from` and `to`
+/// (database clock) and applied by the default subscriber `consumer`.
+async fn latency(
+    pool: &PgPool,
+    topic: &str,
+    consumer: &str,
+    from: chrono::DateTime<chrono::Utc>,
+    to: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<LiveLatency> {
     let r: (i64, Option<f64>, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
         "WITH l AS (SELECT extract(epoch FROM p.processed_at - o.created_at) * 1000 AS applied, \
                            extract(epoch FROM o.dispatched_at - o.created_at) * 1000 AS relayed \
                     FROM processed_messages p JOIN outbox o ON o.id = p.message_id::bigint \
-                    WHERE p.consumer = 'consumer' AND o.topic = $1 AND o.created_at >= $2 AND o.created_at < $3) \
+                    WHERE p.consumer = $4 AND o.topic = $1 AND o.created_at >= $2 AND o.created_at < $3) \
          SELECT count(*), \
                 percentile_cont(0.5) WITHIN GROUP (ORDER BY applied)::float8, \
                 percentile_cont(0.99) WITHIN GROUP (ORDER BY applied)::float8, \
@@ -340,9 +384,10 @@ async fn live_latency(
                 percentile_cont(0.99) WITHIN GROUP (ORDER BY relayed)::float8 \
          FROM l",
     )
-    .bind(LIVE.name())
+    .bind(topic)
     .bind(from)
     .bind(to)
+    .bind(consumer)
     .fetch_one(pool)
     .await?;
     let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
@@ -353,6 +398,137 @@ async fn live_latency(
         relay_p50_ms: nan(r.3),
         relay_p99_ms: nan(r.4),
     })
+}
+
+/// The "B down" scenario (module docs), once with B healthy and once with B down: subscribers A (the default)
+/// and B ([`NAMED`]`[0]`) of the ordered topic, a live producer at `plan.outage_rate` events/s over
+/// `plan.outage_keys` keys for before + down + after seconds; with `b_down`, B answers 503 for the middle
+/// `plan.outage_down_secs`. A's figures cover the middle window: events/s it applied, and commit → applied of the
+/// events written then. Then B's catch-up: seconds from B's return until it has applied every event, whether it
+/// applied each once (dedupe rows) and every key completely in order (its last sequences), its dead letters.
+async fn b_down_run(
+    db: &ScratchDb,
+    dev: &DevServerProcess,
+    rig: &Rig,
+    knobs: Knobs,
+    plan: &Plan,
+    b_down: bool,
+) -> anyhow::Result<Value> {
+    use std::sync::atomic::Ordering::SeqCst;
+    reset(db, rig, 2).await?;
+    let b = NAMED[0];
+    let mut env = rig.relay_env();
+    env.push(("RELAY_UNORDERED_EVIDENCE", "dedupe".into()));
+    let relay = std::sync::Arc::new(in_process_relay(&db.url, &dev.url, knobs, &env).await?);
+    let stop = relay.stop_handle();
+    let draining = {
+        let relay = relay.clone();
+        tokio::spawn(async move {
+            relay
+                .drain_with(
+                    tokio::time::Instant::now().into_std() + Duration::from_secs(3_600),
+                    false,
+                )
+                .await
+        })
+    };
+    let (live_stop, live_rx) = tokio::sync::watch::channel(false);
+    let pool = db.pool.clone();
+    let (rate, keys) = (plan.outage_rate, plan.outage_keys);
+    let producer = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+        let mut n = 0u64;
+        while !*live_rx.borrow() {
+            tick.tick().await;
+            let e = NewEvent::new(&ORDERED, format!("k{}", n % keys), &json!({"n": n}))?;
+            let mut conn = pool.acquire().await?;
+            outbox::enqueue(&mut conn, e).await?;
+            n += 1;
+        }
+        anyhow::Ok(n)
+    });
+    let clock = || async {
+        sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>("SELECT clock_timestamp()")
+            .fetch_one(&db.pool)
+            .await
+    };
+    tokio::time::sleep(Duration::from_secs_f64(plan.outage_before_secs)).await;
+    let t1 = clock().await?;
+    rig.b_down.store(b_down, SeqCst);
+    tokio::time::sleep(Duration::from_secs_f64(plan.outage_down_secs)).await;
+    rig.b_down.store(false, SeqCst);
+    let t2 = clock().await?;
+    let up = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(plan.outage_after_secs)).await;
+    let _ = live_stop.send(true);
+    let written = producer.await?? as i64;
+    let applied = |consumer: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM processed_messages p JOIN outbox o ON o.id = p.message_id::bigint \
+                 WHERE p.consumer = $1 AND o.topic = $2",
+            )
+            .bind(consumer)
+            .bind(ORDERED.name())
+            .fetch_one(&pool)
+            .await
+        }
+    };
+    let give_up = Instant::now() + Duration::from_secs(600);
+    let mut b_done_after = None;
+    loop {
+        let (a_n, b_n) = (applied("consumer").await?, applied(b).await?);
+        if b_n >= written && b_done_after.is_none() {
+            b_done_after = Some(up.elapsed().as_secs_f64());
+        }
+        if a_n >= written && b_done_after.is_some() {
+            break;
+        }
+        if Instant::now() > give_up {
+            bail!("after 600 s A applied {a_n} and B {b_n} of {written} events");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.stop();
+    let _ = draining.await;
+    let a = latency(&db.pool, ORDERED.name(), "consumer", t1, t2).await?;
+    let a_applied_in_window: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM processed_messages WHERE consumer = 'consumer' AND processed_at >= $1 \
+         AND processed_at < $2",
+    )
+    .bind(t1)
+    .bind(t2)
+    .fetch_one(&db.pool)
+    .await?;
+    let window = (t2 - t1).num_milliseconds() as f64 / 1000.0;
+    // B's last sequence per key equals the key's event count only if it applied every event of the key in order
+    // (the consumer refuses an older sequence); the sum over keys is then the number written.
+    let (b_keys, b_seq_sum): (i64, Option<i64>) = sqlx::query_as(
+        "SELECT count(*), sum(last_seq)::bigint FROM consumer_sequences WHERE consumer = $1 AND topic = $2",
+    )
+    .bind(b)
+    .bind(ORDERED.name())
+    .fetch_one(&db.pool)
+    .await?;
+    let b_dead: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters WHERE subscriber = $1")
+        .bind(b)
+        .fetch_one(&db.pool)
+        .await?;
+    Ok(json!({
+        "b_down": b_down,
+        "window_secs": window,
+        "events_written": written,
+        "rate": rate,
+        "keys": keys,
+        "a_events_per_sec": a_applied_in_window as f64 / window,
+        "a_latency": a.json(),
+        "b_caught_up_secs_after_return": b_done_after,
+        "b_applied": applied(b).await?,
+        "b_keys_in_order": b_keys,
+        "b_complete_in_order": b_seq_sum == Some(written) && b_keys as u64 == keys.min(written as u64),
+        "b_dead_letters": b_dead,
+    }))
 }
 
 /// `QSTASH_REPLAY_PARALLELISM` of the unpaced baseline run: QStash's flow control never holds a replay back.
@@ -561,6 +737,51 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
                 );
                 figures[key] = r;
             }
+        }
+        if runs_part(Part::Outage) {
+            // B's failed deliveries come back on QStash's retry delays; this dev server runs them 20× faster
+            // (0.6 s, 7.4 s, 90 s), so B's catch-up is measured in seconds, not minutes.
+            let scaled = DevServerProcess::start(&["--deliver", "true", "--time-scale", "0.05"]).await?;
+            let mut runs = Vec::new();
+            for down in [false, true] {
+                let r = b_down_run(&db, &scaled, &rig, knobs, &plan, down).await;
+                let r = match r {
+                    Ok(r) => r,
+                    Err(e) => {
+                        scaled.stop().await;
+                        return Err(e);
+                    }
+                };
+                let ms = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+                println!(
+                    "fanout outage, B {}: A applied {:.0} events/s, commit → applied p50 {:.0} ms, p99 {:.0} ms over \
+                     {:.0} s; B caught up {:.1} s after its return, {} of {} applied, complete in order: {}, {} dead \
+                     letters",
+                    if down { "down" } else { "healthy" },
+                    ms(&r["a_events_per_sec"]),
+                    ms(&r["a_latency"]["p50_ms"]),
+                    ms(&r["a_latency"]["p99_ms"]),
+                    ms(&r["window_secs"]),
+                    ms(&r["b_caught_up_secs_after_return"]),
+                    r["b_applied"],
+                    r["events_written"],
+                    r["b_complete_in_order"],
+                    r["b_dead_letters"],
+                );
+                runs.push(r);
+            }
+            scaled.stop().await;
+            figures["outage"] = json!({
+                "down_secs": plan.outage_down_secs,
+                "healthy": runs[0],
+                "down": runs[1],
+                "a_events_per_sec_ratio": runs[1]["a_events_per_sec"].as_f64().unwrap_or(f64::NAN)
+                    / runs[0]["a_events_per_sec"].as_f64().unwrap_or(f64::NAN),
+                "a_p50_ratio": runs[1]["a_latency"]["p50_ms"].as_f64().unwrap_or(f64::NAN)
+                    / runs[0]["a_latency"]["p50_ms"].as_f64().unwrap_or(f64::NAN),
+                "a_p99_ratio": runs[1]["a_latency"]["p99_ms"].as_f64().unwrap_or(f64::NAN)
+                    / runs[0]["a_latency"]["p99_ms"].as_f64().unwrap_or(f64::NAN),
+            });
         }
         anyhow::Ok(figures)
     }

@@ -122,6 +122,52 @@ pub fn section(figures: &Value) -> String {
         );
     }
     let _ = writeln!(w);
+    let out = &run["outage"];
+    if out.is_object() {
+        let h = &out["healthy"];
+        let d = &out["down"];
+        let _ = writeln!(
+            w,
+            "**Subscriber B down.** Subscribers A (the default) and B of the ordered topic; a producer writes {} \
+             events/s over {} keys; in one run B answers every delivery 503 for {:.0} s, in the other (the \
+             baseline, same process) it stays healthy. A's figures over that window: events/s it applied, and \
+             commit → applied of the events written in it. B's failed deliveries come back on QStash's retry \
+             delays (this dev server runs them 20× faster: 0.6, 7.4, 90 s).\n",
+            h["rate"],
+            h["keys"],
+            f(&out["down_secs"]),
+        );
+        let _ = writeln!(
+            w,
+            "| B | A events/s | A p50 ms | A p99 ms | B caught up after its return | B applied | B complete, in order | B dead letters |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+        for (label, r) in [("healthy", h), ("down", d)] {
+            let _ = writeln!(
+                w,
+                "| {label} | {:.0} | {:.0} | {:.0} | {:.1} s | {} of {} | {} | {} |",
+                f(&r["a_events_per_sec"]),
+                f(&r["a_latency"]["p50_ms"]),
+                f(&r["a_latency"]["p99_ms"]),
+                f(&r["b_caught_up_secs_after_return"]),
+                r["b_applied"],
+                r["events_written"],
+                if r["b_complete_in_order"] == Value::Bool(true) {
+                    "yes"
+                } else {
+                    "**no**"
+                },
+                r["b_dead_letters"],
+            );
+        }
+        let _ = writeln!(
+            w,
+            "\nA with B down vs B healthy: events/s {:.2}×, p50 {:.2}×, p99 {:.2}×.\n",
+            f(&out["a_events_per_sec_ratio"]),
+            f(&out["a_p50_ratio"]),
+            f(&out["a_p99_ratio"]),
+        );
+    }
     let _ = writeln!(
         w,
         "Reproduce: `cargo build --release -p outbox-cli -p qstash-dev -p outbox-devtools`, then \
@@ -182,7 +228,16 @@ mod tests {
                        "live_baseline": {"p50_ms": 10.0, "p99_ms": 30.0, "events": 900, "relay_p99_ms": 25.0},
                        "live_during_replay": {"p50_ms": 900.0, "p99_ms": 8000.0, "events": 2000,
                                               "relay_p99_ms": 700.0},
-                       "live_p50_ratio": 90.0, "live_p99_ratio": 266.7}
+                       "live_p50_ratio": 90.0, "live_p99_ratio": 266.7},
+            "outage": {"down_secs": 60.0, "a_events_per_sec_ratio": 1.0, "a_p50_ratio": 1.1, "a_p99_ratio": 0.9,
+                       "healthy": {"rate": 200, "keys": 100, "a_events_per_sec": 200.0, "events_written": 15000,
+                                   "a_latency": {"p50_ms": 20.0, "p99_ms": 100.0},
+                                   "b_caught_up_secs_after_return": 1.0, "b_applied": 15000,
+                                   "b_complete_in_order": true, "b_dead_letters": 0},
+                       "down": {"rate": 200, "keys": 100, "a_events_per_sec": 200.0, "events_written": 15000,
+                                "a_latency": {"p50_ms": 22.0, "p99_ms": 90.0},
+                                "b_caught_up_secs_after_return": 35.5, "b_applied": 15000,
+                                "b_complete_in_order": true, "b_dead_letters": 0}}
         }});
         let s = section(&figures);
         assert!(
@@ -198,6 +253,11 @@ mod tests {
             s.contains("| unpaced (parallelism 1000) | 20.0 s | **5000** |"),
             "{s}"
         );
+        assert!(
+            s.contains("| down | 200 | 22 | 90 | 35.5 s | 15000 of 15000 | yes | 0 |"),
+            "{s}"
+        );
+        assert!(s.contains("events/s 1.00×, p50 1.10×, p99 0.90×"), "{s}");
         let md = with_section("# Benchmarks\n\nintro\n", &s);
         let again = with_section(&md, &s);
         assert_eq!(md, again, "the section is replaced, not appended twice");

@@ -385,6 +385,18 @@ pub(crate) async fn consumer_endpoint(
     name: &str,
     rx: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<(String, std::sync::Arc<std::sync::atomic::AtomicU64>)> {
+    let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    switchable_consumer_endpoint(db_url, name, rx, up).await
+}
+
+/// [`consumer_endpoint`] that answers every request 503 without reading it while `down` is true: a consumer
+/// that is down, as QStash sees it (fan-out's "B down" figures).
+pub(crate) async fn switchable_consumer_endpoint(
+    db_url: &str,
+    name: &str,
+    rx: tokio::sync::watch::Receiver<bool>,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> anyhow::Result<(String, std::sync::Arc<std::sync::atomic::AtomicU64>)> {
     use outbox::config::{ConsumerConfig, Vars};
     use outbox::consumer::ReceiverState;
     use outbox::receiver::{KeyRing, SigningKeys};
@@ -422,7 +434,15 @@ pub(crate) async fn consumer_endpoint(
         move |req| {
             let c = consumer.clone();
             counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            async move { outbox::consumer::handle_event(&c, req).await }
+            let is_down = down.load(std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if is_down {
+                    let mut unavailable = lambda_http::Response::new(lambda_http::Body::Empty);
+                    *unavailable.status_mut() = lambda_http::http::StatusCode::SERVICE_UNAVAILABLE;
+                    return unavailable;
+                }
+                outbox::consumer::handle_event(&c, req).await
+            }
         },
         async move {
             let _ = rx3.wait_for(|s| *s).await;
