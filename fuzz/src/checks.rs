@@ -208,7 +208,7 @@ pub fn envelope(data: &[u8]) {
             payload: e.payload.get(),
         })
         .collect();
-    let text = write_envelope(&env.topic, env.evidence, &wire);
+    let text = write_envelope(&env.topic, env.subscriber.as_deref(), env.evidence, &wire);
     let again = match parse_envelope(text.as_bytes()) {
         Ok(a) => a,
         Err(e) => panic!("the relay's writer produced an envelope its reader refuses: {e}\n{text}"),

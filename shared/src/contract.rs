@@ -11,6 +11,7 @@
 //! | topic | destination path `/events/{topic}`, repeated as the envelope's `topic` | `sub`, `body` |
 //! | outbox id, partition key, sequence, schema version, creation time, headers, payload | the envelope's event | `body` |
 //! | who records delivery evidence of an ordered event | the envelope's `evidence` | `body` |
+//! | the named subscriber a copy is for (fan-out; omitted for the default subscriber) | the envelope's `subscriber` | `body` |
 //!
 //! The body is a JSON **envelope** ([`Envelope`]):
 //!
@@ -20,7 +21,9 @@
 //!    "headers":{"traceparent":"00-…-01","x-correlation-id":"req-9","tenant":"acme"},"payload":{"invoice_id":"i-1"}}]}
 //! ```
 //!
-//! `evidence`, `seq`, `schema_version` and `headers` are omitted when they do not apply. `headers` holds the trace
+//! `subscriber`, `evidence`, `seq`, `schema_version` and `headers` are omitted when they do not apply. A consumer
+//! refuses a copy whose `subscriber` is not its `CONSUMER_NAME` (it would dedupe it in another subscriber's
+//! namespace, [`crate::subscribers`]). `headers` holds the trace
 //! context, the correlation id and the application's own headers ([`crate::headers`]: names the pipeline owns
 //! are refused there, so the two never collide); the latter travel only here, never as request headers
 //! (decision record 0026). `events` holds one event or a **batch** of up to [`MAX_BATCH_EVENTS`] (decision
@@ -173,6 +176,10 @@ pub struct Envelope<'a> {
     pub contract: u32,
     /// The topic (equal to the path's).
     pub topic: TopicName,
+    /// The named subscriber this copy is for, whose `CONSUMER_NAME` must be the consumer's (fan-out); absent for
+    /// the default subscriber and from relays before fan-out.
+    #[serde(default)]
+    pub subscriber: Option<String>,
     /// Who records delivery evidence (ordered events only).
     #[serde(default)]
     pub evidence: Option<Evidence>,
@@ -324,15 +331,25 @@ pub struct WireEvent<'a> {
     pub payload: &'a str,
 }
 
-/// Writes a delivery body ([`Envelope`]). The payload is trusted JSON (from a `jsonb` column) and copied as is;
-/// every string is escaped by serde_json.
-pub fn write_envelope(topic: &str, evidence: Option<Evidence>, events: &[WireEvent<'_>]) -> String {
+/// Writes a delivery body ([`Envelope`]): `subscriber` is the named subscriber the copy is for (`None` for the
+/// default one). The payload is trusted JSON (from a `jsonb` column) and copied as is; every string is escaped by
+/// serde_json.
+pub fn write_envelope(
+    topic: &str,
+    subscriber: Option<&str>,
+    evidence: Option<Evidence>,
+    events: &[WireEvent<'_>],
+) -> String {
     let size: usize = events.iter().map(|e| e.payload.len() + 160).sum();
     let mut out: Vec<u8> = Vec::with_capacity(size + 64);
     out.extend_from_slice(b"{\"contract\":");
     out.extend_from_slice(CONTRACT_VERSION.to_string().as_bytes());
     out.extend_from_slice(b",\"topic\":");
     json_str(&mut out, topic);
+    if let Some(s) = subscriber {
+        out.extend_from_slice(b",\"subscriber\":");
+        json_str(&mut out, s);
+    }
     if let Some(ev) = evidence {
         out.extend_from_slice(b",\"evidence\":\"");
         out.extend_from_slice(ev.as_str().as_bytes());
@@ -539,6 +556,7 @@ mod tests {
         ];
         let body = write_envelope(
             "invoices",
+            Some("billing"),
             Some(Evidence::Consumer),
             &[WireEvent {
                 id: OutboxId(42),
@@ -552,6 +570,7 @@ mod tests {
         );
         let env = parse_envelope(body.as_bytes()).unwrap();
         assert_eq!(env.topic, "invoices");
+        assert_eq!(env.subscriber.as_deref(), Some("billing"));
         assert_eq!(env.evidence, Some(Evidence::Consumer));
         let e = &env.events[0];
         assert_eq!(
@@ -573,6 +592,7 @@ mod tests {
         let bare = write_envelope(
             "notifications",
             None,
+            None,
             &[WireEvent {
                 id: OutboxId(1),
                 key: "k",
@@ -584,6 +604,8 @@ mod tests {
             }],
         );
         let env = parse_envelope(bare.as_bytes()).unwrap();
+        assert_eq!(env.subscriber, None);
+        assert!(!bare.contains("subscriber"), "{bare}");
         assert_eq!(env.evidence, None);
         assert_eq!(env.events[0].seq, None);
         assert!(env.events[0].headers.is_empty());

@@ -382,6 +382,11 @@ async fn every_permanent_error_is_489(pool: PgPool) {
             "differs from the URL's topic",
         ),
         (
+            "a named subscriber's copy at a consumer of another name",
+            ordered(14, &good, "o", 1).subscriber("billing").request(),
+            "is subscriber \"billing\"'s copy, but this consumer's CONSUMER_NAME is",
+        ),
+        (
             "event id not positive",
             ordered(0, &good, "o", 1).without_id_copy().request(),
             "not positive",
@@ -474,6 +479,39 @@ async fn every_permanent_error_is_489(pool: PgPool) {
         count(&pool, "SELECT count(*) FROM processed_messages").await,
         0
     );
+}
+
+/// Fan-out: a named subscriber's copy names the subscriber in its envelope; only a consumer deployed under that
+/// `CONSUMER_NAME` applies it (in that dedupe namespace), another one refuses it and writes nothing.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn a_named_subscribers_copy_is_applied_only_by_the_consumer_of_that_name(pool: PgPool) {
+    let mut config = outbox::config::ConsumerConfig::defaults();
+    config.name = "billing".into();
+    let billing = ConsumerState::new(receiver(&pool, config), example::registry());
+    let copy = |id: i64| {
+        ordered(id, &placed(&format!("o{id}"), 1), &format!("o{id}"), 1)
+            .subscriber("billing")
+            .request()
+    };
+    let (status, json) = parts(&handle_event(&billing, copy(30)).await);
+    assert_eq!(status, 200, "{json}");
+    let rows = |id: i64| {
+        sqlx::query_scalar::<_, Vec<String>>(
+            "SELECT coalesce(array_agg(consumer ORDER BY consumer), '{}') FROM processed_messages \
+             WHERE message_id = $1",
+        )
+        .bind(id.to_string())
+        .fetch_one(&pool)
+    };
+    assert_eq!(rows(30).await.unwrap(), vec!["billing".to_owned()]);
+    // The default consumer (another CONSUMER_NAME) gets billing's copy: refused, nothing written.
+    let default = consumer(&pool, example::registry());
+    let (status, json) = parts(&handle_event(&default, copy(31)).await);
+    assert_eq!(status, 489, "{json}");
+    assert!(rows(31).await.unwrap().is_empty());
+    // A copy for the default subscriber names none, and either consumer takes it as before.
+    let plain = ordered(32, &placed("o32", 1), "o32", 1).request();
+    assert_eq!(parts(&handle_event(&billing, plain).await).0, 200);
 }
 
 #[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]

@@ -180,6 +180,7 @@ pub const CREATED_AT: &str = "2026-11-30T12:00:00.000000Z";
 pub struct Delivery {
     topic: String,
     envelope_topic: Option<String>,
+    subscriber: Option<String>,
     id: i64,
     payload: Vec<u8>,
     key: String,
@@ -200,6 +201,7 @@ impl Delivery {
         Delivery {
             topic: topic.to_owned(),
             envelope_topic: None,
+            subscriber: None,
             id,
             payload: payload.to_vec(),
             key: format!("k-{id}"),
@@ -279,6 +281,12 @@ impl Delivery {
         self
     }
 
+    /// The envelope names this (named) subscriber, as the relay does for a named subscriber's copy (fan-out).
+    pub fn subscriber(mut self, name: &str) -> Self {
+        self.subscriber = Some(name.to_owned());
+        self
+    }
+
     /// Another path than `/events/{topic}`.
     pub fn path(mut self, path: &str) -> Self {
         self.path = Some(path.to_owned());
@@ -325,6 +333,9 @@ impl Delivery {
             "contract": 2,
             "topic": self.envelope_topic.as_deref().unwrap_or(&self.topic),
         });
+        if let Some(s) = &self.subscriber {
+            out["subscriber"] = json!(s);
+        }
         if let Some(e) = &self.evidence {
             out["evidence"] = json!(e);
         }

@@ -92,6 +92,7 @@ fn presign(next_id: &mut i64, n: usize, sub: &str) -> anyhow::Result<Arc<Vec<Msg
             let body = write_envelope(
                 "bench",
                 None,
+                None,
                 &[WireEvent {
                     id: id.into(),
                     key: "bench",

@@ -79,12 +79,26 @@ fn check_copy(
 pub(super) fn current_delivery<'b>(
     req: &'b Request,
     topic: &str,
+    consumer_name: &str,
 ) -> Result<Vec<Delivery<'b>>, Outcome> {
     let env = contract::parse_envelope(req.body().as_ref()).map_err(Outcome::Permanent)?;
     if env.topic != topic {
         return Err(Outcome::Permanent(format!(
             "the envelope's topic {:?} differs from the URL's topic {topic:?}",
             env.topic.chars().take(100).collect::<String>()
+        )));
+    }
+    // A named subscriber's copy applied under another name would be deduped in that subscriber's namespace: the
+    // relay would never find its dedupe row, and the two subscribers' once-only checks would mix.
+    if let Some(s) = env.subscriber.as_deref()
+        && s != consumer_name
+    {
+        return Err(Outcome::Permanent(format!(
+            "this delivery is subscriber {:?}'s copy, but this consumer's CONSUMER_NAME is {consumer_name:?}: \
+             deploy it with CONSUMER_NAME={:?}, or point the subscriber at its own consumer (`outbox subscribers \
+             list`), then redrive its dead letters",
+            s.chars().take(100).collect::<String>(),
+            s.chars().take(100).collect::<String>(),
         )));
     }
     let single = match env.events.as_slice() {

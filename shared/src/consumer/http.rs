@@ -241,7 +241,7 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Vec<(EventMe
         Err(o) => return (o, Vec::new()),
     };
     let delivery = match contract::contract_of_query(req.uri().query()) {
-        Ok(Contract::Current) => current_delivery(req, topic),
+        Ok(Contract::Current) => current_delivery(req, topic, &receiver.config.name),
         Ok(Contract::Legacy) => legacy_delivery(receiver, req, topic).await.map(|d| vec![d]),
         Ok(Contract::Newer(v)) => Err(newer_contract(v)),
         Err(e) => Err(Outcome::Permanent(e)),

@@ -94,6 +94,11 @@ fn wire_event<'a>(
     }
 }
 
+/// The named subscriber an event's copy is for, as the envelope says it (`None` for the default subscriber).
+fn named(ev: &ClaimedEvent) -> Option<&str> {
+    (!ev.subscriber.is_empty()).then_some(ev.subscriber.as_str())
+}
+
 /// Claimed events grouped for forming, in first-seen order: ordered events per key lease (a subscriber's lane),
 /// unordered per topic, subscriber and whether replayed.
 fn groups<'e>(
@@ -151,7 +156,12 @@ impl Forming<'_> {
             .zip(&header_lists)
             .map(|(ev, headers)| wire_event(ev, headers))
             .collect();
-        let body = contract::write_envelope(&first.topic, self.evidence_for(ordered), &wire);
+        let body = contract::write_envelope(
+            &first.topic,
+            named(first),
+            self.evidence_for(ordered),
+            &wire,
+        );
         Message {
             // The relay only forms events whose subscriber is live (`Relay::orphans`); should one slip through, an
             // unroutable destination makes QStash refuse it rather than deliver it to someone else.
@@ -285,7 +295,9 @@ impl Forming<'_> {
     ) {
         let batching = &self.cfg.batching;
         let n = batching.n_for(topic).max(1) as usize;
-        let overhead = contract::write_envelope(topic, self.evidence_for(ordered), &[]).len();
+        let subscriber = members.first().and_then(|&i| named(&events[i]));
+        let overhead =
+            contract::write_envelope(topic, subscriber, self.evidence_for(ordered), &[]).len();
         let mut current: Vec<usize> = Vec::new();
         let mut size = overhead;
         let mut closed_key = false;
@@ -330,6 +342,7 @@ impl Forming<'_> {
         let headers = envelope_headers(ev);
         let one = contract::write_envelope(
             &ev.topic,
+            named(ev),
             self.evidence_for(ev.seq.is_some()),
             &[wire_event(ev, &headers)],
         );
@@ -718,7 +731,7 @@ mod tests {
             ]
         );
         // The size an event adds is what it adds to a real envelope.
-        let overhead = contract::write_envelope("orders", f.evidence_for(true), &[]).len();
+        let overhead = contract::write_envelope("orders", None, f.evidence_for(true), &[]).len();
         assert_eq!(f.event_size(&ev, overhead), m.body.len() - overhead);
     }
 }
