@@ -415,3 +415,57 @@ async fn lanes_left_waiting_after_a_replay_are_released_and_a_replaying_ones_are
     .unwrap();
     assert_eq!(waiting, ["busy"]);
 }
+
+/// The operator's timeline of one copy shows that copy's lane (not another subscriber's lane of the same key)
+/// and the dedupe row in its subscriber's namespace, even when the console was started with the default
+/// consumer's name only.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn an_events_timeline_shows_its_subscribers_lane_and_dedupe_row(pool: PgPool) {
+    let db = db(&pool);
+    subscribers::add(
+        &db,
+        "orders",
+        "billing",
+        Some("http://127.0.0.1:9/"),
+        Start::Now,
+        WAIT,
+    )
+    .await
+    .unwrap();
+    enqueue(&pool, &ORDERS, "c1", 1).await;
+    enqueue(&pool, &ORDERS, "c1", 2).await;
+    let billing_copy: i64 = sqlx::query_scalar(
+        "SELECT id FROM outbox WHERE topic = 'orders' AND subscriber = 'billing' AND seq = 2",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    // The default lane has moved on; billing's has not. Billing applied its copy of event 2 (dedupe row).
+    sqlx::raw_sql(
+        "UPDATE outbox_keys SET done_seq = 2 WHERE topic = 'orders' AND subscriber = ''; \
+         UPDATE outbox_keys SET done_seq = 1 WHERE topic = 'orders' AND subscriber = 'billing';",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO processed_messages (consumer, message_id) VALUES ('billing', $1)")
+        .bind(billing_copy.to_string())
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let t =
+        outbox::ops::timeline::timeline(&mut conn, OutboxId(billing_copy), &["consumer".into()])
+            .await
+            .unwrap()
+            .expect("the copy's timeline");
+    let event = t.event.as_ref().expect("the row");
+    assert_eq!(event.subscriber, "billing");
+    assert_eq!(
+        t.key.as_ref().map(|k| k.done_seq),
+        Some(1),
+        "billing's lane"
+    );
+    let applied: Vec<&str> = t.applied.iter().map(|a| a.consumer.as_str()).collect();
+    assert_eq!(applied, ["billing"]);
+}

@@ -20,6 +20,8 @@ pub struct EventRow {
     pub id: OutboxId,
     pub topic: TopicName,
     pub partition_key: PartitionKey,
+    /// The subscriber this row is the copy for (`''`: the default one; fan-out, [`crate::subscribers`]).
+    pub subscriber: String,
     /// Per-key sequence (ordered topics).
     pub seq: Option<i64>,
     pub payload: Value,
@@ -149,8 +151,9 @@ pub struct Timeline {
     pub steps: Vec<Step>,
 }
 
-/// Reads everything about `outbox_id` (`consumers`: the dedupe namespaces, `CONSUMER_NAME`, to look in);
-/// `None` when neither the row nor any dead letter of it exists.
+/// Reads everything about `outbox_id` (`consumers`: the dedupe namespaces, `CONSUMER_NAME`, to look in; a named
+/// subscriber's copy is also looked up under its subscriber's name); `None` when neither the row nor any dead
+/// letter of it exists.
 pub async fn timeline(
     conn: &mut PgConnection,
     outbox_id: OutboxId,
@@ -160,7 +163,7 @@ pub async fn timeline(
         .fetch_one(&mut *conn)
         .await?;
     let event: Option<EventRow> = sqlx::query_as(crate::schema::q(
-        "SELECT id, topic, partition_key, seq, payload, headers, created_at, available_at, dispatched_at, \
+        "SELECT id, topic, partition_key, subscriber, seq, payload, headers, created_at, available_at, dispatched_at, \
                 delivered_at, dead_lettered_at, attempts, locked_until, lease_token, last_error, qstash_message_id, \
                 redrive_count, republish_count, reconciled_at \
          FROM {schema}.outbox WHERE id = $1",
@@ -189,20 +192,27 @@ pub async fn timeline(
                 "SELECT k.done_seq, s.last_seq, k.inflight_id, k.blocked_id, k.blocked_reason \
                  FROM {schema}.outbox_keys k LEFT JOIN {schema}.outbox_sequences s \
                    ON s.topic = k.topic AND s.partition_key = k.partition_key \
-                 WHERE k.topic = $1 AND k.partition_key = $2",
+                 WHERE k.topic = $1 AND k.partition_key = $2 AND k.subscriber = $3",
             ))
             .bind(&e.topic)
             .bind(&e.partition_key)
+            .bind(&e.subscriber)
             .fetch_optional(&mut *conn)
             .await?
         }
         _ => None,
     };
+    let mut namespaces = consumers.to_vec();
+    if let Some(e) = event.as_ref().filter(|e| !e.subscriber.is_empty())
+        && !namespaces.contains(&e.subscriber)
+    {
+        namespaces.push(e.subscriber.clone());
+    }
     let applied: Vec<Applied> = sqlx::query_as(crate::schema::q(
         "SELECT consumer, processed_at FROM {schema}.processed_messages \
          WHERE consumer = ANY ($1) AND message_id = $2 ORDER BY processed_at",
     ))
-    .bind(consumers)
+    .bind(&namespaces)
     .bind(outbox_id.to_string())
     .fetch_all(&mut *conn)
     .await?;
