@@ -172,7 +172,7 @@ pub fn section(figures: &Value) -> String {
     let _ = writeln!(
         w,
         "Reproduce: `cargo build --release -p outbox-cli -p qstash-dev -p outbox-devtools`, then \
-         `target/release/outbox-dev bench fanout --report docs` (about 5 minutes).\n"
+         `target/release/outbox-dev bench fanout --report docs` (about 15 minutes).\n"
     );
     let _ = writeln!(w, "{END}");
     o
