@@ -12,7 +12,9 @@
 
 pub mod actions;
 pub mod keys;
-pub mod subscribers;
+/// Per-subscriber figures: they live in [`crate::subscribers::status`], below the relay, which prints them as
+/// metrics.
+pub use crate::subscribers::status as subscribers;
 pub mod timeline;
 pub mod topics;
 

@@ -21,9 +21,9 @@ use crate::accounting::AccountingReport;
 use crate::config::{ConfigError, EnvSource, ProcessEnv, QstashConfig, RelayConfig, Vars};
 use crate::db::DbConfig;
 use crate::metrics::{EmfRecord, Unit};
-use crate::ops::subscribers::SubscriberStatus;
 use crate::qstash::{QstashClient, QstashClientError};
 use crate::secrets::{SecretField, SecretSource};
+use crate::subscribers::status::SubscriberStatus;
 
 /// Why the relay could not start.
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +146,7 @@ pub struct InvocationSummary {
     /// be read (the invocation's other figures stand, and no health metric is emitted).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub database: Option<HealthGauges>,
-    /// Per subscriber of the topics that have named subscribers, at the end ([`crate::ops::subscribers`]; the
+    /// Per subscriber of the topics that have named subscribers, at the end ([`crate::subscribers::status`]; the
     /// metrics of [`subscriber_emf`]). Empty when no topic has named subscribers, or when the read failed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub subscribers: Vec<SubscriberStatus>,
@@ -216,10 +216,10 @@ async fn health_gauges(db: &crate::db::Db) -> Option<HealthGauges> {
 /// drain, within `RELAY_DEADLINE_MARGIN_MS` of the deadline, beside the backlog and health reads.
 pub const SUBSCRIBERS_READ_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Reads the per-subscriber figures ([`crate::ops::subscribers::read_within`]); a failure (a timeout among them)
+/// Reads the per-subscriber figures ([`crate::subscribers::status::read_within`]); a failure (a timeout among them)
 /// is logged and returned as text, not the invocation's failure: monitoring must not stop the relay.
 async fn subscriber_gauges(db: &crate::db::Db) -> (Vec<SubscriberStatus>, Option<String>) {
-    match crate::ops::subscribers::read_within(db, SUBSCRIBERS_READ_TIMEOUT).await {
+    match crate::subscribers::status::read_within(db, SUBSCRIBERS_READ_TIMEOUT).await {
         Ok(rows) => (rows, None),
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the per-subscriber figures");

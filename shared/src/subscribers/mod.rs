@@ -30,6 +30,7 @@ use crate::db::Db;
 use crate::ids::TopicName;
 
 mod replay;
+pub mod status;
 
 use replay::fix_replay_end;
 pub use replay::{REPLAY_CHUNK, ReplayProgress, release_waiting_lanes, replay, replay_step};

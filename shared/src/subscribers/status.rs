@@ -1,6 +1,7 @@
-//! Per-subscriber figures of `outbox status` (fan-out, [`crate::subscribers`]): for each live subscriber of a
-//! topic that has named subscribers, its backlog, what is in flight, its blocked keys and unhandled dead letters.
-//! A topic with only the default subscriber is not listed: the status's overall figures are its figures.
+//! Per-subscriber figures of `outbox status` and of the relay's per-subscriber metrics (fan-out): for each live
+//! subscriber of a topic that has named subscribers, its backlog, what is in flight, its blocked keys and
+//! unhandled dead letters. A topic with only the default subscriber is not listed: the overall figures are its
+//! figures. Here, below the relay in the crate's layout, because the relay prints them (`ops` re-exports them).
 
 use std::time::Duration;
 
