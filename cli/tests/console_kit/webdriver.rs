@@ -85,6 +85,14 @@ impl Browser {
     }
 
     async fn call(&self, method: &str, path: &str, body: Value) -> Value {
+        match self.try_call(method, path, body).await {
+            Ok(v) => v,
+            Err(e) => panic!("WebDriver {method} {path}: {e}"),
+        }
+    }
+
+    /// [`Browser::call`] that returns WebDriver's error (`{"error": …}`) instead of panicking.
+    async fn try_call(&self, method: &str, path: &str, body: Value) -> Result<Value, Value> {
         let url = if path == "/session" {
             format!("{}{path}", self.base)
         } else {
@@ -98,9 +106,9 @@ impl Browser {
         let r = req.send().await.expect("chromedriver request");
         let v: Value = r.json().await.expect("chromedriver answer");
         if v["value"].get("error").is_some() {
-            panic!("WebDriver {method} {path}: {}", v["value"]);
+            return Err(v["value"].clone());
         }
-        v["value"].clone()
+        Ok(v["value"].clone())
     }
 
     /// Opens `url` and waits for the page to load.
@@ -179,6 +187,28 @@ impl Browser {
             .call("GET", &format!("/element/{}/text", e.0), json!({}))
             .await;
         v.as_str().unwrap_or_default().to_owned()
+    }
+
+    /// The text of the first element matching `css` once it reads `want`, waiting up to 10 s; else the last text
+    /// read. For an element the page had before a click that loads another page with the same element (a
+    /// filtered list): reading right after the click can find the old page's element, whose text is the old one
+    /// or gone ("stale element reference") by the time it is read.
+    pub async fn text_of(&self, css: &str, want: &str) -> String {
+        let mut last = String::new();
+        for _ in 0..100 {
+            let e = self.one(css).await;
+            if let Ok(v) = self
+                .try_call("GET", &format!("/element/{}/text", e.0), json!({}))
+                .await
+            {
+                last = v.as_str().unwrap_or_default().to_owned();
+                if last == want {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        last
     }
 
     /// An element's attribute.
