@@ -16,6 +16,9 @@
 //! baseline window and during the replay; run unpaced (`QSTASH_REPLAY_PARALLELISM` 1000) and then paced at the
 //! default.
 //!
+//! Producer ([`producer_run`]): the producer's statement (and its commit) with 1 and with 3 subscribers, four
+//! producers at once, no relay: what each subscriber's copy adds to the business transaction.
+//!
 //! Outage ([`b_down_run`]): A and B subscribe to the ordered topic; a producer writes 100 events/s for 75 s; B
 //! answers 503 for the middle 60 s in one run and stays healthy in the other, alternating, two of each (medians).
 //! A's events/s and commit → applied over that minute side by side, and B's catch-up (every event once, every key
@@ -77,6 +80,8 @@ pub enum Part {
     Replay,
     /// Subscriber B down for a minute beside A (`--quick`: 5 s), against a run with B healthy.
     Outage,
+    /// The producer's statement with 1 and with 3 subscribers (a copy each).
+    Producer,
 }
 
 struct Plan {
@@ -92,6 +97,7 @@ struct Plan {
     outage_before_secs: f64,
     outage_down_secs: f64,
     outage_after_secs: f64,
+    producer_events: u64,
 }
 
 impl Plan {
@@ -110,6 +116,7 @@ impl Plan {
                 outage_before_secs: 2.0,
                 outage_down_secs: 5.0,
                 outage_after_secs: 2.0,
+                producer_events: 400,
             }
         } else {
             Plan {
@@ -125,6 +132,7 @@ impl Plan {
                 outage_before_secs: 10.0,
                 outage_down_secs: 60.0,
                 outage_after_secs: 5.0,
+                producer_events: 8_000,
             }
         }
     }
@@ -531,6 +539,68 @@ async fn b_down_run(
     }))
 }
 
+/// Producer tasks writing at once in the producer part.
+const PRODUCERS: usize = 4;
+
+/// The producer part (module docs): `plan.producer_events` events of one topic (ordered: over 1,000 keys), each
+/// `outbox::enqueue` in a transaction of its own (the statement and its commit), from [`PRODUCERS`] tasks with a
+/// connection each, with `subs` subscribers; no relay runs. Per event: p50/p99 ms; all: events/s.
+async fn producer_run(
+    db: &ScratchDb,
+    rig: &Rig,
+    plan: &Plan,
+    subs: usize,
+    ordered: bool,
+) -> anyhow::Result<Value> {
+    reset(db, rig, subs).await?;
+    let events = if ordered {
+        ordered_events(1_000, (plan.producer_events / 1_000).max(1))?
+    } else {
+        unordered_events(plan.producer_events)?
+    };
+    let n = events.len();
+    let mut lists: Vec<Vec<NewEvent>> = (0..PRODUCERS).map(|_| Vec::new()).collect();
+    for (i, e) in events.into_iter().enumerate() {
+        lists[i % PRODUCERS].push(e);
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = lists
+        .into_iter()
+        .map(|list| {
+            let pool = db.pool.clone();
+            tokio::spawn(async move {
+                let mut conn = pool.acquire().await?;
+                let mut ms = Vec::with_capacity(list.len());
+                for e in list {
+                    let t = Instant::now();
+                    outbox::enqueue(&mut conn, e).await?;
+                    ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+                anyhow::Ok(ms)
+            })
+        })
+        .collect();
+    let mut ms = Vec::with_capacity(n);
+    for t in tasks {
+        ms.extend(t.await??);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let copies: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&db.pool)
+        .await?;
+    anyhow::ensure!(
+        copies as usize == n * subs,
+        "{n} events with {subs} subscribers wrote {copies} rows"
+    );
+    Ok(json!({
+        "subscribers": subs,
+        "events": n,
+        "events_per_sec": n as f64 / secs,
+        "p50_ms": outbox_testkit::percentile(&ms, 0.5),
+        "p99_ms": outbox_testkit::percentile(&ms, 0.99),
+    }))
+}
+
 /// The rounds of one side of the outage scenario: the median of each figure, B complete and in order in every
 /// round, B's dead letters summed; the rounds themselves under `rounds`.
 fn outage_point(runs: &[Value]) -> Value {
@@ -757,6 +827,38 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
                 );
                 figures[key] = r;
             }
+        }
+        if runs_part(Part::Producer) {
+            let mut runs: Vec<Vec<Value>> = vec![Vec::new(); 4];
+            for _ in 0..rounds {
+                for (i, (ordered, subs)) in [(true, 1), (true, 3), (false, 1), (false, 3)].into_iter().enumerate() {
+                    let r = producer_run(&db, &rig, &plan, subs, ordered).await?;
+                    println!(
+                        "fanout producer: {} events, {subs} subscriber(s): {:.0} events/s, p50 {:.2} ms, p99 {:.2} ms",
+                        if ordered { "ordered" } else { "unordered" },
+                        r["events_per_sec"].as_f64().unwrap_or(f64::NAN),
+                        r["p50_ms"].as_f64().unwrap_or(f64::NAN),
+                        r["p99_ms"].as_f64().unwrap_or(f64::NAN),
+                    );
+                    runs[i].push(r);
+                }
+            }
+            let point = |runs: &[Value]| {
+                let m = |k: &str| median(&runs.iter().filter_map(|r| r[k].as_f64()).collect::<Vec<_>>());
+                json!({
+                    "subscribers": runs[0]["subscribers"],
+                    "events": runs[0]["events"],
+                    "events_per_sec": m("events_per_sec"),
+                    "p50_ms": m("p50_ms"),
+                    "p99_ms": m("p99_ms"),
+                    "rounds": runs,
+                })
+            };
+            figures["producer"] = json!({
+                "producers": PRODUCERS,
+                "ordered": [point(&runs[0]), point(&runs[1])],
+                "unordered": [point(&runs[2]), point(&runs[3])],
+            });
         }
         if runs_part(Part::Outage) {
             // B's failed deliveries come back on QStash's retry delays; this dev server runs them 20× faster

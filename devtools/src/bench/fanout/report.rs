@@ -77,6 +77,37 @@ pub fn section(figures: &Value) -> String {
             );
         }
     }
+    let prod = &run["producer"];
+    if prod.is_object() {
+        let _ = writeln!(
+            w,
+            "\n**Producer.** What each subscriber's copy adds to the business transaction: {} producers at once, each \
+             event `outbox::enqueue` in a transaction of its own (the statement and its commit, synchronous), no \
+             relay running; medians of the rounds.\n",
+            prod["producers"],
+        );
+        let _ = writeln!(
+            w,
+            "| topic | subscribers | events | events/s | vs 1 subscriber | p50 ms | p99 ms |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|");
+        for kind in ["ordered", "unordered"] {
+            let points = prod[kind].as_array().cloned().unwrap_or_default();
+            let base = points.first().map_or(f64::NAN, |p| f(&p["events_per_sec"]));
+            for p in &points {
+                let _ = writeln!(
+                    w,
+                    "| {kind} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} |",
+                    p["subscribers"],
+                    p["events"],
+                    f(&p["events_per_sec"]),
+                    f(&p["events_per_sec"]) / base,
+                    f(&p["p50_ms"]),
+                    f(&p["p99_ms"]),
+                );
+            }
+        }
+    }
     let r = &run["replay"];
     let _ = writeln!(
         w,
@@ -230,6 +261,12 @@ mod tests {
                        "live_during_replay": {"p50_ms": 900.0, "p99_ms": 8000.0, "events": 2000,
                                               "relay_p99_ms": 700.0},
                        "live_p50_ratio": 90.0, "live_p99_ratio": 266.7},
+            "producer": {"producers": 4,
+                         "ordered": [{"subscribers": 1, "events": 8000, "events_per_sec": 2000.0, "p50_ms": 1.5,
+                                      "p99_ms": 4.0},
+                                     {"subscribers": 3, "events": 8000, "events_per_sec": 1500.0, "p50_ms": 2.0,
+                                      "p99_ms": 5.0}],
+                         "unordered": []},
             "outage": {"down_secs": 60.0, "a_events_per_sec_ratio": 1.0, "a_p50_ratio": 1.1, "a_p99_ratio": 0.9,
                        "healthy": {"rate": 200, "keys": 100, "a_events_per_sec": 200.0, "events_written": 15000,
                                    "a_p50_ms": 20.0, "a_p99_ms": 100.0, "rounds": [{}, {}],
@@ -259,6 +296,10 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("events/s 1.00×, p50 1.10×, p99 0.90×"), "{s}");
+        assert!(
+            s.contains("| ordered | 3 | 8000 | 1500 | 0.75 | 2.00 | 5.00 |"),
+            "{s}"
+        );
         let md = with_section("# Benchmarks\n\nintro\n", &s);
         let again = with_section(&md, &s);
         assert_eq!(md, again, "the section is replaced, not appended twice");
