@@ -55,6 +55,9 @@ pub struct AddArgs {
     /// Record the subscriber and fix its replay, but leave the copying to `outbox subscribers replay`.
     #[arg(long)]
     pub no_replay: bool,
+    /// Messages of its replay QStash delivers at once (1-1000; default: the relay's QSTASH_REPLAY_PARALLELISM).
+    #[arg(long)]
+    pub replay_parallelism: Option<u32>,
     /// One JSON object per line (each replay step, then the result).
     #[arg(long)]
     pub json: bool,
@@ -72,6 +75,9 @@ pub struct ReplayArgs {
     /// How long to wait for transactions older than the subscriber, when its replay's end is not fixed yet.
     #[arg(long, default_value_t = 60)]
     pub wait_secs: u64,
+    /// Messages of its replay QStash delivers at once from now on (1-1000; default: leave it as it is).
+    #[arg(long)]
+    pub replay_parallelism: Option<u32>,
     /// One JSON object per line.
     #[arg(long)]
     pub json: bool,
@@ -202,9 +208,16 @@ async fn run_replay(
 
 async fn add(args: AddArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let name = subscribers::parse_name(&args.name)?;
+    // Refused before anything changes (the subscriber would otherwise be added and the command fail after).
+    if name == subscribers::DEFAULT && args.replay_parallelism.is_some() {
+        return Err(subscribers::SubscriberError::DefaultParallelism.into());
+    }
+    if let Some(p) = args.replay_parallelism.filter(|p| !(1..=1000).contains(p)) {
+        return Err(subscribers::SubscriberError::InvalidParallelism(p).into());
+    }
     let db = db(&args.db).await?;
     let wait = Duration::from_secs(args.wait_secs);
-    let added = subscribers::add(
+    let mut added = subscribers::add(
         &db,
         &args.topic,
         &name,
@@ -213,6 +226,11 @@ async fn add(args: AddArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         wait,
     )
     .await?;
+    // Before the copying: the relay delivers replayed copies as soon as each chunk commits.
+    if let Some(p) = args.replay_parallelism {
+        added.subscriber =
+            subscribers::set_replay_parallelism(&db, &args.topic, &name, Some(p)).await?;
+    }
     if !args.json {
         writeln!(
             out,
@@ -250,6 +268,9 @@ async fn add(args: AddArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 async fn replay(args: ReplayArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let name = subscribers::parse_name(&args.name)?;
     let db = db(&args.db).await?;
+    if let Some(p) = args.replay_parallelism {
+        subscribers::set_replay_parallelism(&db, &args.topic, &name, Some(p)).await?;
+    }
     let last = run_replay(
         &db,
         &args.topic,

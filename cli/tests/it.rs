@@ -29,3 +29,5 @@ mod redrive_pipeline;
 mod relay_outage;
 #[path = "status.rs"]
 mod status;
+#[path = "subscribers.rs"]
+mod subscribers;

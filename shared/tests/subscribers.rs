@@ -469,3 +469,61 @@ async fn an_events_timeline_shows_its_subscribers_lane_and_dedupe_row(pool: PgPo
     let applied: Vec<&str> = t.applied.iter().map(|a| a.consumer.as_str()).collect();
     assert_eq!(applied, ["billing"]);
 }
+
+/// A named subscriber's own replay parallelism reaches the relay's view of its subscribers; the default one's is
+/// the relay's setting, and a value outside 1–1000 is refused.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_subscribers_own_replay_parallelism_reaches_the_relay(pool: PgPool) {
+    let db = db(&pool);
+    subscribers::add(
+        &db,
+        "orders",
+        "billing",
+        Some("http://127.0.0.1:9/"),
+        Start::Now,
+        WAIT,
+    )
+    .await
+    .unwrap();
+    let load = || subscribers::Destinations::load(&db);
+    assert_eq!(
+        load()
+            .await
+            .unwrap()
+            .replay_parallelism("orders", "billing"),
+        None
+    );
+    let s = subscribers::set_replay_parallelism(&db, "orders", "billing", Some(12))
+        .await
+        .unwrap();
+    assert_eq!(s.replay_parallelism, Some(12));
+    assert_eq!(
+        load()
+            .await
+            .unwrap()
+            .replay_parallelism("orders", "billing"),
+        Some(12)
+    );
+    assert!(matches!(
+        subscribers::set_replay_parallelism(&db, "orders", "billing", Some(0)).await,
+        Err(SubscriberError::InvalidParallelism(0))
+    ));
+    assert!(matches!(
+        subscribers::set_replay_parallelism(&db, "orders", "", Some(3)).await,
+        Err(SubscriberError::DefaultParallelism)
+    ));
+    assert!(matches!(
+        subscribers::set_replay_parallelism(&db, "orders", "search", Some(3)).await,
+        Err(SubscriberError::NotFound { .. })
+    ));
+    subscribers::set_replay_parallelism(&db, "orders", "billing", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        load()
+            .await
+            .unwrap()
+            .replay_parallelism("orders", "billing"),
+        None
+    );
+}

@@ -212,7 +212,9 @@ impl Forming<'_> {
         let (flow_key, parallelism, rate) = if replayed {
             (
                 flow_control_key(&format!("{}{lane}.replay", first.topic)),
-                self.qstash.replay_parallelism,
+                self.destinations
+                    .replay_parallelism(&first.topic, &first.subscriber)
+                    .unwrap_or(self.qstash.replay_parallelism),
                 None,
             )
         } else if ordered || events.len() == 1 {
@@ -667,6 +669,17 @@ mod tests {
         assert_eq!(keys[0], keys[1]);
         assert_eq!(keys[0], flow_control_key("orders@billing.replay"));
         assert_eq!(keys[2], flow_control_key("orders.z@billing"));
+        // A subscriber's own replay parallelism wins over the relay's setting.
+        s.destinations = Arc::new(
+            Destinations::clone(&s.destinations).with_replay_parallelism("orders", "billing", 20),
+        );
+        let own = s
+            .forming()
+            .message_of(&[&lanes[0]])
+            .options
+            .flow_control
+            .expect("flow control");
+        assert_eq!(own.parallelism, Some(20));
         // The default subscriber's copies of the same events are not billing's replay.
         let mut default = copy(1007, 7, "a", None);
         default.subscriber = String::new();

@@ -126,6 +126,15 @@ pub enum SubscriberError {
         /// Their backends.
         pids: Vec<i32>,
     },
+    /// A replay parallelism outside 1–1000.
+    #[error("replay parallelism {0} is outside 1 to 1000")]
+    InvalidParallelism(u32),
+    /// The default subscriber's replay parallelism is the relay's `QSTASH_REPLAY_PARALLELISM`.
+    #[error(
+        "the default subscriber's replay parallelism is the relay's QSTASH_REPLAY_PARALLELISM (template parameter \
+         QstashReplayParallelism); a value of its own is for named subscribers"
+    )]
+    DefaultParallelism,
     /// The database.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
@@ -188,19 +197,25 @@ pub struct Destinations {
     urls: HashMap<(String, String), String>,
     /// `replay_from ..= replay_to` (`None`: the end is not fixed yet, so everything from the start counts).
     replays: HashMap<(String, String), (i64, Option<i64>)>,
+    /// Subscribers with a replay parallelism of their own.
+    parallelism: HashMap<(String, String), u32>,
 }
 
 impl Destinations {
     /// Reads the live subscribers.
     pub async fn load(db: &Db) -> Result<Destinations, sqlx::Error> {
         let q = db.query(crate::schema::q(
-            "SELECT topic, name, url, replay_from, replay_to FROM {schema}.outbox_subscribers \
+            "SELECT topic, name, url, replay_from, replay_to, replay_parallelism FROM {schema}.outbox_subscribers \
              WHERE removed_at IS NULL",
         ));
         let rows = db.run(async |c| q.fetch_all(c).await).await?;
         let mut d = Destinations::default();
         for r in rows {
             let at: (String, String) = (r.try_get("topic")?, r.try_get("name")?);
+            if let Some(p) = r.try_get::<Option<i32>, _>("replay_parallelism")? {
+                d.parallelism
+                    .insert(at.clone(), u32::try_from(p).unwrap_or(1).max(1));
+            }
             if let Some(from) = r.try_get::<Option<i64>, _>("replay_from")? {
                 d.replays
                     .insert(at.clone(), (from, r.try_get("replay_to")?));
@@ -228,10 +243,24 @@ impl Destinations {
         }
     }
 
+    /// The replay parallelism a subscriber has of its own (`None`: the relay's `QSTASH_REPLAY_PARALLELISM`).
+    pub fn replay_parallelism(&self, topic: &str, name: &str) -> Option<u32> {
+        self.parallelism
+            .get(&(topic.to_owned(), name.to_owned()))
+            .copied()
+    }
+
     /// With one subscriber's URL set (tests and the local pipeline).
     pub fn with(mut self, topic: &str, name: &str, url: &str) -> Self {
         self.urls
             .insert((topic.to_owned(), name.to_owned()), url.to_owned());
+        self
+    }
+
+    /// With a subscriber's own replay parallelism (tests).
+    pub fn with_replay_parallelism(mut self, topic: &str, name: &str, parallelism: u32) -> Self {
+        self.parallelism
+            .insert((topic.to_owned(), name.to_owned()), parallelism);
         self
     }
 
@@ -290,6 +319,8 @@ pub struct Subscriber {
     pub removed_at: Option<DateTime<Utc>>,
     /// Its replay, if it was added with a start.
     pub replay: Option<Replay>,
+    /// Messages of its replay QStash delivers at once (`None`: the relay's `QSTASH_REPLAY_PARALLELISM`).
+    pub replay_parallelism: Option<i32>,
 }
 
 /// A replay's progress.
@@ -325,11 +356,12 @@ fn subscriber_of(r: &sqlx::postgres::PgRow) -> Result<Subscriber, sqlx::Error> {
                 done_at: r.try_get("replay_done_at")?,
             }),
         },
+        replay_parallelism: r.try_get("replay_parallelism")?,
     })
 }
 
 const COLUMNS: &str = "topic, name, url, added_at, removed_at, replay_from, replay_to, replayed_to, replayed, \
-                       replay_done_at";
+                       replay_done_at, replay_parallelism";
 
 /// Every subscriber on record, and the implicit default subscriber of each topic that has named ones, ordered by
 /// topic and name. Removed ones are included (`removed_at`). A topic not listed has only the default subscriber.
@@ -337,7 +369,7 @@ pub async fn list(db: &Db) -> Result<Vec<Subscriber>, sqlx::Error> {
     let sql = crate::schema::sql(&format!(
         "SELECT {COLUMNS} FROM {{schema}}.outbox_subscribers \
          UNION ALL \
-         SELECT t.topic, '', NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL \
+         SELECT t.topic, '', NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL::integer \
          FROM (SELECT DISTINCT topic FROM {{schema}}.outbox_subscribers) t \
          WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.outbox_subscribers x WHERE x.topic = t.topic AND x.name = '') \
          ORDER BY 1, 2"
@@ -506,6 +538,37 @@ pub async fn get(db: &Db, topic: &str, name: &str) -> Result<Subscriber, Subscri
     let row = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(topic)
         .bind(name)
+        .fetch_optional(db.pool())
+        .await?
+        .ok_or_else(|| SubscriberError::NotFound {
+            topic: topic.to_owned(),
+            name: label(name).to_owned(),
+        })?;
+    Ok(subscriber_of(&row)?)
+}
+
+/// Sets how many messages of a named subscriber's replay QStash delivers at once (`None`: the relay's
+/// `QSTASH_REPLAY_PARALLELISM` again). Relays pick it up within their subscriber cache's lifetime (5 s).
+pub async fn set_replay_parallelism(
+    db: &Db,
+    topic: &str,
+    name: &str,
+    parallelism: Option<u32>,
+) -> Result<Subscriber, SubscriberError> {
+    if name == DEFAULT {
+        return Err(SubscriberError::DefaultParallelism);
+    }
+    if let Some(p) = parallelism.filter(|p| !(1..=1000).contains(p)) {
+        return Err(SubscriberError::InvalidParallelism(p));
+    }
+    let sql = crate::schema::sql(&format!(
+        "UPDATE {{schema}}.outbox_subscribers SET replay_parallelism = $3 \
+         WHERE topic = $1 AND name = $2 AND removed_at IS NULL RETURNING {COLUMNS}"
+    ));
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(topic)
+        .bind(name)
+        .bind(parallelism.map(|p| p as i32))
         .fetch_optional(db.pool())
         .await?
         .ok_or_else(|| SubscriberError::NotFound {
