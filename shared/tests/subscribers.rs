@@ -31,6 +31,20 @@ async fn enqueue(pool: &PgPool, topic: &Topic, key: &str, n: i64) -> i64 {
     .get()
 }
 
+/// Makes `billing` (a consumer at an unused port) a subscriber of `orders` from now on.
+async fn add_billing(db: &Db) {
+    subscribers::add(
+        db,
+        "orders",
+        "billing",
+        Some("http://127.0.0.1:9"),
+        Start::Now,
+        WAIT,
+    )
+    .await
+    .unwrap();
+}
+
 /// (subscriber, event id, seq) of every row of a topic, by id.
 async fn copies(pool: &PgPool, topic: &str) -> Vec<(String, i64, Option<i64>)> {
     sqlx::query_as(
@@ -180,16 +194,7 @@ async fn subscriber_changes_refuse_what_would_lose_or_misroute_events(pool: PgPo
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_removed_subscriber_loses_its_pending_copies_and_keeps_its_dead_letters(pool: PgPool) {
     let db = db(&pool);
-    subscribers::add(
-        &db,
-        "orders",
-        "billing",
-        Some("http://127.0.0.1:9"),
-        Start::Now,
-        WAIT,
-    )
-    .await
-    .unwrap();
+    add_billing(&db).await;
     enqueue(&pool, &ORDERS, "k", 1).await;
     enqueue(&pool, &ORDERS, "k", 2).await;
     sqlx::raw_sql(
@@ -422,16 +427,7 @@ async fn lanes_left_waiting_after_a_replay_are_released_and_a_replaying_ones_are
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn an_events_timeline_shows_its_subscribers_lane_and_dedupe_row(pool: PgPool) {
     let db = db(&pool);
-    subscribers::add(
-        &db,
-        "orders",
-        "billing",
-        Some("http://127.0.0.1:9/"),
-        Start::Now,
-        WAIT,
-    )
-    .await
-    .unwrap();
+    add_billing(&db).await;
     enqueue(&pool, &ORDERS, "c1", 1).await;
     enqueue(&pool, &ORDERS, "c1", 2).await;
     let billing_copy: i64 = sqlx::query_scalar(
@@ -475,16 +471,7 @@ async fn an_events_timeline_shows_its_subscribers_lane_and_dedupe_row(pool: PgPo
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_subscribers_own_replay_parallelism_reaches_the_relay(pool: PgPool) {
     let db = db(&pool);
-    subscribers::add(
-        &db,
-        "orders",
-        "billing",
-        Some("http://127.0.0.1:9/"),
-        Start::Now,
-        WAIT,
-    )
-    .await
-    .unwrap();
+    add_billing(&db).await;
     let load = || subscribers::Destinations::load(&db);
     assert_eq!(
         load()

@@ -425,47 +425,15 @@ async fn b_down_run(
     use std::sync::atomic::Ordering::SeqCst;
     reset(db, rig, 2).await?;
     let b = NAMED[0];
-    let mut env = rig.relay_env();
-    env.push(("RELAY_UNORDERED_EVIDENCE", "dedupe".into()));
-    let relay = std::sync::Arc::new(in_process_relay(&db.url, &dev.url, knobs, &env).await?);
-    let stop = relay.stop_handle();
-    let draining = {
-        let relay = relay.clone();
-        tokio::spawn(async move {
-            relay
-                .drain_with(
-                    tokio::time::Instant::now().into_std() + Duration::from_secs(3_600),
-                    false,
-                )
-                .await
-        })
-    };
-    let (live_stop, live_rx) = tokio::sync::watch::channel(false);
-    let pool = db.pool.clone();
+    let (stop, draining) = running_relay(db, dev, rig, knobs, &[]).await?;
     let (rate, keys) = (plan.outage_rate, plan.outage_keys);
-    let producer = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
-        let mut n = 0u64;
-        while !*live_rx.borrow() {
-            tick.tick().await;
-            let e = NewEvent::new(&ORDERED, format!("k{}", n % keys), &json!({"n": n}))?;
-            let mut conn = pool.acquire().await?;
-            outbox::enqueue(&mut conn, e).await?;
-            n += 1;
-        }
-        anyhow::Ok(n)
-    });
-    let clock = || async {
-        sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>("SELECT clock_timestamp()")
-            .fetch_one(&db.pool)
-            .await
-    };
+    let (live_stop, producer) = steady_producer(&db.pool, ORDERED, rate, keys);
     tokio::time::sleep(Duration::from_secs_f64(plan.outage_before_secs)).await;
-    let t1 = clock().await?;
+    let t1 = clock(&db.pool).await?;
     rig.b_down.store(b_down, SeqCst);
     tokio::time::sleep(Duration::from_secs_f64(plan.outage_down_secs)).await;
     rig.b_down.store(false, SeqCst);
-    let t2 = clock().await?;
+    let t2 = clock(&db.pool).await?;
     let up = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(plan.outage_after_secs)).await;
     let _ = live_stop.send(true);
@@ -621,6 +589,69 @@ fn outage_point(runs: &[Value]) -> Value {
     })
 }
 
+/// The database's clock now (the producers' `created_at` and the consumers' `processed_at` are on it).
+async fn clock(pool: &PgPool) -> Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(pool)
+        .await
+}
+
+/// A relay in this process (the rig's settings, dedupe-row outcomes for unordered events, and `extra`), draining
+/// until its stop handle is used: the handle and the drain's task.
+async fn running_relay(
+    db: &ScratchDb,
+    dev: &DevServerProcess,
+    rig: &Rig,
+    knobs: Knobs,
+    extra: &[(&'static str, String)],
+) -> anyhow::Result<(
+    outbox::relay::StopHandle,
+    tokio::task::JoinHandle<Result<outbox::relay::DrainSummary, outbox::relay::RelayError>>,
+)> {
+    let mut env = rig.relay_env();
+    env.push(("RELAY_UNORDERED_EVIDENCE", "dedupe".into()));
+    env.extend(extra.iter().cloned());
+    let relay = std::sync::Arc::new(in_process_relay(&db.url, &dev.url, knobs, &env).await?);
+    let stop = relay.stop_handle();
+    let draining = tokio::spawn(async move {
+        relay
+            .drain_with(
+                tokio::time::Instant::now().into_std() + Duration::from_secs(3_600),
+                false,
+            )
+            .await
+    });
+    Ok((stop, draining))
+}
+
+/// A live producer: one event of `topic` per 1/`rate` s over `keys` keys, each in its own transaction, until the
+/// returned sender says stop; its task returns how many it wrote.
+fn steady_producer(
+    pool: &PgPool,
+    topic: Topic,
+    rate: u64,
+    keys: u64,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<anyhow::Result<u64>>,
+) {
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let pool = pool.clone();
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+        let mut n = 0u64;
+        while !*rx.borrow() {
+            tick.tick().await;
+            let e = NewEvent::new(&topic, format!("k{}", n % keys), &json!({"n": n}))?;
+            let mut conn = pool.acquire().await?;
+            outbox::enqueue(&mut conn, e).await?;
+            n += 1;
+        }
+        anyhow::Ok(n)
+    });
+    (stop, task)
+}
+
 /// `QSTASH_REPLAY_PARALLELISM` of the unpaced baseline run: QStash's flow control never holds a replay back.
 const UNPACED: u32 = 1_000;
 
@@ -651,46 +682,12 @@ async fn replay(
     sqlx::query("VACUUM ANALYZE outbox")
         .execute(&db.pool)
         .await?;
-    let mut env = rig.relay_env();
-    env.push(("RELAY_UNORDERED_EVIDENCE", "dedupe".into()));
-    env.push(("QSTASH_REPLAY_PARALLELISM", parallelism.to_string()));
-    let relay = std::sync::Arc::new(in_process_relay(&db.url, &dev.url, knobs, &env).await?);
-    let stop = relay.stop_handle();
-    let draining = {
-        let relay = relay.clone();
-        tokio::spawn(async move {
-            relay
-                .drain_with(
-                    tokio::time::Instant::now().into_std() + Duration::from_secs(3_600),
-                    false,
-                )
-                .await
-        })
-    };
-    // The live producer: one event per 1/rate s, each in its own transaction.
-    let (live_stop, live_rx) = tokio::sync::watch::channel(false);
-    let pool = db.pool.clone();
-    let rate = plan.live_rate;
-    let live = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
-        let mut i = 0u64;
-        while !*live_rx.borrow() {
-            tick.tick().await;
-            i += 1;
-            let e = NewEvent::new(&LIVE, format!("l{}", i % 100), &json!({"i": i}))?;
-            let mut conn = pool.acquire().await?;
-            outbox::enqueue(&mut conn, e).await?;
-        }
-        anyhow::Ok(i)
-    });
-    let clock = |pool: PgPool| async move {
-        sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>("SELECT clock_timestamp()")
-            .fetch_one(&pool)
-            .await
-    };
-    let t0 = clock(db.pool.clone()).await?;
+    let replay_parallelism = [("QSTASH_REPLAY_PARALLELISM", parallelism.to_string())];
+    let (stop, draining) = running_relay(db, dev, rig, knobs, &replay_parallelism).await?;
+    let (live_stop, live) = steady_producer(&db.pool, LIVE, plan.live_rate, 100);
+    let t0 = clock(&db.pool).await?;
     tokio::time::sleep(Duration::from_secs_f64(plan.baseline_secs)).await;
-    let t1 = clock(db.pool.clone()).await?;
+    let t1 = clock(&db.pool).await?;
     let h = Db::new(db.pool.clone(), Statements::Prepared);
     let (name, url) = rig.consumers.last().context("the replayed subscriber")?;
     let copy_started = Instant::now();
@@ -722,7 +719,7 @@ async fn replay(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let replay_secs = copy_started.elapsed().as_secs_f64();
-    let t2 = clock(db.pool.clone()).await?;
+    let t2 = clock(&db.pool).await?;
     let _ = live_stop.send(true);
     let live_events = live.await??;
     // Let the last live events arrive, then stop the relay.
