@@ -152,6 +152,10 @@ async fn list(args: ListArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 r.done_to.unwrap_or(r.from)
             ),
         };
+        let replay = match s.replay_parallelism {
+            Some(p) => format!("{replay}; replay parallelism {p}"),
+            None => replay,
+        };
         writeln!(
             out,
             "{:<24} {:<20} {:<9} {:<40} {}",

@@ -70,4 +70,13 @@ async fn a_subscribers_own_replay_parallelism_is_stored_and_a_bad_one_changes_no
     ]);
     assert!(ok, "{err}");
     assert_eq!(stored(&pool, "billing").await, Some(Some(9)));
+    let list = outbox(&pool, &["subscribers", "list"])
+        .output()
+        .expect("running outbox");
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.contains("billing") && l.contains("replay parallelism 9")),
+        "{text}"
+    );
 }
