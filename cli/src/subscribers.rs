@@ -213,12 +213,7 @@ async fn run_replay(
 async fn add(args: AddArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let name = subscribers::parse_name(&args.name)?;
     // Refused before anything changes (the subscriber would otherwise be added and the command fail after).
-    if name == subscribers::DEFAULT && args.replay_parallelism.is_some() {
-        return Err(subscribers::SubscriberError::DefaultParallelism.into());
-    }
-    if let Some(p) = args.replay_parallelism.filter(|p| !(1..=1000).contains(p)) {
-        return Err(subscribers::SubscriberError::InvalidParallelism(p).into());
-    }
+    subscribers::check_replay_parallelism(&name, args.replay_parallelism)?;
     let db = db(&args.db).await?;
     let wait = Duration::from_secs(args.wait_secs);
     let mut added = subscribers::add(

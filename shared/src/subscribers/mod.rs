@@ -558,11 +558,30 @@ pub async fn get(db: &Db, topic: &str, name: &str) -> Result<Subscriber, Subscri
         .bind(name)
         .fetch_optional(db.pool())
         .await?
-        .ok_or_else(|| SubscriberError::NotFound {
-            topic: topic.to_owned(),
-            name: label(name).to_owned(),
-        })?;
+        .ok_or_else(|| not_found(topic, name))?;
     Ok(subscriber_of(&row)?)
+}
+
+fn not_found(topic: &str, name: &str) -> SubscriberError {
+    SubscriberError::NotFound {
+        topic: topic.to_owned(),
+        name: label(name).to_owned(),
+    }
+}
+
+/// Whether subscriber `name` may have `parallelism` as its own replay parallelism ([`set_replay_parallelism`]): a
+/// named subscriber, 1 to 1000. For checking a command before it changes anything.
+pub fn check_replay_parallelism(
+    name: &str,
+    parallelism: Option<u32>,
+) -> Result<(), SubscriberError> {
+    if name == DEFAULT && parallelism.is_some() {
+        return Err(SubscriberError::DefaultParallelism);
+    }
+    match parallelism {
+        Some(p) if !(1..=1000).contains(&p) => Err(SubscriberError::InvalidParallelism(p)),
+        _ => Ok(()),
+    }
 }
 
 /// Sets how many messages of a named subscriber's replay QStash delivers at once (`None`: the relay's
@@ -573,12 +592,7 @@ pub async fn set_replay_parallelism(
     name: &str,
     parallelism: Option<u32>,
 ) -> Result<Subscriber, SubscriberError> {
-    if name == DEFAULT {
-        return Err(SubscriberError::DefaultParallelism);
-    }
-    if let Some(p) = parallelism.filter(|p| !(1..=1000).contains(p)) {
-        return Err(SubscriberError::InvalidParallelism(p));
-    }
+    check_replay_parallelism(name, parallelism)?;
     let sql = crate::schema::sql(&format!(
         "UPDATE {{schema}}.outbox_subscribers SET replay_parallelism = $3 \
          WHERE topic = $1 AND name = $2 AND removed_at IS NULL RETURNING {COLUMNS}"
@@ -589,10 +603,7 @@ pub async fn set_replay_parallelism(
         .bind(parallelism.map(|p| p as i32))
         .fetch_optional(db.pool())
         .await?
-        .ok_or_else(|| SubscriberError::NotFound {
-            topic: topic.to_owned(),
-            name: label(name).to_owned(),
-        })?;
+        .ok_or_else(|| not_found(topic, name))?;
     Ok(subscriber_of(&row)?)
 }
 
@@ -671,10 +682,7 @@ pub async fn remove(
         .fetch_one(&mut *tx)
         .await?;
         if !removed {
-            return Err(SubscriberError::NotFound {
-                topic: topic.to_owned(),
-                name: label(name).to_owned(),
-            });
+            return Err(not_found(topic, name));
         }
         tx.commit().await?;
         return delete_copies(db, topic, name, wait).await;
