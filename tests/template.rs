@@ -1088,15 +1088,9 @@ fn relay_summary() -> InvocationSummary {
     InvocationSummary {
         request_id: "r".into(),
         trigger: "t".into(),
-        drain: Default::default(),
-        housekeeping: Default::default(),
-        accounting: Default::default(),
-        accounting_error: None,
-        backlog: Default::default(),
         database: Some(Default::default()),
         subscribers: vec![subscriber(""), subscriber("billing")],
-        subscribers_error: None,
-        duration_ms: 0,
+        ..Default::default()
     }
 }
 

@@ -125,8 +125,8 @@ impl RelayState {
     }
 }
 
-/// The invocation summary (also the handler's response).
-#[derive(Debug, Clone, Serialize)]
+/// The invocation summary (also the handler's response). `Default` is an empty one (for tests and fixtures).
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct InvocationSummary {
     /// Lambda request id.
     pub request_id: String,
@@ -517,15 +517,8 @@ mod tests {
         InvocationSummary {
             request_id: "r".into(),
             trigger: "t".into(),
-            drain: Default::default(),
-            housekeeping: Default::default(),
-            accounting: Default::default(),
-            accounting_error: None,
-            backlog: Default::default(),
-            database: None,
             subscribers,
-            subscribers_error: None,
-            duration_ms: 0,
+            ..Default::default()
         }
     }
 
