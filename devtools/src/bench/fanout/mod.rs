@@ -9,17 +9,17 @@
 //! dedupe row; QStash messages per event per subscriber (the dev server's `accepted`); the relay process's CPU per
 //! event and per copy.
 //!
-//! Replay: 100,000 ordered events (1,000 keys × 100) retained and done for the default subscriber; a live
+//! Replay (`replay.rs`): 100,000 ordered events (1,000 keys × 100) retained and done for the default subscriber; a live
 //! producer writes 100 events/s on the unordered topic; after a baseline window a subscriber is added `--from` the first
 //! event and its history copied (`subscribers::replay`), while the relay (in this process) keeps serving both. The
 //! replay's events/s (first copy → last applied) and the live subscriber's commit → applied p50/p99 in the
 //! baseline window and during the replay; run unpaced (`QSTASH_REPLAY_PARALLELISM` 1000) and then paced at the
 //! default.
 //!
-//! Producer ([`producer_run`]): the producer's statement (and its commit) with 1 and with 3 subscribers, four
+//! Producer (`producer.rs`): the producer's statement (and its commit) with 1 and with 3 subscribers, four
 //! producers at once, no relay: what each subscriber's copy adds to the business transaction.
 //!
-//! Outage ([`b_down_run`]): A and B subscribe to the ordered topic; a producer writes 100 events/s for 75 s; B
+//! Outage (`outage.rs`): A and B subscribe to the ordered topic; a producer writes 100 events/s for 75 s; B
 //! answers 503 for the middle 60 s in one run and stays healthy in the other, alternating, two of each (medians).
 //! A's events/s and commit → applied over that minute side by side, and B's catch-up (every event once, every key
 //! in order, no dead letter). This part's dev server runs QStash's retry delays 20× faster.
@@ -39,6 +39,9 @@ use sqlx::PgPool;
 use super::relay;
 use super::support::{DevServerProcess, Knobs, ScratchDb, in_process_relay, load_average};
 
+mod outage;
+mod producer;
+mod replay;
 pub mod report;
 
 const ORDERED: Topic = Topic::ordered("bench_ordered");
@@ -318,16 +321,18 @@ async fn drain(
     }))
 }
 
+/// The median over `runs` of the number at `path` (keys into each run's JSON); NaN when no run has one.
+fn median_at(runs: &[Value], path: &[&str]) -> f64 {
+    let values: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| path.iter().fold(r, |v, k| &v[*k]).as_f64())
+        .collect();
+    median(&values)
+}
+
 /// The medians of one (kind, subscribers) point over its rounds.
 fn point(runs: &[Value]) -> Value {
-    let m = |k: &str| {
-        median(
-            &runs
-                .iter()
-                .filter_map(|r| r[k].as_f64())
-                .collect::<Vec<_>>(),
-        )
-    };
+    let m = |k: &str| median_at(runs, &[k]);
     json!({
         "subscribers": runs[0]["subscribers"],
         "events": runs[0]["events"],
@@ -361,14 +366,6 @@ impl LiveLatency {
             "relay_p99_ms": self.relay_p99_ms,
         })
     }
-}
-
-async fn live_latency(
-    pool: &PgPool,
-    from: chrono::DateTime<chrono::Utc>,
-    to: chrono::DateTime<chrono::Utc>,
-) -> anyhow::Result<LiveLatency> {
-    latency(pool, LIVE.name(), "consumer", from, to).await
 }
 
 /// Commit → applied (and commit → accepted by QStash) of `topic`'s events written between `from` and `to`
@@ -405,187 +402,6 @@ async fn latency(
         p99_ms: nan(r.2),
         relay_p50_ms: nan(r.3),
         relay_p99_ms: nan(r.4),
-    })
-}
-
-/// The "B down" scenario (module docs), once with B healthy and once with B down: subscribers A (the default)
-/// and B ([`NAMED`]`[0]`) of the ordered topic, a live producer at `plan.outage_rate` events/s over
-/// `plan.outage_keys` keys for before + down + after seconds; with `b_down`, B answers 503 for the middle
-/// `plan.outage_down_secs`. A's figures cover the middle window: events/s it applied, and commit → applied of the
-/// events written then. Then B's catch-up: seconds from B's return until it has applied every event, whether it
-/// applied each once (dedupe rows) and every key completely in order (its last sequences), its dead letters.
-async fn b_down_run(
-    db: &ScratchDb,
-    dev: &DevServerProcess,
-    rig: &Rig,
-    knobs: Knobs,
-    plan: &Plan,
-    b_down: bool,
-) -> anyhow::Result<Value> {
-    use std::sync::atomic::Ordering::SeqCst;
-    reset(db, rig, 2).await?;
-    let b = NAMED[0];
-    let (stop, draining) = running_relay(db, dev, rig, knobs, &[]).await?;
-    let (rate, keys) = (plan.outage_rate, plan.outage_keys);
-    let (live_stop, producer) = steady_producer(&db.pool, ORDERED, rate, keys);
-    tokio::time::sleep(Duration::from_secs_f64(plan.outage_before_secs)).await;
-    let t1 = clock(&db.pool).await?;
-    rig.b_down.store(b_down, SeqCst);
-    tokio::time::sleep(Duration::from_secs_f64(plan.outage_down_secs)).await;
-    rig.b_down.store(false, SeqCst);
-    let t2 = clock(&db.pool).await?;
-    let up = Instant::now();
-    tokio::time::sleep(Duration::from_secs_f64(plan.outage_after_secs)).await;
-    let _ = live_stop.send(true);
-    let written = producer.await?? as i64;
-    let applied = |consumer: &'static str| {
-        let pool = db.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM processed_messages p JOIN outbox o ON o.id = p.message_id::bigint \
-                 WHERE p.consumer = $1 AND o.topic = $2",
-            )
-            .bind(consumer)
-            .bind(ORDERED.name())
-            .fetch_one(&pool)
-            .await
-        }
-    };
-    let give_up = Instant::now() + Duration::from_secs(600);
-    let mut b_done_after = None;
-    loop {
-        let (a_n, b_n) = (applied("consumer").await?, applied(b).await?);
-        if b_n >= written && b_done_after.is_none() {
-            b_done_after = Some(up.elapsed().as_secs_f64());
-        }
-        if a_n >= written && b_done_after.is_some() {
-            break;
-        }
-        if Instant::now() > give_up {
-            bail!("after 600 s A applied {a_n} and B {b_n} of {written} events");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    stop.stop();
-    let _ = draining.await;
-    let a = latency(&db.pool, ORDERED.name(), "consumer", t1, t2).await?;
-    let a_applied_in_window: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM processed_messages WHERE consumer = 'consumer' AND processed_at >= $1 \
-         AND processed_at < $2",
-    )
-    .bind(t1)
-    .bind(t2)
-    .fetch_one(&db.pool)
-    .await?;
-    let window = (t2 - t1).num_milliseconds() as f64 / 1000.0;
-    // B's last sequence per key equals the key's event count only if it applied every event of the key in order
-    // (the consumer refuses an older sequence); the sum over keys is then the number written.
-    let (b_keys, b_seq_sum): (i64, Option<i64>) = sqlx::query_as(
-        "SELECT count(*), sum(last_seq)::bigint FROM consumer_sequences WHERE consumer = $1 AND topic = $2",
-    )
-    .bind(b)
-    .bind(ORDERED.name())
-    .fetch_one(&db.pool)
-    .await?;
-    let b_dead: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters WHERE subscriber = $1")
-        .bind(b)
-        .fetch_one(&db.pool)
-        .await?;
-    Ok(json!({
-        "b_down": b_down,
-        "window_secs": window,
-        "events_written": written,
-        "rate": rate,
-        "keys": keys,
-        "a_events_per_sec": a_applied_in_window as f64 / window,
-        "a_latency": a.json(),
-        "b_caught_up_secs_after_return": b_done_after,
-        "b_applied": applied(b).await?,
-        "b_keys_in_order": b_keys,
-        "b_complete_in_order": b_seq_sum == Some(written) && b_keys as u64 == keys.min(written as u64),
-        "b_dead_letters": b_dead,
-    }))
-}
-
-/// Producer tasks writing at once in the producer part.
-const PRODUCERS: usize = 4;
-
-/// The producer part (module docs): `plan.producer_events` events of one topic (ordered: over 1,000 keys), each
-/// `outbox::enqueue` in a transaction of its own (the statement and its commit), from [`PRODUCERS`] tasks with a
-/// connection each, with `subs` subscribers; no relay runs. Per event: p50/p99 ms; all: events/s.
-async fn producer_run(
-    db: &ScratchDb,
-    rig: &Rig,
-    plan: &Plan,
-    subs: usize,
-    ordered: bool,
-) -> anyhow::Result<Value> {
-    reset(db, rig, subs).await?;
-    let events = if ordered {
-        ordered_events(1_000, (plan.producer_events / 1_000).max(1))?
-    } else {
-        unordered_events(plan.producer_events)?
-    };
-    let n = events.len();
-    let mut lists: Vec<Vec<NewEvent>> = (0..PRODUCERS).map(|_| Vec::new()).collect();
-    for (i, e) in events.into_iter().enumerate() {
-        lists[i % PRODUCERS].push(e);
-    }
-    let started = Instant::now();
-    let tasks: Vec<_> = lists
-        .into_iter()
-        .map(|list| {
-            let pool = db.pool.clone();
-            tokio::spawn(async move {
-                let mut conn = pool.acquire().await?;
-                let mut ms = Vec::with_capacity(list.len());
-                for e in list {
-                    let t = Instant::now();
-                    outbox::enqueue(&mut conn, e).await?;
-                    ms.push(t.elapsed().as_secs_f64() * 1000.0);
-                }
-                anyhow::Ok(ms)
-            })
-        })
-        .collect();
-    let mut ms = Vec::with_capacity(n);
-    for t in tasks {
-        ms.extend(t.await??);
-    }
-    let secs = started.elapsed().as_secs_f64();
-    let copies: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
-        .fetch_one(&db.pool)
-        .await?;
-    anyhow::ensure!(
-        copies as usize == n * subs,
-        "{n} events with {subs} subscribers wrote {copies} rows"
-    );
-    Ok(json!({
-        "subscribers": subs,
-        "events": n,
-        "events_per_sec": n as f64 / secs,
-        "p50_ms": outbox_testkit::percentile(&ms, 0.5),
-        "p99_ms": outbox_testkit::percentile(&ms, 0.99),
-    }))
-}
-
-/// The rounds of one side of the outage scenario: the median of each figure, B complete and in order in every
-/// round, B's dead letters summed; the rounds themselves under `rounds`.
-fn outage_point(runs: &[Value]) -> Value {
-    let m =
-        |f: &dyn Fn(&Value) -> Option<f64>| median(&runs.iter().filter_map(f).collect::<Vec<_>>());
-    json!({
-        "rate": runs.first().map(|r| r["rate"].clone()),
-        "keys": runs.first().map(|r| r["keys"].clone()),
-        "a_events_per_sec": m(&|r| r["a_events_per_sec"].as_f64()),
-        "a_p50_ms": m(&|r| r["a_latency"]["p50_ms"].as_f64()),
-        "a_p99_ms": m(&|r| r["a_latency"]["p99_ms"].as_f64()),
-        "b_caught_up_secs_after_return": m(&|r| r["b_caught_up_secs_after_return"].as_f64()),
-        "events_written": runs.iter().filter_map(|r| r["events_written"].as_i64()).sum::<i64>(),
-        "b_applied": runs.iter().filter_map(|r| r["b_applied"].as_i64()).sum::<i64>(),
-        "b_complete_in_order": runs.iter().all(|r| r["b_complete_in_order"] == Value::Bool(true)),
-        "b_dead_letters": runs.iter().filter_map(|r| r["b_dead_letters"].as_i64()).sum::<i64>(),
-        "rounds": runs,
     })
 }
 
@@ -652,108 +468,6 @@ fn steady_producer(
     (stop, task)
 }
 
-/// `QSTASH_REPLAY_PARALLELISM` of the unpaced baseline run: QStash's flow control never holds a replay back.
-const UNPACED: u32 = 1_000;
-
-/// The replay scenario (module docs), with `QSTASH_REPLAY_PARALLELISM = parallelism`.
-async fn replay(
-    db: &ScratchDb,
-    dev: &DevServerProcess,
-    rig: &Rig,
-    knobs: Knobs,
-    plan: &Plan,
-    parallelism: u32,
-) -> anyhow::Result<Value> {
-    reset(db, rig, 1).await?;
-    let history = plan.replay_keys * plan.replay_per_key;
-    produce(
-        &db.pool,
-        ordered_events(plan.replay_keys, plan.replay_per_key)?,
-    )
-    .await?;
-    // Retained and done for the default subscriber: delivered, its lanes at the end.
-    sqlx::raw_sql(
-        "UPDATE outbox SET dispatched_at = now(), delivered_at = now(); \
-         UPDATE outbox_keys k SET done_seq = s.last_seq FROM outbox_sequences s \
-           WHERE s.topic = k.topic AND s.partition_key = k.partition_key;",
-    )
-    .execute(&db.pool)
-    .await?;
-    sqlx::query("VACUUM ANALYZE outbox")
-        .execute(&db.pool)
-        .await?;
-    let replay_parallelism = [("QSTASH_REPLAY_PARALLELISM", parallelism.to_string())];
-    let (stop, draining) = running_relay(db, dev, rig, knobs, &replay_parallelism).await?;
-    let (live_stop, live) = steady_producer(&db.pool, LIVE, plan.live_rate, 100);
-    let t0 = clock(&db.pool).await?;
-    tokio::time::sleep(Duration::from_secs_f64(plan.baseline_secs)).await;
-    let t1 = clock(&db.pool).await?;
-    let h = Db::new(db.pool.clone(), Statements::Prepared);
-    let (name, url) = rig.consumers.last().context("the replayed subscriber")?;
-    let copy_started = Instant::now();
-    subscribers::add(
-        &h,
-        ORDERED.name(),
-        name,
-        Some(url),
-        Start::FromId(1),
-        Duration::from_secs(60),
-    )
-    .await?;
-    let last =
-        subscribers::replay(&h, ORDERED.name(), name, Duration::from_secs(60), |_| {}).await?;
-    let copy_secs = copy_started.elapsed().as_secs_f64();
-    let give_up = Instant::now() + Duration::from_secs(600);
-    loop {
-        let n: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM processed_messages WHERE consumer = $1")
-                .bind(name)
-                .fetch_one(&db.pool)
-                .await?;
-        if n as u64 >= history {
-            break;
-        }
-        if Instant::now() > give_up {
-            bail!("the new subscriber applied {n} of {history} replayed events within 600 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let replay_secs = copy_started.elapsed().as_secs_f64();
-    let t2 = clock(&db.pool).await?;
-    let _ = live_stop.send(true);
-    let live_events = live.await??;
-    // Let the last live events arrive, then stop the relay.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.stop();
-    let _ = draining.await;
-    let base = live_latency(&db.pool, t0 + chrono::Duration::seconds(1), t1).await?;
-    let during = live_latency(&db.pool, t1, t2).await?;
-    let ordered_ok: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM consumer_sequences WHERE consumer = $1 AND topic = $2 AND last_seq = $3",
-    )
-    .bind(name)
-    .bind(ORDERED.name())
-    .bind(plan.replay_per_key as i64)
-    .fetch_one(&db.pool)
-    .await?;
-    Ok(json!({
-        "replay_parallelism": parallelism,
-        "history_events": history,
-        "keys": plan.replay_keys,
-        "copied": last.map(|p| p.total),
-        "copy_secs": copy_secs,
-        "replay_secs": replay_secs,
-        "replay_events_per_sec": history as f64 / replay_secs,
-        "keys_complete_in_order": ordered_ok,
-        "live_rate": plan.live_rate,
-        "live_events": live_events,
-        "live_baseline": base.json(),
-        "live_during_replay": during.json(),
-        "live_p50_ratio": during.p50_ms / base.p50_ms,
-        "live_p99_ratio": during.p99_ms / base.p99_ms,
-    }))
-}
-
 /// `outbox-dev bench fanout`: prints each drain as it ends, the medians, and one `BENCH_JSON` line.
 pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
     if args.only.is_some() && args.report.is_some() {
@@ -801,106 +515,15 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
             figures["unordered"] = json!([point(&runs[2]), point(&runs[3])]);
         }
         if runs_part(Part::Replay) {
-            // Unpaced first (the baseline), then at the default parallelism, in this process.
-            let default = outbox::config::QstashConfig::DEFAULT_REPLAY_PARALLELISM;
-            for (key, parallelism) in [("replay_unpaced", UNPACED), ("replay", default)] {
-                let r = replay(&db, &dev, &rig, knobs, &plan, parallelism).await?;
-                let ms = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
-                println!(
-                    "fanout replay, QSTASH_REPLAY_PARALLELISM={parallelism}: {} retained events to a new subscriber in \
-                     {:.1} s ({:.0} events/s; copying {:.1} s); live subscriber at {}/s: p50 {:.0} → {:.0} ms, \
-                     p99 {:.0} → {:.0} ms, in the relay p99 {:.0} → {:.0} ms (baseline → during the replay)",
-                    r["history_events"],
-                    ms(&r["replay_secs"]),
-                    ms(&r["replay_events_per_sec"]),
-                    ms(&r["copy_secs"]),
-                    r["live_rate"],
-                    ms(&r["live_baseline"]["p50_ms"]),
-                    ms(&r["live_during_replay"]["p50_ms"]),
-                    ms(&r["live_baseline"]["p99_ms"]),
-                    ms(&r["live_during_replay"]["p99_ms"]),
-                    ms(&r["live_baseline"]["relay_p99_ms"]),
-                    ms(&r["live_during_replay"]["relay_p99_ms"]),
-                );
+            for (key, r) in replay::part(&db, &dev, &rig, knobs, &plan).await? {
                 figures[key] = r;
             }
         }
         if runs_part(Part::Producer) {
-            let mut runs: Vec<Vec<Value>> = vec![Vec::new(); 4];
-            for _ in 0..rounds {
-                for (i, (ordered, subs)) in [(true, 1), (true, 3), (false, 1), (false, 3)].into_iter().enumerate() {
-                    let r = producer_run(&db, &rig, &plan, subs, ordered).await?;
-                    println!(
-                        "fanout producer: {} events, {subs} subscriber(s): {:.0} events/s, p50 {:.2} ms, p99 {:.2} ms",
-                        if ordered { "ordered" } else { "unordered" },
-                        r["events_per_sec"].as_f64().unwrap_or(f64::NAN),
-                        r["p50_ms"].as_f64().unwrap_or(f64::NAN),
-                        r["p99_ms"].as_f64().unwrap_or(f64::NAN),
-                    );
-                    runs[i].push(r);
-                }
-            }
-            let point = |runs: &[Value]| {
-                let m = |k: &str| median(&runs.iter().filter_map(|r| r[k].as_f64()).collect::<Vec<_>>());
-                json!({
-                    "subscribers": runs[0]["subscribers"],
-                    "events": runs[0]["events"],
-                    "events_per_sec": m("events_per_sec"),
-                    "p50_ms": m("p50_ms"),
-                    "p99_ms": m("p99_ms"),
-                    "rounds": runs,
-                })
-            };
-            figures["producer"] = json!({
-                "producers": PRODUCERS,
-                "ordered": [point(&runs[0]), point(&runs[1])],
-                "unordered": [point(&runs[2]), point(&runs[3])],
-            });
+            figures["producer"] = producer::part(&db, &rig, &plan, rounds).await?;
         }
         if runs_part(Part::Outage) {
-            // B's failed deliveries come back on QStash's retry delays; this dev server runs them 20× faster
-            // (0.6 s, 7.4 s, 90 s), so B's catch-up is measured in seconds, not minutes.
-            let scaled = DevServerProcess::start(&["--deliver", "true", "--time-scale", "0.05"]).await?;
-            // Alternating, two of each: the median of each figure.
-            let mut runs: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
-            for down in (0..2).flat_map(|_| [false, true]) {
-                let r = b_down_run(&db, &scaled, &rig, knobs, &plan, down).await;
-                let r = match r {
-                    Ok(r) => r,
-                    Err(e) => {
-                        scaled.stop().await;
-                        return Err(e);
-                    }
-                };
-                let ms = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
-                println!(
-                    "fanout outage, B {}: A applied {:.0} events/s, commit → applied p50 {:.0} ms, p99 {:.0} ms over \
-                     {:.0} s; B caught up {:.1} s after its return, {} of {} applied, complete in order: {}, {} dead \
-                     letters",
-                    if down { "down" } else { "healthy" },
-                    ms(&r["a_events_per_sec"]),
-                    ms(&r["a_latency"]["p50_ms"]),
-                    ms(&r["a_latency"]["p99_ms"]),
-                    ms(&r["window_secs"]),
-                    ms(&r["b_caught_up_secs_after_return"]),
-                    r["b_applied"],
-                    r["events_written"],
-                    r["b_complete_in_order"],
-                    r["b_dead_letters"],
-                );
-                runs[usize::from(down)].push(r);
-            }
-            scaled.stop().await;
-            let (healthy, down) = (outage_point(&runs[0]), outage_point(&runs[1]));
-            let ratio = |k: &str| down[k].as_f64().unwrap_or(f64::NAN) / healthy[k].as_f64().unwrap_or(f64::NAN);
-            figures["outage"] = json!({
-                "down_secs": plan.outage_down_secs,
-                "a_events_per_sec_ratio": ratio("a_events_per_sec"),
-                "a_p50_ratio": ratio("a_p50_ms"),
-                "a_p99_ratio": ratio("a_p99_ms"),
-                "healthy": healthy,
-                "down": down,
-            });
+            figures["outage"] = outage::part(&db, &rig, knobs, &plan).await?;
         }
         anyhow::Ok(figures)
     }
