@@ -19,22 +19,22 @@ use qstash_dev::{Faults, WaitlistOrder};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 
-const ORDERED: Topic = Topic::ordered("fan.ordered");
-const UNORDERED: Topic = Topic::unordered("fan.unordered");
+pub(crate) const ORDERED: Topic = Topic::ordered("fan.ordered");
+pub(crate) const UNORDERED: Topic = Topic::unordered("fan.unordered");
 
 /// The subscribers of these tests: the default one (the stack's consumer, `CONSUMER_NAME` `consumer`) and two
 /// named ones.
-const DEFAULT: &str = "consumer";
-const A: &str = "a";
-const B: &str = "b";
+pub(crate) const DEFAULT: &str = "consumer";
+pub(crate) const A: &str = "a";
+pub(crate) const B: &str = "b";
 
 /// A test event: its number (the same in every subscriber's copy) and the subscribers whose handler rejects it
 /// until it is cured (`fanout_cured`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct FanEvent {
-    n: i64,
+pub(crate) struct FanEvent {
+    pub(crate) n: i64,
     #[serde(default)]
-    poison_for: Vec<String>,
+    pub(crate) poison_for: Vec<String>,
 }
 
 /// Records what one subscriber applied.
@@ -78,13 +78,13 @@ impl Handler<FanEvent> for Ledger {
     }
 }
 
-fn registry(subscriber: &'static str) -> Registry {
+pub(crate) fn registry(subscriber: &'static str) -> Registry {
     Registry::new()
         .on(ORDERED.name(), Ledger { subscriber })
         .on(UNORDERED.name(), Ledger { subscriber })
 }
 
-async fn ledger_tables(pool: &PgPool) {
+pub(crate) async fn ledger_tables(pool: &PgPool) {
     sqlx::raw_sql(
         "CREATE TABLE fanout_applied (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, subscriber text NOT NULL, \
            topic text NOT NULL, key text, seq bigint, n bigint NOT NULL, outbox_id bigint NOT NULL); \
@@ -97,7 +97,7 @@ async fn ledger_tables(pool: &PgPool) {
 
 /// A stack whose default consumer is subscriber `consumer` and with `named` subscribers served (made live for
 /// both topics when `live`).
-async fn stack_with(
+pub(crate) async fn stack_with(
     pool: &PgPool,
     named: &[&'static str],
     live: bool,
@@ -128,7 +128,7 @@ async fn stack_with(
 
 /// Enqueues `keys` × `per_key` ordered events and `unordered` unordered ones, numbered from `first`, in
 /// transactions of ten; `poison` says which subscribers refuse event `n`.
-async fn enqueue(
+pub(crate) async fn enqueue(
     pool: &PgPool,
     first: i64,
     keys: i64,
@@ -178,7 +178,7 @@ async fn enqueue(
 }
 
 /// What one subscriber applied: event numbers in the order applied.
-async fn applied(
+pub(crate) async fn applied(
     pool: &PgPool,
     subscriber: &str,
 ) -> Vec<(String, Option<String>, Option<i64>, i64)> {
@@ -193,7 +193,11 @@ async fn applied(
 
 /// Checks that `subscriber` applied exactly the events `expected` (numbers), each once, and each ordered key's
 /// events in sequence order with no gap.
-async fn assert_applied_once_in_order(pool: &PgPool, subscriber: &str, expected: &[i64]) {
+pub(crate) async fn assert_applied_once_in_order(
+    pool: &PgPool,
+    subscriber: &str,
+    expected: &[i64],
+) {
     let rows = applied(pool, subscriber).await;
     let mut seen: BTreeMap<i64, usize> = BTreeMap::new();
     for r in &rows {
@@ -230,12 +234,17 @@ async fn assert_applied_once_in_order(pool: &PgPool, subscriber: &str, expected:
     }
 }
 
-async fn scalar(pool: &PgPool, sql: &'static str) -> i64 {
+pub(crate) async fn scalar(pool: &PgPool, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
 /// Waits until `subscriber` applied `n` events; false on timeout.
-async fn wait_applied(pool: &PgPool, subscriber: &str, n: usize, timeout: Duration) -> bool {
+pub(crate) async fn wait_applied(
+    pool: &PgPool,
+    subscriber: &str,
+    n: usize,
+    timeout: Duration,
+) -> bool {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if applied(pool, subscriber).await.len() >= n {

@@ -8,6 +8,7 @@ mod accounting;
 mod fanout;
 mod fuzz_regressions;
 mod lambda_runtime;
+mod lifecycle;
 mod pipeline;
 mod template;
 mod test_layout;

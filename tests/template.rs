@@ -45,8 +45,24 @@ const FUNCTIONS: [(&str, &str, &str); 3] = [
 /// The two receivers: public function URLs, the receiver secret.
 const RECEIVERS: [&str; 2] = ["ConsumerFunction", "FailureCallbackFunction"];
 
-/// The fields the relay loads (`shared/src/relay/handler.rs`): the database and the publishing token.
-const RELAY_SECRETS: [SecretField; 2] = [SecretField::DatabaseUrl, SecretField::QstashToken];
+/// The fields the relay loads (`shared/src/relay/handler.rs`): the database, the publishing token and every
+/// subscriber's signing key.
+const RELAY_SECRETS: [SecretField; 3] = [
+    SecretField::DatabaseUrl,
+    SecretField::QstashToken,
+    SecretField::SubscriberKeys,
+];
+
+/// The fields the two receivers load, together: the consumer's and the failure callback's.
+fn receiver_secrets() -> Vec<SecretField> {
+    let mut fields = outbox::receiver::Receiver::Consumer.secret_fields();
+    for f in outbox::receiver::Receiver::Callbacks.secret_fields() {
+        if !fields.contains(&f) {
+            fields.push(f);
+        }
+    }
+    fields
+}
 
 /// `!If [Create<X>Secret, !Ref <X>Secret, !Ref Existing<X>SecretArn]`: the secret a function or role uses.
 fn secret_ref(which: &str) -> Value {
@@ -342,10 +358,8 @@ fn two_secrets_each_with_exactly_the_fields_its_functions_read() {
         fields.iter().map(|f| f.name().to_owned()).collect()
     };
     let mut all = BTreeSet::new();
-    for (which, wanted) in [
-        ("Relay", &RELAY_SECRETS[..]),
-        ("Receiver", &RECEIVER_SECRETS[..]),
-    ] {
+    let receivers = receiver_secrets();
+    for (which, wanted) in [("Relay", &RELAY_SECRETS[..]), ("Receiver", &receivers[..])] {
         let id = format!("{which}Secret");
         let secret = &cfn["Resources"][&id];
         assert_eq!(secret["Type"], "AWS::SecretsManager::Secret", "{id}");
@@ -384,7 +398,8 @@ fn two_secrets_each_with_exactly_the_fields_its_functions_read() {
     }
     // Between them, every field; the token only in the relay's (the receivers must not be able to publish).
     assert_eq!(all, names(&SecretField::ALL));
-    assert!(!RECEIVER_SECRETS.contains(&SecretField::QstashToken));
+    assert!(!receivers.contains(&SecretField::QstashToken));
+    assert!(RECEIVER_SECRETS.iter().all(|f| receivers.contains(f)));
     // The functions: each its own secret, none from Globals.
     for (id, _, _) in FUNCTIONS {
         assert_eq!(

@@ -55,6 +55,10 @@ pub struct AddArgs {
     /// Record the subscriber and fix its replay, but leave the copying to `outbox subscribers replay`.
     #[arg(long)]
     pub no_replay: bool,
+    /// The subscriber existed before (it was removed): add it again with its history (--from). Without it, such
+    /// an add is refused with what would and would not be replayed.
+    #[arg(long)]
+    pub again: bool,
     /// Messages of its replay QStash delivers at once (1-1000; default: the relay's QSTASH_REPLAY_PARALLELISM).
     #[arg(long)]
     pub replay_parallelism: Option<u32>,
@@ -216,15 +220,12 @@ async fn add(args: AddArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     subscribers::check_replay_parallelism(&name, args.replay_parallelism)?;
     let db = db(&args.db).await?;
     let wait = Duration::from_secs(args.wait_secs);
-    let mut added = subscribers::add(
-        &db,
-        &args.topic,
-        &name,
-        args.url.as_deref(),
-        args.from,
-        wait,
-    )
-    .await?;
+    let (topic, url) = (args.topic.as_str(), args.url.as_deref());
+    let mut added = if args.again {
+        subscribers::add_again(&db, topic, &name, url, args.from, wait).await?
+    } else {
+        subscribers::add(&db, topic, &name, url, args.from, wait).await?
+    };
     // Before the copying: the relay delivers replayed copies as soon as each chunk commits.
     if let Some(p) = args.replay_parallelism {
         added.subscriber =

@@ -200,6 +200,7 @@ pub fn envelope(data: &[u8]) {
         .zip(&headers)
         .map(|(e, h)| WireEvent {
             id: e.id,
+            event_id: e.event.unwrap_or(e.id),
             key: &e.key,
             seq: e.seq,
             created_at: e.created_at.unwrap_or_default(),

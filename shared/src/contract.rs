@@ -12,6 +12,7 @@
 //! | outbox id, partition key, sequence, schema version, creation time, headers, payload | the envelope's event | `body` |
 //! | who records delivery evidence of an ordered event | the envelope's `evidence` | `body` |
 //! | the named subscriber a copy is for (fan-out; omitted for the default subscriber) | the envelope's `subscriber` | `body` |
+//! | the event a copy is of: the consumer's dedupe key (fan-out and replay; omitted when it is the copy's own id) | the envelope's event `event` | `body` |
 //!
 //! The body is a JSON **envelope** ([`Envelope`]):
 //!
@@ -191,8 +192,14 @@ pub struct Envelope<'a> {
 /// One event of an [`Envelope`].
 #[derive(Debug, Deserialize)]
 pub struct EnvelopeEvent<'a> {
-    /// The outbox id: the consumer's dedupe key.
+    /// The outbox id of this copy: what delivery evidence is recorded against.
     pub id: OutboxId,
+    /// The event this is a copy of: the first copy's outbox id, the same in every copy of the event made for any
+    /// subscriber, by the producer, a replay or a re-add (decision record 0070). The consumer's dedupe key within
+    /// its namespace. Absent when it is [`EnvelopeEvent::id`] (the event's first copy, and every delivery of a relay
+    /// before this field).
+    #[serde(default)]
+    pub event: Option<OutboxId>,
     /// The partition key.
     pub key: PartitionKey,
     /// The per-key sequence (ordered topics only).
@@ -230,6 +237,15 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope<'_>, String> {
     for e in &env.events {
         if e.id.get() <= 0 {
             return Err(format!("event id {} is not positive", e.id));
+        }
+        // A copy is written after the event's first copy, so its event id is never above its own.
+        if let Some(event) = e.event
+            && (event.get() <= 0 || event > e.id)
+        {
+            return Err(format!(
+                "event {} names event {event} as the one it copies, which must be positive and not above its own id",
+                e.id
+            ));
         }
         if e.key.is_empty() {
             return Err(format!("event {} has an empty partition key", e.id));
@@ -317,8 +333,10 @@ pub fn id_copy(ids: impl IntoIterator<Item = OutboxId>) -> String {
 /// One event as the relay writes it.
 #[derive(Debug, Clone, Copy)]
 pub struct WireEvent<'a> {
-    /// Outbox id.
+    /// Outbox id (of this copy).
     pub id: OutboxId,
+    /// The event it is a copy of (written as `event` when it differs from `id`).
+    pub event_id: OutboxId,
     /// Partition key.
     pub key: &'a str,
     /// Per-key sequence.
@@ -362,6 +380,10 @@ pub fn write_envelope(
         }
         out.extend_from_slice(b"{\"id\":");
         out.extend_from_slice(e.id.to_string().as_bytes());
+        if e.event_id != e.id {
+            out.extend_from_slice(b",\"event\":");
+            out.extend_from_slice(e.event_id.to_string().as_bytes());
+        }
         out.extend_from_slice(b",\"key\":");
         json_str(&mut out, e.key);
         if let Some(seq) = e.seq {
@@ -560,6 +582,7 @@ mod tests {
             Some(Evidence::Consumer),
             &[WireEvent {
                 id: OutboxId(42),
+                event_id: OutboxId(40),
                 key: odd_key,
                 seq: Some(3),
                 created_at: created,
@@ -574,8 +597,8 @@ mod tests {
         assert_eq!(env.evidence, Some(Evidence::Consumer));
         let e = &env.events[0];
         assert_eq!(
-            (e.id, e.key.as_str(), e.seq),
-            (OutboxId(42), odd_key, Some(3))
+            (e.id, e.event, e.key.as_str(), e.seq),
+            (OutboxId(42), Some(OutboxId(40)), odd_key, Some(3))
         );
         assert_eq!(e.created_at, Some(created));
         assert_eq!(e.schema_version, Some(2));
@@ -595,6 +618,7 @@ mod tests {
             None,
             &[WireEvent {
                 id: OutboxId(1),
+                event_id: OutboxId(1),
                 key: "k",
                 seq: None,
                 created_at: created,
@@ -606,6 +630,10 @@ mod tests {
         let env = parse_envelope(bare.as_bytes()).unwrap();
         assert_eq!(env.subscriber, None);
         assert!(!bare.contains("subscriber"), "{bare}");
+        assert_eq!(
+            env.events[0].event, None,
+            "a first copy names no event: {bare}"
+        );
         assert_eq!(env.evidence, None);
         assert_eq!(env.events[0].seq, None);
         assert!(env.events[0].headers.is_empty());

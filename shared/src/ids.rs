@@ -176,6 +176,21 @@ pub struct KeyLease {
     pub token: i64,
 }
 
+/// Whether `name` may name a subscriber (as stored, other than the default subscriber's `''`): 1 to 63 lower-case
+/// letters, digits, `_`, `.` or `-`, starting with a letter or digit. It is the subscriber's consumer's
+/// `CONSUMER_NAME`, and appears in flow-control keys and metric dimensions.
+pub fn is_subscriber_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,6 +46,8 @@
 //! - `metrics`: CloudWatch EMF metrics.
 //! - `headers`: user headers and their rules, and [`InvalidEvent`] (why an event is refused).
 //! - `contract`: the signed wire contract between relay, QStash and the receivers.
+//! - `subscriber_keys`: per-subscriber keys: the relay's signature a subscriber's consumer and the failure callback
+//!   check.
 //! - `ordering`: per-key order: sequences, heads, delivery evidence.
 //! - `producer`: [`enqueue`] and [`Producer`]: writing events in the caller's transaction.
 //! - `subscribers`: fan-out: a topic's subscribers, adding one with its history replayed, removing one.
@@ -85,6 +87,7 @@ pub mod receiver;
 pub mod relay;
 pub mod schema;
 pub mod secrets;
+pub mod subscriber_keys;
 pub mod subscribers;
 pub mod telemetry;
 

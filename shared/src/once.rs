@@ -12,8 +12,11 @@
 //! 4. `COMMIT` — the dedupe row and the side effects become visible together, or (error, crash, timeout)
 //!    neither does and the next delivery applies the event.
 //!
-//! The dedupe key is the **outbox id** (`x-outbox-id`), never QStash's message id: a republish or a DLQ redrive
-//! gets a new QStash message id but is still the same event. A failed commit is ambiguous (it may have
+//! The dedupe key is the **event's id** (the signed envelope's `event`, else its outbox `id`), never QStash's
+//! message id: a republish or a DLQ redrive gets a new QStash message id but is still the same event; and never a
+//! copy's own row id: with fan-out, a replay or a subscriber added again makes new copies of an event the
+//! subscriber may have applied already (decision record 0070). The namespace is the consumer's `CONSUMER_NAME`,
+//! one per subscriber. A failed commit is ambiguous (it may have
 //! committed): the caller answers 5xx, and the redelivery finds the row and answers "duplicate".
 //!
 //! The consumer runtime (`consumer::handle_event`) applies every delivery — one event, or a batch of several in
@@ -28,9 +31,12 @@
 //! later): the relay's housekeeping prunes them after `PROCESSED_TTL_HOURS` (default 7 days). *Dedupe row* and
 //! the other terms are defined in the repository's `docs/glossary.md`.
 
+use std::collections::HashSet;
+
 use sqlx::PgConnection;
 
 use crate::db::{Db, Statements};
+use crate::ids::OutboxId;
 
 /// What [`handle_once`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,19 +119,31 @@ where
     }
 }
 
-/// Step 2 for several events in the caller's transaction, in one statement: inserts the dedupe rows of
-/// `message_ids` and returns, per id in the order given, `true` when its row was inserted now (first time: apply
-/// it) or `false` when it existed (a duplicate: do nothing; also a repeat of an id earlier in the slice). The
-/// rows are inserted in sorted order, so two transactions claiming overlapping batches wait for each other
-/// instead of deadlocking; a concurrent duplicate blocks until the other transaction ends, as in step 2. Rows of
-/// events that end up not applied must be removed with [`forget`] before the commit.
+/// Which dedupe row stands for an event delivered in a copy ([`claim_all`]): the event's id, the same in every copy
+/// of it (decision record 0070), and the copy's own outbox id, the key of rows written before that decision (kept
+/// `PROCESSED_TTL_HOURS`, so a copy applied under its own id before an upgrade is still recognised after it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DedupeKey {
+    /// The event: the dedupe row's `message_id`.
+    pub event: OutboxId,
+    /// The copy delivered (equal to `event` for the event's first copy).
+    pub copy: OutboxId,
+}
+
+/// Step 2 for several events in the caller's transaction, in one statement: inserts the dedupe rows of the events
+/// of `keys` and returns, per key in the order given, `true` when its event's row was inserted now (first time:
+/// apply it) or `false` when it existed (a duplicate: do nothing; also a repeat of an event earlier in the slice,
+/// and a copy whose own id has a row from before decision record 0070). The rows are inserted in sorted order, so
+/// two transactions claiming overlapping batches wait for each other instead of deadlocking; a concurrent
+/// duplicate blocks until the other transaction ends, as in step 2. Rows of events that end up not applied must
+/// be removed with [`forget`] before the commit.
 pub async fn claim_all(
     conn: &mut PgConnection,
     consumer: &str,
-    message_ids: &[String],
+    keys: &[DedupeKey],
     statements: Statements,
 ) -> Result<Vec<bool>, sqlx::Error> {
-    let mut sorted: Vec<&str> = message_ids.iter().map(String::as_str).collect();
+    let mut sorted: Vec<String> = keys.iter().map(|k| k.event.to_string()).collect();
     sorted.sort_unstable();
     sorted.dedup();
     let inserted: Vec<String> = statements
@@ -138,9 +156,35 @@ pub async fn claim_all(
         .bind(&sorted)
         .fetch_all(&mut *conn)
         .await?;
-    let mut fresh: std::collections::HashSet<String> = inserted.into_iter().collect();
-    // `remove`: the first occurrence of an id is the one to apply; a repeat is a duplicate.
-    Ok(message_ids.iter().map(|id| fresh.remove(id)).collect())
+    let mut fresh: HashSet<OutboxId> = inserted
+        .iter()
+        .filter_map(|m| m.parse::<i64>().ok().map(OutboxId))
+        .collect();
+    // A copy other than the event's first, new under the event's id: a row under its own id (written before the
+    // key was the event) means it was applied all the same. None to look for without fan-out.
+    let older: Vec<String> = keys
+        .iter()
+        .filter(|k| k.copy != k.event && fresh.contains(&k.event))
+        .map(|k| k.copy.to_string())
+        .collect();
+    if !older.is_empty() {
+        let applied: Vec<String> = statements
+            .query_scalar(crate::schema::q(
+                "SELECT message_id FROM {schema}.processed_messages \
+                 WHERE consumer = $1 AND message_id = ANY($2::text[])",
+            ))
+            .bind(consumer)
+            .bind(&older)
+            .fetch_all(&mut *conn)
+            .await?;
+        for copy in applied {
+            if let Some(k) = keys.iter().find(|k| k.copy.to_string() == copy) {
+                fresh.remove(&k.event);
+            }
+        }
+    }
+    // `remove`: the first occurrence of an event is the one to apply; a repeat is a duplicate.
+    Ok(keys.iter().map(|k| fresh.remove(&k.event)).collect())
 }
 
 /// Removes dedupe rows [`claim_all`] inserted in this transaction for events that were not applied (failed, not
@@ -148,19 +192,20 @@ pub async fn claim_all(
 pub async fn forget(
     conn: &mut PgConnection,
     consumer: &str,
-    message_ids: &[String],
+    events: &[OutboxId],
     statements: Statements,
 ) -> Result<(), sqlx::Error> {
-    if message_ids.is_empty() {
+    if events.is_empty() {
         return Ok(());
     }
+    let texts: Vec<String> = events.iter().map(OutboxId::to_string).collect();
     statements
         .query(crate::schema::q(
             "DELETE FROM {schema}.processed_messages WHERE consumer = $1 AND message_id = ANY($2::text[])",
         ))
-    .bind(consumer)
-    .bind(message_ids)
-    .execute(&mut *conn)
-    .await?;
+        .bind(consumer)
+        .bind(&texts)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }

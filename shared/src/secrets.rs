@@ -33,6 +33,13 @@ pub enum SecretField {
     CurrentSigningKey,
     /// `QSTASH_NEXT_SIGNING_KEY`: verifies `Upstash-Signature` during key rotation.
     NextSigningKey,
+    /// `SUBSCRIBER_SIGNING_KEYS`: every subscriber's key ([`crate::subscriber_keys`]), with which the relay signs
+    /// each subscriber's deliveries and the failure callback checks what a callback says about them.
+    SubscriberKeys,
+    /// `SUBSCRIBER_CURRENT_SIGNING_KEY`: a consumer's own subscriber key: it accepts only deliveries signed with it.
+    SubscriberKey,
+    /// `SUBSCRIBER_NEXT_SIGNING_KEY`: a consumer's next subscriber key, accepted too while the relay switches.
+    SubscriberNextKey,
 }
 
 impl SecretField {
@@ -43,23 +50,41 @@ impl SecretField {
             SecretField::QstashToken => "QSTASH_TOKEN",
             SecretField::CurrentSigningKey => "QSTASH_CURRENT_SIGNING_KEY",
             SecretField::NextSigningKey => "QSTASH_NEXT_SIGNING_KEY",
+            SecretField::SubscriberKeys => "SUBSCRIBER_SIGNING_KEYS",
+            SecretField::SubscriberKey => "SUBSCRIBER_CURRENT_SIGNING_KEY",
+            SecretField::SubscriberNextKey => "SUBSCRIBER_NEXT_SIGNING_KEY",
         }
     }
 
     /// Whether a load keeps this field when it is present but was not asked for. Every field but the QStash
-    /// token: with the token anyone can publish, and QStash then signs whatever was published, so the token is
-    /// held only by the function that asks for it (the relay). (The optional next signing key, for example, is
-    /// kept when present although only the current one is required.)
+    /// token and every subscriber's keys: with the token anyone can publish, and QStash then signs whatever was
+    /// published; with the subscribers' keys anyone can sign deliveries to every subscriber. Each is held only by
+    /// the functions that ask for it (the token: the relay; the keys: the relay and the failure callback). (The
+    /// optional next signing key, for example, is kept when present although only the current one is required.)
     pub const fn kept_unrequested(self) -> bool {
-        !matches!(self, SecretField::QstashToken)
+        !matches!(self, SecretField::QstashToken | SecretField::SubscriberKeys)
+    }
+
+    /// Whether a function that asks for this field fails to start without it. The subscriber keys are optional
+    /// (without them nothing is signed or checked per subscriber, [`crate::subscriber_keys`]).
+    pub const fn required_when_asked(self) -> bool {
+        !matches!(
+            self,
+            SecretField::SubscriberKeys
+                | SecretField::SubscriberKey
+                | SecretField::SubscriberNextKey
+        )
     }
 
     /// Every field.
-    pub const ALL: [SecretField; 4] = [
+    pub const ALL: [SecretField; 7] = [
         SecretField::DatabaseUrl,
         SecretField::QstashToken,
         SecretField::CurrentSigningKey,
         SecretField::NextSigningKey,
+        SecretField::SubscriberKeys,
+        SecretField::SubscriberKey,
+        SecretField::SubscriberNextKey,
     ];
 }
 
@@ -67,35 +92,18 @@ impl SecretField {
 #[derive(Clone, Default)]
 pub struct Secrets {
     origin: String,
-    database_url: Option<SecretString>,
-    qstash_token: Option<SecretString>,
-    current_signing_key: Option<SecretString>,
-    next_signing_key: Option<SecretString>,
+    values: std::collections::HashMap<SecretField, SecretString>,
     withheld: Vec<SecretField>,
 }
 
 impl std::fmt::Debug for Secrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Secrets")
-            .field("origin", &self.origin)
-            .field(
-                "database_url",
-                &self.database_url.as_ref().map(|_| "[redacted]"),
-            )
-            .field(
-                "qstash_token",
-                &self.qstash_token.as_ref().map(|_| "[redacted]"),
-            )
-            .field(
-                "current_signing_key",
-                &self.current_signing_key.as_ref().map(|_| "[redacted]"),
-            )
-            .field(
-                "next_signing_key",
-                &self.next_signing_key.as_ref().map(|_| "[redacted]"),
-            )
-            .field("withheld", &self.withheld)
-            .finish()
+        let mut d = f.debug_struct("Secrets");
+        d.field("origin", &self.origin);
+        for field in SecretField::ALL {
+            d.field(field.name(), &self.values.get(&field).map(|_| "[redacted]"));
+        }
+        d.field("withheld", &self.withheld).finish()
     }
 }
 
@@ -107,19 +115,32 @@ impl Secrets {
         current_signing_key: Option<&str>,
         next_signing_key: Option<&str>,
     ) -> Self {
-        let s = |v: Option<&str>| v.map(|v| SecretString::from(v.to_owned()));
-        Secrets {
+        let mut secrets = Secrets {
             origin: "explicit values".into(),
-            database_url: s(database_url),
-            qstash_token: s(qstash_token),
-            current_signing_key: s(current_signing_key),
-            next_signing_key: s(next_signing_key),
-            withheld: Vec::new(),
+            ..Default::default()
+        };
+        for (field, value) in [
+            (SecretField::DatabaseUrl, database_url),
+            (SecretField::QstashToken, qstash_token),
+            (SecretField::CurrentSigningKey, current_signing_key),
+            (SecretField::NextSigningKey, next_signing_key),
+        ] {
+            if let Some(v) = value {
+                secrets.set(field, v.to_owned());
+            }
         }
+        secrets
+    }
+
+    /// With one more field's value (tests, the local stack).
+    pub fn with(mut self, field: SecretField, value: &str) -> Self {
+        self.set(field, value.to_owned());
+        self
     }
 
     /// Fields that were present (non-empty) in the source but not kept, because they were not asked for and
-    /// are not [`SecretField::kept_unrequested`]: only ever the QStash token, in a function that does not publish.
+    /// are not [`SecretField::kept_unrequested`]: the QStash token in a function that does not publish, every
+    /// subscriber's keys in a consumer.
     pub fn withheld(&self) -> &[SecretField] {
         &self.withheld
     }
@@ -131,29 +152,25 @@ impl Secrets {
 
     /// A field's value, or the error naming it.
     pub fn get(&self, field: SecretField) -> Result<&SecretString, ConfigError> {
-        let v = match field {
-            SecretField::DatabaseUrl => &self.database_url,
-            SecretField::QstashToken => &self.qstash_token,
-            SecretField::CurrentSigningKey => &self.current_signing_key,
-            SecretField::NextSigningKey => &self.next_signing_key,
-        };
-        v.as_ref().ok_or_else(|| ConfigError::MissingSecretField {
-            origin: self.origin.clone(),
-            field: field.name(),
-        })
+        self.values
+            .get(&field)
+            .ok_or_else(|| ConfigError::MissingSecretField {
+                origin: self.origin.clone(),
+                field: field.name(),
+            })
+    }
+
+    /// A field's value when it is present (for optional fields).
+    pub fn optional(&self, field: SecretField) -> Option<&SecretString> {
+        self.values.get(&field)
     }
 
     fn set(&mut self, field: SecretField, value: String) {
-        let v = Some(SecretString::from(value));
-        match field {
-            SecretField::DatabaseUrl => self.database_url = v,
-            SecretField::QstashToken => self.qstash_token = v,
-            SecretField::CurrentSigningKey => self.current_signing_key = v,
-            SecretField::NextSigningKey => self.next_signing_key = v,
-        }
+        self.values.insert(field, SecretString::from(value));
     }
 
-    /// Parses the JSON text of a secret, keeping the `needed` fields (each must be a non-empty string) and any
+    /// Parses the JSON text of a secret, keeping the `needed` fields (each must be a non-empty string, unless it is
+    /// not [`SecretField::required_when_asked`]) and any
     /// other known field that is present and [`SecretField::kept_unrequested`]; a present field that is neither is
     /// dropped and listed in [`Secrets::withheld`]. Errors never include the secret's content.
     pub fn parse_json(
@@ -206,7 +223,7 @@ impl Secrets {
                 }
             }
         }
-        for field in needed {
+        for field in needed.iter().filter(|f| f.required_when_asked()) {
             secrets.get(*field)?;
         }
         Ok(secrets)
@@ -224,7 +241,7 @@ impl Secrets {
             match env.var(field.name()) {
                 Some(_) if !needed.contains(&field) && !field.kept_unrequested() => {}
                 Some(v) => secrets.set(field, v.trim().to_owned()),
-                None if needed.contains(&field) => {
+                None if needed.contains(&field) && field.required_when_asked() => {
                     return Err(ConfigError::MissingSecretField {
                         origin: "environment".into(),
                         field: field.name(),

@@ -760,3 +760,50 @@ async fn legacy_deliveries_refused_by_setting_are_489_naming_it(pool: PgPool) {
     let r = handle_event(&st, delivery_of(&ev).request()).await;
     assert_eq!(parts(&r).0, 200);
 }
+
+/// A delivery of the previous format names its event only in an unsigned header; a relay of that format wrote only
+/// the default subscriber's rows. A replay of one naming a named subscriber's copy of the same event (same topic,
+/// same payload, dispatched) at the default consumer is refused, and nothing is applied: before, the lookup found
+/// any copy, and the default consumer applied the event under the copy's id.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn legacy_delivery_naming_a_named_subscribers_copy_is_refused(pool: PgPool) {
+    let db = outbox::db::Db::new(pool.clone(), outbox::db::Statements::Prepared);
+    outbox::subscribers::add(
+        &db,
+        "audit",
+        "search",
+        Some("http://127.0.0.1:9"),
+        outbox::subscribers::Start::Now,
+        std::time::Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let event = enqueue_audit(&pool, "erin").await;
+    let copy_id: i64 =
+        sqlx::query_scalar("SELECT id FROM outbox WHERE event_id = $1 AND subscriber = 'search'")
+            .bind(event.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let copy = row(&pool, copy_id).await;
+    mark_dispatched(&pool, &[&event, &copy]).await;
+    let st = consumer(&pool, example::registry());
+    let (status, json) = parts(&handle_event(&st, legacy_delivery_of(&copy, &[])).await);
+    assert_eq!(status, 489, "{json}");
+    assert!(
+        json["error"]
+            .as_str()
+            .unwrap()
+            .contains("not in the outbox"),
+        "{json}"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM processed_messages").await,
+        0
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM audit_log").await, 0);
+    // The default subscriber's own event, in the previous format: applied as before.
+    let (status, json) = parts(&handle_event(&st, legacy_delivery_of(&event, &[])).await);
+    assert_eq!(status, 200, "{json}");
+    assert!(processed(&pool, event.id).await);
+}

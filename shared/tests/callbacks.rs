@@ -1145,3 +1145,121 @@ async fn late_delivery_evidence_resolves_a_dead_letter_and_unblocks_its_key(pool
         0
     );
 }
+
+/// Per-subscriber trust (decision record 0028): with subscriber keys, a callback about a copy is believed only when
+/// the original URL carries the copy's subscriber's signature over the original body and the copies it names are
+/// that subscriber's. Whoever runs billing's consumer holds QStash's keys and billing's key: it can neither have
+/// shipping's copy dead-lettered (signed with billing's key, unsigned, or an envelope naming billing around
+/// shipping's copy) nor recorded as delivered. The genuine callback is recorded.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn a_callback_about_a_subscribers_copy_needs_that_subscribers_signature(pool: PgPool) {
+    const BILLING: &str = "billing-key-0123456789abcdefghijklmnop";
+    const SHIPPING: &str = "shipping-key-0123456789abcdefghijklmno";
+    let db = outbox::db::Db::new(pool.clone(), outbox::db::Statements::Prepared);
+    for (topic, name) in [
+        ("audit", "billing"),
+        ("audit", "shipping"),
+        ("orders", "shipping"),
+    ] {
+        outbox::subscribers::add(
+            &db,
+            topic,
+            name,
+            Some("http://127.0.0.1:9"),
+            outbox::subscribers::Start::Now,
+            std::time::Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    }
+    let event = enqueue_audit(&pool).await;
+    let copy_of = |name: &'static str| {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT id FROM outbox WHERE coalesce(event_id, id) = $1 AND subscriber = $2",
+        )
+        .bind(event)
+        .bind(name)
+        .fetch_one(&pool)
+    };
+    let (billing, shipping) = (
+        copy_of("billing").await.unwrap(),
+        copy_of("shipping").await.unwrap(),
+    );
+    let st = state(&pool).with_subscriber_keys(
+        outbox::subscriber_keys::SubscriberKeys::parse(&format!(
+            "billing:{BILLING},shipping:{SHIPPING}"
+        ))
+        .unwrap(),
+    );
+    let copy = |id: i64, name: &str| audit_delivery(id).subscriber(name).event(event);
+    let forged = [
+        (
+            "signed with billing's key",
+            copy(shipping, "shipping").signed_for_subscriber(BILLING),
+        ),
+        ("unsigned", copy(shipping, "shipping")),
+        (
+            "billing's envelope around shipping's copy",
+            copy(shipping, "billing").signed_for_subscriber(BILLING),
+        ),
+    ];
+    for (i, (what, d)) in forged.iter().enumerate() {
+        let body = failure_body(d, &format!("1701198458025-{i}")).to_string();
+        let (status, json) = parts(&handle_callback(&st, post("/failure", body.as_bytes())).await);
+        assert_eq!(status, 401, "{what}: {json}");
+    }
+    assert!(dead_letters(&pool).await.is_empty());
+    let dead: bool =
+        sqlx::query_scalar("SELECT dead_lettered_at IS NOT NULL FROM outbox WHERE id = $1")
+            .bind(shipping)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(
+        !dead,
+        "shipping's copy was marked dead by a forged callback"
+    );
+    // The genuine callbacks: each subscriber's own signature.
+    for (id, name, key, dlq) in [
+        (shipping, "shipping", SHIPPING, "9-0"),
+        (billing, "billing", BILLING, "9-1"),
+    ] {
+        let body = failure_body(&copy(id, name).signed_for_subscriber(key), dlq).to_string();
+        let (status, json) = parts(&handle_callback(&st, post("/failure", body.as_bytes())).await);
+        assert_eq!(status, 200, "{name}: {json}");
+    }
+    assert_eq!(dead_letters(&pool).await.len(), 2);
+
+    // Delivery evidence: a forged 2xx for shipping's ordered copy is refused; the genuine one is recorded.
+    let (order_event, seq) = enqueue_order(&pool, "o-1").await;
+    let order_copy: i64 = sqlx::query_scalar(
+        "SELECT id FROM outbox WHERE coalesce(event_id, id) = $1 AND subscriber = 'shipping'",
+    )
+    .bind(order_event)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let evidence = |key: &str| {
+        let d = order_delivery(order_copy, "o-1", seq)
+            .subscriber("shipping")
+            .event(order_event)
+            .signed_for_subscriber(key);
+        let mut body = delivery_body(order_copy, "o-1", 200, 0);
+        body["url"] = json!(d.signed_url());
+        body["sourceBody"] = json!(STANDARD.encode(d.body()));
+        body.to_string()
+    };
+    let delivered = || {
+        sqlx::query_scalar::<_, bool>("SELECT delivered_at IS NOT NULL FROM outbox WHERE id = $1")
+            .bind(order_copy)
+            .fetch_one(&pool)
+    };
+    let (status, json) =
+        parts(&handle_callback(&st, post("/delivered", evidence(BILLING).as_bytes())).await);
+    assert_eq!(status, 401, "{json}");
+    assert!(!delivered().await.unwrap());
+    let (status, json) =
+        parts(&handle_callback(&st, post("/delivered", evidence(SHIPPING).as_bytes())).await);
+    assert_eq!(status, 200, "{json}");
+    assert!(delivered().await.unwrap());
+}

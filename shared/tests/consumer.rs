@@ -941,3 +941,126 @@ async fn versions_and_upcasters(pool: PgPool) {
     assert_eq!(parts(&r).0, 489);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// Per-subscriber trust (decision record 0028): a consumer with its own subscriber key applies a delivery the relay
+/// signed with it (or with its next key); it refuses one without a subscriber signature (489: the message can
+/// never gain one; the operator gives the relay the key and redrives) and one signed with another subscriber's key
+/// (401: whoever holds QStash's keys and its own subscriber key cannot make another subscriber's consumer apply, or
+/// dedupe away, an event), writing nothing for either. A consumer without a key takes signed and unsigned
+/// deliveries alike, as before.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn a_subscribers_consumer_applies_only_deliveries_signed_with_its_own_key(pool: PgPool) {
+    const BILLING: &str = "billing-key-0123456789abcdefghijklmnop";
+    const BILLING_NEXT: &str = "billing-next-0123456789abcdefghijklmno";
+    const SHIPPING: &str = "shipping-key-0123456789abcdefghijklmno";
+    let mut config = outbox::config::ConsumerConfig::defaults();
+    config.name = "billing".into();
+    let own = outbox::subscriber_keys::OwnKey::new(
+        BILLING.to_owned().into(),
+        Some(BILLING_NEXT.to_owned().into()),
+    )
+    .unwrap();
+    let billing = ConsumerState::new(
+        receiver(&pool, config).with_own_key(own),
+        example::registry(),
+    );
+    let copy = |id: i64| {
+        ordered(id, &placed(&format!("o{id}"), 1), &format!("o{id}"), 1).subscriber("billing")
+    };
+    let applied = |id: i64| {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM processed_messages WHERE consumer = 'billing' AND message_id = $1",
+        )
+        .bind(id.to_string())
+        .fetch_one(&pool)
+    };
+    for (id, key) in [(40, BILLING), (41, BILLING_NEXT)] {
+        let r = handle_event(&billing, copy(id).signed_for_subscriber(key).request()).await;
+        let (status, json) = parts(&r);
+        assert_eq!(status, 200, "{json}");
+        assert_eq!(applied(id).await.unwrap(), 1);
+    }
+    let (status, json) = parts(&handle_event(&billing, copy(42).request()).await);
+    assert_eq!(status, 489, "{json}");
+    assert!(
+        json["error"]
+            .as_str()
+            .unwrap()
+            .contains("carries no subscriber signature"),
+        "{json}"
+    );
+    let forged = copy(43).signed_for_subscriber(SHIPPING).request();
+    let (status, json) = parts(&handle_event(&billing, forged).await);
+    assert_eq!(status, 401, "{json}");
+    for id in [42, 43] {
+        assert_eq!(applied(id).await.unwrap(), 0, "event {id}");
+    }
+    // No key: as before fan-out's keys, signed or not.
+    let mut config = outbox::config::ConsumerConfig::defaults();
+    config.name = "billing".into();
+    let keyless = ConsumerState::new(receiver(&pool, config), example::registry());
+    for (id, d) in [
+        (44, copy(44).signed_for_subscriber(SHIPPING)),
+        (45, copy(45)),
+    ] {
+        assert_eq!(parts(&handle_event(&keyless, d.request()).await).0, 200);
+        assert_eq!(applied(id).await.unwrap(), 1);
+    }
+}
+
+/// A subscriber applies an event once whatever copy of it arrives (decision record 0070): the dedupe key is the
+/// envelope's event, so a replayed copy (a new outbox row of the same event) is a duplicate, and an ordered one is
+/// not refused as late; a copy applied under its own id before the upgrade (a dedupe row keyed by the copy) is
+/// recognised too.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn every_copy_of_an_event_is_applied_once_per_subscriber(pool: PgPool) {
+    let mut config = outbox::config::ConsumerConfig::defaults();
+    config.name = "billing".into();
+    let billing = ConsumerState::new(receiver(&pool, config), example::registry());
+    let body = placed("o7", 1);
+    let copy = |id: i64| {
+        ordered(id, &body, "o7", 1)
+            .subscriber("billing")
+            .event(70)
+            .request()
+    };
+    let (status, json) = parts(&handle_event(&billing, copy(71)).await);
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["status"], "processed", "{json}");
+    // Another copy of event 70 (a replay after billing was removed and added again): a duplicate, not late.
+    let (status, json) = parts(&handle_event(&billing, copy(95)).await);
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["status"], "duplicate", "{json}");
+    assert_eq!(
+        sqlx::query_scalar::<_, Vec<String>>(
+            "SELECT array_agg(message_id ORDER BY message_id) FROM processed_messages WHERE consumer = 'billing'"
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap(),
+        vec!["70".to_owned()]
+    );
+    // A dedupe row under the copy's own id (written before this version) counts as applied.
+    sqlx::query("INSERT INTO processed_messages (consumer, message_id) VALUES ('billing', '81')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let old = ordered(81, &placed("o8", 1), "o8", 1)
+        .subscriber("billing")
+        .event(80)
+        .request();
+    let (status, json) = parts(&handle_event(&billing, old).await);
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["status"], "duplicate", "{json}");
+    // An envelope naming an event above its own id is not one the relay writes.
+    let bad = ordered(5, &placed("o5", 1), "o5", 1).event(6).request();
+    let (status, json) = parts(&handle_event(&billing, bad).await);
+    assert_eq!(status, 489, "{json}");
+    assert!(
+        json["error"]
+            .as_str()
+            .unwrap()
+            .contains("not above its own id"),
+        "{json}"
+    );
+}

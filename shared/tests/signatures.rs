@@ -1530,3 +1530,39 @@ fn a_flood_of_bad_signatures_does_no_database_work_logs_no_warn_per_request_and_
         "the only other WARN line is the genuine delivery's: {others:?}"
     );
 }
+
+/// A secret re-read after a signature mismatch that now holds the dev server's public signing key is refused, as
+/// startup refuses it: a token signed with it is not accepted and the keys in use stay. With
+/// `OUTBOX_ALLOW_DEV_KEYS=true` (the ring built with it) the re-read takes them.
+#[tokio::test]
+async fn a_key_refresh_refuses_the_dev_servers_public_keys_as_startup_does() {
+    use outbox::secrets::{DEV_CURRENT_SIGNING_KEY, DEV_NEXT_SIGNING_KEY};
+    let env = Arc::new(RotatingEnv::default());
+    env.set_keys(K3, K4);
+    let ring = KeyRing::loaded(
+        SigningKeys::new(K3, Some(K4.into())),
+        SecretSource::Env(env.clone()),
+        Duration::ZERO,
+    );
+    let u = url(PATH);
+    env.set_keys(DEV_CURRENT_SIGNING_KEY, DEV_NEXT_SIGNING_KEY);
+    let forged = token(DEV_CURRENT_SIGNING_KEY, &u, b"x");
+    assert_eq!(
+        ring.verify(&forged, b"x", &u, at(NOW)).await,
+        Err(VerifyError::Signature)
+    );
+    assert_eq!(env.reads(), 1, "the secret was re-read");
+    let good = token(K3, &u, b"x");
+    assert!(
+        ring.verify(&good, b"x", &u, at(NOW)).await.is_ok(),
+        "the keys in use stay"
+    );
+
+    let allowed = KeyRing::loaded(
+        SigningKeys::new(K3, Some(K4.into())),
+        SecretSource::Env(env.clone()),
+        Duration::ZERO,
+    )
+    .allowing_dev_keys(true);
+    assert!(allowed.verify(&forged, b"x", &u, at(NOW)).await.is_ok());
+}

@@ -514,3 +514,244 @@ async fn a_subscribers_own_replay_parallelism_reaches_the_relay(pool: PgPool) {
         None
     );
 }
+
+/// A subscriber added while a relay holds the subscribers it read a moment ago: the relay's next claim holds a copy
+/// for it, which the relay's cache does not know; it reads the subscribers again (they were read before the claim
+/// began) and publishes the copy, instead of dead-lettering it as "no destination" (which, on an ordered topic,
+/// blocked the new subscriber's lane).
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_subscriber_added_while_a_relay_caches_the_subscribers_gets_its_copies_published(
+    pool: PgPool,
+) {
+    let env = outbox_testkit::relaying::RelayEnv::start(
+        pool.clone(),
+        qstash_dev::Config::for_tests(0.001),
+    )
+    .await;
+    let relay = env.relay();
+    let db = db(&pool);
+    let url = env.sink.url.clone();
+    subscribers::add(&db, "orders", "billing", Some(&url), Start::Now, WAIT)
+        .await
+        .unwrap();
+    enqueue(&pool, &ORDERS, "k1", 1).await;
+    // The relay reads the subscribers for billing's copy: its cache now knows billing, not shipping.
+    let first = relay.run_cycle().await.unwrap();
+    assert_eq!(first.claimed, 2, "{first:?}");
+    for topic in ["orders", "audit"] {
+        subscribers::add(&db, topic, "shipping", Some(&url), Start::Now, WAIT)
+            .await
+            .unwrap();
+    }
+    enqueue(&pool, &ORDERS, "k2", 2).await;
+    enqueue(&pool, &AUDIT, "a1", 3).await;
+    // At once, well within the cache's life.
+    let report = relay.run_cycle().await.unwrap();
+    let dead: Vec<(String, String)> =
+        sqlx::query_as("SELECT subscriber, error FROM dead_letters ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(dead.is_empty(), "{dead:?} ({report:?})");
+    let published: Vec<(String, String)> = sqlx::query_as(
+        "SELECT topic, partition_key FROM outbox WHERE subscriber = 'shipping' AND dispatched_at IS NOT NULL \
+         ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        published,
+        [
+            ("orders".to_owned(), "k2".to_owned()),
+            ("audit".to_owned(), "a1".to_owned())
+        ],
+        "{report:?}"
+    );
+}
+
+/// A replay started by a role that may not read other roles' statistics (as the deployment docs create them:
+/// `pg_stat_activity.xact_start` is NULL for others' sessions): `add --from` still waits for a producer's
+/// transaction that began before the subscriber existed, and the event it commits afterwards is replayed. Before,
+/// the wait saw no older transaction, the replay's end was fixed below that event, and the new subscriber never got
+/// it.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_replay_by_a_plain_role_waits_for_an_older_producer_and_copies_its_event(pool: PgPool) {
+    let role = format!("replay_operator_{}", std::process::id());
+    for sql in [
+        format!("DROP ROLE IF EXISTS {role}"),
+        format!("CREATE ROLE {role} LOGIN NOSUPERUSER NOINHERIT"),
+        format!("GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}"),
+        format!("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let mut url = url::Url::parse(&outbox_testkit::db::url_of(&pool)).unwrap();
+    url.set_username(&role).unwrap();
+    let operator = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(url.as_str())
+        .await
+        .unwrap();
+    let stats: bool = sqlx::query_scalar(
+        "SELECT rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER') FROM pg_roles \
+         WHERE rolname = current_user",
+    )
+    .fetch_one(&operator)
+    .await
+    .unwrap();
+    assert!(
+        !stats,
+        "the operator's role must not read other roles' statistics"
+    );
+    let first = enqueue(&pool, &AUDIT, "a", 1).await;
+    // A producer's transaction, begun (and its event written, with the subscriber list it saw) before the add.
+    let mut producer = pool.begin().await.unwrap();
+    let late = outbox::enqueue(
+        &mut producer,
+        NewEvent::new(&AUDIT, "b", &serde_json::json!({ "n": 2 })).unwrap(),
+    )
+    .await
+    .unwrap()
+    .id
+    .get();
+    let adding = tokio::spawn({
+        let db = Db::new(operator.clone(), Statements::Unnamed);
+        async move {
+            subscribers::add(
+                &db,
+                "audit",
+                "search",
+                Some("http://127.0.0.1:9"),
+                Start::FromId(1),
+                Duration::from_secs(20),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !adding.is_finished(),
+        "the add did not wait for the older producer transaction"
+    );
+    producer.commit().await.unwrap();
+    adding.await.unwrap().unwrap();
+    let db = Db::new(operator, Statements::Unnamed);
+    subscribers::replay(&db, "audit", "search", WAIT, |_| {})
+        .await
+        .unwrap();
+    let search: Vec<i64> = sqlx::query_scalar(
+        "SELECT coalesce(event_id, id) FROM outbox WHERE subscriber = 'search' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        search,
+        [first, late],
+        "every event written before or while it was added"
+    );
+    db.pool().close().await;
+    for sql in [format!("DROP OWNED BY {role}"), format!("DROP ROLE {role}")] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
+/// A named subscriber is its consumer's dedupe namespace, the default subscriber the relay's `CONSUMER_NAME`: the
+/// two must differ, or each takes the other's events for duplicates. With the relay's name on record, a subscriber
+/// of that name is refused; a relay whose `CONSUMER_NAME` is a live subscriber's refuses to go on (its
+/// invocation fails with the reason); nothing changes in either case. A subscriber URL in plain http that is not on
+/// this machine is refused too (QStash calls public URLs).
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_subscriber_may_not_share_the_default_consumers_namespace_or_use_plain_http(
+    pool: PgPool,
+) {
+    let db = db(&pool);
+    subscribers::record_default_consumer(&db, "consumer")
+        .await
+        .unwrap();
+    let err = subscribers::add(
+        &db,
+        "orders",
+        "consumer",
+        Some("http://127.0.0.1:9"),
+        Start::Now,
+        WAIT,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, SubscriberError::DefaultNamespace { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("share its dedupe namespace"),
+        "{err}"
+    );
+    let err = subscribers::add(
+        &db,
+        "orders",
+        "ledger",
+        Some("http://ledger.example.com"),
+        Start::Now,
+        WAIT,
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("use https"), "{err}");
+    let live: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_subscribers")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(live, 0, "nothing was added");
+
+    subscribers::add(
+        &db,
+        "orders",
+        "ledger",
+        Some("https://ledger.example.com"),
+        Start::Now,
+        WAIT,
+    )
+    .await
+    .unwrap();
+    let mut cfg = outbox_testkit::relaying::relay_config();
+    cfg.accounting.consumer_name = "ledger".into();
+    let relay = outbox_testkit::relaying::relay_to(
+        &pool,
+        "token",
+        cfg,
+        outbox::config::QstashConfig {
+            base_url: "http://127.0.0.1:9".into(),
+            retries: 0,
+            publish_timeout: Duration::from_secs(1),
+            batch_size: 10,
+            delivery_timeout: None,
+            flow_parallelism: 1,
+            replay_parallelism: 4,
+            flow_rate: None,
+            flow_period: Duration::from_secs(1),
+            consumer_url: "http://127.0.0.1:9".into(),
+            callback_url: "http://127.0.0.1:9".into(),
+        },
+    );
+    let err = relay.declare_subscribers().await.unwrap_err().to_string();
+    assert!(
+        err.contains("CONSUMER_NAME") && err.contains("ledger") && err.contains("orders"),
+        "{err}"
+    );
+    let recorded: String = sqlx::query_scalar("SELECT consumer_name FROM outbox_default_consumer")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        recorded, "consumer",
+        "the relay's refused name was not recorded"
+    );
+}

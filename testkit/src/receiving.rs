@@ -193,6 +193,20 @@ pub struct Delivery {
     id_copy: bool,
     path: Option<String>,
     query: String,
+    /// The event this is a copy of (`event` in the envelope).
+    event: Option<i64>,
+    /// The subscriber key the relay signs this copy with (`&sig=` in the URL).
+    subscriber_key: Option<String>,
+}
+
+/// The relay's subscriber signature of `body` with `key`, as decision record 0028 specifies it, written here
+/// independently of `outbox::subscriber_keys`: base64url without padding of HMAC-SHA256 over
+/// `outbox-subscriber-signature-v1\n` followed by the body.
+pub fn subscriber_signature(key: &str, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key.as_bytes()).expect("HMAC takes any key");
+    mac.update(b"outbox-subscriber-signature-v1\n");
+    mac.update(body);
+    URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
 }
 
 impl Delivery {
@@ -214,6 +228,32 @@ impl Delivery {
             id_copy: true,
             path: None,
             query: CONTRACT_QUERY.to_owned(),
+            event: None,
+            subscriber_key: None,
+        }
+    }
+
+    /// The envelope says this copy is of event `event` (fan-out, replay: the consumer's dedupe key).
+    pub fn event(mut self, event: i64) -> Self {
+        self.event = Some(event);
+        self
+    }
+
+    /// The URL carries the relay's subscriber signature of the body made with `key` ([`subscriber_signature`]).
+    pub fn signed_for_subscriber(mut self, key: &str) -> Self {
+        self.subscriber_key = Some(key.to_owned());
+        self
+    }
+
+    /// The destination query: [`Delivery::query`], and the subscriber signature when there is one.
+    fn full_query(&self) -> String {
+        match &self.subscriber_key {
+            Some(k) => format!(
+                "{}&sig={}",
+                self.query,
+                subscriber_signature(k, &self.body())
+            ),
+            None => self.query.clone(),
         }
     }
 
@@ -318,7 +358,7 @@ impl Delivery {
 
     /// The URL QStash signs (`sub`): the test host, the path and the query.
     pub fn signed_url(&self) -> String {
-        url_with_query(&self.request_path(), &self.query)
+        url_with_query(&self.request_path(), &self.full_query())
     }
 
     /// The envelope body: every field but the payload through `serde_json`, the payload spliced in verbatim
@@ -357,6 +397,9 @@ impl Delivery {
     fn event_json(&self) -> Vec<u8> {
         let mut event = serde_json::Map::new();
         event.insert("id".into(), json!(self.id));
+        if let Some(e) = self.event {
+            event.insert("event".into(), json!(e));
+        }
         event.insert("key".into(), json!(self.key));
         if let Some(seq) = self.seq {
             event.insert("seq".into(), json!(seq));
@@ -421,7 +464,7 @@ impl Delivery {
         for (k, v) in &self.request_headers {
             headers.push((k, v));
         }
-        post_with_headers(&self.request_path(), &self.query, &headers, body)
+        post_with_headers(&self.request_path(), &self.full_query(), &headers, body)
     }
 }
 

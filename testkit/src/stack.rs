@@ -19,6 +19,7 @@ use outbox::qstash::QstashClient;
 use outbox::receiver::{KeyRing, SigningKeys};
 use outbox::relay::handler::{InvocationSummary, RelayState, handle};
 use outbox::relay::{Relay, StopHandle};
+use outbox::subscriber_keys::{OwnKey, SubscriberKeys};
 use qstash_dev::DevServer;
 use secrecy::SecretString;
 use serde_json::json;
@@ -61,6 +62,10 @@ pub struct StackOptions {
     /// Named subscribers served beside the default consumer, each by a consumer of its own (its name is its
     /// `CONSUMER_NAME`) on a port of its own, and made live for its topics at start ([`outbox::subscribers`]).
     pub subscribers: Vec<SubscriberOptions>,
+    /// Give each named subscriber a key of its own ([`outbox::subscriber_keys`], decision record 0028): the relay
+    /// signs its messages with it, its consumer accepts only those, the callback receiver checks callbacks about
+    /// its copies with it. On by default; the default consumer has none (the single-subscriber setup).
+    pub subscriber_keys: bool,
 }
 
 /// A named subscriber of the local pipeline ([`StackOptions::subscribers`]).
@@ -71,6 +76,11 @@ pub struct SubscriberOptions {
     pub topics: Vec<String>,
     /// Its consumer's handlers.
     pub registry: Registry,
+}
+
+/// The local pipeline's key for subscriber `name` ([`StackOptions::subscriber_keys`]).
+fn local_subscriber_key(nonce: &str, name: &str) -> String {
+    format!("local-{name}-{nonce}")
 }
 
 /// A named subscriber's consumer as started.
@@ -115,6 +125,7 @@ impl StackOptions {
             consumer_metrics: false,
             record_requests: false,
             subscribers: Vec::new(),
+            subscriber_keys: true,
         })
     }
 }
@@ -399,6 +410,17 @@ impl LocalStack {
             .with_metrics(opts.consumer_metrics),
             opts.registry,
         ));
+        // Each named subscriber's key: random per stack; the relay and the callback receiver hold them all.
+        let nonce = format!("{:032x}", rand::random::<u128>());
+        let subscriber_keys = if opts.subscriber_keys {
+            opts.subscribers
+                .iter()
+                .fold(SubscriberKeys::none(), |keys, s| {
+                    keys.with(&s.name, &[local_subscriber_key(&nonce, &s.name).as_str()])
+                })
+        } else {
+            SubscriberKeys::none()
+        };
         let callbacks = Arc::new(
             ReceiverState::new(
                 receiver_config(&callback_url),
@@ -408,7 +430,8 @@ impl LocalStack {
                 ),
                 ring(),
             )
-            .with_metrics(opts.consumer_metrics),
+            .with_metrics(opts.consumer_metrics)
+            .with_subscriber_keys(subscriber_keys.clone()),
         );
         let recorder: Option<Recorder> = opts.record_requests.then(Default::default);
         let callbacks_down = Arc::new(AtomicBool::new(false));
@@ -433,21 +456,23 @@ impl LocalStack {
         let admin = Db::new(pool.clone(), opts.statements);
         for sub in opts.subscribers {
             let (listener, url) = listen().await?;
-            let state = Arc::new(ConsumerState::new(
-                ReceiverState::new(
-                    ConsumerConfig {
-                        name: sub.name.clone(),
-                        ..receiver_config(&url)
-                    },
-                    Db::new(
-                        pool_for(&opts.database_url, "outbox-local-subscriber", 4, false)?,
-                        opts.statements,
-                    ),
-                    ring(),
-                )
-                .with_metrics(opts.consumer_metrics),
-                sub.registry,
-            ));
+            let mut receiver = ReceiverState::new(
+                ConsumerConfig {
+                    name: sub.name.clone(),
+                    ..receiver_config(&url)
+                },
+                Db::new(
+                    pool_for(&opts.database_url, "outbox-local-subscriber", 4, false)?,
+                    opts.statements,
+                ),
+                ring(),
+            )
+            .with_metrics(opts.consumer_metrics);
+            if opts.subscriber_keys {
+                let key = local_subscriber_key(&nonce, &sub.name);
+                receiver = receiver.with_own_key(OwnKey::new(SecretString::from(key), None)?);
+            }
+            let state = Arc::new(ConsumerState::new(receiver, sub.registry));
             let down = Arc::new(AtomicBool::new(false));
             servers.push(serve_consumer(
                 listener,
@@ -497,7 +522,8 @@ impl LocalStack {
             client,
             opts.relay,
             qstash,
-        );
+        )
+        .with_subscriber_keys(subscriber_keys.clone());
         let relay_stop = relay.stop_handle();
         let relay_state =
             Arc::new(RelayState::new(relay, "relay").with_metrics(opts.consumer_metrics));

@@ -95,6 +95,7 @@ fn presign(next_id: &mut i64, n: usize, sub: &str) -> anyhow::Result<Arc<Vec<Msg
                 None,
                 &[WireEvent {
                     id: id.into(),
+                    event_id: id.into(),
                     key: "bench",
                     seq: None,
                     created_at,

@@ -16,12 +16,13 @@ const PAGE: i64 = 2000;
 
 /// One page of in-flight events older than the grace, after the cursor, with whether a dedupe row exists for
 /// each: in the namespace `$2` (`CONSUMER_NAME`) for the default subscriber's copies, in the subscriber's name for
-/// a named subscriber's ([`crate::subscribers`]).
+/// a named subscriber's ([`crate::subscribers`]); keyed by the copy's event, or by the copy's own id for a row
+/// written before decision record 0070 ([`crate::once::DedupeKey`]).
 const PAGE_SQL: &str = r#"
 SELECT o.id, o.dispatched_at,
        EXISTS (SELECT 1 FROM {schema}.processed_messages pm
                WHERE pm.consumer = CASE WHEN o.subscriber = '' THEN $2 ELSE o.subscriber END
-                 AND pm.message_id = o.id::text) AS applied
+                 AND pm.message_id IN (coalesce(o.event_id, o.id)::text, o.id::text)) AS applied
 FROM {schema}.outbox o
 WHERE o.dispatched_at IS NOT NULL AND o.delivered_at IS NULL AND o.dead_lettered_at IS NULL
   AND o.dispatched_at < now() - make_interval(secs => $1)

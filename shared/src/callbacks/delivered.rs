@@ -38,6 +38,10 @@ pub(super) async fn delivered(state: &ReceiverState, req: &Request, raw: &[u8]) 
     };
     span.record("consumer_status", status);
     let events = source_events(callback);
+    let ids: Vec<OutboxId> = events.iter().filter_map(|e| e.outbox_id).collect();
+    if let Err(refused) = super::trust::check_subscriber(state, callback, &ids).await {
+        return refused;
+    }
     if events.len() > 1 {
         return batch_delivered(state, req, callback, status, &events).await;
     }

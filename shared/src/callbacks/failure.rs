@@ -93,6 +93,15 @@ pub struct FailureRecorder<'a> {
 }
 
 pub(super) async fn failure(state: &ReceiverState, req: &Request, raw: &[u8]) -> CallbackOutcome {
+    if let Ok(parsed) = parse_callback(raw) {
+        let ids: Vec<OutboxId> = source_events(&parsed.body)
+            .iter()
+            .filter_map(|e| e.outbox_id)
+            .collect();
+        if let Err(refused) = super::trust::check_subscriber(state, &parsed.body, &ids).await {
+            return refused;
+        }
+    }
     let policy = |topic: &str| state.config.dead_head_policy(topic);
     let recorder = FailureRecorder {
         db: &state.db,

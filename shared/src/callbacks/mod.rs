@@ -24,6 +24,7 @@
 //! | delivery evidence / failed attempt recorded (or the event is unknown) | 200 |
 //! | delivery callback whose body cannot be parsed, or without status / an outbox id in its signed body | 489 + `Upstash-NonRetryable-Error` (safe: the relay republishes the head after `RELAY_EVIDENCE_TIMEOUT_SECS`) |
 //! | bad or missing signature | 401 |
+//! | a subscriber with a key, and the original URL lacks its signature over the original body, or the callback names another subscriber's copies ([`crate::subscriber_keys`]) | 401 (QStash keeps the message in its DLQ; the reconciler records it from there) |
 //! | an `x-outbox-id` header that disagrees with the signed body (the request was altered) | 401 |
 //! | body over `CALLBACK_MAX_BODY_BYTES` | 413 |
 //! | unknown path | 404 |
@@ -35,12 +36,14 @@
 //! | `parse.rs` | reading the body: [`parse_callback`], [`source_event`], [`source_events`] |
 //! | `failure.rs` | `/failure` → dead letters ([`failure_from_callback`]; [`FailureRecorder`], shared with the reconciler) |
 //! | `delivered.rs` | `/delivered` → delivery evidence or a failed attempt ([`attempt_description`]) |
+//! | `trust.rs` | per-subscriber trust: a callback about a subscriber's copy is believed only with its signature ([`crate::subscriber_keys`]) |
 //! | `outcome.rs` | how a request ended → status, body, log line and EMF record (the table above, one variant a row) |
 
 mod delivered;
 mod failure;
 mod outcome;
 mod parse;
+mod trust;
 
 use http::Method;
 use lambda_http::{Body, Request, Response};

@@ -146,11 +146,14 @@ pub(super) async fn apply(
         Ok(tx) => tx,
         Err(e) => return all_retry(e),
     };
-    let ids: Vec<String> = events
+    let keys: Vec<crate::once::DedupeKey> = events
         .iter()
-        .map(|d| d.meta.outbox_id.to_string())
+        .map(|d| crate::once::DedupeKey {
+            event: d.meta.event_id,
+            copy: d.meta.outbox_id,
+        })
         .collect();
-    let fresh = match crate::once::claim_all(&mut tx, consumer, &ids, statements).await {
+    let fresh = match crate::once::claim_all(&mut tx, consumer, &keys, statements).await {
         Ok(f) => f,
         Err(e) => return all_retry(e),
     };
@@ -165,7 +168,7 @@ pub(super) async fn apply(
                 Err(e) => return all_retry(e),
             },
         };
-        run.note(d, result, fresh[i].then(|| ids[i].clone()));
+        run.note(d, result, fresh[i].then_some(d.meta.event_id));
     }
     let failed = run.results.iter().any(|r| !r.committed());
     if failed && !run.savepoints {
@@ -203,8 +206,8 @@ struct Applying<'a> {
     results: Vec<EventResult>,
     /// Outbox ids whose delivery evidence the consumer records.
     evidence: Vec<OutboxId>,
-    /// Dedupe ids claimed in this transaction for events that were not applied.
-    undo: Vec<String>,
+    /// Events whose dedupe rows were claimed in this transaction but that were not applied.
+    undo: Vec<OutboxId>,
 }
 
 impl<'a> Applying<'a> {
@@ -224,9 +227,9 @@ impl<'a> Applying<'a> {
     }
 
     /// Records one event's result: its evidence (applied or duplicate), whether the rest stop (the module table),
-    /// and, for `claimed` (its dedupe id, claimed in this transaction) when it was not applied, the dedupe row to
-    /// remove.
-    fn note(&mut self, d: &Delivery<'_>, result: EventResult, claimed: Option<String>) {
+    /// and, for `claimed` (its event, whose dedupe row was claimed in this transaction) when it was not applied, the
+    /// dedupe row to remove.
+    fn note(&mut self, d: &Delivery<'_>, result: EventResult, claimed: Option<OutboxId>) {
         match &result {
             EventResult::Processed | EventResult::Duplicate => {
                 if d.record_evidence {

@@ -16,6 +16,7 @@ use super::registry::{DEFAULT_SCHEMA_VERSION, EventMeta};
 use crate::config::LegacyDeliveries;
 use crate::contract::{self, legacy};
 use crate::ids::{OutboxId, PartitionKey, TopicName};
+use crate::subscriber_keys::{SignatureProblem, signature_of_query};
 
 fn header<'r>(req: &'r Request, name: &'static str) -> Result<Option<&'r str>, String> {
     match req.headers().get(name) {
@@ -69,6 +70,33 @@ fn check_copy(
             copy.chars().take(100).collect::<String>(),
             signed.map(|s| s.chars().take(100).collect::<String>())
         ))),
+    }
+}
+
+/// Per-subscriber trust ([`crate::subscriber_keys`]): a consumer with its own subscriber key accepts a delivery
+/// only with the relay's signature made with it (the destination's `sig`, covered by QStash's `sub`). None is
+/// permanent: the message can never gain one (give the relay the key, then redrive). One that this consumer's keys
+/// did not make is an altered or forged request: a delivery meant for another subscriber, or signed by someone
+/// holding QStash's keys but not this subscriber's.
+pub(super) fn check_own_key(receiver: &ReceiverState, req: &Request) -> Result<(), Outcome> {
+    let Some(key) = &receiver.own_key else {
+        return Ok(());
+    };
+    let sig = signature_of_query(req.uri().query()).map_err(Outcome::Tampered)?;
+    match key.check(req.body().as_ref(), sig) {
+        Ok(()) => Ok(()),
+        Err(SignatureProblem::Missing) => Err(Outcome::Permanent(
+            "this consumer accepts only deliveries signed with its subscriber key (SUBSCRIBER_CURRENT_SIGNING_KEY is set), \
+             and this one carries no subscriber signature: give the relay this subscriber's key in \
+             SUBSCRIBER_SIGNING_KEYS, then redrive the dead letter"
+                .into(),
+        )),
+        Err(SignatureProblem::Mismatch) => Err(Outcome::Tampered(
+            "the delivery's subscriber signature was not made with this consumer's SUBSCRIBER_CURRENT_SIGNING_KEY (or \
+             SUBSCRIBER_NEXT_SIGNING_KEY): a delivery meant for another subscriber, a forged one, or a relay holding \
+             another key for this subscriber"
+                .into(),
+        )),
     }
 }
 
@@ -142,6 +170,7 @@ pub(super) fn current_delivery<'b>(
         .iter()
         .map(|ev| Delivery {
             meta: EventMeta {
+                event_id: ev.event.unwrap_or(ev.id),
                 outbox_id: ev.id,
                 topic: TopicName::from(topic),
                 key: Some(ev.key.clone()),
@@ -163,7 +192,9 @@ pub(super) fn current_delivery<'b>(
 /// The outbox row a legacy delivery names, checked against its body (`$2`), and whether the event may be applied
 /// now: `predecessor_finished` is true for an unordered event, and for an ordered one whose predecessor
 /// (`seq - 1`) this consumer (`$3`) has applied (`consumer_sequences`; sequence 1 has none) or whose key has
-/// moved past that predecessor (`outbox_keys.done_seq`: delivered, or skipped by the dead-head policy).
+/// moved past that predecessor (`outbox_keys.done_seq`: delivered, or skipped by the dead-head policy). Only the
+/// default subscriber's first copy of an event can be named: a relay of the previous format wrote no other, so an
+/// id naming a named subscriber's copy (or a replayed one) is not a genuine legacy delivery.
 const LEGACY_ROW_SQL: &str = "SELECT o.topic, o.partition_key, o.seq, o.headers, o.created_at, \
         o.payload = $2::jsonb AS same_payload, o.dispatched_at IS NOT NULL AS dispatched, \
         (o.seq IS NULL \
@@ -174,7 +205,7 @@ const LEGACY_ROW_SQL: &str = "SELECT o.topic, o.partition_key, o.seq, o.headers,
                     WHERE k.topic = o.topic AND k.partition_key = o.partition_key \
                       AND k.subscriber = o.subscriber AND k.done_seq >= o.seq - 1)) \
             AS predecessor_finished \
-     FROM {schema}.outbox o WHERE o.id = $1";
+     FROM {schema}.outbox o WHERE o.id = $1 AND o.subscriber = '' AND o.event_id IS NULL";
 
 /// A delivery in the previous format (no `contract` in its URL; published before the upgrade, QStash may still
 /// hold it for days). Its identity is in unsigned headers, so it is applied only when the outbox row named by
@@ -188,6 +219,14 @@ pub(super) async fn legacy_delivery<'b>(
     req: &'b Request,
     topic: &str,
 ) -> Result<Delivery<'b>, Outcome> {
+    if receiver.own_key.is_some() {
+        return Err(Outcome::Permanent(
+            "delivery in the previous wire format, which carries no subscriber signature, refused: this consumer \
+             accepts only deliveries signed with its subscriber key (SUBSCRIBER_CURRENT_SIGNING_KEY); redrive the dead letter \
+             to have it published again in the current format"
+                .into(),
+        ));
+    }
     let outbox_id = legacy_outbox_id(receiver, req)?;
     let body = req.body().as_ref();
     if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() {
@@ -224,6 +263,8 @@ pub(super) async fn legacy_delivery<'b>(
     let (message_id, retried) = qstash_info(req);
     Ok(Delivery {
         meta: EventMeta {
+            // A relay before fan-out wrote the default subscriber's only copy: the event itself.
+            event_id: outbox_id,
             outbox_id,
             topic: TopicName::from(topic),
             key: Some(PartitionKey::from(key)),
@@ -341,8 +382,9 @@ impl LegacyRow {
     fn read(row: Option<PgRow>, outbox_id: OutboxId) -> Result<LegacyRow, Outcome> {
         let Some(row) = row else {
             return Err(Outcome::Permanent(format!(
-                "delivery in the previous wire format names outbox id {outbox_id}, which is not in the outbox \
-                 (pruned, or the header was altered): refused"
+                "delivery in the previous wire format names outbox id {outbox_id}, which is not in the outbox as an \
+                 event of the default subscriber (pruned, a copy made by fan-out, or the header was altered): \
+                 refused"
             )));
         };
         let headers: Option<sqlx::types::Json<crate::producer::EventHeaders>> =

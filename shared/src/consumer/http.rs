@@ -9,7 +9,7 @@ use serde_json::json;
 use tracing::field::Empty;
 
 use super::batch::{self, EventResult};
-use super::delivery::{Delivery, current_delivery, legacy_delivery};
+use super::delivery::{Delivery, check_own_key, current_delivery, legacy_delivery};
 use super::outcome::Outcome;
 use super::registry::{EventMeta, Route};
 use super::{ConsumerState, ReceiverState};
@@ -241,7 +241,8 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Vec<(EventMe
         Err(o) => return (o, Vec::new()),
     };
     let delivery = match contract::contract_of_query(req.uri().query()) {
-        Ok(Contract::Current) => current_delivery(req, topic, &receiver.config.name),
+        Ok(Contract::Current) => check_own_key(receiver, req)
+            .and_then(|()| current_delivery(req, topic, &receiver.config.name)),
         Ok(Contract::Legacy) => legacy_delivery(receiver, req, topic).await.map(|d| vec![d]),
         Ok(Contract::Newer(v)) => Err(newer_contract(v)),
         Err(e) => Err(Outcome::Permanent(e)),

@@ -58,7 +58,12 @@ pub const DEFAULT_SCHEMA_VERSION: u32 = 1;
 /// the envelope (a copy that disagrees is refused); nothing here is read from them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventMeta {
-    /// The outbox id: the dedupe key.
+    /// The event's id: the same in every copy of it, for every subscriber and however it was made (the producer,
+    /// a replay, a re-add), and across republishes and redrives. The consumer's dedupe key within its
+    /// `CONSUMER_NAME`, and the id to use as an idempotency key in side effects of your own (decision record 0070).
+    pub event_id: OutboxId,
+    /// The outbox row of this copy, which delivery evidence is recorded against. The same as
+    /// [`EventMeta::event_id`] for the event's first copy (a deployment without fan-out has no other).
     pub outbox_id: OutboxId,
     /// The topic (from the path `/events/{topic}`; the envelope's must be the same).
     pub topic: TopicName,

@@ -191,7 +191,7 @@ pub async fn record_qstash_failure(
             SELECT $13::bigint IS NOT NULL AND EXISTS (
                 SELECT 1 FROM {schema}.processed_messages pm
                 WHERE pm.consumer = CASE WHEN coalesce(o.subscriber, '') = '' THEN $16 ELSE o.subscriber END
-                  AND pm.message_id = $13::bigint::text
+                  AND pm.message_id IN (coalesce(o.event_id, $13::bigint)::text, $13::bigint::text)
             ) AS yes
         ) applied
         ON CONFLICT (source, natural_id) DO NOTHING
@@ -286,7 +286,9 @@ WITH seen AS (
       AND NOT EXISTS (SELECT 1 FROM {schema}.processed_messages pm
                       WHERE pm.consumer = coalesce((SELECT nullif(o.subscriber, '') FROM {schema}.outbox o
                                                     WHERE o.id = $1), $3)
-                        AND pm.message_id = $1::bigint::text)
+                        AND pm.message_id IN (coalesce((SELECT o.event_id FROM {schema}.outbox o WHERE o.id = $1),
+                                                       $1::bigint)::text,
+                                              $1::bigint::text))
     ORDER BY d.id
     LIMIT 1
 ), merged AS (
@@ -369,7 +371,7 @@ pub struct BatchFailureRecorded {
 
 /// The outbox ids among `ids` whose dedupe rows show them applied: in the namespace `consumer`
 /// (`CONSUMER_NAME`) for the default subscriber's copies, in the subscriber's name for a named subscriber's
-/// ([`crate::subscribers`]).
+/// ([`crate::subscribers`]); under the copy's event, or its own id for a row from before decision record 0070.
 pub async fn applied_ids(
     conn: &mut PgConnection,
     consumer: &str,
@@ -380,10 +382,10 @@ pub async fn applied_ids(
     let q = statements
         .query_scalar(crate::schema::q(
             "SELECT t.id FROM unnest($2::text[]) AS t(id) \
+             LEFT JOIN {schema}.outbox o ON o.id = t.id::bigint \
              WHERE EXISTS (SELECT 1 FROM {schema}.processed_messages pm \
-                           WHERE pm.message_id = t.id \
-                             AND pm.consumer = coalesce((SELECT nullif(o.subscriber, '') FROM {schema}.outbox o \
-                                                         WHERE o.id = t.id::bigint), $1))",
+                           WHERE pm.message_id IN (coalesce(o.event_id::text, t.id), t.id) \
+                             AND pm.consumer = coalesce(nullif(o.subscriber, ''), $1))",
         ))
         .bind(consumer)
         .bind(&texts);

@@ -210,10 +210,13 @@ pub async fn timeline(
     }
     let applied: Vec<Applied> = sqlx::query_as(crate::schema::q(
         "SELECT consumer, processed_at FROM {schema}.processed_messages \
-         WHERE consumer = ANY ($1) AND message_id = $2 ORDER BY processed_at",
+         WHERE consumer = ANY ($1) \
+           AND message_id IN ($2, (SELECT coalesce(event_id, id)::text FROM {schema}.outbox WHERE id = $3)) \
+         ORDER BY processed_at",
     ))
     .bind(&namespaces)
     .bind(outbox_id.to_string())
+    .bind(outbox_id)
     .fetch_all(&mut *conn)
     .await?;
     let actions = actions::for_event(conn, outbox_id).await?;

@@ -45,6 +45,18 @@ impl SigningKeys {
         })
     }
 
+    /// Whether either key is one of the QStash dev server's public keys ([`crate::secrets::DEV_CURRENT_SIGNING_KEY`],
+    /// [`crate::secrets::DEV_NEXT_SIGNING_KEY`]): with them anyone can sign deliveries the receiver accepts.
+    pub fn holds_dev_key(&self) -> bool {
+        let public = [
+            crate::secrets::DEV_CURRENT_SIGNING_KEY,
+            crate::secrets::DEV_NEXT_SIGNING_KEY,
+        ];
+        std::iter::once(&self.current)
+            .chain(&self.next)
+            .any(|k| public.contains(&k.expose_secret().trim()))
+    }
+
     fn same_as(&self, other: &SigningKeys) -> bool {
         let eq = |a: &SecretString, b: &SecretString| -> bool {
             bool::from(
@@ -69,6 +81,9 @@ pub struct KeyRing {
     source: Option<SecretSource>,
     refresh_interval: Duration,
     last_refresh: tokio::sync::Mutex<Option<Instant>>,
+    /// `OUTBOX_ALLOW_DEV_KEYS=true`: keys re-read from the secret may be the dev server's public ones (startup
+    /// refuses them otherwise, [`crate::secrets::refuse_dev_values`], and so does a re-read).
+    allow_dev_keys: bool,
 }
 
 impl std::fmt::Debug for KeyRing {
@@ -95,6 +110,7 @@ impl KeyRing {
             source: None,
             refresh_interval: Duration::MAX,
             last_refresh: tokio::sync::Mutex::new(None),
+            allow_dev_keys: false,
         }
     }
 
@@ -106,6 +122,7 @@ impl KeyRing {
             source: Some(source),
             refresh_interval,
             last_refresh: tokio::sync::Mutex::new(Some(Instant::now())),
+            allow_dev_keys: false,
         }
     }
 
@@ -120,7 +137,15 @@ impl KeyRing {
             source: Some(source),
             refresh_interval,
             last_refresh: tokio::sync::Mutex::new(None),
+            allow_dev_keys: false,
         }
+    }
+
+    /// Accepts the dev server's public keys when the secret is re-read (`OUTBOX_ALLOW_DEV_KEYS=true`, as at
+    /// startup); refused by default.
+    pub fn allowing_dev_keys(mut self, allow: bool) -> Self {
+        self.allow_dev_keys = allow;
+        self
     }
 
     /// The keys in use.
@@ -177,6 +202,14 @@ impl KeyRing {
                 return None;
             }
         };
+        if fresh.holds_dev_key() && !self.allow_dev_keys {
+            tracing::error!(
+                "signing keys re-read after a signature mismatch: the secret now holds a QStash dev server key, which \
+                 is public (anyone could sign deliveries with it): refused, the keys in use are kept \
+                 (OUTBOX_ALLOW_DEV_KEYS=true allows them, never in a deployment)"
+            );
+            return None;
+        }
         if fresh.same_as(&current) {
             tracing::info!("signing keys re-read after a signature mismatch: unchanged");
             return None;

@@ -6,6 +6,8 @@ use super::{Clock, KeyRing, RECEIVER_SECRETS, SigningKeys, UrlSource, VerifyOpti
 use crate::config::{ConfigError, ConsumerConfig, EnvSource, ProcessEnv, Vars};
 use crate::db::{Db, DbConfig};
 use crate::secrets::{SecretField, SecretSource};
+use crate::subscriber_keys::{KeyConfigError, OwnKey, SubscriberKeys};
+use secrecy::ExposeSecret;
 
 /// Which receiver a function is. The two differ in their database defaults only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +25,19 @@ impl Receiver {
             Receiver::Consumer => "consumer",
             Receiver::Callbacks => "failure-callback",
         }
+    }
+
+    /// The secret fields it reads: the database URL and QStash's signing keys; a consumer its own subscriber key,
+    /// the callback function every subscriber's (both optional, [`crate::subscriber_keys`]).
+    pub fn secret_fields(self) -> Vec<SecretField> {
+        let mut fields = RECEIVER_SECRETS.to_vec();
+        match self {
+            Receiver::Consumer => {
+                fields.extend([SecretField::SubscriberKey, SecretField::SubscriberNextKey])
+            }
+            Receiver::Callbacks => fields.push(SecretField::SubscriberKeys),
+        }
+        fields
     }
 
     /// Its pool settings: the `DB_*` variables over its defaults, which differ in `DB_ASYNC_COMMIT` (decision
@@ -56,6 +71,13 @@ pub struct ReceiverState {
     pub clock: Clock,
     /// Print one EMF line per request (on by default; benchmarks turn it off).
     pub emit_metrics: bool,
+    /// The consumer's own subscriber key (`SUBSCRIBER_CURRENT_SIGNING_KEY`, `SUBSCRIBER_NEXT_SIGNING_KEY`): with one, it
+    /// accepts only deliveries the relay signed with it ([`crate::subscriber_keys`]). The callback function has
+    /// none.
+    pub own_key: Option<OwnKey>,
+    /// Every subscriber's keys (`SUBSCRIBER_SIGNING_KEYS`), for the callback function: a callback about a copy of a
+    /// subscriber with a key is believed only with its signature. Empty in a consumer.
+    pub subscriber_keys: SubscriberKeys,
 }
 
 impl ReceiverState {
@@ -67,7 +89,21 @@ impl ReceiverState {
             keys,
             clock: Clock::System,
             emit_metrics: true,
+            own_key: None,
+            subscriber_keys: SubscriberKeys::none(),
         }
+    }
+
+    /// A consumer that accepts only deliveries signed with `key` ([`crate::subscriber_keys`]).
+    pub fn with_own_key(mut self, key: OwnKey) -> Self {
+        self.own_key = Some(key);
+        self
+    }
+
+    /// A callback function that checks callbacks about each subscriber's copies with `keys`.
+    pub fn with_subscriber_keys(mut self, keys: SubscriberKeys) -> Self {
+        self.subscriber_keys = keys;
+        self
     }
 
     /// The Lambda setup for `receiver`: `ConsumerConfig` and its `DbConfig` from the environment, the database URL and both signing
@@ -88,20 +124,42 @@ impl ReceiverState {
         let config = ConsumerConfig::from_vars(&vars)?;
         let db = receiver.db_config(&vars)?;
         let source = SecretSource::from_env(Arc::clone(&env)).await;
-        let secrets = source.load(&RECEIVER_SECRETS).await?;
+        let secrets = source.load(&receiver.secret_fields()).await?;
         crate::secrets::refuse_dev_values(&secrets, &vars)?;
         let handle = db.handle(secrets.get(SecretField::DatabaseUrl)?)?;
+        let malformed = |field: SecretField, e: KeyConfigError| ConfigError::MalformedSecret {
+            origin: secrets.origin().to_owned(),
+            reason: format!("{}: {e}", field.name()),
+        };
+        let own_key = match secrets.optional(SecretField::SubscriberKey) {
+            None => None,
+            Some(current) => Some(
+                OwnKey::new(
+                    current.clone(),
+                    secrets.optional(SecretField::SubscriberNextKey).cloned(),
+                )
+                .map_err(|e| malformed(SecretField::SubscriberKey, e))?,
+            ),
+        };
+        let subscriber_keys = match secrets.optional(SecretField::SubscriberKeys) {
+            None => SubscriberKeys::none(),
+            Some(text) => SubscriberKeys::parse(text.expose_secret())
+                .map_err(|e| malformed(SecretField::SubscriberKeys, e))?,
+        };
         let keys = KeyRing::loaded(
             SigningKeys::from_secrets(&secrets)?,
             source,
             config.secret_refresh_interval,
-        );
+        )
+        .allowing_dev_keys(vars.bool_or(crate::secrets::ALLOW_DEV_KEYS_VAR, false)?);
         Ok(ReceiverState {
             config,
             db: handle,
             keys,
             clock: Clock::System,
             emit_metrics: true,
+            own_key,
+            subscriber_keys,
         })
     }
 

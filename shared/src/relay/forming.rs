@@ -18,6 +18,7 @@ use crate::config::{EvidenceMode, OutcomeSource, QstashConfig, RelayConfig};
 use crate::contract;
 use crate::ids::{KeyLease, OutboxId, TopicName};
 use crate::qstash::{FlowControl, HeaderName, Message, PublishOptions, flow_control_key};
+use crate::subscriber_keys::SubscriberKeys;
 use crate::subscribers::Destinations;
 
 use super::claim::ClaimedEvent;
@@ -56,6 +57,9 @@ pub(super) struct Forming<'a> {
     pub(super) cfg: &'a RelayConfig,
     pub(super) qstash: &'a QstashConfig,
     pub(super) destinations: Arc<Destinations>,
+    /// Every subscriber's key ([`crate::subscriber_keys`]): a message for a subscriber with one carries its
+    /// signature in the destination.
+    pub(super) keys: &'a SubscriberKeys,
 }
 
 /// The envelope headers of one event: trace context, correlation id, then the application's own headers.
@@ -85,6 +89,7 @@ fn wire_event<'a>(
 ) -> contract::WireEvent<'a> {
     contract::WireEvent {
         id: ev.id,
+        event_id: ev.event_id,
         key: &ev.partition_key,
         seq: ev.seq,
         created_at: ev.created_at,
@@ -162,12 +167,19 @@ impl Forming<'_> {
             self.evidence_for(ordered),
             &wire,
         );
+        // The relay only forms events whose subscriber is live (`Relay::orphans`); should one slip through, an
+        // unroutable destination makes QStash refuse it rather than deliver it to someone else.
+        let mut destination = self.destination(first).unwrap_or_else(|| {
+            contract::destination("http://subscriber-not-configured.invalid", &first.topic)
+        });
+        if let Some(sig) = self.keys.sign(&first.subscriber, body.as_bytes()) {
+            destination.push('&');
+            destination.push_str(crate::subscriber_keys::SIGNATURE_PARAM);
+            destination.push('=');
+            destination.push_str(&sig);
+        }
         Message {
-            // The relay only forms events whose subscriber is live (`Relay::orphans`); should one slip through, an
-            // unroutable destination makes QStash refuse it rather than deliver it to someone else.
-            destination: self.destination(first).unwrap_or_else(|| {
-                contract::destination("http://subscriber-not-configured.invalid", &first.topic)
-            }),
+            destination,
             body,
             options: self.options(events),
         }
@@ -372,6 +384,7 @@ mod tests {
         cfg: RelayConfig,
         qstash: QstashConfig,
         destinations: Arc<Destinations>,
+        keys: SubscriberKeys,
     }
 
     impl Settings {
@@ -392,6 +405,7 @@ mod tests {
                     "billing",
                     "https://billing.example",
                 )),
+                keys: SubscriberKeys::none(),
             }
         }
 
@@ -400,6 +414,7 @@ mod tests {
                 cfg: &self.cfg,
                 qstash: &self.qstash,
                 destinations: self.destinations.clone(),
+                keys: &self.keys,
             }
         }
     }

@@ -23,7 +23,9 @@ use crate::db::DbConfig;
 use crate::metrics::{EmfRecord, Unit};
 use crate::qstash::{QstashClient, QstashClientError};
 use crate::secrets::{SecretField, SecretSource};
+use crate::subscriber_keys::SubscriberKeys;
 use crate::subscribers::status::SubscriberStatus;
+use secrecy::ExposeSecret;
 
 /// Why the relay could not start.
 #[derive(Debug, thiserror::Error)]
@@ -64,9 +66,22 @@ impl RelayState {
             .max(relay_cfg.concurrency + 1 + u32::from(relay_cfg.listen_notify));
         let secrets = SecretSource::from_env(env.clone())
             .await
-            .load(&[SecretField::DatabaseUrl, SecretField::QstashToken])
+            .load(&[
+                SecretField::DatabaseUrl,
+                SecretField::QstashToken,
+                SecretField::SubscriberKeys,
+            ])
             .await?;
         crate::secrets::refuse_dev_values(&secrets, &vars)?;
+        let subscriber_keys = match secrets.optional(SecretField::SubscriberKeys) {
+            None => SubscriberKeys::none(),
+            Some(text) => SubscriberKeys::parse(text.expose_secret()).map_err(|e| {
+                ConfigError::MalformedSecret {
+                    origin: secrets.origin().to_owned(),
+                    reason: format!("{}: {e}", SecretField::SubscriberKeys.name()),
+                }
+            })?,
+        };
         let handle = db.handle(secrets.get(SecretField::DatabaseUrl)?)?;
         let client = QstashClient::new(
             &qstash.base_url,
@@ -97,7 +112,8 @@ impl RelayState {
             emit_metrics: true,
             budget_without_deadline,
             margin: relay_cfg.deadline_margin,
-            relay: Relay::new(handle, client, relay_cfg, qstash),
+            relay: Relay::new(handle, client, relay_cfg, qstash)
+                .with_subscriber_keys(subscriber_keys),
             function_name,
         })
     }

@@ -78,6 +78,7 @@ use crate::db::Db;
 
 use crate::config::{QstashConfig, RelayConfig};
 use crate::qstash::{Message, PublishOutcome, QstashClient};
+use crate::subscriber_keys::SubscriberKeys;
 use crate::subscribers::Destinations;
 use backoff::Backoff;
 use claim::{ClaimStatements, ClaimedEvent};
@@ -113,6 +114,10 @@ pub enum RelayError {
         #[source]
         source: crate::subscribers::SubscriberError,
     },
+    /// The relay's `CONSUMER_NAME` (the default subscriber's dedupe namespace) could not be recorded: a live named
+    /// subscriber has that name, or the database.
+    #[error("CONSUMER_NAME: {0}")]
+    DefaultConsumer(#[source] crate::subscribers::SubscriberError),
 }
 
 fn db(step: &'static str) -> impl FnOnce(sqlx::Error) -> RelayError {
@@ -163,6 +168,8 @@ pub struct Relay {
     destinations: std::sync::Mutex<DestinationsCache>,
     /// `OUTBOX_SUBSCRIBERS` was applied by this process ([`Relay::declare_subscribers`]).
     declared: tokio::sync::OnceCell<()>,
+    /// Every subscriber's key (`SUBSCRIBER_SIGNING_KEYS`): each message is signed with its subscriber's.
+    subscriber_keys: SubscriberKeys,
 }
 
 /// The named subscribers' URLs as last read.
@@ -172,11 +179,10 @@ struct DestinationsCache {
     current: Arc<Destinations>,
 }
 
-/// How long the named subscribers' URLs are used before they are read again (a subscriber added or removed
-/// takes effect at the relay within this long; a copy for a subscriber not in the cache reads them at once, at
-/// most once per [`DESTINATIONS_RETRY`]).
+/// How long the named subscribers' URLs are used before they are read again (a subscriber removed takes effect at
+/// the relay within this long; a copy for a subscriber not in the cache reads them at once, unless they were read
+/// after its claim began: [`Relay::refresh_destinations`]).
 const DESTINATIONS_TTL: Duration = Duration::from_secs(5);
-const DESTINATIONS_RETRY: Duration = Duration::from_secs(1);
 
 impl Relay {
     /// Builds a relay.
@@ -198,11 +204,19 @@ impl Relay {
             outage_hint: AtomicBool::new(false),
             destinations: std::sync::Mutex::new(DestinationsCache::default()),
             declared: tokio::sync::OnceCell::new(),
+            subscriber_keys: SubscriberKeys::none(),
             db,
             client,
             cfg,
             qstash,
         }
+    }
+
+    /// With every subscriber's key ([`crate::subscriber_keys`]): each subscriber's messages carry its signature,
+    /// and the reconciler checks what QStash's DLQ says about a copy as the failure callback does.
+    pub fn with_subscriber_keys(mut self, keys: SubscriberKeys) -> Self {
+        self.subscriber_keys = keys;
+        self
     }
 
     /// A handle that asks running drains to stop after their current cycle (every claim is still settled).
@@ -291,17 +305,22 @@ impl Relay {
             cfg: &self.cfg,
             qstash: &self.qstash,
             destinations: self.cached_destinations().current.clone(),
+            keys: &self.subscriber_keys,
         }
     }
 
-    /// Makes the subscribers of `OUTBOX_SUBSCRIBERS` live (from now on; a URL that changed is updated), once per
-    /// process: the first invocation does it, a failed attempt is tried again by the next one.
+    /// Records the default subscriber's dedupe namespace (its `CONSUMER_NAME`, refused when a live named subscriber
+    /// has that name: [`crate::subscribers::record_default_consumer`]) and makes the subscribers of
+    /// `OUTBOX_SUBSCRIBERS` live (from now on; a URL that changed is updated), once per process: the first
+    /// invocation does it, a failed attempt is tried again by the next one.
     pub async fn declare_subscribers(&self) -> Result<(), RelayError> {
-        if self.cfg.subscribers.is_empty() {
-            return Ok(());
-        }
         self.declared
             .get_or_try_init(|| async {
+                // The default subscriber's dedupe namespace, so that no named subscriber takes it.
+                let name = &self.cfg.accounting.consumer_name;
+                crate::subscribers::record_default_consumer(&self.db, name)
+                    .await
+                    .map_err(RelayError::DefaultConsumer)?;
                 for d in &self.cfg.subscribers {
                     let outcome = crate::subscribers::ensure(&self.db, &d.topic, &d.name, &d.url)
                         .await
@@ -328,33 +347,41 @@ impl Relay {
     }
 
     /// Reads the named subscribers' URLs when `events` hold a copy for one and the cached ones are older than
-    /// 5 s, or do not know its subscriber (read at most once per second). A claim of
-    /// the default subscriber's copies only never reads them.
-    pub async fn refresh_destinations(&self, events: &[ClaimedEvent]) -> Result<(), RelayError> {
-        let (fresh, recent, current) = {
-            let c = self.cached_destinations();
-            let age = c.read_at.map(|t| t.elapsed());
-            (
-                age.is_some_and(|a| a < DESTINATIONS_TTL),
-                age.is_some_and(|a| a < DESTINATIONS_RETRY),
-                c.current.clone(),
-            )
-        };
+    /// 5 s, or do not know its subscriber and were read before `claimed_at` (when the claim that returned `events`
+    /// began). A copy is written only for a subscriber that is live then, before it can be claimed: a cache read
+    /// before the claim may be older than the subscriber, and must not decide that it is gone; one read after the
+    /// claim began that does not know it means the subscriber was removed. A claim of the default subscriber's
+    /// copies only never reads them.
+    pub async fn refresh_destinations(
+        &self,
+        events: &[ClaimedEvent],
+        claimed_at: std::time::Instant,
+    ) -> Result<(), RelayError> {
         if events.iter().all(|e| e.subscriber.is_empty()) {
             return Ok(());
         }
+        let (read_at, current) = {
+            let c = self.cached_destinations();
+            (c.read_at, c.current.clone())
+        };
+        let fresh = read_at.is_some_and(|t| t.elapsed() < DESTINATIONS_TTL);
+        let read_since_claim = read_at.is_some_and(|t| t >= claimed_at);
         let missing = events
             .iter()
             .any(|e| !e.subscriber.is_empty() && current.url(&e.topic, &e.subscriber).is_none());
-        if fresh && (recent || !missing) {
+        if fresh && (read_since_claim || !missing) {
             return Ok(());
         }
+        let read_at = std::time::Instant::now();
         let loaded = Destinations::load(&self.db)
             .await
             .map_err(db("read subscribers"))?;
         let mut c = self.cached_destinations();
-        c.read_at = Some(std::time::Instant::now());
-        c.current = Arc::new(loaded);
+        // Another cycle may have stored a newer read meanwhile.
+        if c.read_at.is_none_or(|t| t < read_at) {
+            c.read_at = Some(read_at);
+            c.current = Arc::new(loaded);
+        }
         Ok(())
     }
 
@@ -412,6 +439,7 @@ impl Relay {
         claims: &ClaimStatements,
         probe: bool,
     ) -> Result<CycleReport, RelayError> {
+        let claimed_at = std::time::Instant::now();
         let (events, claim_latency) = self.claim_timed(claims).await?;
         if events.is_empty() {
             return Ok(CycleReport {
@@ -422,8 +450,8 @@ impl Relay {
         let claimed = events.len() as u64;
         let unordered = events.iter().filter(|e| e.seq.is_none()).count() as u64;
         // Copies for a subscriber that is not live (removed while they were claimed, or written by hand) are
-        // dead-lettered, never sent anywhere else.
-        self.refresh_destinations(&events).await?;
+        // dead-lettered, never sent anywhere else; "not live" as read after the claim began.
+        self.refresh_destinations(&events, claimed_at).await?;
         let forming = self.forming();
         let (events, orphans): (Vec<ClaimedEvent>, Vec<ClaimedEvent>) = events
             .into_iter()

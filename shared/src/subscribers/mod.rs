@@ -72,7 +72,9 @@ pub enum SubscriberError {
     InvalidTopic(String),
     /// The subscriber exists already.
     #[error(
-        "topic {topic} already has subscriber {name} (remove it first to change its URL or replay)"
+        "topic {topic} already has subscriber {name} (`outbox subscribers list`). To change its URL, remove it and \
+         add it again, with --from and --again to replay what it missed meanwhile; its consumer recognises the \
+         events it applied already"
     )]
     Exists {
         /// The topic.
@@ -94,6 +96,58 @@ pub enum SubscriberError {
          after a remove, without a URL"
     )]
     DefaultUrl,
+    /// The subscriber existed before (it was removed) and is added again with its history: refused unless
+    /// confirmed ([`add_again`], `outbox subscribers add --again`), because what is replayed differs from a first
+    /// add.
+    #[error(
+        "subscriber {name} of topic {topic} was removed at {removed_at}. Adding it again from event #{from} replays \
+         the {to_replay} retained event(s) from there that it has no copy of: those written while it was removed, \
+         and those whose copies its removal deleted, which its consumer may have applied already (it recognises \
+         those by their event id while it keeps their dedupe rows, PROCESSED_TTL_HOURS on the relay, 168 by \
+         default: after that it could apply them again). Not replayed: the {delivered} event(s) from there \
+         delivered to it before, and the {dead} that are its dead letters (`outbox dead-letters list --subscriber \
+         {name}`; redrive them if it should still get them). Nothing was changed: run the command again with \
+         --again to add it so"
+    )]
+    ReAdd {
+        /// The topic.
+        topic: String,
+        /// The subscriber.
+        name: String,
+        /// When it was removed.
+        removed_at: DateTime<Utc>,
+        /// The replay's first event id.
+        from: i64,
+        /// Retained events from `from` it has no copy of (what the replay would copy).
+        to_replay: i64,
+        /// Its delivered copies from `from` (not replayed).
+        delivered: i64,
+        /// Its dead-lettered copies from `from` (not replayed).
+        dead: i64,
+    },
+    /// A named subscriber whose name is the default subscriber's `CONSUMER_NAME`: both would dedupe in one
+    /// namespace, each taking the other's events for duplicates.
+    #[error(
+        "{name} is the default subscriber's CONSUMER_NAME (recorded by the relay): a subscriber of that name would \
+         share its dedupe namespace, and each would take the other's events for duplicates. Choose another name \
+         (it is the new consumer's CONSUMER_NAME)"
+    )]
+    DefaultNamespace {
+        /// The name.
+        name: String,
+    },
+    /// The relay's `CONSUMER_NAME` is the name of a live named subscriber.
+    #[error(
+        "CONSUMER_NAME {name:?} is the name of a live named subscriber of {topics:?}: the default subscriber's consumer \
+         would share its dedupe namespace, and each would take the other's events for duplicates. Give the relay and \
+         its consumer another CONSUMER_NAME, or remove that subscriber"
+    )]
+    NamespaceTaken {
+        /// The name.
+        name: String,
+        /// The topics it subscribes to.
+        topics: Vec<String>,
+    },
     /// A named subscriber needs a URL.
     #[error("subscriber {0} needs the URL of its consumer")]
     MissingUrl(String),
@@ -117,13 +171,14 @@ pub enum SubscriberError {
     },
     /// A transaction older than the change did not end in time.
     #[error(
-        "transactions that began before the change are still open after {waited:?} (pids {pids:?}); they may \
-         still write events without seeing it. The change is recorded: run the command again once they end"
+        "transactions that began before the change are still open after {waited:?} (backend pids {pids:?}; -1: a \
+         prepared transaction, see pg_prepared_xacts); they may still write events without seeing it. The change \
+         is recorded: run the command again once they end"
     )]
     OldTransactions {
         /// How long it waited.
         waited: Duration,
-        /// Their backends.
+        /// Their backends (-1 for a prepared transaction).
         pids: Vec<i32>,
     },
     /// A replay parallelism outside 1–1000.
@@ -145,20 +200,64 @@ pub fn parse_name(raw: &str) -> Result<String, SubscriberError> {
     if raw == DEFAULT_LABEL {
         return Ok(DEFAULT.to_owned());
     }
-    let ok = !raw.is_empty()
-        && raw.len() <= 63
-        && raw
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        && raw.bytes().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
-        });
-    if ok {
+    if crate::ids::is_subscriber_name(raw) {
         Ok(raw.to_owned())
     } else {
         Err(SubscriberError::InvalidName(raw.to_owned()))
     }
+}
+
+/// Records the default subscriber's dedupe namespace, the relay's `CONSUMER_NAME` (the relay does at its first
+/// invocation): refused while a live named subscriber has that name.
+pub async fn record_default_consumer(db: &Db, consumer_name: &str) -> Result<(), SubscriberError> {
+    let mut tx = db.pool().begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('outbox_subscribers:default-consumer'))")
+        .execute(&mut *tx)
+        .await?;
+    let topics: Vec<String> = sqlx::query_scalar(crate::schema::q(
+        "SELECT topic FROM {schema}.outbox_subscribers WHERE name = $1 AND removed_at IS NULL ORDER BY topic",
+    ))
+    .bind(consumer_name)
+    .fetch_all(&mut *tx)
+    .await?;
+    if !topics.is_empty() {
+        return Err(SubscriberError::NamespaceTaken {
+            name: consumer_name.to_owned(),
+            topics,
+        });
+    }
+    sqlx::query(crate::schema::q(
+        "INSERT INTO {schema}.outbox_default_consumer (consumer_name) VALUES ($1) \
+         ON CONFLICT (only_row) DO UPDATE SET consumer_name = excluded.consumer_name, recorded_at = now() \
+         WHERE {schema}.outbox_default_consumer.consumer_name IS DISTINCT FROM excluded.consumer_name",
+    ))
+    .bind(consumer_name)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Refuses a named subscriber called like the default subscriber's `CONSUMER_NAME` (as the relay recorded it).
+async fn check_namespace(conn: &mut sqlx::PgConnection, name: &str) -> Result<(), SubscriberError> {
+    if name == DEFAULT {
+        return Ok(());
+    }
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('outbox_subscribers:default-consumer'))")
+        .execute(&mut *conn)
+        .await?;
+    let taken: bool = sqlx::query_scalar(crate::schema::q(
+        "SELECT EXISTS (SELECT 1 FROM {schema}.outbox_default_consumer WHERE consumer_name = $1)",
+    ))
+    .bind(name)
+    .fetch_one(&mut *conn)
+    .await?;
+    if taken {
+        return Err(SubscriberError::DefaultNamespace {
+            name: name.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// Checks a stored name: `''` (the default subscriber) or a name [`parse_name`] accepts other than `default`.
@@ -186,7 +285,25 @@ fn check_url(name: &str, raw: &str) -> Result<String, SubscriberError> {
     if url.query().is_some() || url.fragment().is_some() {
         return Err(bad("a base URL has no query or fragment".into()));
     }
+    // QStash calls a public URL; plain http would send the events (and the signatures) in clear. Only a consumer on
+    // this machine (a local pipeline) may be called over http.
+    if url.scheme() == "http" && !is_loopback(&url) {
+        return Err(bad(
+            "http is accepted only for a consumer on this machine (localhost, 127.0.0.1, ::1); QStash calls a public \
+             URL, use https"
+                .into(),
+        ));
+    }
     Ok(raw.trim_end_matches('/').to_owned())
+}
+
+fn is_loopback(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d == "localhost" || d.ends_with(".localhost"),
+        None => false,
+    }
 }
 
 /// What the relay needs of every live subscriber, by topic and name: a named one's URL (where it publishes), its
@@ -408,8 +525,9 @@ pub struct Added {
 
 /// Adds a subscriber to a live topic (see the module docs): from the next enqueue statement on, or, with a
 /// [`Start`] other than `Now`, also the retained history from there, copied by [`replay_step`] (call
-/// [`replay`] to run it to the end). Re-adding a removed subscriber starts it afresh. Waits at most `wait` for
-/// transactions older than the change.
+/// [`replay`] to run it to the end). Re-adding a removed subscriber from now starts it afresh; with a start it is
+/// refused with [`SubscriberError::ReAdd`], which says what would and would not be replayed ([`add_again`] goes
+/// ahead). Waits at most `wait` for transactions older than the change.
 pub async fn add(
     db: &Db,
     topic: &str,
@@ -417,6 +535,61 @@ pub async fn add(
     url: Option<&str>,
     start: Start,
     wait: Duration,
+) -> Result<Added, SubscriberError> {
+    add_with(db, topic, name, url, start, wait, ReAdd::Refuse).await
+}
+
+/// [`add`] for a subscriber that was removed, with its history: the replay copies the retained events from the
+/// start that it has no copy of (written while it was removed, or whose copies its removal deleted); its consumer
+/// recognises those it applied before by their event id (decision record 0070).
+pub async fn add_again(
+    db: &Db,
+    topic: &str,
+    name: &str,
+    url: Option<&str>,
+    start: Start,
+    wait: Duration,
+) -> Result<Added, SubscriberError> {
+    add_with(db, topic, name, url, start, wait, ReAdd::Confirmed).await
+}
+
+/// Whether [`add_with`] may add a removed subscriber again with its history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReAdd {
+    Refuse,
+    Confirmed,
+}
+
+/// What adding a removed subscriber again from event `from` would and would not replay (`ReAdd` error's figures).
+async fn readd_figures(
+    conn: &mut sqlx::PgConnection,
+    topic: &str,
+    name: &str,
+    from: i64,
+) -> Result<(i64, i64, i64), sqlx::Error> {
+    sqlx::query_as(crate::schema::q(
+        "SELECT count(DISTINCT coalesce(o.event_id, o.id)) FILTER (WHERE NOT EXISTS ( \
+                    SELECT 1 FROM {schema}.outbox c WHERE c.topic = $1 AND c.subscriber = $2 \
+                      AND coalesce(c.event_id, c.id) = coalesce(o.event_id, o.id))), \
+                count(*) FILTER (WHERE o.subscriber = $2 AND o.delivered_at IS NOT NULL), \
+                count(*) FILTER (WHERE o.subscriber = $2 AND o.dead_lettered_at IS NOT NULL) \
+         FROM {schema}.outbox o WHERE o.topic = $1 AND coalesce(o.event_id, o.id) >= $3",
+    ))
+    .bind(topic)
+    .bind(name)
+    .bind(from)
+    .fetch_one(conn)
+    .await
+}
+
+async fn add_with(
+    db: &Db,
+    topic: &str,
+    name: &str,
+    url: Option<&str>,
+    start: Start,
+    wait: Duration,
+    again: ReAdd,
 ) -> Result<Added, SubscriberError> {
     crate::producer::validate_topic(topic)
         .map_err(|_| SubscriberError::InvalidTopic(topic.to_owned()))?;
@@ -428,6 +601,7 @@ pub async fn add(
         (n, Some(u)) => Some(check_url(n, u)?),
     };
     let mut tx = db.pool().begin().await?;
+    check_namespace(&mut tx, name).await?;
     let from: Option<i64> = match start {
         Start::Now => None,
         Start::FromId(id) => Some(id),
@@ -461,6 +635,18 @@ pub async fn add(
         return Err(SubscriberError::Exists {
             topic: topic.to_owned(),
             name: label(name).to_owned(),
+        });
+    }
+    if let (Some(Some(removed_at)), Some(from), ReAdd::Refuse) = (existing, from, again) {
+        let (to_replay, delivered, dead) = readd_figures(&mut tx, topic, name, from).await?;
+        return Err(SubscriberError::ReAdd {
+            topic: topic.to_owned(),
+            name: label(name).to_owned(),
+            removed_at,
+            from,
+            to_replay,
+            delivered,
+            dead,
         });
     }
     let sql = crate::schema::sql(&format!(
@@ -539,7 +725,19 @@ pub async fn ensure(
             .await?;
             Ok(Ensured::UrlChanged)
         }
-        None => match add(db, topic, name, Some(&url), Start::Now, Duration::ZERO).await {
+        // `add_with`, not `add`: one async layer less in the relay's future, whose layout is near the compiler's
+        // default query depth.
+        None => match add_with(
+            db,
+            topic,
+            name,
+            Some(&url),
+            Start::Now,
+            Duration::ZERO,
+            ReAdd::Refuse,
+        )
+        .await
+        {
             Ok(_) => Ok(Ensured::Added),
             // Someone else added it meanwhile.
             Err(SubscriberError::Exists { .. }) => Ok(Ensured::Unchanged),
@@ -607,22 +805,35 @@ pub async fn set_replay_parallelism(
     Ok(subscriber_of(&row)?)
 }
 
-/// Waits until no transaction that began before now is still open (other than this session's), polling; a
-/// transaction older than a change to `outbox_subscribers` may still write events with the list it read.
+/// Waits until every transaction that was open when it was called (other than this session's) has ended,
+/// polling; a transaction older than a change to `outbox_subscribers` may still write events with the list it
+/// read. It waits on the transactions themselves, as `CREATE INDEX CONCURRENTLY` does: each holds a lock on its
+/// own virtual transaction id until it ends, and `pg_locks` shows those to every role, where
+/// `pg_stat_activity.xact_start` is NULL for other roles' sessions unless the role may read all statistics (a
+/// wait on it passed at once under the roles the deployment docs create, and an older producer's events were never
+/// replayed). Prepared transactions (two-phase commit) of this database prepared before the call are waited for
+/// too.
 pub async fn wait_for_older_transactions(db: &Db, wait: Duration) -> Result<(), SubscriberError> {
-    let since: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
-        .fetch_one(db.pool())
-        .await?;
+    let mut conn = db.pool().acquire().await?;
+    let (since, open): (DateTime<Utc>, Vec<String>) = sqlx::query_as(
+        "SELECT clock_timestamp(), coalesce(array_agg(l.virtualxid::text), '{}') \
+         FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'virtualxid' AND l.virtualxid = l.virtualtransaction AND l.granted \
+           AND l.pid <> pg_backend_pid() AND a.datname = current_database()",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
     let started = std::time::Instant::now();
     loop {
         let pids: Vec<i32> = sqlx::query_scalar(
-            "SELECT pid FROM pg_stat_activity \
-             WHERE datname = current_database() AND pid <> pg_backend_pid() \
-               AND backend_type = 'client backend' \
-               AND xact_start IS NOT NULL AND xact_start < $1 ORDER BY pid",
+            "SELECT pid FROM pg_locks WHERE locktype = 'virtualxid' AND virtualxid::text = ANY ($1) AND granted \
+             UNION \
+             SELECT -1 FROM pg_prepared_xacts WHERE database = current_database() AND prepared < $2 \
+             ORDER BY 1",
         )
+        .bind(&open)
         .bind(since)
-        .fetch_all(db.pool())
+        .fetch_all(&mut *conn)
         .await?;
         if pids.is_empty() {
             return Ok(());
@@ -765,6 +976,13 @@ mod tests {
         assert!(check_url("b", "ftp://x").is_err());
         assert!(check_url("b", "billing").is_err());
         assert!(check_url("b", "https://x/?a=1").is_err());
+        assert!(check_url("b", "http://127.0.0.1:9").is_ok());
+        assert!(check_url("b", "http://localhost:8080").is_ok());
+        assert!(check_url("b", "http://[::1]:8080").is_ok());
+        let e = check_url("b", "http://billing.example.com")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("use https"), "{e}");
     }
 
     #[test]
