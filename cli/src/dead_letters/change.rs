@@ -73,8 +73,8 @@ pub(super) async fn redrive(
     let filter = a.filter.filter();
     if filter.is_empty() {
         bail!(
-            "give a dead letter's id, or at least one filter (--topic, --source, --key, --since, --until) for a bulk \
-             redrive; `outbox dead-letters list` shows what there is"
+            "give a dead letter's id, or at least one filter (--topic, --subscriber, --source, --key, --since, \
+             --until) for a bulk redrive; `outbox dead-letters list` shows what there is"
         );
     }
     let n = {
@@ -196,8 +196,8 @@ pub(super) async fn purge(
     let filter = a.filter.filter();
     if filter.is_empty() {
         bail!(
-            "purge needs at least one filter (--topic, --source, --key, --since, --until), so that it cannot delete \
-             every dead letter by accident"
+            "purge needs at least one filter (--topic, --subscriber, --source, --key, --since, --until), so that it \
+             cannot delete every dead letter by accident"
         );
     }
     let pool = a.db.connect().await?;

@@ -92,44 +92,70 @@ impl FilterArgs {
         }
     }
 
+    /// The filters in words (every field, by name: a field added to [`FilterArgs`] does not compile here until it
+    /// is described).
     fn describe(&self) -> String {
+        let FilterArgs {
+            topic,
+            source,
+            key,
+            since,
+            until,
+            subscriber,
+        } = self;
         let mut parts = Vec::new();
-        if let Some(t) = &self.topic {
+        if let Some(t) = topic {
             parts.push(format!("topic={}", util::printable(t)));
         }
-        if let Some(s) = self.source {
+        if let Some(s) = source {
             parts.push(format!("source={}", s.as_str()));
         }
-        if let Some(k) = &self.key {
+        if let Some(k) = key {
             parts.push(format!("key={}", util::printable(k)));
         }
-        if let Some(sub) = &self.subscriber {
+        if let Some(sub) = subscriber {
             parts.push(format!("subscriber={}", outbox::subscribers::label(sub)));
         }
-        if let Some(s) = self.since {
+        if let Some(s) = since {
             parts.push(format!("since={}", s.to_rfc3339()));
         }
-        if let Some(u) = self.until {
+        if let Some(u) = until {
             parts.push(format!("until={}", u.to_rfc3339()));
         }
         parts.join(" ")
     }
 
+    /// The filters as command-line flags (the next page's command): every field, by name, as [`Self::describe`],
+    /// so that the next page never widens the selection.
     fn as_flags(&self) -> String {
+        let FilterArgs {
+            topic,
+            source,
+            key,
+            since,
+            until,
+            subscriber,
+        } = self;
         let mut s = String::new();
-        if let Some(t) = &self.topic {
+        if let Some(t) = topic {
             s.push_str(&format!(" --topic {}", util::printable(&shell_quote(t))));
         }
-        if let Some(x) = self.source {
+        if let Some(x) = source {
             s.push_str(&format!(" --source {}", x.as_str()));
         }
-        if let Some(k) = &self.key {
+        if let Some(k) = key {
             s.push_str(&format!(" --key {}", util::printable(&shell_quote(k))));
         }
-        if let Some(x) = self.since {
+        if let Some(sub) = subscriber {
+            s.push_str(&format!(
+                " --subscriber {}",
+                outbox::subscribers::label(sub)
+            ));
+        }
+        if let Some(x) = since {
             s.push_str(&format!(" --since {}", x.to_rfc3339()));
         }
-        if let Some(x) = self.until {
+        if let Some(x) = until {
             s.push_str(&format!(" --until {}", x.to_rfc3339()));
         }
         s
@@ -175,7 +201,7 @@ pub struct RedriveArgs {
     #[command(flatten)]
     pub db: DbArgs,
     /// One dead letter's id (or use filters for a bulk redrive).
-    #[arg(conflicts_with_all = ["topic", "source", "key", "since", "until"])]
+    #[arg(conflicts_with_all = ["topic", "source", "key", "since", "until", "subscriber"])]
     pub id: Option<i64>,
     #[command(flatten)]
     pub filter: FilterArgs,

@@ -16,8 +16,8 @@ const BLOCKING_SQL: &str = "(d.redriven_at IS NULL AND d.resolved_at IS NULL AND
 pub enum PurgeError {
     /// No filter field is set.
     #[error(
-        "a purge needs at least one filter (--topic, --source, --key, --since, --until), so that it cannot delete \
-         every dead letter by accident"
+        "a purge needs at least one filter (--topic, --subscriber, --source, --key, --since, --until), so that it \
+         cannot delete every dead letter by accident"
     )]
     FilterRequired,
     #[error("database error: {0} (is Postgres reachable? the purge is safe to run again)")]
