@@ -117,6 +117,9 @@ pub async fn keys(conn: &mut PgConnection, q: &KeyQuery) -> Result<KeyPage, sqlx
     if q.key_prefix.is_some() {
         conditions.push(format!("s.partition_key LIKE {}", param()));
     }
+    // From the cursor on, in each of the three tables, so that each index scan starts there: without it a later
+    // page read every lane and head before the cursor (90 ms instead of 0.5 ms at 50,000 keys, 33,000 lanes).
+    let mut from = (String::new(), String::new());
     if q.after.is_some() {
         let (t, k, sub) = (param(), param(), param());
         // The first part on the primary key's order; the second picks the lanes after the cursor's in its key.
@@ -124,6 +127,10 @@ pub async fn keys(conn: &mut PgConnection, q: &KeyQuery) -> Result<KeyPage, sqlx
             "(s.topic, s.partition_key) >= ({t}, {k}) \
              AND ((s.topic, s.partition_key) > ({t}, {k}) OR coalesce(k.subscriber, '') > {sub})"
         ));
+        from = (
+            format!(" AND (k.topic, k.partition_key) >= ({t}, {k})"),
+            format!(" AND (o.topic, o.partition_key) >= ({t}, {k})"),
+        );
     }
     if q.blocked_only {
         conditions.push("k.blocked_at IS NOT NULL".to_owned());
@@ -145,11 +152,13 @@ pub async fn keys(conn: &mut PgConnection, q: &KeyQuery) -> Result<KeyPage, sqlx
                 h.id AS head_id, h.attempts AS head_attempts, h.created_at AS head_created_at, \
                 h.last_error AS head_last_error \
          FROM {{schema}}.outbox_sequences s \
-         {join} {{schema}}.outbox_keys k ON k.topic = s.topic AND k.partition_key = s.partition_key{lane} \
+         {join} {{schema}}.outbox_keys k ON k.topic = s.topic AND k.partition_key = s.partition_key{lane}{} \
          LEFT JOIN LATERAL (SELECT o.id, o.attempts, o.created_at, o.last_error FROM {{schema}}.outbox o \
                             WHERE o.topic = s.topic AND o.partition_key = s.partition_key \
-                              AND o.subscriber = k.subscriber AND o.seq = k.done_seq + 1) h ON true \
+                              AND o.subscriber = k.subscriber AND o.seq = k.done_seq + 1{}) h ON true \
          {filter} ORDER BY s.topic, s.partition_key, k.subscriber NULLS FIRST LIMIT {}",
+        from.0,
+        from.1,
         limit + 1
     ));
     let mut query = sqlx::query_as::<_, KeyLine>(sqlx::AssertSqlSafe(sql));
