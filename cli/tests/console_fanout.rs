@@ -109,7 +109,7 @@ async fn a_subscriber_filter_reaches_the_list_the_confirmation_and_the_action(po
     assert!(!listed.contains("<td>billing</td>"), "{listed}");
     let form = section(&page.body, "<form class=\"filters\"", "</form>");
     assert!(
-        form.contains("name=\"subscriber\" size=\"12\" value=\"shipping\""),
+        form.contains("name=\"subscriber\" size=\"14\" value=\"shipping\""),
         "{form}"
     );
     let groups = hrefs(section(&page.body, "<table id=\"groups\"", "</table>"));

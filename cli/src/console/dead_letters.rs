@@ -5,7 +5,7 @@
 //!
 //! | Rule | Why |
 //! |---|---|
-//! | Every field of [`Filter`] travels in every link, form and confirmation ([`params_of`], [`filter_form`], [`describe`] take the filter apart field by field, so a new field does not compile until it is carried) | An action never widens: what the list shows is what the confirmation counts and what the action touches |
+//! | Every field of [`Filter`] travels in every link, form and confirmation ([`params_of`], [`filter_form`] and [`describe`] are made from one list of its fields, [`parts`], which takes the filter apart field by field: a new field does not compile until it is carried) | An action never widens: what the list shows is what the confirmation counts and what the action touches |
 //! | The action log row is written before the action, and completed after it, also when it fails | A failure half-way leaves a record of what was started and done |
 
 use axum::Extension;
@@ -60,10 +60,31 @@ fn filter_of(p: &Params) -> Result<Filter, String> {
     })
 }
 
-/// The filter as parameters (times as RFC 3339, so a confirmation carries exactly what was counted; the default
-/// subscriber as `default`). Every field, by name: a field added to [`Filter`] does not compile here until it is
-/// carried, so no link drops part of a selection.
-fn params_of(f: &Filter) -> Vec<(&'static str, String)> {
+/// One field of a filter: its parameter, its name in words, and its value as a parameter and as shown (`None`:
+/// not set).
+struct Part {
+    param: &'static str,
+    words: &'static str,
+    value: Option<String>,
+    shown: Option<String>,
+}
+
+impl Part {
+    fn new(param: &'static str, words: &'static str, value: Option<String>) -> Part {
+        Part {
+            param,
+            words,
+            shown: value.clone(),
+            value,
+        }
+    }
+}
+
+/// The filter's fields, the one list that links ([`params_of`]), the words of a selection ([`describe`]) and the
+/// filter form ([`filter_form`]) are made from: every field by name, so a field added to [`Filter`] does not
+/// compile here until it has its part, and then no link, form or confirmation can drop it. Times as RFC 3339 (a
+/// confirmation carries exactly what was counted), the default subscriber as `default`.
+fn parts(f: &Filter) -> [Part; 9] {
     let Filter {
         topic,
         source,
@@ -75,85 +96,50 @@ fn params_of(f: &Filter) -> Vec<(&'static str, String)> {
         max_id,
         subscriber,
     } = f;
-    let text = |v: &Option<String>| v.clone().unwrap_or_default();
-    let time = |t: &Option<DateTime<Utc>>| t.map(|t| t.to_rfc3339()).unwrap_or_default();
-    let mut v = vec![
-        ("topic", text(topic)),
-        (
-            "source",
-            source.map(|s| s.as_str().to_owned()).unwrap_or_default(),
-        ),
-        ("key", text(key)),
-        (
-            "subscriber",
-            subscriber
-                .as_deref()
-                .map(|s| outbox::subscribers::label(s).to_owned())
-                .unwrap_or_default(),
-        ),
-        ("error", text(error)),
-        ("group", text(error_group)),
-        ("since", time(since)),
-        ("until", time(until)),
-    ];
-    if let Some(m) = max_id {
-        v.push(("max_id", m.to_string()));
-    }
-    v
+    let time = |param, words, t: &Option<DateTime<Utc>>| Part {
+        param,
+        words,
+        value: t.map(|t| t.to_rfc3339()),
+        shown: t.map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string()),
+    };
+    let subscriber = subscriber
+        .as_deref()
+        .map(|s| outbox::subscribers::label(s).to_owned());
+    [
+        Part::new("topic", "topic", topic.clone()),
+        Part::new("subscriber", "subscriber", subscriber),
+        Part::new("source", "source", source.map(|s| s.as_str().to_owned())),
+        Part::new("key", "key", key.clone()),
+        Part::new("error", "error contains", error.clone()),
+        Part::new("group", "error group", error_group.clone()),
+        time("since", "recorded since", since),
+        time("until", "recorded before", until),
+        Part::new("max_id", "id up to", max_id.map(|m| m.to_string())),
+    ]
+}
+
+/// The filter as parameters: its set fields ([`parts`]).
+fn params_of(f: &Filter) -> Vec<(&'static str, String)> {
+    parts(f)
+        .into_iter()
+        .filter_map(|p| Some((p.param, p.value?)))
+        .collect()
 }
 
 fn pairs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
     v.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 
-/// The filter in words (every field, as [`params_of`]).
+/// The filter in words: its set fields ([`parts`]), or `no filter`.
 fn describe(h: &mut Html, f: &Filter) {
-    let Filter {
-        topic,
-        source,
-        key,
-        since,
-        until,
-        error,
-        error_group,
-        max_id,
-        subscriber,
-    } = f;
     let mut first = true;
-    let mut part = |h: &mut Html, name: &'static str, value: String| {
+    for p in parts(f) {
+        let Some(shown) = p.shown else { continue };
         if !first {
             h.lit(", ");
         }
         first = false;
-        h.lit(name).lit(" <code>").text(value).lit("</code>");
-    };
-    let when = |t: &DateTime<Utc>| t.format("%Y-%m-%d %H:%M:%S UTC").to_string();
-    if let Some(t) = topic {
-        part(h, "topic", t.clone());
-    }
-    if let Some(s) = subscriber {
-        part(h, "subscriber", outbox::subscribers::label(s).to_owned());
-    }
-    if let Some(s) = source {
-        part(h, "source", s.as_str().to_owned());
-    }
-    if let Some(k) = key {
-        part(h, "key", k.clone());
-    }
-    if let Some(e) = error {
-        part(h, "error contains", e.clone());
-    }
-    if let Some(g) = error_group {
-        part(h, "error group", g.clone());
-    }
-    if let Some(t) = since {
-        part(h, "recorded since", when(t));
-    }
-    if let Some(t) = until {
-        part(h, "recorded before", when(t));
-    }
-    if let Some(m) = max_id {
-        part(h, "id up to", m.to_string());
+        h.lit(p.words).lit(" <code>").text(shown).lit("</code>");
     }
     if first {
         h.lit("no filter");
@@ -166,80 +152,60 @@ fn bad_request(ctx: &Ctx, message: &str) -> Response {
     server::error_page(ctx, StatusCode::BAD_REQUEST, &h)
 }
 
-/// The filter form: a field for every part of [`Filter`] (`max_id`, which only a confirmation sets, hidden), so
-/// that filtering again never drops part of the selection.
+/// The filter form: a field for every part of the filter ([`parts`]; the source a choice, `max_id`, which only a
+/// confirmation sets, hidden), so that filtering again never drops part of the selection.
 fn filter_form(h: &mut Html, f: &Filter, include_handled: bool) {
-    let Filter {
-        topic,
-        source,
-        key,
-        since,
-        until,
-        error,
-        error_group,
-        max_id,
-        subscriber,
-    } = f;
-    let field =
-        |h: &mut Html, label: &'static str, name: &'static str, value: &str, size: &'static str| {
-            h.lit("<label>")
-                .lit(label)
-                .lit("<input name=\"")
-                .lit(name)
-                .lit("\" size=\"")
-                .lit(size)
-                .lit("\" value=\"")
-                .text(value)
-                .lit("\"></label>");
-        };
     h.lit("<form class=\"filters\" method=\"get\" action=\"/dead-letters\">");
-    field(h, "topic", "topic", topic.as_deref().unwrap_or(""), "14");
-    let subscriber = subscriber.as_deref().map(outbox::subscribers::label);
-    field(
-        h,
-        "subscriber",
-        "subscriber",
-        subscriber.unwrap_or(""),
-        "12",
-    );
-    h.lit("<label>source<select name=\"source\"><option value=\"\">any</option>");
-    for s in ["relay", "qstash"] {
-        h.lit("<option");
-        if source.map(Source::as_str) == Some(s) {
-            h.lit(" selected");
+    for p in parts(f) {
+        let value = p.value.as_deref().unwrap_or("");
+        match p.param {
+            "source" => source_choice(h, value),
+            "max_id" if !value.is_empty() => {
+                h.lit("<input type=\"hidden\" name=\"max_id\" value=\"")
+                    .text(value)
+                    .lit("\">");
+            }
+            "max_id" => {}
+            param => {
+                let size = match param {
+                    "error" | "group" => "20",
+                    "since" | "until" => "12",
+                    _ => "14",
+                };
+                h.lit("<label>")
+                    .lit(p.words)
+                    .lit("<input name=\"")
+                    .lit(param)
+                    .lit("\" size=\"")
+                    .lit(size)
+                    .lit("\" value=\"")
+                    .text(value)
+                    .lit("\"");
+                if param == "since" {
+                    h.lit(" placeholder=\"30m, 2d, date\"");
+                }
+                h.lit("></label>");
+            }
         }
-        h.lit(">").lit(s).lit("</option>");
-    }
-    h.lit("</select></label>");
-    field(h, "key", "key", key.as_deref().unwrap_or(""), "14");
-    field(
-        h,
-        "error contains",
-        "error",
-        error.as_deref().unwrap_or(""),
-        "20",
-    );
-    field(
-        h,
-        "error group",
-        "group",
-        error_group.as_deref().unwrap_or(""),
-        "20",
-    );
-    let since = since.map(|t| t.to_rfc3339()).unwrap_or_default();
-    let until = until.map(|t| t.to_rfc3339()).unwrap_or_default();
-    field(h, "since (30m, 2d, date)", "since", &since, "12");
-    field(h, "until", "until", &until, "12");
-    if let Some(m) = max_id {
-        h.lit("<input type=\"hidden\" name=\"max_id\" value=\"")
-            .text(m)
-            .lit("\">");
     }
     h.lit("<label><span><input type=\"checkbox\" name=\"all\" value=\"1\"");
     if include_handled {
         h.lit(" checked");
     }
     h.lit("> include handled</span></label><button>Filter</button> <a href=\"/dead-letters\">clear</a></form>");
+}
+
+/// The source as a choice: any, relay or qstash.
+fn source_choice(h: &mut Html, selected: &str) {
+    h.lit("<label>source<select name=\"source\"><option value=\"\">any</option>");
+    for s in ["relay", "qstash"] {
+        h.lit("<option");
+        if selected == s {
+            h.lit(" selected");
+        }
+        h.lit(">").lit(s).lit("</option>");
+    }
+    h.lit("</select></label>");
 }
 
 /// `GET /dead-letters`: filters, groups by normalised error, one page of the list, and the bulk actions.

@@ -92,9 +92,10 @@ impl FilterArgs {
         }
     }
 
-    /// The filters in words (every field, by name: a field added to [`FilterArgs`] does not compile here until it
-    /// is described).
-    fn describe(&self) -> String {
+    /// The set filters as (flag, value): every field by name, so a field added to [`FilterArgs`] does not compile
+    /// here until it is carried — into the words of a selection ([`Self::describe`]) and the next page's command
+    /// ([`Self::as_flags`]), which then never widens it.
+    fn parts(&self) -> Vec<(&'static str, String)> {
         let FilterArgs {
             topic,
             source,
@@ -103,62 +104,39 @@ impl FilterArgs {
             until,
             subscriber,
         } = self;
-        let mut parts = Vec::new();
-        if let Some(t) = topic {
-            parts.push(format!("topic={}", util::printable(t)));
-        }
-        if let Some(s) = source {
-            parts.push(format!("source={}", s.as_str()));
-        }
-        if let Some(k) = key {
-            parts.push(format!("key={}", util::printable(k)));
-        }
-        if let Some(sub) = subscriber {
-            parts.push(format!("subscriber={}", outbox::subscribers::label(sub)));
-        }
-        if let Some(s) = since {
-            parts.push(format!("since={}", s.to_rfc3339()));
-        }
-        if let Some(u) = until {
-            parts.push(format!("until={}", u.to_rfc3339()));
-        }
-        parts.join(" ")
+        [
+            ("topic", topic.clone()),
+            ("source", source.map(|s| s.as_str().to_owned())),
+            ("key", key.clone()),
+            (
+                "subscriber",
+                subscriber
+                    .as_deref()
+                    .map(|s| outbox::subscribers::label(s).to_owned()),
+            ),
+            ("since", since.map(|t| t.to_rfc3339())),
+            ("until", until.map(|t| t.to_rfc3339())),
+        ]
+        .into_iter()
+        .filter_map(|(flag, value)| Some((flag, value?)))
+        .collect()
     }
 
-    /// The filters as command-line flags (the next page's command): every field, by name, as [`Self::describe`],
-    /// so that the next page never widens the selection.
+    /// The filters in words: `topic=orders subscriber=shipping`.
+    fn describe(&self) -> String {
+        self.parts()
+            .iter()
+            .map(|(flag, value)| format!("{flag}={}", util::printable(value)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The filters as command-line flags: ` --topic orders --subscriber shipping`.
     fn as_flags(&self) -> String {
-        let FilterArgs {
-            topic,
-            source,
-            key,
-            since,
-            until,
-            subscriber,
-        } = self;
-        let mut s = String::new();
-        if let Some(t) = topic {
-            s.push_str(&format!(" --topic {}", util::printable(&shell_quote(t))));
-        }
-        if let Some(x) = source {
-            s.push_str(&format!(" --source {}", x.as_str()));
-        }
-        if let Some(k) = key {
-            s.push_str(&format!(" --key {}", util::printable(&shell_quote(k))));
-        }
-        if let Some(sub) = subscriber {
-            s.push_str(&format!(
-                " --subscriber {}",
-                outbox::subscribers::label(sub)
-            ));
-        }
-        if let Some(x) = since {
-            s.push_str(&format!(" --since {}", x.to_rfc3339()));
-        }
-        if let Some(x) = until {
-            s.push_str(&format!(" --until {}", x.to_rfc3339()));
-        }
-        s
+        self.parts()
+            .iter()
+            .map(|(flag, value)| format!(" --{flag} {}", util::printable(&shell_quote(value))))
+            .collect()
     }
 }
 
