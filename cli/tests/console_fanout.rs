@@ -8,7 +8,7 @@ mod console_kit;
 
 use console_kit::{Tab, args, by_id, hidden_fields, unescape};
 use outbox_cli::console::Console;
-use outbox_testkit::db::{dead_letter, event, key_state};
+use outbox_testkit::db::{dead_letter, event};
 use reqwest::StatusCode;
 use sqlx::PgPool;
 
@@ -79,6 +79,34 @@ async fn dead_letters(pool: &PgPool) -> Vec<(i64, bool)> {
         .fetch_all(pool)
         .await
         .unwrap()
+}
+
+/// The producer's sequence of `key` of topic `orders`, handed out up to `last_seq`.
+async fn sequence(pool: &PgPool, key: &str, last_seq: i64) {
+    sqlx::query(
+        "INSERT INTO outbox_sequences (topic, partition_key, last_seq) VALUES ('orders', $1, $2)",
+    )
+    .bind(key)
+    .bind(last_seq)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// `subscriber`'s lane of `key` of topic `orders`: done up to `done_seq`, blocked by `blocked_by` when given.
+async fn lane(pool: &PgPool, key: &str, subscriber: &str, done_seq: i64, blocked_by: Option<i64>) {
+    sqlx::query(
+        "INSERT INTO outbox_keys (topic, partition_key, subscriber, done_seq, blocked_at, blocked_id, blocked_reason) \
+         VALUES ('orders', $1, $2, $3, CASE WHEN $4::bigint IS NOT NULL THEN now() END, $4, \
+                 CASE WHEN $4::bigint IS NOT NULL THEN 'consumer refused it' END)",
+    )
+    .bind(key)
+    .bind(subscriber)
+    .bind(done_seq)
+    .bind(blocked_by)
+    .execute(pool)
+    .await
+    .unwrap();
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
@@ -183,21 +211,10 @@ async fn the_keys_page_shows_each_subscribers_lane_once_with_its_own_head(pool: 
         &format!("subscriber = 'shipping', event_id = {d2}"),
     )
     .await;
-    key_state(&pool, "orders", "k1", 2, 1, "").await;
-    sqlx::query(
-        "INSERT INTO outbox_keys (topic, partition_key, subscriber, done_seq, blocked_at, blocked_id, blocked_reason) \
-         VALUES ('orders', 'k1', 'shipping', 0, now(), $1, 'consumer refused it')",
-    )
-    .bind(s1)
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO outbox_sequences (topic, partition_key, last_seq) VALUES ('orders', 'k2', 4)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    sequence(&pool, "k1", 2).await;
+    lane(&pool, "k1", "", 1, None).await;
+    lane(&pool, "k1", "shipping", 0, Some(s1)).await;
+    sequence(&pool, "k2", 4).await;
     let console = Console::start(&args(&pool)).await.unwrap();
     let mut tab = Tab::new(&console);
 
@@ -340,20 +357,8 @@ async fn the_subscribers_page_shows_each_subscribers_lag_in_flight_blocked_keys_
     )
     .await;
     dead_letter(&pool, "qstash", Some(head), sub).await;
-    sqlx::query(
-        "INSERT INTO outbox_sequences (topic, partition_key, last_seq) VALUES ('orders', 'k', 1)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO outbox_keys (topic, partition_key, subscriber, done_seq, blocked_at, blocked_id) \
-         VALUES ('orders', 'k', 'shipping', 0, now(), $1)",
-    )
-    .bind(head)
-    .execute(&pool)
-    .await
-    .unwrap();
+    sequence(&pool, "k", 1).await;
+    lane(&pool, "k", "shipping", 0, Some(head)).await;
     event(&pool, "orders", "d", None, "").await;
 
     let page = tab.get("/subscribers").await;
@@ -439,20 +444,9 @@ async fn an_events_page_lists_each_copys_state(pool: PgPool) {
     )
     .await;
     let dl = dead_letter(&pool, "qstash", Some(shipping), "subscriber = 'shipping'").await;
-    sqlx::query(
-        "INSERT INTO outbox_sequences (topic, partition_key, last_seq) VALUES ('orders', 'k', 1)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO outbox_keys (topic, partition_key, subscriber, done_seq, blocked_at, blocked_id) \
-         VALUES ('orders', 'k', 'shipping', 0, now(), $1), ('orders', 'k', 'billing', 0, NULL, NULL)",
-    )
-    .bind(shipping)
-    .execute(&pool)
-    .await
-    .unwrap();
+    sequence(&pool, "k", 1).await;
+    lane(&pool, "k", "shipping", 0, Some(shipping)).await;
+    lane(&pool, "k", "billing", 0, None).await;
     sqlx::query("INSERT INTO processed_messages (consumer, message_id) VALUES ('consumer', $1)")
         .bind(first.to_string())
         .execute(&pool)
