@@ -931,3 +931,70 @@ async fn a_page_whose_query_exceeds_the_statement_timeout_answers_with_a_clear_e
     assert_eq!(tab.get("/dead-letters").await.status, StatusCode::OK);
     console.stop().await.unwrap();
 }
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn the_lists_purge_link_purges_what_the_list_matched(pool: PgPool) {
+    // Two unhandled dead letters of orders, and two already redriven.
+    let mut unhandled_ids = Vec::new();
+    for i in 0..4 {
+        let e = event(
+            &pool,
+            "orders",
+            &format!("o{i}"),
+            None,
+            "dead_lettered_at = now()",
+        )
+        .await;
+        let set = if i < 2 { "" } else { "redriven_at = now()" };
+        let dl = dead_letter(&pool, "relay", Some(e), set).await;
+        if i < 2 {
+            unhandled_ids.push(dl);
+        }
+    }
+    let console = Console::start(&args(&pool)).await.unwrap();
+    let mut tab = Tab::new(&console);
+    let purge_link = |page: &str| -> String {
+        let bulk = &page[page.find("<p id=\"bulk\"").unwrap()..];
+        let bulk = &bulk[..bulk.find("</p>").unwrap()];
+        let last = bulk.rsplit("href=\"").next().unwrap();
+        console_kit::unescape(&last[..last.find('"').unwrap()])
+    };
+    let remaining = || async {
+        sqlx::query_scalar::<_, i64>("SELECT id FROM dead_letters ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+
+    // The list shows the unhandled ones: its purge counts and deletes those, not the handled ones too.
+    let list = tab.get("/dead-letters?topic=orders").await;
+    assert_eq!(by_id(&list.body, "total"), "2");
+    let confirm = tab.get(&purge_link(&list.body)).await;
+    assert_eq!(by_id(&confirm.body, "count"), "2", "{}", confirm.body);
+    let report = tab
+        .post(
+            "/dead-letters/bulk",
+            &hidden_fields(&confirm.body, "confirm"),
+        )
+        .await;
+    assert_eq!(by_id(&report.body, "done"), "2", "{}", report.body);
+    let left = remaining().await;
+    assert_eq!(left.len(), 2);
+    assert!(
+        left.iter().all(|id| !unhandled_ids.contains(id)),
+        "{left:?}"
+    );
+
+    // Including handled ones, the list and its purge take those too.
+    let list = tab.get("/dead-letters?topic=orders&all=1").await;
+    assert_eq!(by_id(&list.body, "total"), "2");
+    let confirm = tab.get(&purge_link(&list.body)).await;
+    assert_eq!(by_id(&confirm.body, "count"), "2", "{}", confirm.body);
+    tab.post(
+        "/dead-letters/bulk",
+        &hidden_fields(&confirm.body, "confirm"),
+    )
+    .await;
+    assert!(remaining().await.is_empty());
+    console.stop().await.unwrap();
+}

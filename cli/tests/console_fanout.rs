@@ -171,7 +171,13 @@ async fn a_subscriber_filter_reaches_the_list_the_confirmation_and_the_action(po
         );
     }
 
-    // The purge link, the same way: shipping's (redriven) dead letters go, billing's stay.
+    // The purge link of the list with handled ones, the same way: shipping's (redriven) dead letters go,
+    // billing's stay.
+    let page = tab
+        .get("/dead-letters?topic=orders&subscriber=shipping&all=1")
+        .await;
+    let bulk = hrefs(section(&page.body, "<p id=\"bulk\"", "</p>"));
+    assert!(bulk[1].contains("subscriber=shipping"), "{bulk:?}");
     let confirm = tab.get(&bulk[1]).await;
     assert_eq!(by_id(&confirm.body, "count"), "3", "{}", confirm.body);
     let report = tab

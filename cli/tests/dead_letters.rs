@@ -723,9 +723,15 @@ async fn bulk_operations_need_a_filter_and_a_confirmation(pool: PgPool) {
         .await
         .unwrap_err();
     assert!(matches!(e, RedriveError::FilterRequired), "{e}");
-    let e = dead_letters::purge(&pool, &Filter::default(), false, 100, |_| {})
-        .await
-        .unwrap_err();
+    let e = dead_letters::purge(
+        &pool,
+        &Filter::default(),
+        dead_letters::PurgeScope::Any,
+        100,
+        |_| {},
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(e, PurgeError::FilterRequired), "{e}");
 
     let mut out = Vec::new();

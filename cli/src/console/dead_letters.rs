@@ -15,7 +15,7 @@ use axum::http::{StatusCode, Uri};
 use axum::response::Response;
 use chrono::{DateTime, Utc};
 use outbox::dead_letters::{
-    self, BulkOutcome, BulkReport, DeadLetterSummary, Filter, ListQuery, RedriveError,
+    self, BulkOutcome, BulkReport, DeadLetterSummary, Filter, ListQuery, PurgeScope, RedriveError,
     RedriveOptions, Source,
 };
 use outbox::ops::actions::{self, NewAction};
@@ -252,10 +252,17 @@ pub async fn list(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
 
     if !ctx.read_only {
         let fp = params_of(&filter);
+        // What the list matched: without "include handled", the unhandled ones only.
+        let scope = if include_handled {
+            PurgeScope::Any
+        } else {
+            PurgeScope::Unhandled
+        };
+        let purge = vec![("action", "purge"), ("scope", scope.as_str())];
         h.lit("<p id=\"bulk\">Bulk: <a href=\"")
             .href("/dead-letters/confirm", &[pairs(&fp), vec![("action", "redrive")]].concat())
             .lit("\">redrive the matching…</a> · <a href=\"")
-            .href("/dead-letters/confirm", &[pairs(&fp), vec![("action", "purge")]].concat())
+            .href("/dead-letters/confirm", &[pairs(&fp), purge].concat())
             .lit("\">purge the matching…</a> <span class=\"muted\">(each shows the count and asks first; a filter is required)</span></p>");
     }
 
@@ -627,13 +634,16 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
         Err(e) => return server::db_error(&ctx, e),
     };
     filter.max_id = Some(filter.max_id.map_or(upto, |m| m.min(upto)));
-    let handled_only = p.flag("handled_only");
+    let scope = match scope_of(&p) {
+        Ok(s) => s,
+        Err(e) => return bad_request(&ctx, &e),
+    };
     let counted = if action == "redrive" {
         dead_letters::count_unhandled(&mut conn, &filter)
             .await
             .map(|n| (n, 0))
     } else {
-        dead_letters::count_purge(&mut conn, &filter, handled_only)
+        dead_letters::count_purge(&mut conn, &filter, scope)
             .await
             .map(|c| (c.deleted, c.kept_blocking))
     };
@@ -645,7 +655,7 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
         &mut conn,
         &ListQuery {
             filter: filter.clone(),
-            include_handled: action == "purge",
+            include_handled: action == "purge" && scope != PurgeScope::Unhandled,
             after: None,
             limit: 10,
         },
@@ -667,7 +677,13 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
     } else {
         h.lit("delete <strong id=\"count\">")
             .text(count)
-            .lit("</strong> dead letter(s)");
+            .lit("</strong> ")
+            .lit(match scope {
+                PurgeScope::Any => "",
+                PurgeScope::Handled => "handled (redriven or resolved) ",
+                PurgeScope::Unhandled => "unhandled ",
+            })
+            .lit("dead letter(s)");
         if kept > 0 {
             h.lit(" and keep ")
                 .text(kept)
@@ -694,8 +710,10 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
             .lit("\">");
         if action == "redrive" {
             h.lit("<label><input type=\"checkbox\" name=\"out_of_order\" value=\"1\"> out of order</label> ");
-        } else if handled_only {
-            h.lit("<input type=\"hidden\" name=\"handled_only\" value=\"1\">");
+        } else {
+            h.lit("<input type=\"hidden\" name=\"scope\" value=\"")
+                .lit(scope.as_str())
+                .lit("\">");
         }
         h.lit("<button class=\"danger\">")
             .text(&action)
@@ -706,6 +724,17 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
     h.lit("<h2>The first of them</h2>");
     summary_table(&mut h, &preview.items);
     server::ok_page(&ctx, "Confirm", None, &h)
+}
+
+/// Which dead letters a purge takes (`scope`: `any`, the default, `handled` or `unhandled`; `handled_only=1` is
+/// `handled`): the list's purge link says `unhandled` unless the list includes handled ones, so that the
+/// confirmation counts what the list matched.
+fn scope_of(p: &Params) -> Result<PurgeScope, String> {
+    match (p.get("scope"), p.flag("handled_only")) {
+        (Some(s), _) => s.parse(),
+        (None, true) => Ok(PurgeScope::Handled),
+        (None, false) => Ok(PurgeScope::Any),
+    }
 }
 
 /// A confirmed selection as a form field: base64url of the filter's JSON.
@@ -755,8 +784,16 @@ pub async fn bulk(State(app): S, Extension(ctx): Extension<Ctx>, body: Bytes) ->
         Some("purge") => "purge",
         _ => return bad_request(&ctx, "action: redrive or purge"),
     };
+    let scope = match scope_of(&p) {
+        Ok(s) => s,
+        Err(e) => return bad_request(&ctx, &e),
+    };
+    let mut selection = serde_json::to_value(&filter).unwrap_or_default();
+    if action == "purge" {
+        selection["scope"] = json!(scope);
+    }
     let logged = match app.pool.acquire().await {
-        Ok(mut conn) => log_start(&mut conn, &ctx, action, None, Some(&filter)).await,
+        Ok(mut conn) => log_start(&mut conn, &ctx, action, None, Some(selection)).await,
         Err(e) => Err(e),
     };
     let logged = match logged {
@@ -765,7 +802,7 @@ pub async fn bulk(State(app): S, Extension(ctx): Extension<Ctx>, body: Bytes) ->
     };
     let mut h = Html::new();
     let run = if action == "purge" {
-        run_purge(&app, &filter, &p, &mut h).await
+        run_purge(&app, &filter, scope, &p, &mut h).await
     } else {
         run_redrive(&app, &filter, &p, &mut h).await
     };
@@ -807,9 +844,8 @@ async fn log_start(
     ctx: &Ctx,
     action: &str,
     dead_letter_id: Option<i64>,
-    selection: Option<&Filter>,
+    selection: Option<serde_json::Value>,
 ) -> Result<i64, sqlx::Error> {
-    let selection = selection.map(|f| serde_json::to_value(f).unwrap_or_default());
     let new = NewAction {
         actor: &ctx.session.actor,
         action,
@@ -941,9 +977,9 @@ fn redrive_report(
 }
 
 /// Bulk purge of `filter`, its report written into `h`.
-async fn run_purge(app: &App, filter: &Filter, p: &Params, h: &mut Html) -> Run {
+async fn run_purge(app: &App, filter: &Filter, scope: PurgeScope, p: &Params, h: &mut Html) -> Run {
     let mut deleted = 0i64;
-    let result = dead_letters::purge(&app.pool, filter, p.flag("handled_only"), 1000, |n| {
+    let result = dead_letters::purge(&app.pool, filter, scope, 1000, |n| {
         deleted = n;
     })
     .await;

@@ -216,6 +216,17 @@ pub struct PurgeArgs {
     pub json: bool,
 }
 
+impl PurgeArgs {
+    /// `--handled-only`, or every matching dead letter.
+    fn scope(&self) -> dead_letters::PurgeScope {
+        if self.handled_only {
+            dead_letters::PurgeScope::Handled
+        } else {
+            dead_letters::PurgeScope::Any
+        }
+    }
+}
+
 /// How to ask "are you sure?".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Confirm {
