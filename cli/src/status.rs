@@ -69,6 +69,16 @@ pub fn bytes(n: i64) -> String {
     }
 }
 
+/// ` (subscriber shipping)` after a copy or lane of a named subscriber; nothing for the default one (a deployment
+/// without fan-out reads as before).
+fn for_subscriber(name: &str) -> String {
+    if name.is_empty() {
+        String::new()
+    } else {
+        format!(" (subscriber {})", util::printable(name))
+    }
+}
+
 /// The "Subscribers" section: one line per subscriber of each topic with named subscribers (none otherwise).
 fn write_subscribers(
     subs: &[outbox::ops::subscribers::SubscriberStatus],
@@ -214,10 +224,11 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
     for e in &s.backlog.flapping_rows {
         writeln!(
             out,
-            "    event #{} {}/{}  {} attempts, written {} ago  {}",
+            "    event #{} {}/{}{}  {} attempts, written {} ago  {}",
             e.id,
             util::printable(&e.topic),
             util::one_line(&e.partition_key, 40),
+            for_subscriber(&e.subscriber),
             e.attempts,
             age((at - e.created_at).as_seconds_f64()),
             util::one_line(e.last_error.as_deref().unwrap_or(""), 100)
@@ -254,10 +265,11 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
     for e in &s.stuck_leases.oldest {
         writeln!(
             out,
-            "    event #{} {}/{}  lease ended {} ago, {} attempts",
+            "    event #{} {}/{}{}  lease ended {} ago, {} attempts",
             e.id,
             util::printable(&e.topic),
             util::one_line(&e.partition_key, 40),
+            for_subscriber(&e.subscriber),
             e.locked_until
                 .map(|t| age((at - t).as_seconds_f64()))
                 .unwrap_or_else(|| "?".into()),
@@ -355,9 +367,10 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
     for k in &s.blocked_keys.keys {
         writeln!(
             out,
-            "    {}/{}  since {} ago, by event #{}{}{}: {}",
+            "    {}/{}{}  since {} ago, by event #{}{}{}: {}",
             util::printable(&k.topic),
             util::one_line(&k.partition_key, 40),
+            for_subscriber(&k.subscriber),
             age((at - k.since).as_seconds_f64()),
             k.blocking_event
                 .map(|i| i.to_string())

@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::Args;
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// Where the database is.
 #[derive(Args, Debug, Clone)]
@@ -38,10 +38,21 @@ impl DbArgs {
 
 /// A small pool for CLI work.
 pub async fn connect(url: &str) -> anyhow::Result<PgPool> {
+    connect_with(connect_options(url)?).await
+}
+
+/// The connection options a Postgres URL gives (to add to before [`connect_with`]).
+pub fn connect_options(url: &str) -> anyhow::Result<PgConnectOptions> {
+    url.parse()
+        .context("DATABASE_URL is not a Postgres URL (postgres://user@host:port/database)")
+}
+
+/// [`connect`] with options of the caller's.
+pub async fn connect_with(options: PgConnectOptions) -> anyhow::Result<PgPool> {
     PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(std::time::Duration::from_secs(10))
-        .connect(url)
+        .connect_with(options)
         .await
         .with_context(|| {
             "cannot connect to Postgres (is it running, and is DATABASE_URL right?)".to_string()

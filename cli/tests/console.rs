@@ -579,13 +579,13 @@ async fn a_bulk_redrive_redrives_exactly_what_its_confirmation_counted(pool: PgP
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn keys_page_by_key_and_dead_letters_group_by_error(pool: PgPool) {
     use outbox::dead_letters::{self, Filter};
-    use outbox::ops::keys::{KeyQuery, keys};
+    use outbox::ops::keys::{KeyCursor, KeyQuery, keys};
 
     for k in ["a%1", "a_2", "ab3", "b-1", "b-2"] {
         key_state(&pool, "t", k, 1, 1, "").await;
     }
     let mut conn = pool.acquire().await.unwrap();
-    let page = |after: Option<(String, String)>, prefix: Option<&str>| KeyQuery {
+    let page = |after: Option<KeyCursor>, prefix: Option<&str>| KeyQuery {
         key_prefix: prefix.map(str::to_owned),
         after,
         limit: 2,
@@ -694,4 +694,307 @@ async fn keys_page_by_key_and_dead_letters_group_by_error(pool: PgPool) {
         filter(None, None, Some(1)).is_empty(),
         "max_id alone is no selection"
     );
+}
+
+/// The purge confirmation of `topic` (its form's fields) and the count it shows.
+async fn confirm_purge(tab: &mut Tab, topic: &str) -> (Vec<(String, String)>, String) {
+    let confirm = tab
+        .get(&format!("/dead-letters/confirm?action=purge&topic={topic}"))
+        .await;
+    assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
+    (
+        hidden_fields(&confirm.body, "confirm"),
+        by_id(&confirm.body, "count"),
+    )
+}
+
+/// The console's action log: (action, selection's topic, finished, outcome).
+async fn logged(pool: &PgPool) -> Vec<(String, Option<String>, bool, Option<serde_json::Value>)> {
+    sqlx::query_as(
+        "SELECT action, selection->>'topic', finished_at IS NOT NULL, outcome FROM outbox_console_actions ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_console_action_is_logged_before_it_runs_and_completed_after(pool: PgPool) {
+    for i in 0..3 {
+        let e = event(
+            &pool,
+            "orders",
+            &format!("o{i}"),
+            None,
+            "dead_lettered_at = now()",
+        )
+        .await;
+        dead_letter(&pool, "relay", Some(e), "").await;
+    }
+    let console = Console::start(&args(&pool)).await.unwrap();
+    let mut tab = Tab::new(&console);
+    let (fields, count) = confirm_purge(&mut tab, "orders").await;
+    assert_eq!(count, "3");
+
+    // Deleting waits on a lock the test holds: the action is under way, not done.
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE dead_letters IN SHARE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let post = tokio::spawn(async move { tab.post("/dead-letters/bulk", &fields).await });
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while started.elapsed() < std::time::Duration::from_secs(10) {
+        seen = logged(&pool).await;
+        if !seen.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        seen,
+        [("purge".to_owned(), Some("orders".to_owned()), false, None)],
+        "the action is in the log while it runs, not yet finished"
+    );
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 3, "and nothing is deleted yet");
+    lock.rollback().await.unwrap();
+
+    let report = post.await.unwrap();
+    assert_eq!(report.status, StatusCode::OK, "{}", report.body);
+    assert_eq!(by_id(&report.body, "done"), "3");
+    let log = logged(&pool).await;
+    assert_eq!(log.len(), 1, "one row, completed: {log:?}");
+    assert!(log[0].2, "finished: {log:?}");
+    assert_eq!(log[0].3.as_ref().unwrap()["deleted"], 3);
+    console.stop().await.unwrap();
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_bulk_purge_that_stops_half_way_leaves_a_record_of_what_it_did(pool: PgPool) {
+    // 1500 dead letters: the console purges 1000 a statement. The 1200th refuses to go (a trigger), so the
+    // second statement fails after the first deleted 1000.
+    sqlx::query(
+        "INSERT INTO dead_letters (source, natural_id, topic, error) \
+         SELECT 'relay', 'n-' || g, 'bulk', 'boom' FROM generate_series(1, 1500) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let refused: i64 =
+        sqlx::query_scalar("SELECT id FROM dead_letters ORDER BY id OFFSET 1199 LIMIT 1")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    sqlx::query(
+        "CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TRIGGER refuse BEFORE DELETE ON dead_letters FOR EACH ROW WHEN (OLD.id = {refused}) \
+         EXECUTE FUNCTION refuse_delete()"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let console = Console::start(&args(&pool)).await.unwrap();
+    let mut tab = Tab::new(&console);
+    let (fields, count) = confirm_purge(&mut tab, "bulk").await;
+    assert_eq!(count, "1500");
+
+    let report = tab.post("/dead-letters/bulk", &fields).await;
+    assert_eq!(
+        report.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{}",
+        report.body
+    );
+    assert!(
+        report.body.contains("Stopped half-way")
+            && report
+                .body
+                .contains("after deleting 1000 dead letter(s) (of 1500 counted)")
+            && report.body.contains("refused by the test"),
+        "{}",
+        report.body
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 500);
+    let log = logged(&pool).await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    let (action, topic, finished, outcome) = &log[0];
+    assert_eq!(
+        (action.as_str(), topic.as_deref(), finished),
+        ("purge", Some("bulk"), &true)
+    );
+    let outcome = outcome.as_ref().unwrap();
+    assert_eq!(
+        outcome["deleted"], 1000,
+        "what it did before it stopped: {outcome}"
+    );
+    assert!(
+        outcome["stopped"]
+            .as_str()
+            .is_some_and(|e| e.contains("refused by the test")),
+        "{outcome}"
+    );
+    console.stop().await.unwrap();
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_page_whose_query_exceeds_the_statement_timeout_answers_with_a_clear_error(pool: PgPool) {
+    let (_, dl) = blocked_key(&pool, "orders", "k").await;
+    let mut a = args(&pool);
+    a.statement_timeout_secs = 0;
+    let refused = Console::start(&a)
+        .await
+        .err()
+        .expect("0 is refused")
+        .to_string();
+    assert!(refused.contains("--statement-timeout-secs"), "{refused}");
+    a.statement_timeout_secs = 1;
+    let console = Console::start(&a).await.unwrap();
+    let mut tab = Tab::new(&console);
+    let page = tab.get(&format!("/dead-letters/{dl}")).await;
+    let token = csrf(&page.body);
+
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE dead_letters IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let bound = std::time::Duration::from_secs(20);
+    let started = std::time::Instant::now();
+    let page = tokio::time::timeout(bound, tab.get("/dead-letters"))
+        .await
+        .expect("the page answers instead of waiting for the lock");
+    assert_eq!(
+        page.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        page.body
+    );
+    assert_eq!(
+        by_id(&page.body, "timeout"),
+        "The database did not answer in time"
+    );
+    assert!(
+        page.body.contains("--statement-timeout-secs"),
+        "{}",
+        page.body
+    );
+    // An action waits no longer than a page, and says what happened.
+    let r = tokio::time::timeout(
+        bound,
+        tab.post(
+            &format!("/dead-letters/{dl}/redrive"),
+            &form(&[("csrf", &token)]),
+        ),
+    )
+    .await
+    .expect("the action answers instead of waiting for the lock");
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.body);
+    assert!(
+        r.body.contains("Not redriven") && r.body.contains("statement timeout"),
+        "{}",
+        r.body
+    );
+    assert!(started.elapsed() < bound, "{:?}", started.elapsed());
+    lock.rollback().await.unwrap();
+
+    assert!(
+        unhandled(&pool, dl).await,
+        "the timed-out redrive changed nothing"
+    );
+    let failed: serde_json::Value = sqlx::query_scalar(
+        "SELECT outcome FROM outbox_console_actions WHERE action = 'redrive' AND finished_at IS NOT NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        failed["failed"]
+            .as_str()
+            .is_some_and(|e| e.contains("statement timeout")),
+        "{failed}"
+    );
+    assert_eq!(tab.get("/dead-letters").await.status, StatusCode::OK);
+    console.stop().await.unwrap();
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn the_lists_purge_link_purges_what_the_list_matched(pool: PgPool) {
+    // Two unhandled dead letters of orders, and two already redriven.
+    let mut unhandled_ids = Vec::new();
+    for i in 0..4 {
+        let e = event(
+            &pool,
+            "orders",
+            &format!("o{i}"),
+            None,
+            "dead_lettered_at = now()",
+        )
+        .await;
+        let set = if i < 2 { "" } else { "redriven_at = now()" };
+        let dl = dead_letter(&pool, "relay", Some(e), set).await;
+        if i < 2 {
+            unhandled_ids.push(dl);
+        }
+    }
+    let console = Console::start(&args(&pool)).await.unwrap();
+    let mut tab = Tab::new(&console);
+    let purge_link = |page: &str| -> String {
+        let bulk = &page[page.find("<p id=\"bulk\"").unwrap()..];
+        let bulk = &bulk[..bulk.find("</p>").unwrap()];
+        let last = bulk.rsplit("href=\"").next().unwrap();
+        console_kit::unescape(&last[..last.find('"').unwrap()])
+    };
+    let remaining = || async {
+        sqlx::query_scalar::<_, i64>("SELECT id FROM dead_letters ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+
+    // The list shows the unhandled ones: its purge counts and deletes those, not the handled ones too.
+    let list = tab.get("/dead-letters?topic=orders").await;
+    assert_eq!(by_id(&list.body, "total"), "2");
+    let confirm = tab.get(&purge_link(&list.body)).await;
+    assert_eq!(by_id(&confirm.body, "count"), "2", "{}", confirm.body);
+    let report = tab
+        .post(
+            "/dead-letters/bulk",
+            &hidden_fields(&confirm.body, "confirm"),
+        )
+        .await;
+    assert_eq!(by_id(&report.body, "done"), "2", "{}", report.body);
+    let left = remaining().await;
+    assert_eq!(left.len(), 2);
+    assert!(
+        left.iter().all(|id| !unhandled_ids.contains(id)),
+        "{left:?}"
+    );
+
+    // Including handled ones, the list and its purge take those too.
+    let list = tab.get("/dead-letters?topic=orders&all=1").await;
+    assert_eq!(by_id(&list.body, "total"), "2");
+    let confirm = tab.get(&purge_link(&list.body)).await;
+    assert_eq!(by_id(&confirm.body, "count"), "2", "{}", confirm.body);
+    tab.post(
+        "/dead-letters/bulk",
+        &hidden_fields(&confirm.body, "confirm"),
+    )
+    .await;
+    assert!(remaining().await.is_empty());
+    console.stop().await.unwrap();
 }

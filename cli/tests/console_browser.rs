@@ -323,7 +323,7 @@ async fn a_blocked_key_is_found_its_head_redriven_and_the_key_moves_on(pool: PgP
     let row = b.one("#keys tr[data-key-state='blocked']").await;
     assert!(b.text(&row).await.contains("acct-17"));
     b.click(
-        &b.one("#keys tr[data-key-state='blocked'] td:nth-child(7) a")
+        &b.one("#keys tr[data-key-state='blocked'] td:nth-child(8) a")
             .await,
     )
     .await;
@@ -352,7 +352,7 @@ async fn a_blocked_key_is_found_its_head_redriven_and_the_key_moves_on(pool: PgP
 
     // The key moves on: the head and the two behind it are delivered, the key has nothing left.
     let key_url = format!("{base}/keys?key=acct-17");
-    wait_for_text(&b, &key_url, "#keys tr td:nth-child(3)", "idle").await;
+    wait_for_text(&b, &key_url, "#keys tr td:nth-child(4)", "idle").await;
     wait_for(
         &pool,
         "acct-17 delivered",

@@ -723,9 +723,15 @@ async fn bulk_operations_need_a_filter_and_a_confirmation(pool: PgPool) {
         .await
         .unwrap_err();
     assert!(matches!(e, RedriveError::FilterRequired), "{e}");
-    let e = dead_letters::purge(&pool, &Filter::default(), false, 100, |_| {})
-        .await
-        .unwrap_err();
+    let e = dead_letters::purge(
+        &pool,
+        &Filter::default(),
+        dead_letters::PurgeScope::Any,
+        100,
+        |_| {},
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(e, PurgeError::FilterRequired), "{e}");
 
     let mut out = Vec::new();
@@ -1014,4 +1020,153 @@ async fn show_prints_payload_error_attempts_response_and_the_event_state(pool: P
     .await
     .unwrap_err();
     assert!(e.to_string().contains("does not exist"), "{e}");
+}
+
+/// Dead copies of three events on one topic: shipping's three and billing's first two, with a relay dead letter
+/// each. Returns the dead letters (billing's, shipping's).
+async fn two_subscribers_dead_letters(pool: &PgPool) -> (Vec<i64>, Vec<i64>) {
+    let (mut billing, mut shipping) = (Vec::new(), Vec::new());
+    for i in 0..3 {
+        let key = format!("k{i}");
+        let b = event(
+            pool,
+            "orders",
+            &key,
+            None,
+            "subscriber = 'billing', dead_lettered_at = now()",
+        )
+        .await;
+        if i < 2 {
+            billing.push(dead_letter(pool, "relay", Some(b), "subscriber = 'billing'").await);
+        }
+        let s = event(
+            pool,
+            "orders",
+            &key,
+            None,
+            &format!("subscriber = 'shipping', event_id = {b}, dead_lettered_at = now()"),
+        )
+        .await;
+        shipping.push(dead_letter(pool, "relay", Some(s), "subscriber = 'shipping'").await);
+    }
+    (billing, shipping)
+}
+
+/// Every outbox row and dead letter of `subscriber`.
+async fn rows_of(pool: &PgPool, subscriber: &str) -> Vec<serde_json::Value> {
+    sqlx::query_scalar(
+        "SELECT to_jsonb(o) FROM outbox o WHERE subscriber = $1 \
+         UNION ALL SELECT to_jsonb(d) FROM dead_letters d WHERE subscriber = $1",
+    )
+    .bind(subscriber)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_subscriber_filter_reaches_the_count_the_action_and_the_next_page(pool: PgPool) {
+    let (billing, shipping) = two_subscribers_dead_letters(&pool).await;
+    let billing_before = rows_of(&pool, "billing").await;
+    let only_shipping = FilterArgs {
+        subscriber: Some("shipping".into()),
+        ..Default::default()
+    };
+
+    // The list: shipping's only, with the subscriber shown, and the next page's command keeps the filter.
+    let mut out = Vec::new();
+    run(
+        DeadLettersCommand::List(ListArgs {
+            db: db(&pool),
+            filter: only_shipping.clone(),
+            include_redriven: false,
+            after: None,
+            limit: 2,
+            json: false,
+        }),
+        &mut out,
+        Confirm::NoTerminal,
+    )
+    .await
+    .unwrap();
+    let t = text(&out);
+    assert_eq!(t.matches(" shipping ").count(), 2, "{t}");
+    assert!(!t.contains(" billing "), "{t}");
+    assert!(
+        t.contains(&format!(
+            "more: outbox dead-letters list --after {} --limit 2 --subscriber shipping",
+            shipping[1]
+        )),
+        "{t}"
+    );
+
+    // A single redrive by id cannot be combined with a filter the id would ignore: refused, nothing changes.
+    let before = snapshot(&pool).await;
+    let o = outbox(
+        &pool,
+        &[
+            "dlq",
+            "redrive",
+            &billing[0].to_string(),
+            "--subscriber",
+            "shipping",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("--subscriber"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(before, snapshot(&pool).await);
+
+    // Bulk redrive: the count and the action are shipping's.
+    let mut out = Vec::new();
+    run(
+        redrive_args(&pool, only_shipping.clone(), false, false),
+        &mut out,
+        Confirm::Answer(true),
+    )
+    .await
+    .unwrap();
+    let t = text(&out);
+    assert!(
+        t.contains("3 unhandled dead letter(s) match subscriber=shipping"),
+        "{t}"
+    );
+    assert!(t.contains("redriven 3, skipped 0, failed 0"), "{t}");
+    for dl in &shipping {
+        assert!(redriven_at_set(&pool, *dl).await);
+    }
+    assert_eq!(
+        billing_before,
+        rows_of(&pool, "billing").await,
+        "billing's untouched"
+    );
+
+    // Purge through the binary, the same way.
+    let o = outbox(
+        &pool,
+        &["dlq", "purge", "--subscriber", "shipping", "--yes"],
+    )
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).contains("purged 3 dead letter(s)"),
+        "{}",
+        text(&o.stdout)
+    );
+    let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM dead_letters ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, billing);
+    assert_eq!(
+        billing_before,
+        rows_of(&pool, "billing").await,
+        "billing's untouched"
+    );
 }

@@ -15,6 +15,8 @@
 mod console;
 #[path = "console_browser.rs"]
 mod console_browser;
+#[path = "console_fanout.rs"]
+mod console_fanout;
 #[path = "control_chars.rs"]
 mod control_chars;
 #[path = "dead_letters.rs"]

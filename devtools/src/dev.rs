@@ -552,6 +552,7 @@ async fn start_console(
         allow_host: Vec::new(),
         consumers: vec![consumer_name.to_owned()],
         refresh_secs: 5,
+        statement_timeout_secs: outbox_cli::console::DEFAULT_STATEMENT_TIMEOUT_SECS,
     };
     outbox_cli::console::Console::start(&args)
         .await

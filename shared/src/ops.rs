@@ -11,6 +11,7 @@
 //! drain in ten seconds is healthy; 3 pending that are twenty minutes old means no relay is running.
 
 pub mod actions;
+pub mod fanout;
 pub mod keys;
 /// Per-subscriber figures: they live in [`crate::subscribers::status`], below the relay, which prints them as
 /// metrics.
@@ -85,6 +86,8 @@ pub struct EventLine {
     pub id: OutboxId,
     pub topic: TopicName,
     pub partition_key: PartitionKey,
+    /// The subscriber the row is the copy for (`''`: the default one; fan-out, [`crate::subscribers`]).
+    pub subscriber: String,
     /// Attempts so far.
     pub attempts: i32,
     pub created_at: DateTime<Utc>,
@@ -133,6 +136,8 @@ pub struct BlockedKeys {
 pub struct BlockedKey {
     pub topic: TopicName,
     pub partition_key: PartitionKey,
+    /// Whose lane it is (`''`: the default subscriber's; fan-out blocks one subscriber's lane only).
+    pub subscriber: String,
     /// Blocked since.
     pub since: DateTime<Utc>,
     /// Why (the dead head's error).
@@ -198,7 +203,7 @@ pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Sta
     .fetch_one(&mut *conn)
     .await?;
     let flapping_rows: Vec<EventLine> = sqlx::query_as(
-        crate::schema::q("SELECT id, topic, partition_key, attempts, created_at, locked_until, last_error FROM {schema}.outbox \
+        crate::schema::q("SELECT id, topic, partition_key, subscriber, attempts, created_at, locked_until, last_error FROM {schema}.outbox \
          WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND attempts > $1 \
          ORDER BY attempts DESC, id LIMIT $2"),
     )
@@ -238,7 +243,7 @@ pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Sta
     .fetch_one(&mut *conn)
     .await?;
     let stuck: Vec<EventLine> = sqlx::query_as(
-        crate::schema::q("SELECT id, topic, partition_key, attempts, created_at, locked_until, last_error FROM {schema}.outbox \
+        crate::schema::q("SELECT id, topic, partition_key, subscriber, attempts, created_at, locked_until, last_error FROM {schema}.outbox \
          WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND locked_until < now() \
          ORDER BY locked_until, id LIMIT $1"),
     )
@@ -255,13 +260,13 @@ pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Sta
     .fetch_one(&mut *conn)
     .await?;
     let blocked: Vec<BlockedKey> = sqlx::query_as(
-        crate::schema::q("SELECT k.topic, k.partition_key, k.blocked_at AS since, k.blocked_reason AS reason, \
+        crate::schema::q("SELECT k.topic, k.partition_key, k.subscriber, k.blocked_at AS since, k.blocked_reason AS reason, \
                 k.blocked_id AS blocking_event, \
                 (SELECT max(d.id) FROM {schema}.dead_letters d WHERE d.outbox_id = k.blocked_id \
                    AND d.redriven_at IS NULL AND d.resolved_at IS NULL) AS dead_letter_id, \
                 (SELECT s.last_seq - k.done_seq - 1 FROM {schema}.outbox_sequences s \
                   WHERE s.topic = k.topic AND s.partition_key = k.partition_key) AS waiting \
-         FROM {schema}.outbox_keys k WHERE k.blocked_at IS NOT NULL ORDER BY k.blocked_at, k.topic, k.partition_key LIMIT $1"),
+         FROM {schema}.outbox_keys k WHERE k.blocked_at IS NOT NULL ORDER BY k.blocked_at, k.topic, k.partition_key, k.subscriber LIMIT $1"),
     )
     .bind(LIST_LIMIT)
     .fetch_all(&mut *conn)

@@ -1,7 +1,12 @@
 //! The dead-letter pages: filters, the groups by normalised error, the list, one dead letter, and the guarded
 //! actions — redrive one; bulk redrive and purge only with a filter, after a confirmation page that shows how many
 //! they will touch (and fixes the selection to the dead letters counted), with a report afterwards. Every action
-//! is recorded in the action log with who took it.
+//! is recorded in the action log with who took it: before it runs, then completed with what it did.
+//!
+//! | Rule | Why |
+//! |---|---|
+//! | Every field of [`Filter`] travels in every link, form and confirmation ([`params_of`], [`filter_form`] and [`describe`] are made from one list of its fields, [`parts`], which takes the filter apart field by field: a new field does not compile until it is carried) | An action never widens: what the list shows is what the confirmation counts and what the action touches |
+//! | The action log row is written before the action, and completed after it, also when it fails | A failure half-way leaves a record of what was started and done |
 
 use axum::Extension;
 use axum::body::Bytes;
@@ -10,14 +15,15 @@ use axum::http::{StatusCode, Uri};
 use axum::response::Response;
 use chrono::{DateTime, Utc};
 use outbox::dead_letters::{
-    self, BulkOutcome, DeadLetterSummary, Filter, ListQuery, RedriveOptions, Source,
+    self, BulkOutcome, BulkReport, DeadLetterSummary, Filter, ListQuery, PurgeScope, RedriveError,
+    RedriveOptions, Source,
 };
 use outbox::ops::actions::{self, NewAction};
 use serde_json::json;
 
 use super::html::Html;
 use super::layout::{self, cut, dead_letter_link, event_link, opt, opt_time, time};
-use super::server::{self, Ctx, Params, S};
+use super::server::{self, App, Ctx, Params, S};
 
 /// Dead letters per list page.
 const PAGE: u32 = 50;
@@ -54,71 +60,86 @@ fn filter_of(p: &Params) -> Result<Filter, String> {
     })
 }
 
-/// The filter as parameters (times as RFC 3339, so a confirmation carries exactly what was counted).
-fn params_of(f: &Filter) -> Vec<(&'static str, String)> {
-    let mut v = vec![
-        ("topic", f.topic.clone().unwrap_or_default()),
-        (
-            "source",
-            f.source.map(|s| s.as_str().to_owned()).unwrap_or_default(),
-        ),
-        ("key", f.key.clone().unwrap_or_default()),
-        ("error", f.error.clone().unwrap_or_default()),
-        ("group", f.error_group.clone().unwrap_or_default()),
-        ("since", f.since.map(|t| t.to_rfc3339()).unwrap_or_default()),
-        ("until", f.until.map(|t| t.to_rfc3339()).unwrap_or_default()),
-    ];
-    if let Some(m) = f.max_id {
-        v.push(("max_id", m.to_string()));
+/// One field of a filter: its parameter, its name in words, and its value as a parameter and as shown (`None`:
+/// not set).
+struct Part {
+    param: &'static str,
+    words: &'static str,
+    value: Option<String>,
+    shown: Option<String>,
+}
+
+impl Part {
+    fn new(param: &'static str, words: &'static str, value: Option<String>) -> Part {
+        Part {
+            param,
+            words,
+            shown: value.clone(),
+            value,
+        }
     }
-    v
+}
+
+/// The filter's fields, the one list that links ([`params_of`]), the words of a selection ([`describe`]) and the
+/// filter form ([`filter_form`]) are made from: every field by name, so a field added to [`Filter`] does not
+/// compile here until it has its part, and then no link, form or confirmation can drop it. Times as RFC 3339 (a
+/// confirmation carries exactly what was counted), the default subscriber as `default`.
+fn parts(f: &Filter) -> [Part; 9] {
+    let Filter {
+        topic,
+        source,
+        key,
+        since,
+        until,
+        error,
+        error_group,
+        max_id,
+        subscriber,
+    } = f;
+    let time = |param, words, t: &Option<DateTime<Utc>>| Part {
+        param,
+        words,
+        value: t.map(|t| t.to_rfc3339()),
+        shown: t.map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string()),
+    };
+    let subscriber = subscriber
+        .as_deref()
+        .map(|s| outbox::subscribers::label(s).to_owned());
+    [
+        Part::new("topic", "topic", topic.clone()),
+        Part::new("subscriber", "subscriber", subscriber),
+        Part::new("source", "source", source.map(|s| s.as_str().to_owned())),
+        Part::new("key", "key", key.clone()),
+        Part::new("error", "error contains", error.clone()),
+        Part::new("group", "error group", error_group.clone()),
+        time("since", "recorded since", since),
+        time("until", "recorded before", until),
+        Part::new("max_id", "id up to", max_id.map(|m| m.to_string())),
+    ]
+}
+
+/// The filter as parameters: its set fields ([`parts`]).
+fn params_of(f: &Filter) -> Vec<(&'static str, String)> {
+    parts(f)
+        .into_iter()
+        .filter_map(|p| Some((p.param, p.value?)))
+        .collect()
 }
 
 fn pairs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
     v.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 
-/// The filter in words.
+/// The filter in words: its set fields ([`parts`]), or `no filter`.
 fn describe(h: &mut Html, f: &Filter) {
     let mut first = true;
-    let mut part = |h: &mut Html, name: &'static str, value: String| {
+    for p in parts(f) {
+        let Some(shown) = p.shown else { continue };
         if !first {
             h.lit(", ");
         }
         first = false;
-        h.lit(name).lit(" <code>").text(value).lit("</code>");
-    };
-    if let Some(t) = &f.topic {
-        part(h, "topic", t.clone());
-    }
-    if let Some(s) = f.source {
-        part(h, "source", s.as_str().to_owned());
-    }
-    if let Some(k) = &f.key {
-        part(h, "key", k.clone());
-    }
-    if let Some(e) = &f.error {
-        part(h, "error contains", e.clone());
-    }
-    if let Some(g) = &f.error_group {
-        part(h, "error group", g.clone());
-    }
-    if let Some(t) = f.since {
-        part(
-            h,
-            "recorded since",
-            t.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
-        );
-    }
-    if let Some(t) = f.until {
-        part(
-            h,
-            "recorded before",
-            t.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
-        );
-    }
-    if let Some(m) = f.max_id {
-        part(h, "id up to", m.to_string());
+        h.lit(p.words).lit(" <code>").text(shown).lit("</code>");
     }
     if first {
         h.lit("no filter");
@@ -131,54 +152,60 @@ fn bad_request(ctx: &Ctx, message: &str) -> Response {
     server::error_page(ctx, StatusCode::BAD_REQUEST, &h)
 }
 
+/// The filter form: a field for every part of the filter ([`parts`]; the source a choice, `max_id`, which only a
+/// confirmation sets, hidden), so that filtering again never drops part of the selection.
 fn filter_form(h: &mut Html, f: &Filter, include_handled: bool) {
-    let field =
-        |h: &mut Html, label: &'static str, name: &'static str, value: &str, size: &'static str| {
-            h.lit("<label>")
-                .lit(label)
-                .lit("<input name=\"")
-                .lit(name)
-                .lit("\" size=\"")
-                .lit(size)
-                .lit("\" value=\"")
-                .text(value)
-                .lit("\"></label>");
-        };
     h.lit("<form class=\"filters\" method=\"get\" action=\"/dead-letters\">");
-    field(h, "topic", "topic", f.topic.as_deref().unwrap_or(""), "14");
-    h.lit("<label>source<select name=\"source\"><option value=\"\">any</option>");
-    for s in ["relay", "qstash"] {
-        h.lit("<option");
-        if f.source.map(Source::as_str) == Some(s) {
-            h.lit(" selected");
+    for p in parts(f) {
+        let value = p.value.as_deref().unwrap_or("");
+        match p.param {
+            "source" => source_choice(h, value),
+            "max_id" if !value.is_empty() => {
+                h.lit("<input type=\"hidden\" name=\"max_id\" value=\"")
+                    .text(value)
+                    .lit("\">");
+            }
+            "max_id" => {}
+            param => {
+                let size = match param {
+                    "error" | "group" => "20",
+                    "since" | "until" => "12",
+                    _ => "14",
+                };
+                h.lit("<label>")
+                    .lit(p.words)
+                    .lit("<input name=\"")
+                    .lit(param)
+                    .lit("\" size=\"")
+                    .lit(size)
+                    .lit("\" value=\"")
+                    .text(value)
+                    .lit("\"");
+                if param == "since" {
+                    h.lit(" placeholder=\"30m, 2d, date\"");
+                }
+                h.lit("></label>");
+            }
         }
-        h.lit(">").lit(s).lit("</option>");
     }
-    h.lit("</select></label>");
-    field(h, "key", "key", f.key.as_deref().unwrap_or(""), "14");
-    field(
-        h,
-        "error contains",
-        "error",
-        f.error.as_deref().unwrap_or(""),
-        "20",
-    );
-    field(
-        h,
-        "error group",
-        "group",
-        f.error_group.as_deref().unwrap_or(""),
-        "20",
-    );
-    let since = f.since.map(|t| t.to_rfc3339()).unwrap_or_default();
-    let until = f.until.map(|t| t.to_rfc3339()).unwrap_or_default();
-    field(h, "since (30m, 2d, date)", "since", &since, "12");
-    field(h, "until", "until", &until, "12");
     h.lit("<label><span><input type=\"checkbox\" name=\"all\" value=\"1\"");
     if include_handled {
         h.lit(" checked");
     }
     h.lit("> include handled</span></label><button>Filter</button> <a href=\"/dead-letters\">clear</a></form>");
+}
+
+/// The source as a choice: any, relay or qstash.
+fn source_choice(h: &mut Html, selected: &str) {
+    h.lit("<label>source<select name=\"source\"><option value=\"\">any</option>");
+    for s in ["relay", "qstash"] {
+        h.lit("<option");
+        if selected == s {
+            h.lit(" selected");
+        }
+        h.lit(">").lit(s).lit("</option>");
+    }
+    h.lit("</select></label>");
 }
 
 /// `GET /dead-letters`: filters, groups by normalised error, one page of the list, and the bulk actions.
@@ -225,10 +252,17 @@ pub async fn list(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
 
     if !ctx.read_only {
         let fp = params_of(&filter);
+        // What the list matched: without "include handled", the unhandled ones only.
+        let scope = if include_handled {
+            PurgeScope::Any
+        } else {
+            PurgeScope::Unhandled
+        };
+        let purge = vec![("action", "purge"), ("scope", scope.as_str())];
         h.lit("<p id=\"bulk\">Bulk: <a href=\"")
             .href("/dead-letters/confirm", &[pairs(&fp), vec![("action", "redrive")]].concat())
             .lit("\">redrive the matching…</a> · <a href=\"")
-            .href("/dead-letters/confirm", &[pairs(&fp), vec![("action", "purge")]].concat())
+            .href("/dead-letters/confirm", &[pairs(&fp), purge].concat())
             .lit("\">purge the matching…</a> <span class=\"muted\">(each shows the count and asks first; a filter is required)</span></p>");
     }
 
@@ -281,7 +315,8 @@ fn summary_table(h: &mut Html, items: &[DeadLetterSummary]) {
         h.lit("<p class=\"muted\">none</p>");
         return;
     }
-    h.lit("<table id=\"dead-letters\"><tr><th>id</th><th>recorded</th><th>source</th><th>topic</th><th>key</th>")
+    h.lit("<table id=\"dead-letters\"><tr><th>id</th><th>recorded</th><th>source</th><th>topic</th>")
+        .lit("<th>subscriber</th><th>key</th>")
         .lit("<th class=\"n\">seq</th><th>event</th><th class=\"n\">attempts</th><th class=\"n\">status</th>")
         .lit("<th>state</th><th>error</th></tr>");
     for d in items {
@@ -291,7 +326,9 @@ fn summary_table(h: &mut Html, items: &[DeadLetterSummary]) {
         time(h, d.created_at);
         h.lit("</td><td>").text(&d.source).lit("</td><td>");
         opt(h, d.topic.as_deref());
-        h.lit("</td><td>");
+        h.lit("</td><td>")
+            .text(outbox::subscribers::label(&d.subscriber))
+            .lit("</td><td>");
         cut(h, d.partition_key.as_deref().unwrap_or("-"), 40);
         h.lit("</td><td class=\"n\">");
         opt(h, d.seq);
@@ -371,6 +408,10 @@ pub async fn show(
     row(&mut h, "topic");
     opt(&mut h, d.topic.as_deref());
     h.lit("</td></tr>");
+    row(&mut h, "subscriber");
+    h.lit("<span id=\"dl-subscriber\">")
+        .text(outbox::subscribers::label(&d.subscriber))
+        .lit("</span> <span class=\"muted\">(a redrive requeues the event for this subscriber only)</span></td></tr>");
     row(&mut h, "key");
     match (&d.topic, &d.partition_key) {
         (Some(t), Some(k)) => layout::key_link(&mut h, t, k),
@@ -500,25 +541,26 @@ pub async fn redrive_one(
         Ok(c) => c,
         Err(e) => return server::db_error(&ctx, e),
     };
+    let logged = match log_start(&mut conn, &ctx, "redrive", Some(id), None).await {
+        Ok(l) => l,
+        Err(e) => return server::db_error(&ctx, e),
+    };
     let result = dead_letters::redrive(&mut conn, id, opts).await;
     let (outbox_id, outcome) = match &result {
         Ok(r) => (Some(r.outbox_id), json!({"redriven": r})),
+        Err(e @ RedriveError::Database(_)) => (None, json!({"failed": e.to_string()})),
         Err(e) => (None, json!({"refused": e.to_string()})),
     };
-    let recorded = actions::record(
-        &mut conn,
-        &NewAction {
-            actor: &ctx.session.actor,
-            action: "redrive",
-            dead_letter_id: Some(id),
-            outbox_id,
-            selection: None,
-            outcome,
-        },
-    )
-    .await;
-    if let Err(e) = recorded {
+    if let Err(e) = actions::finish(&mut conn, logged, outbox_id, &outcome).await {
         return server::db_error(&ctx, e);
+    }
+    if let Err(e @ RedriveError::Database(_)) = &result {
+        let mut h = Html::new();
+        h.lit("<span id=\"report\">Not redriven</span>: the redrive failed on a database error and was rolled back \
+               (nothing changed; action #")
+            .text(logged)
+            .lit(" in the action log). ");
+        return stopped_page(&ctx, h, e);
     }
     let mut h = Html::new();
     let status = match &result {
@@ -592,13 +634,16 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
         Err(e) => return server::db_error(&ctx, e),
     };
     filter.max_id = Some(filter.max_id.map_or(upto, |m| m.min(upto)));
-    let handled_only = p.flag("handled_only");
+    let scope = match scope_of(&p) {
+        Ok(s) => s,
+        Err(e) => return bad_request(&ctx, &e),
+    };
     let counted = if action == "redrive" {
         dead_letters::count_unhandled(&mut conn, &filter)
             .await
             .map(|n| (n, 0))
     } else {
-        dead_letters::count_purge(&mut conn, &filter, handled_only)
+        dead_letters::count_purge(&mut conn, &filter, scope)
             .await
             .map(|c| (c.deleted, c.kept_blocking))
     };
@@ -610,7 +655,7 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
         &mut conn,
         &ListQuery {
             filter: filter.clone(),
-            include_handled: action == "purge",
+            include_handled: action == "purge" && scope != PurgeScope::Unhandled,
             after: None,
             limit: 10,
         },
@@ -632,7 +677,13 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
     } else {
         h.lit("delete <strong id=\"count\">")
             .text(count)
-            .lit("</strong> dead letter(s)");
+            .lit("</strong> ")
+            .lit(match scope {
+                PurgeScope::Any => "",
+                PurgeScope::Handled => "handled (redriven or resolved) ",
+                PurgeScope::Unhandled => "unhandled ",
+            })
+            .lit("dead letter(s)");
         if kept > 0 {
             h.lit(" and keep ")
                 .text(kept)
@@ -659,8 +710,10 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
             .lit("\">");
         if action == "redrive" {
             h.lit("<label><input type=\"checkbox\" name=\"out_of_order\" value=\"1\"> out of order</label> ");
-        } else if handled_only {
-            h.lit("<input type=\"hidden\" name=\"handled_only\" value=\"1\">");
+        } else {
+            h.lit("<input type=\"hidden\" name=\"scope\" value=\"")
+                .lit(scope.as_str())
+                .lit("\">");
         }
         h.lit("<button class=\"danger\">")
             .text(&action)
@@ -671,6 +724,17 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
     h.lit("<h2>The first of them</h2>");
     summary_table(&mut h, &preview.items);
     server::ok_page(&ctx, "Confirm", None, &h)
+}
+
+/// Which dead letters a purge takes (`scope`: `any`, the default, `handled` or `unhandled`; `handled_only=1` is
+/// `handled`): the list's purge link says `unhandled` unless the list includes handled ones, so that the
+/// confirmation counts what the list matched.
+fn scope_of(p: &Params) -> Result<PurgeScope, String> {
+    match (p.get("scope"), p.flag("handled_only")) {
+        (Some(s), _) => s.parse(),
+        (None, true) => Ok(PurgeScope::Handled),
+        (None, false) => Ok(PurgeScope::Any),
+    }
 }
 
 /// A confirmed selection as a form field: base64url of the filter's JSON.
@@ -691,14 +755,14 @@ fn decode_selection(s: &str) -> Option<Filter> {
 
 fn refuse_unfiltered(ctx: &Ctx) -> Response {
     let mut h = Html::new();
-    h.lit("<span id=\"refused\">A bulk action needs a filter</span> (topic, source, key, error, error group or a \
-           time range), so that it cannot touch every dead letter by accident. To select all of them on purpose, \
+    h.lit("<span id=\"refused\">A bulk action needs a filter</span> (topic, subscriber, source, key, error, error \
+           group or a time range), so that it cannot touch every dead letter by accident. To select all of them on purpose, \
            give an explicit time range (since <code>1970-01-01</code>).");
     server::error_page(ctx, StatusCode::BAD_REQUEST, &h)
 }
 
 /// `POST /dead-letters/bulk`: runs a confirmed bulk redrive or purge on the selection the confirmation counted,
-/// records it, and reports what it did.
+/// logged before it starts and completed with what it did (also when it stops half-way), and reports it.
 pub async fn bulk(State(app): S, Extension(ctx): Extension<Ctx>, body: Bytes) -> Response {
     let p = match server::action_form(&ctx, &body) {
         Ok(p) => p,
@@ -715,79 +779,216 @@ pub async fn bulk(State(app): S, Extension(ctx): Extension<Ctx>, body: Bytes) ->
     if filter.max_id.is_none() {
         return bad_request(&ctx, from_confirmation);
     }
-    let selection = serde_json::to_value(&filter).unwrap_or_default();
+    let action = match p.get("action") {
+        Some("redrive") => "redrive_bulk",
+        Some("purge") => "purge",
+        _ => return bad_request(&ctx, "action: redrive or purge"),
+    };
+    let scope = match scope_of(&p) {
+        Ok(s) => s,
+        Err(e) => return bad_request(&ctx, &e),
+    };
+    let mut selection = serde_json::to_value(&filter).unwrap_or_default();
+    if action == "purge" {
+        selection["scope"] = json!(scope);
+    }
+    let logged = match app.pool.acquire().await {
+        Ok(mut conn) => log_start(&mut conn, &ctx, action, None, Some(selection)).await,
+        Err(e) => Err(e),
+    };
+    let logged = match logged {
+        Ok(id) => id,
+        Err(e) => return server::db_error(&ctx, e),
+    };
     let mut h = Html::new();
-    let (action, outcome) = match p.get("action") {
-        Some("redrive") => {
-            let opts = RedriveOptions {
-                out_of_order: p.flag("out_of_order"),
-            };
-            let mut lines = Vec::new();
-            let report = dead_letters::redrive_matching(&app.pool, &filter, opts, |o| {
-                if lines.len() < 500 {
-                    lines.push(o.clone());
-                }
-            })
-            .await;
-            let report = match report {
-                Ok(r) => r,
-                Err(e) => return server::db_error(&ctx, e),
-            };
-            h.lit("<div class=\"report\" id=\"report\">Redriven <strong id=\"done\">")
-                .text(report.redriven)
-                .lit("</strong>, skipped ")
-                .text(report.skipped);
-            if report.out_of_order > 0 {
-                h.lit(" (")
-                    .text(report.out_of_order)
-                    .lit(" middle events: need “out of order”)");
-            }
-            h.lit(", failed ").text(report.failed).lit(" (of ");
-            opt(&mut h, p.get("expected"));
-            h.lit(" counted).</div><table id=\"outcomes\"><tr><th>dead letter</th><th>outcome</th><th>event</th><th>detail</th></tr>");
-            for o in &lines {
-                h.lit("<tr><td>");
-                match o {
-                    BulkOutcome::Redriven(r) => {
-                        dead_letter_link(&mut h, r.dead_letter_id);
-                        h.lit("</td><td class=\"ok\">redriven</td><td>");
-                        event_link(&mut h, r.outbox_id);
-                        h.lit("</td><td>").text(&r.dedup_id);
-                    }
-                    BulkOutcome::Skipped {
-                        dead_letter_id,
-                        reason,
-                        ..
-                    } => {
-                        dead_letter_link(&mut h, *dead_letter_id);
-                        h.lit("</td><td class=\"warn\">skipped</td><td></td><td class=\"wrap\">");
-                        cut(&mut h, reason, 300);
-                    }
-                    BulkOutcome::Failed {
-                        dead_letter_id,
-                        error,
-                    } => {
-                        dead_letter_link(&mut h, *dead_letter_id);
-                        h.lit("</td><td class=\"bad\">failed</td><td></td><td class=\"wrap\">");
-                        cut(&mut h, error, 300);
-                    }
-                }
-                h.lit("</td></tr>");
-            }
-            h.lit("</table>");
-            ("redrive_bulk", json!(report))
+    let run = if action == "purge" {
+        run_purge(&app, &filter, scope, &p, &mut h).await
+    } else {
+        run_redrive(&app, &filter, &p, &mut h).await
+    };
+    let finished = match app.pool.acquire().await {
+        Ok(mut conn) => actions::finish(&mut conn, logged, None, &run.outcome).await,
+        Err(e) => Err(e),
+    };
+    if let Some(e) = &run.stopped {
+        let mut h = Html::new();
+        h.lit("<span id=\"report\">Stopped half-way</span>: the ")
+            .text(action)
+            .lit(" failed on a database error after ")
+            .text(&run.done)
+            .lit(" (of ");
+        opt(&mut h, p.get("expected"));
+        h.lit(" counted). ").lit(if finished.is_ok() {
+            "What it did is recorded in the action log (#"
+        } else {
+            "The action log shows it started, but could not be completed with what it did (#"
+        });
+        h.text(logged).lit(
+            "); the rest of the selection is untouched: run it again from a new confirmation page. ",
+        );
+        return stopped_page(&ctx, h, &**e);
+    }
+    if let Err(e) = finished {
+        return server::db_error(&ctx, e);
+    }
+    h.lit("<p>Selection: ");
+    describe(&mut h, &filter);
+    h.lit(". <a href=\"/dead-letters\">back to the dead letters</a> · <a href=\"/actions\">action log</a></p>");
+    server::ok_page(&ctx, "Report", None, &h)
+}
+
+/// Logs an action before it runs (on one dead letter, or a bulk action's selection); its id, for
+/// [`actions::finish`].
+async fn log_start(
+    conn: &mut sqlx::PgConnection,
+    ctx: &Ctx,
+    action: &str,
+    dead_letter_id: Option<i64>,
+    selection: Option<serde_json::Value>,
+) -> Result<i64, sqlx::Error> {
+    let new = NewAction {
+        actor: &ctx.session.actor,
+        action,
+        dead_letter_id,
+        outbox_id: None,
+        selection,
+    };
+    actions::start(conn, &new).await
+}
+
+/// A bulk action's run: its outcome for the action log, what it did in words, and the error that stopped it
+/// half-way, if one did.
+struct Run {
+    outcome: serde_json::Value,
+    done: String,
+    stopped: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// An action that stopped on a database error, as a page: 503 when it was the statement timeout, else 500.
+fn stopped_page(ctx: &Ctx, mut h: Html, e: &(dyn std::error::Error + 'static)) -> Response {
+    let status = if server::timed_out(e) {
+        h.lit("A statement ran longer than the console's statement timeout (<code>--statement-timeout-secs</code>): \
+               it waited on a lock held elsewhere, or the database is overloaded. ");
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    h.lit("<span class=\"muted\">(").text(e).lit(")</span>");
+    server::error_page(ctx, status, &h)
+}
+
+/// Bulk redrive of `filter`, its report written into `h`.
+async fn run_redrive(app: &App, filter: &Filter, p: &Params, h: &mut Html) -> Run {
+    let opts = RedriveOptions {
+        out_of_order: p.flag("out_of_order"),
+    };
+    let mut lines = Vec::new();
+    let mut so_far = BulkReport::default();
+    let report = dead_letters::redrive_matching(&app.pool, filter, opts, |o| {
+        tally(&mut so_far, o);
+        if lines.len() < 500 {
+            lines.push(o.clone());
         }
-        Some("purge") => {
-            let handled_only = p.flag("handled_only");
-            let counts =
-                match dead_letters::purge(&app.pool, &filter, handled_only, 1000, |_| {}).await {
-                    Ok(c) => c,
-                    Err(e) => return server::db_error(&ctx, e),
-                };
+    })
+    .await;
+    let done = |r: &BulkReport| {
+        format!(
+            "redriving {}, skipping {} and failing {}",
+            r.redriven, r.skipped, r.failed
+        )
+    };
+    match report {
+        Ok(report) => {
+            redrive_report(h, &report, &lines, p.get("expected"));
+            Run {
+                outcome: json!(report),
+                done: done(&report),
+                stopped: None,
+            }
+        }
+        Err(e) => Run {
+            outcome: json!({"stopped": e.to_string(), "done": so_far}),
+            done: done(&so_far),
+            stopped: Some(Box::new(e)),
+        },
+    }
+}
+
+/// Counts one outcome into `r`, as [`dead_letters::redrive_matching`] counts its report.
+fn tally(r: &mut BulkReport, o: &BulkOutcome) {
+    match o {
+        BulkOutcome::Redriven(_) => r.redriven += 1,
+        BulkOutcome::Skipped { out_of_order, .. } => {
+            r.skipped += 1;
+            r.out_of_order += u64::from(*out_of_order);
+        }
+        BulkOutcome::Failed { .. } => r.failed += 1,
+    }
+}
+
+fn redrive_report(
+    h: &mut Html,
+    report: &BulkReport,
+    lines: &[BulkOutcome],
+    expected: Option<&str>,
+) {
+    h.lit("<div class=\"report\" id=\"report\">Redriven <strong id=\"done\">")
+        .text(report.redriven)
+        .lit("</strong>, skipped ")
+        .text(report.skipped);
+    if report.out_of_order > 0 {
+        h.lit(" (")
+            .text(report.out_of_order)
+            .lit(" middle events: need “out of order”)");
+    }
+    h.lit(", failed ").text(report.failed).lit(" (of ");
+    opt(h, expected);
+    h.lit(" counted).</div><table id=\"outcomes\"><tr><th>dead letter</th><th>outcome</th><th>event</th><th>detail</th></tr>");
+    for o in lines {
+        h.lit("<tr><td>");
+        match o {
+            BulkOutcome::Redriven(r) => {
+                dead_letter_link(h, r.dead_letter_id);
+                h.lit("</td><td class=\"ok\">redriven</td><td>");
+                event_link(h, r.outbox_id);
+                h.lit("</td><td>").text(&r.dedup_id);
+            }
+            BulkOutcome::Skipped {
+                dead_letter_id,
+                reason,
+                ..
+            } => {
+                dead_letter_link(h, *dead_letter_id);
+                h.lit("</td><td class=\"warn\">skipped</td><td></td><td class=\"wrap\">");
+                cut(h, reason, 300);
+            }
+            BulkOutcome::Failed {
+                dead_letter_id,
+                error,
+            } => {
+                dead_letter_link(h, *dead_letter_id);
+                h.lit("</td><td class=\"bad\">failed</td><td></td><td class=\"wrap\">");
+                cut(h, error, 300);
+            }
+        }
+        h.lit("</td></tr>");
+    }
+    h.lit("</table>");
+}
+
+/// Bulk purge of `filter`, its report written into `h`.
+async fn run_purge(app: &App, filter: &Filter, scope: PurgeScope, p: &Params, h: &mut Html) -> Run {
+    let mut deleted = 0i64;
+    let result = dead_letters::purge(&app.pool, filter, scope, 1000, |n| {
+        deleted = n;
+    })
+    .await;
+    match result {
+        Ok(counts) => {
             h.lit("<div class=\"report\" id=\"report\">Purged <strong id=\"done\">")
                 .text(counts.deleted)
                 .lit("</strong> dead letter(s) (of ");
-            opt(&mut h, p.get("expected"));
+            opt(h, p.get("expected"));
             h.lit(" counted)");
             if counts.kept_blocking > 0 {
                 h.lit("; kept ")
@@ -795,31 +996,71 @@ pub async fn bulk(State(app): S, Extension(ctx): Extension<Ctx>, body: Bytes) ->
                     .lit(" whose event blocks an ordered key");
             }
             h.lit(".</div>");
-            ("purge", json!(counts))
+            Run {
+                outcome: json!(counts),
+                done: format!("deleting {} dead letter(s)", counts.deleted),
+                stopped: None,
+            }
         }
-        _ => return bad_request(&ctx, "action: redrive or purge"),
-    };
-    let mut conn = match app.pool.acquire().await {
-        Ok(c) => c,
-        Err(e) => return server::db_error(&ctx, e),
-    };
-    let recorded = actions::record(
-        &mut conn,
-        &NewAction {
-            actor: &ctx.session.actor,
-            action,
-            dead_letter_id: None,
-            outbox_id: None,
-            selection: Some(selection),
-            outcome,
+        Err(e) => Run {
+            outcome: json!({"stopped": e.to_string(), "deleted": deleted}),
+            done: format!("deleting {deleted} dead letter(s)"),
+            stopped: Some(Box::new(e)),
         },
-    )
-    .await;
-    if let Err(e) = recorded {
-        return server::db_error(&ctx, e);
     }
-    h.lit("<p>Selection: ");
-    describe(&mut h, &filter);
-    h.lit(". <a href=\"/dead-letters\">back to the dead letters</a> · <a href=\"/actions\">action log</a></p>");
-    server::ok_page(&ctx, "Report", None, &h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every field of a filter survives the trip through a link or a form (what [`params_of`] writes,
+    /// [`filter_of`] reads back), the default subscriber included: no link or form drops part of a selection.
+    #[test]
+    fn a_filter_with_every_field_set_round_trips_through_its_parameters() {
+        let at = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc);
+        for subscriber in ["shipping", ""] {
+            let f = Filter {
+                topic: Some("orders".into()),
+                source: Some(Source::Qstash),
+                key: Some("customer 42&x=1".into()),
+                since: Some(at("2026-03-01T12:00:00Z")),
+                until: Some(at("2026-03-02T00:00:00Z")),
+                error: Some("answered 489".into()),
+                error_group: Some("consumer answered N".into()),
+                max_id: Some(77),
+                subscriber: Some(subscriber.into()),
+            };
+            let query = url::form_urlencoded::Serializer::new(String::new())
+                .extend_pairs(params_of(&f))
+                .finish();
+            assert_eq!(filter_of(&Params::parse(query.as_bytes())), Ok(f.clone()));
+            let mut described = Html::new();
+            describe(&mut described, &f);
+            let described = described.into_string();
+            assert!(
+                described.contains(&format!(
+                    "subscriber <code>{}</code>",
+                    outbox::subscribers::label(subscriber)
+                )),
+                "{described}"
+            );
+            let mut form = Html::new();
+            filter_form(&mut form, &f, false);
+            let form = form.into_string();
+            for name in [
+                "topic",
+                "subscriber",
+                "source",
+                "key",
+                "error",
+                "group",
+                "since",
+                "until",
+                "max_id",
+            ] {
+                assert!(form.contains(&format!("name=\"{name}\"")), "{name}: {form}");
+            }
+        }
+    }
 }

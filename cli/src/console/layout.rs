@@ -72,6 +72,7 @@ pub fn page(ctx: &Ctx, title: &str, refresh: Option<u32>, body: &Html) -> Html {
         .text(title)
         .lit(" · outbox console</title></head><body><header><a class=\"brand\" href=\"/\">outbox console</a>")
         .lit("<a href=\"/\">Overview</a><a href=\"/topics\">Topics</a><a href=\"/keys\">Keys</a>")
+        .lit("<a href=\"/subscribers\">Subscribers</a>")
         .lit("<a href=\"/dead-letters\">Dead letters</a><a href=\"/actions\">Actions</a>")
         .lit("<form method=\"get\" action=\"/events\"><input name=\"id\" size=\"10\" placeholder=\"event id\" aria-label=\"event id\"></form>")
         .lit("<span class=\"who\">")

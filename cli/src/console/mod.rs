@@ -15,6 +15,7 @@
 //! | `layout.rs` | the page frame, the style sheet, formatting helpers |
 //! | `overview.rs` | the overview: `outbox status`'s numbers and the per-minute chart |
 //! | `pages.rs` | topics, keys, event timeline, action log, log-in |
+//! | `subscribers.rs` | fan-out: per subscriber and topic, lag, in flight, blocked lanes, dead letters, replay |
 //! | `dead_letters.rs` | dead letters: groups, list, one, redrive, bulk redrive and purge |
 
 pub mod auth;
@@ -24,6 +25,7 @@ mod layout;
 mod overview;
 mod pages;
 mod server;
+mod subscribers;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -72,7 +74,20 @@ pub struct ConsoleArgs {
     /// The overview reloads itself this often, seconds (0: never).
     #[arg(long, default_value_t = 5)]
     pub refresh_secs: u32,
+    /// Postgres cancels any statement of the console that runs longer than this, seconds: a page whose query
+    /// waits on a lock or runs too long answers with an error instead of hanging (1 to 3600).
+    #[arg(
+        long,
+        env = "OUTBOX_CONSOLE_STATEMENT_TIMEOUT_SECS",
+        default_value_t = DEFAULT_STATEMENT_TIMEOUT_SECS,
+        value_parser = clap::value_parser!(u32).range(1..=3600)
+    )]
+    pub statement_timeout_secs: u32,
 }
+
+/// `--statement-timeout-secs`' default: far above what any page takes on a large database (docs/console.md,
+/// "Page times"), far below a browser's patience.
+pub const DEFAULT_STATEMENT_TIMEOUT_SECS: u32 = 15;
 
 /// A running console.
 pub struct Console {
@@ -96,7 +111,7 @@ impl Console {
                  could redrive and purge. Give --token-file (lines of name:secret), or bind 127.0.0.1"
             );
         }
-        let pool = args.db.connect().await?;
+        let pool = connect(args).await?;
         let horizon = crate::status::reconcile_horizon()?;
         let listener = TcpListener::bind(requested)
             .await
@@ -145,6 +160,20 @@ impl Console {
         (&mut self.task).await.context("console task")??;
         Ok(())
     }
+}
+
+/// The console's pool: every connection has `statement_timeout` set from `--statement-timeout-secs` (as a startup
+/// parameter, so it holds for every statement on it, pages and actions alike).
+async fn connect(args: &ConsoleArgs) -> anyhow::Result<sqlx::PgPool> {
+    if args.statement_timeout_secs == 0 {
+        bail!("--statement-timeout-secs must be at least 1: a query must not hang a page forever");
+    }
+    args.db.schema()?;
+    let options = crate::util::connect_options(&args.db.database_url)?.options([(
+        "statement_timeout",
+        format!("{}s", args.statement_timeout_secs),
+    )]);
+    crate::util::connect_with(options).await
 }
 
 /// The URL to open for a console listening on `addr`.

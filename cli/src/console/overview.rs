@@ -6,6 +6,7 @@ use axum::extract::State;
 use axum::http::Uri;
 use axum::response::Response;
 use outbox::ops;
+use outbox::subscribers::label;
 
 use super::html::Html;
 use super::layout::{age, ago, cut, dead_letter_link, event_link, key_link, opt, opt_time, time};
@@ -166,13 +167,15 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
         h.lit("<p class=\"muted\">none</p>");
     } else {
         h.lit(
-            "<table id=\"blocked\"><tr><th>topic</th><th>key</th><th>since</th><th>head event</th>",
+            "<table id=\"blocked\"><tr><th>topic</th><th>key</th><th>subscriber</th><th>since</th><th>head event</th>",
         )
         .lit("<th>dead letter</th><th class=\"n\">waiting</th><th>reason</th></tr>");
         for k in &s.blocked_keys.keys {
             h.lit("<tr><td>").text(&k.topic).lit("</td><td>");
             key_link(&mut h, &k.topic, &k.partition_key);
-            h.lit("</td><td>");
+            h.lit("</td><td>")
+                .text(label(&k.subscriber))
+                .lit("</td><td>");
             ago(&mut h, s.at, k.since);
             h.lit("</td><td>");
             if let Some(id) = k.blocking_event {
@@ -193,6 +196,8 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
             h.lit("<p><a href=\"/keys?blocked=1\">all blocked keys</a></p>");
         }
     }
+
+    subscribers(&mut h, &s.subscribers);
 
     h.lit("<h2>Dead letters by topic and source</h2>");
     if s.dead_letters.is_empty() {
@@ -243,14 +248,16 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
     if lines.is_empty() {
         h.lit("<p class=\"muted\">none</p>");
     } else {
-        h.lit("<table><tr><th>event</th><th>topic</th><th>key</th><th class=\"n\">attempts</th><th>written</th>")
+        h.lit("<table><tr><th>event</th><th>topic</th><th>key</th><th>subscriber</th><th class=\"n\">attempts</th><th>written</th>")
             .lit("<th>last error</th></tr>");
         for e in lines {
             h.lit("<tr><td>");
             event_link(&mut h, e.id);
             h.lit("</td><td>").text(&e.topic).lit("</td><td>");
             cut(&mut h, &e.partition_key, 40);
-            h.lit("</td><td class=\"n\">")
+            h.lit("</td><td>")
+                .text(label(&e.subscriber))
+                .lit("</td><td class=\"n\">")
                 .text(e.attempts)
                 .lit("</td><td>");
             ago(&mut h, s.at, e.created_at);
@@ -280,6 +287,44 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
     }
     h.lit("</p>");
     server::ok_page(&ctx, "Overview", refresh, &h)
+}
+
+/// Per subscriber of the topics with named subscribers (fan-out; nothing without it): its lag, in flight, blocked
+/// lanes and dead letters, each linking to the subscribers page.
+fn subscribers(h: &mut Html, subs: &[ops::subscribers::SubscriberStatus]) {
+    if subs.is_empty() {
+        return;
+    }
+    h.lit("<h2>Subscribers</h2><table id=\"overview-subscribers\"><tr><th>topic</th><th>subscriber</th>")
+        .lit("<th class=\"n\">pending</th><th>lag</th><th class=\"n\">in flight</th>")
+        .lit("<th class=\"n\">blocked keys</th><th class=\"n\">dead letters</th><th></th></tr>");
+    for x in subs {
+        let name = label(&x.subscriber);
+        h.lit("<tr><td><a href=\"")
+            .href("/subscribers", &[("topic", &x.topic)])
+            .lit("\">")
+            .text(&x.topic)
+            .lit("</a></td><td>")
+            .text(name)
+            .lit("</td><td class=\"n\">")
+            .text(x.pending)
+            .lit("</td><td>");
+        if x.pending > 0 {
+            age(h, x.oldest_pending_age_secs);
+        }
+        h.lit("</td><td class=\"n\">")
+            .text(x.in_flight)
+            .lit("</td><td class=\"n\">")
+            .text(x.blocked_keys)
+            .lit("</td><td class=\"n\">")
+            .text(x.dead_letters)
+            .lit("</td><td>");
+        if x.replaying {
+            h.lit("<span class=\"warn\">replaying</span>");
+        }
+        h.lit("</td></tr>");
+    }
+    h.lit("</table>");
 }
 
 /// Dispatched per minute as an SVG bar chart (60 bars, oldest first; each bar's count in its tooltip).

@@ -1,4 +1,6 @@
-//! The read-only pages besides the overview (`overview.rs`): topics, keys, one event's timeline, the action log; and logging in and out.
+//! The read-only pages besides the overview (`overview.rs`) and the subscribers (`subscribers.rs`): topics, keys
+//! (a line per subscriber's lane), one event's timeline with each copy's state, the action log; and logging in
+//! and out.
 
 use axum::Extension;
 use axum::body::Bytes;
@@ -6,7 +8,10 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use outbox::OutboxId;
-use outbox::ops::{self, keys::KeyQuery, timeline::StepKind};
+use outbox::ops::keys::{KeyCursor, KeyLine, KeyQuery};
+use outbox::ops::timeline::{EventCopy, StepKind};
+use outbox::ops::{self};
+use outbox::subscribers::label;
 
 use super::auth;
 use super::html::Html;
@@ -65,18 +70,39 @@ pub async fn topics(State(app): S, Extension(ctx): Extension<Ctx>) -> Response {
         }
         h.lit("</table>");
     }
-    h.lit("<p class=\"muted\">Lag is the age of the topic's oldest pending event; in flight means accepted by QStash with no outcome yet.</p>");
+    h.lit("<p class=\"muted\">Lag is the age of the topic's oldest pending event; in flight means accepted by QStash with no outcome yet. \
+           With fan-out the figures count copies (one per subscriber of each event) over all subscribers; each \
+           subscriber's own are on the <a href=\"/subscribers\">subscribers</a> page.</p>");
     server::ok_page(&ctx, "Topics", None, &h)
 }
 
-/// `GET /keys`: ordered keys, a page at a time; search by key prefix, one topic, blocked only.
+/// `GET /keys`: ordered keys, a line per subscriber's lane, a page at a time; search by key prefix, one topic, one
+/// subscriber, blocked only.
 pub async fn keys(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Response {
     let p = server::query(&uri);
+    let subscriber = match p.get("subscriber").map(outbox::subscribers::parse_name) {
+        Some(Err(e)) => {
+            let mut h = Html::new();
+            h.text(e);
+            return server::error_page(&ctx, StatusCode::BAD_REQUEST, &h);
+        }
+        Some(Ok(s)) => Some(s),
+        None => None,
+    };
+    let after = match (p.string("after_topic"), p.string("after_key")) {
+        (Some(topic), Some(partition_key)) => Some(KeyCursor {
+            topic,
+            partition_key,
+            subscriber: p.string("after_subscriber").unwrap_or_default(),
+        }),
+        _ => None,
+    };
     let q = KeyQuery {
         topic: p.string("topic"),
         key_prefix: p.string("key"),
+        subscriber,
         blocked_only: p.flag("blocked"),
-        after: p.string("after_topic").zip(p.string("after_key")),
+        after,
         limit: KEYS_PAGE,
     };
     let page = match app.pool.acquire().await {
@@ -89,11 +115,14 @@ pub async fn keys(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
     };
     let now = chrono::Utc::now();
     let mut h = Html::new();
+    let subscriber = q.subscriber.as_deref().map(label).unwrap_or("");
     h.lit("<h1>Ordered keys</h1><form class=\"filters\" method=\"get\" action=\"/keys\">")
         .lit("<label>key starts with<input name=\"key\" value=\"")
         .text(q.key_prefix.as_deref().unwrap_or(""))
         .lit("\"></label><label>topic<input name=\"topic\" value=\"")
         .text(q.topic.as_deref().unwrap_or(""))
+        .lit("\"></label><label>subscriber<input name=\"subscriber\" size=\"12\" value=\"")
+        .text(subscriber)
         .lit("\"></label><label><span><input type=\"checkbox\" name=\"blocked\" value=\"1\"");
     if q.blocked_only {
         h.lit(" checked");
@@ -102,77 +131,96 @@ pub async fn keys(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
     if page.items.is_empty() {
         h.lit("<p class=\"muted\">No key matches.</p>");
     } else {
-        h.lit("<table id=\"keys\"><tr><th>topic</th><th>key</th><th>state</th><th class=\"n\">done</th>")
-            .lit("<th class=\"n\">last</th><th class=\"n\">unfinished</th><th>head</th><th>head age</th>")
-            .lit("<th class=\"n\">attempts</th><th>in flight</th><th>blocked</th><th>reason / last error</th></tr>");
+        h.lit("<table id=\"keys\"><tr><th>topic</th><th>key</th><th>subscriber</th><th>state</th>")
+            .lit("<th class=\"n\">done</th><th class=\"n\">last</th><th class=\"n\">unfinished</th><th>head</th>")
+            .lit("<th>head age</th><th class=\"n\">attempts</th><th>in flight</th><th>blocked</th>")
+            .lit("<th>reason / last error</th></tr>");
         for k in &page.items {
-            let state = k.state();
-            h.lit("<tr data-key-state=\"")
-                .lit(state)
-                .lit("\"><td>")
-                .text(&k.topic)
-                .lit("</td><td>");
-            cut(&mut h, &k.partition_key, 60);
-            h.lit("</td><td class=\"");
-            h.lit(match state {
-                "blocked" => "bad",
-                "in flight" => "ok",
-                _ => "",
-            });
-            h.lit("\">").lit(state).lit("</td><td class=\"n\">");
-            opt(&mut h, k.done_seq);
-            h.lit("</td><td class=\"n\">")
-                .text(k.last_seq)
-                .lit("</td><td class=\"n\">")
-                .text(k.unfinished());
-            h.lit("</td><td>");
-            if let Some(id) = k.head_id {
-                event_link(&mut h, id);
-            }
-            h.lit("</td><td>");
-            if let Some(t) = k.head_created_at {
-                ago(&mut h, now, t);
-            }
-            h.lit("</td><td class=\"n\">");
-            opt(&mut h, k.head_attempts);
-            h.lit("</td><td>");
-            if let Some(id) = k.inflight_id {
-                event_link(&mut h, id);
-                if let Some(t) = k.inflight_since {
-                    h.lit(" for ");
-                    age(&mut h, (now - t).as_seconds_f64());
-                }
-            }
-            h.lit("</td><td>");
-            if let Some(t) = k.blocked_at {
-                ago(&mut h, now, t);
-                if let Some(id) = k.blocked_id {
-                    h.lit(" by ");
-                    event_link(&mut h, id);
-                }
-            }
-            h.lit("</td><td class=\"wrap\">");
-            let why = k.blocked_reason.as_deref().or(k.head_last_error.as_deref());
-            cut(&mut h, why.unwrap_or(""), 160);
-            h.lit("</td></tr>");
+            key_row(&mut h, k, now);
         }
         h.lit("</table>");
     }
-    if let Some((t, k)) = &page.next_after {
+    h.lit("<p class=\"muted\">A line per subscriber's lane: each subscriber of a topic has its own state of each key \
+           (fan-out). A key no subscriber has work on shows once, without a subscriber.</p>");
+    if let Some(c) = &page.next_after {
         h.lit("<p class=\"pager\"><a id=\"next\" href=\"")
             .href(
                 "/keys",
                 &[
                     ("key", q.key_prefix.as_deref().unwrap_or("")),
                     ("topic", q.topic.as_deref().unwrap_or("")),
+                    ("subscriber", subscriber),
                     ("blocked", if q.blocked_only { "1" } else { "" }),
-                    ("after_topic", t),
-                    ("after_key", k),
+                    ("after_topic", &c.topic),
+                    ("after_key", &c.partition_key),
+                    ("after_subscriber", &c.subscriber),
                 ],
             )
             .lit("\">next page →</a></p>");
     }
     server::ok_page(&ctx, "Keys", None, &h)
+}
+
+/// One line of the keys page.
+fn key_row(h: &mut Html, k: &KeyLine, now: chrono::DateTime<chrono::Utc>) {
+    let state = k.state();
+    h.lit("<tr data-key-state=\"")
+        .lit(state)
+        .lit("\"><td>")
+        .text(&k.topic)
+        .lit("</td><td>");
+    cut(h, &k.partition_key, 60);
+    h.lit("</td><td class=\"subscriber\">");
+    match &k.subscriber {
+        Some(s) => {
+            h.text(label(s));
+        }
+        None => {
+            h.lit("<span class=\"muted\">-</span>");
+        }
+    }
+    h.lit("</td><td class=\"");
+    h.lit(match state {
+        "blocked" => "bad",
+        "in flight" => "ok",
+        _ => "",
+    });
+    h.lit("\">").lit(state).lit("</td><td class=\"n\">");
+    opt(h, k.done_seq);
+    h.lit("</td><td class=\"n\">")
+        .text(k.last_seq)
+        .lit("</td><td class=\"n\">")
+        .text(k.unfinished());
+    h.lit("</td><td>");
+    if let Some(id) = k.head_id {
+        event_link(h, id);
+    }
+    h.lit("</td><td>");
+    if let Some(t) = k.head_created_at {
+        ago(h, now, t);
+    }
+    h.lit("</td><td class=\"n\">");
+    opt(h, k.head_attempts);
+    h.lit("</td><td>");
+    if let Some(id) = k.inflight_id {
+        event_link(h, id);
+        if let Some(t) = k.inflight_since {
+            h.lit(" for ");
+            age(h, (now - t).as_seconds_f64());
+        }
+    }
+    h.lit("</td><td>");
+    if let Some(t) = k.blocked_at {
+        ago(h, now, t);
+        if let Some(id) = k.blocked_id {
+            h.lit(" by ");
+            event_link(h, id);
+        }
+    }
+    h.lit("</td><td class=\"wrap\">");
+    let why = k.blocked_reason.as_deref().or(k.head_last_error.as_deref());
+    cut(h, why.unwrap_or(""), 160);
+    h.lit("</td></tr>");
 }
 
 /// `GET /events?id=…`: the event search box.
@@ -220,7 +268,14 @@ pub async fn event(
                 .lit(e.state())
                 .lit("</td></tr><tr><th>topic</th><td>")
                 .text(&e.topic)
-                .lit("</td></tr><tr><th>key</th><td>");
+                .lit("</td></tr><tr><th>subscriber</th><td id=\"event-subscriber\">")
+                .text(label(&e.subscriber));
+            if t.event_id != e.id {
+                h.lit(" <span class=\"muted\">(this row is its copy of event ");
+                event_link(&mut h, t.event_id);
+                h.lit(")</span>");
+            }
+            h.lit("</td></tr><tr><th>key</th><td>");
             key_link(&mut h, &e.topic, &e.partition_key);
             h.lit("</td></tr><tr><th>sequence</th><td>");
             opt(&mut h, e.seq);
@@ -248,6 +303,7 @@ pub async fn event(
             h.lit("</td></tr></table>");
         }
     }
+    copies_table(&mut h, id, &t.copies);
     h.lit("<h2>Timeline</h2><ol class=\"timeline\" id=\"timeline\">");
     for s in &t.steps {
         let class = match &s.what {
@@ -293,6 +349,82 @@ pub async fn event(
         h.lit("</table>");
     }
     server::ok_page(&ctx, "Event", None, &h)
+}
+
+/// Each copy of the event (fan-out: one per subscriber) with its own state, lane and dead letter; nothing when the
+/// event has one copy, the default subscriber's (no fan-out).
+fn copies_table(h: &mut Html, this: OutboxId, copies: &[EventCopy]) {
+    if copies.len() < 2 && copies.iter().all(|c| c.subscriber.is_empty()) {
+        return;
+    }
+    h.lit("<h2>Copies (one per subscriber)</h2><table id=\"copies\"><tr><th>copy</th><th>subscriber</th>")
+        .lit("<th>state</th><th class=\"n\">seq</th><th class=\"n\">attempts</th><th class=\"n\">redriven</th>")
+        .lit("<th>lane</th><th>dead letter</th><th>applied</th><th>last error</th></tr>");
+    for c in copies {
+        h.lit("<tr data-copy-state=\"")
+            .lit(c.state())
+            .lit("\"><td>");
+        event_link(h, c.id);
+        if c.id == this {
+            h.lit(" <span class=\"muted\">(this page)</span>");
+        }
+        h.lit("</td><td>")
+            .text(label(&c.subscriber))
+            .lit("</td><td class=\"")
+            .lit(match c.state() {
+                "dead" => "bad",
+                "delivered" => "ok",
+                _ => "",
+            })
+            .lit("\">")
+            .lit(c.state())
+            .lit("</td><td class=\"n\">");
+        opt(h, c.seq);
+        h.lit("</td><td class=\"n\">")
+            .text(c.attempts)
+            .lit("</td><td class=\"n\">")
+            .text(c.redrive_count)
+            .lit("</td><td>");
+        lane(h, c);
+        h.lit("</td><td>");
+        if let Some(d) = c.dead_letter_id {
+            dead_letter_link(h, d);
+        }
+        h.lit("</td><td>");
+        match c.applied_at {
+            Some(t) => time(h, t),
+            None => {
+                h.lit("-");
+            }
+        }
+        h.lit("</td><td class=\"wrap\">");
+        cut(h, c.last_error.as_deref().unwrap_or(""), 160);
+        h.lit("</td></tr>");
+    }
+    h.lit("</table><p class=\"muted\">Each subscriber's copy has its own attempts, delivery, dead letter and \
+           redrive, and its own lane of an ordered key; applied: its subscriber's consumer has a dedupe row for it.</p>");
+}
+
+/// A copy's lane in words: blocked by it, waiting on an event in flight, or done up to a sequence.
+fn lane(h: &mut Html, c: &EventCopy) {
+    match (c.lane_done_seq, c.lane_blocked_id, c.lane_inflight_id) {
+        (None, ..) => {
+            h.lit("<span class=\"muted\">-</span>");
+        }
+        (Some(_), Some(b), _) if b == c.id => {
+            h.lit("<span class=\"bad\">blocked by this copy</span>");
+        }
+        (Some(done), blocked, inflight) => {
+            h.lit("done up to ").text(done);
+            if let Some(b) = blocked {
+                h.lit(", blocked by ");
+                event_link(h, b);
+            } else if let Some(i) = inflight {
+                h.lit(", waiting on ");
+                event_link(h, i);
+            }
+        }
+    }
 }
 
 fn step(h: &mut Html, what: &StepKind) {
@@ -368,8 +500,16 @@ fn step(h: &mut Html, what: &StepKind) {
             h.lit(" resolved: ");
             opt(h, resolution.as_deref());
         }
-        StepKind::ConsoleAction { actor, action, .. } => {
+        StepKind::ConsoleAction {
+            actor,
+            action,
+            finished,
+            ..
+        } => {
             h.lit("console: ").text(action).lit(" by ").text(actor);
+            if !*finished {
+                h.lit(" (started; no outcome recorded)");
+            }
         }
     }
 }
@@ -396,7 +536,7 @@ pub async fn actions(State(app): S, Extension(ctx): Extension<Ctx>) -> Response 
         h.lit("<p class=\"muted\">None yet.</p>");
     } else {
         h.lit("<table id=\"actions\"><tr><th>#</th><th>at</th><th>who</th><th>what</th><th>dead letter</th>")
-            .lit("<th>event</th><th>selection</th><th>outcome</th></tr>");
+            .lit("<th>event</th><th>selection</th><th>finished</th><th>outcome</th></tr>");
         for a in &rows {
             h.lit("<tr><td>").text(a.id).lit("</td><td>");
             time(&mut h, a.at);
@@ -416,8 +556,20 @@ pub async fn actions(State(app): S, Extension(ctx): Extension<Ctx>) -> Response 
             if let Some(s) = &a.selection {
                 cut(&mut h, &s.to_string(), 200);
             }
+            h.lit("</td><td>");
+            match a.finished_at {
+                Some(t) => time(&mut h, t),
+                None => {
+                    h.lit("<span class=\"warn\">not yet</span>");
+                }
+            }
             h.lit("</td><td class=\"wrap\">");
-            cut(&mut h, &a.outcome.to_string(), 300);
+            match &a.outcome {
+                Some(o) => cut(&mut h, &o.to_string(), 300),
+                None => {
+                    h.lit("<span class=\"muted\">under way, or it stopped without reporting back</span>");
+                }
+            }
             h.lit("</td></tr>");
         }
         h.lit("</table>");

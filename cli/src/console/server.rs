@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 
 use super::auth::{self, HostCheck, Keys, Session, Token};
 use super::html::Html;
-use super::{dead_letters, layout, overview, pages};
+use super::{dead_letters, layout, overview, pages, subscribers};
 
 /// What every handler shares.
 pub struct App {
@@ -72,6 +72,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/events", get(pages::event_search))
         .route("/events/{id}", get(pages::event))
         .route("/actions", get(pages::actions))
+        .route("/subscribers", get(subscribers::subscribers))
         .route("/dead-letters", get(dead_letters::list))
         .route("/dead-letters/confirm", get(dead_letters::confirm))
         .route("/dead-letters/bulk", post(dead_letters::bulk))
@@ -293,12 +294,40 @@ pub fn error_page(ctx: &Ctx, status: StatusCode, body: &Html) -> Response {
     html(status, layout::page(ctx, "Error", None, &h))
 }
 
-/// A database error as a page (500).
-pub fn db_error(ctx: &Ctx, e: impl std::fmt::Display) -> Response {
+/// A database error as a page: 503 when Postgres cancelled a statement at the console's statement timeout (a
+/// lock held elsewhere, or a query too slow), 500 otherwise. For pages that change nothing.
+pub fn db_error<E: std::error::Error + 'static>(ctx: &Ctx, e: E) -> Response {
     tracing::error!(error = %e, "console query failed");
     let mut h = Html::new();
-    h.lit("Database error: ").text(e);
-    error_page(ctx, StatusCode::INTERNAL_SERVER_ERROR, &h)
+    let status = if timed_out(&e) {
+        h.lit("<span id=\"timeout\">The database did not answer in time</span>: a query of this page ran longer than \
+               the console's statement timeout (<code>--statement-timeout-secs</code>) and Postgres cancelled it — it \
+               waited on a lock held elsewhere, or the database is overloaded. Nothing was changed. Try again; a \
+               long transaction shows in <code>outbox status</code> (Database). ")
+            .lit("<span class=\"muted\">(")
+            .text(&e)
+            .lit(")</span>");
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        h.lit("Database error: ").text(&e);
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    error_page(ctx, status, &h)
+}
+
+/// Whether `e`, or an error it wraps, is Postgres cancelling a statement (`57014`: the statement timeout, or an
+/// operator's `pg_cancel_backend`).
+pub fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(sqlx::Error::Database(d)) = err.downcast_ref::<sqlx::Error>()
+            && d.code().as_deref() == Some("57014")
+        {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 /// Query or form parameters (`application/x-www-form-urlencoded`); the first of a repeated name counts.

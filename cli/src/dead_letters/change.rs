@@ -73,8 +73,8 @@ pub(super) async fn redrive(
     let filter = a.filter.filter();
     if filter.is_empty() {
         bail!(
-            "give a dead letter's id, or at least one filter (--topic, --source, --key, --since, --until) for a bulk \
-             redrive; `outbox dead-letters list` shows what there is"
+            "give a dead letter's id, or at least one filter (--topic, --subscriber, --source, --key, --since, \
+             --until) for a bulk redrive; `outbox dead-letters list` shows what there is"
         );
     }
     let n = {
@@ -196,14 +196,14 @@ pub(super) async fn purge(
     let filter = a.filter.filter();
     if filter.is_empty() {
         bail!(
-            "purge needs at least one filter (--topic, --source, --key, --since, --until), so that it cannot delete \
-             every dead letter by accident"
+            "purge needs at least one filter (--topic, --subscriber, --source, --key, --since, --until), so that it \
+             cannot delete every dead letter by accident"
         );
     }
     let pool = a.db.connect().await?;
     let counts = {
         let mut conn = pool.acquire().await?;
-        dead_letters::count_purge(&mut conn, &filter, a.handled_only).await?
+        dead_letters::count_purge(&mut conn, &filter, a.scope()).await?
     };
     if counts.deleted == 0 {
         if a.json {
@@ -246,7 +246,7 @@ pub(super) async fn purge(
     let total = counts.deleted;
     let json = a.json;
     let mut write_err: Option<std::io::Error> = None;
-    let done = dead_letters::purge(&pool, &filter, a.handled_only, a.batch, |n| {
+    let done = dead_letters::purge(&pool, &filter, a.scope(), a.batch, |n| {
         if !json
             && let Err(e) = writeln!(out, "deleted {n}/{total}")
             && write_err.is_none()

@@ -92,47 +92,51 @@ impl FilterArgs {
         }
     }
 
-    fn describe(&self) -> String {
-        let mut parts = Vec::new();
-        if let Some(t) = &self.topic {
-            parts.push(format!("topic={}", util::printable(t)));
-        }
-        if let Some(s) = self.source {
-            parts.push(format!("source={}", s.as_str()));
-        }
-        if let Some(k) = &self.key {
-            parts.push(format!("key={}", util::printable(k)));
-        }
-        if let Some(sub) = &self.subscriber {
-            parts.push(format!("subscriber={}", outbox::subscribers::label(sub)));
-        }
-        if let Some(s) = self.since {
-            parts.push(format!("since={}", s.to_rfc3339()));
-        }
-        if let Some(u) = self.until {
-            parts.push(format!("until={}", u.to_rfc3339()));
-        }
-        parts.join(" ")
+    /// The set filters as (flag, value): every field by name, so a field added to [`FilterArgs`] does not compile
+    /// here until it is carried — into the words of a selection ([`Self::describe`]) and the next page's command
+    /// ([`Self::as_flags`]), which then never widens it.
+    fn parts(&self) -> Vec<(&'static str, String)> {
+        let FilterArgs {
+            topic,
+            source,
+            key,
+            since,
+            until,
+            subscriber,
+        } = self;
+        [
+            ("topic", topic.clone()),
+            ("source", source.map(|s| s.as_str().to_owned())),
+            ("key", key.clone()),
+            (
+                "subscriber",
+                subscriber
+                    .as_deref()
+                    .map(|s| outbox::subscribers::label(s).to_owned()),
+            ),
+            ("since", since.map(|t| t.to_rfc3339())),
+            ("until", until.map(|t| t.to_rfc3339())),
+        ]
+        .into_iter()
+        .filter_map(|(flag, value)| Some((flag, value?)))
+        .collect()
     }
 
+    /// The filters in words: `topic=orders subscriber=shipping`.
+    fn describe(&self) -> String {
+        self.parts()
+            .iter()
+            .map(|(flag, value)| format!("{flag}={}", util::printable(value)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The filters as command-line flags: ` --topic orders --subscriber shipping`.
     fn as_flags(&self) -> String {
-        let mut s = String::new();
-        if let Some(t) = &self.topic {
-            s.push_str(&format!(" --topic {}", util::printable(&shell_quote(t))));
-        }
-        if let Some(x) = self.source {
-            s.push_str(&format!(" --source {}", x.as_str()));
-        }
-        if let Some(k) = &self.key {
-            s.push_str(&format!(" --key {}", util::printable(&shell_quote(k))));
-        }
-        if let Some(x) = self.since {
-            s.push_str(&format!(" --since {}", x.to_rfc3339()));
-        }
-        if let Some(x) = self.until {
-            s.push_str(&format!(" --until {}", x.to_rfc3339()));
-        }
-        s
+        self.parts()
+            .iter()
+            .map(|(flag, value)| format!(" --{flag} {}", util::printable(&shell_quote(value))))
+            .collect()
     }
 }
 
@@ -175,7 +179,7 @@ pub struct RedriveArgs {
     #[command(flatten)]
     pub db: DbArgs,
     /// One dead letter's id (or use filters for a bulk redrive).
-    #[arg(conflicts_with_all = ["topic", "source", "key", "since", "until"])]
+    #[arg(conflicts_with_all = ["topic", "source", "key", "since", "until", "subscriber"])]
     pub id: Option<i64>,
     #[command(flatten)]
     pub filter: FilterArgs,
@@ -210,6 +214,17 @@ pub struct PurgeArgs {
     /// One JSON line with the totals.
     #[arg(long)]
     pub json: bool,
+}
+
+impl PurgeArgs {
+    /// `--handled-only`, or every matching dead letter.
+    fn scope(&self) -> dead_letters::PurgeScope {
+        if self.handled_only {
+            dead_letters::PurgeScope::Handled
+        } else {
+            dead_letters::PurgeScope::Any
+        }
+    }
 }
 
 /// How to ask "are you sure?".

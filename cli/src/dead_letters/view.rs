@@ -40,17 +40,28 @@ pub(super) async fn list(a: ListArgs, out: &mut dyn Write) -> anyhow::Result<()>
     }
     writeln!(
         out,
-        "{:>7}  {:<19}  {:<6}  {:<16}  {:<18}  {:>5}  {:>8}  {:>4}  {:>6}  {:<9}  ERROR",
-        "ID", "RECORDED (UTC)", "SOURCE", "TOPIC", "KEY", "SEQ", "EVENT", "ATT", "STATUS", "STATE"
+        "{:>7}  {:<19}  {:<6}  {:<16}  {:<12}  {:<18}  {:>5}  {:>8}  {:>4}  {:>6}  {:<9}  ERROR",
+        "ID",
+        "RECORDED (UTC)",
+        "SOURCE",
+        "TOPIC",
+        "SUBSCRIBER",
+        "KEY",
+        "SEQ",
+        "EVENT",
+        "ATT",
+        "STATUS",
+        "STATE"
     )?;
     for d in &page.items {
         writeln!(
             out,
-            "{:>7}  {:<19}  {:<6}  {:<16}  {:<18}  {:>5}  {:>8}  {:>4}  {:>6}  {:<9}  {}",
+            "{:>7}  {:<19}  {:<6}  {:<16}  {:<12}  {:<18}  {:>5}  {:>8}  {:>4}  {:>6}  {:<9}  {}",
             d.id,
             time(d.created_at),
             util::one_line(&d.source, 6),
             util::one_line(d.topic.as_deref().unwrap_or("?"), 16),
+            util::one_line(outbox::subscribers::label(&d.subscriber), 12),
             util::one_line(d.partition_key.as_deref().unwrap_or("?"), 18),
             opt(d.seq),
             opt(d.outbox_id),
@@ -115,6 +126,11 @@ pub(super) async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()>
         }
     )?;
     writeln!(out, "  natural id    {}", util::printable(&d.natural_id))?;
+    writeln!(
+        out,
+        "  subscriber    {} (a redrive requeues the event for this subscriber only)",
+        outbox::subscribers::label(&d.subscriber)
+    )?;
     writeln!(out, "  event         {}", opt(d.outbox_id))?;
     writeln!(
         out,

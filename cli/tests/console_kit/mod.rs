@@ -109,6 +109,7 @@ pub fn args(pool: &PgPool) -> ConsoleArgs {
         allow_host: Vec::new(),
         consumers: vec!["consumer".into()],
         refresh_secs: 5,
+        statement_timeout_secs: outbox_cli::console::DEFAULT_STATEMENT_TIMEOUT_SECS,
     }
 }
 

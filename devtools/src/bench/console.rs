@@ -222,6 +222,7 @@ pub async fn run(args: ConsoleBenchArgs) -> anyhow::Result<()> {
         allow_host: Vec::new(),
         consumers: vec!["consumer".into()],
         refresh_secs: 0,
+        statement_timeout_secs: outbox_cli::console::DEFAULT_STATEMENT_TIMEOUT_SECS,
     })
     .await?;
     outbox::install_crypto_provider();

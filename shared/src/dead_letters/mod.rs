@@ -17,7 +17,7 @@
 //! | `query.rs` | [`list`], [`get`], [`event_state`], [`count_unhandled`], [`event_headers_of`] |
 //! | `redrive.rs` | [`redrive`] one dead letter, in named steps |
 //! | `redrive_bulk.rs` | [`redrive_matching`]: every unhandled dead letter a filter matches |
-//! | `purge.rs` | [`purge`], [`count_purge`] |
+//! | `purge.rs` | [`purge`], [`count_purge`], in a [`PurgeScope`] |
 //! | `groups.rs` | [`error_groups`] (by normalised error, for the console), [`max_id`] |
 //!
 //! This file holds what they share: [`Source`] and the [`Filter`] every operator command takes. *Dead letter*,
@@ -34,7 +34,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 pub use groups::{ErrorGroup, error_groups, max_id};
-pub use purge::{PurgeCounts, PurgeError, count_purge, purge};
+pub use purge::{PurgeCounts, PurgeError, PurgeScope, count_purge, purge};
 pub use query::{
     DeadLetter, DeadLetterSummary, EventState, ListQuery, Page, count_unhandled, event_headers_of,
     event_state, get, list,

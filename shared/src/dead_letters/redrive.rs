@@ -143,8 +143,8 @@ pub enum RedriveError {
     },
     /// A bulk redrive needs at least one filter.
     #[error(
-        "a bulk redrive needs at least one filter (--topic, --source, --key, --since, --until), so that it cannot \
-         touch every dead letter by accident"
+        "a bulk redrive needs at least one filter (--topic, --subscriber, --source, --key, --since, --until), so \
+         that it cannot touch every dead letter by accident"
     )]
     FilterRequired,
     #[error("database error: {0} (is Postgres reachable? the operation is safe to retry)")]

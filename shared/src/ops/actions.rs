@@ -1,5 +1,10 @@
 //! The operator console's action log (`outbox_console_actions`): every state-changing action taken through the
 //! console, with who took it (a token's name, or `local`), on what, and what it did.
+//!
+//! | Rule | Why |
+//! |---|---|
+//! | An action is logged by [`start`] before it runs, then completed by [`finish`] with its outcome | A failure half-way (a database error, a timeout, the console stopped) still leaves a record of what was started, and [`finish`] of what was done before it failed |
+//! | A row without `finished_at` is an action that never reported back | The console (or its connection) died under way: check what it selected |
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -21,8 +26,6 @@ pub struct NewAction<'a> {
     pub outbox_id: Option<OutboxId>,
     /// A bulk action's selection (its filter).
     pub selection: Option<Value>,
-    /// What it did: counts, or why it was refused.
-    pub outcome: Value,
 }
 
 /// A recorded action.
@@ -35,23 +38,26 @@ pub struct Action {
     pub dead_letter_id: Option<i64>,
     pub outbox_id: Option<OutboxId>,
     pub selection: Option<Value>,
-    pub outcome: Value,
+    /// What it did: counts, or why it was refused or stopped; `None` until it finished.
+    pub outcome: Option<Value>,
+    /// When it finished; `None`: under way, or it never reported back.
+    pub finished_at: Option<DateTime<Utc>>,
 }
 
-const COLUMNS: &str = "id, at, actor, action, dead_letter_id, outbox_id, selection, outcome";
+const COLUMNS: &str =
+    "id, at, actor, action, dead_letter_id, outbox_id, selection, outcome, finished_at";
 
-/// Records an action (and logs it); returns its id.
-pub async fn record(conn: &mut PgConnection, a: &NewAction<'_>) -> Result<i64, sqlx::Error> {
+/// Records an action about to run (and logs it); returns its id, for [`finish`].
+pub async fn start(conn: &mut PgConnection, a: &NewAction<'_>) -> Result<i64, sqlx::Error> {
     let id: i64 = sqlx::query_scalar(crate::schema::q(
-        "INSERT INTO {schema}.outbox_console_actions (actor, action, dead_letter_id, outbox_id, selection, outcome) \
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        "INSERT INTO {schema}.outbox_console_actions (actor, action, dead_letter_id, outbox_id, selection) \
+         VALUES ($1, $2, $3, $4, $5) RETURNING id",
     ))
     .bind(a.actor)
     .bind(a.action)
     .bind(a.dead_letter_id)
     .bind(a.outbox_id)
     .bind(&a.selection)
-    .bind(&a.outcome)
     .fetch_one(&mut *conn)
     .await?;
     tracing::info!(
@@ -61,10 +67,30 @@ pub async fn record(conn: &mut PgConnection, a: &NewAction<'_>) -> Result<i64, s
         dead_letter_id = a.dead_letter_id,
         outbox_id = a.outbox_id.map(OutboxId::get),
         selection = a.selection.as_ref().map(|v| v.to_string()),
-        outcome = %a.outcome,
-        "console action"
+        "console action started"
     );
     Ok(id)
+}
+
+/// Completes the action [`start`] recorded: its outcome (what it did, or why it was refused or stopped, with
+/// what it had done by then) and, once known, its event.
+pub async fn finish(
+    conn: &mut PgConnection,
+    id: i64,
+    outbox_id: Option<OutboxId>,
+    outcome: &Value,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(crate::schema::q(
+        "UPDATE {schema}.outbox_console_actions \
+         SET outcome = $2, outbox_id = coalesce($3, outbox_id), finished_at = now() WHERE id = $1",
+    ))
+    .bind(id)
+    .bind(outcome)
+    .bind(outbox_id)
+    .execute(&mut *conn)
+    .await?;
+    tracing::info!(action_id = id, outcome = %outcome, "console action finished");
+    Ok(())
 }
 
 /// The latest actions, newest first.

@@ -1,6 +1,14 @@
 //! Ordered keys, for the operator console: every key a producer ever sequenced (`outbox_sequences`), with the
-//! relay's state of it (`outbox_keys`: done up to, in flight, blocked and why) and its head event. A page at a
-//! time, in (topic, key) order on the primary key; a search by key prefix reads `outbox_sequences_key_idx`.
+//! relay's state of each of its *lanes* (`outbox_keys`, one per (topic, key, subscriber) with work: done up to, in
+//! flight, blocked and why) and the lane's head (its subscriber's copy). A page at a time, in (topic, key,
+//! subscriber) order on the primary keys; a search by key prefix reads `outbox_sequences_key_idx`.
+//!
+//! | Rule | Why |
+//! |---|---|
+//! | One line per lane; a key without work is one line without a subscriber | Fan-out: each subscriber's lane has its own state, and a key's lanes must not be folded into one (or multiplied by the copies of its head) |
+//! | The head is the lane's subscriber's copy at `done_seq + 1` | The copies of one event share its sequence; only the lane's own copy is its head |
+//! | A subscriber filter joins that subscriber's lane only: every key once, with its state for that subscriber | "Keys of subscriber B" shows B's view of each key, idle where B has no work |
+//! | The cursor is (topic, key, subscriber) | A page may end between two lanes of one key; the next page starts at the lane after it |
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -15,19 +23,32 @@ pub struct KeyQuery {
     pub topic: Option<String>,
     /// Only keys starting with this text (case-sensitive).
     pub key_prefix: Option<String>,
+    /// Only this subscriber's lanes (`''`: the default subscriber; see `crate::subscribers`).
+    pub subscriber: Option<String>,
     /// Only keys blocked by a dead head.
     pub blocked_only: bool,
-    /// Only keys after this (topic, key): the previous page's `next_after`.
-    pub after: Option<(String, String)>,
+    /// Only lanes after this one: the previous page's `next_after`.
+    pub after: Option<KeyCursor>,
     /// Page size (1..=1000).
     pub limit: u32,
 }
 
-/// One ordered key.
+/// Where a page of keys ends: the last line's topic, key and subscriber (`''` for a key without a lane).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyCursor {
+    pub topic: String,
+    pub partition_key: String,
+    pub subscriber: String,
+}
+
+/// One ordered key's lane (or a key without work).
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct KeyLine {
     pub topic: TopicName,
     pub partition_key: PartitionKey,
+    /// The lane's subscriber (`''`: the default one); `None` for a key without a lane (no work for anyone, or,
+    /// with a subscriber filter, none for that subscriber).
+    pub subscriber: Option<String>,
     /// The last sequence a producer handed out.
     pub last_seq: i64,
     /// Every event up to this sequence is finished; `None` when the key has no work (no `outbox_keys` row).
@@ -43,7 +64,8 @@ pub struct KeyLine {
     pub blocked_at: Option<DateTime<Utc>>,
     pub blocked_id: Option<OutboxId>,
     pub blocked_reason: Option<String>,
-    /// The head (`seq = done_seq + 1`): id, attempts, when it was written, its last error.
+    /// The lane's head (its subscriber's copy with `seq = done_seq + 1`): id, attempts, when it was written, its
+    /// last error.
     pub head_id: Option<OutboxId>,
     pub head_attempts: Option<i32>,
     pub head_created_at: Option<DateTime<Utc>>,
@@ -75,10 +97,10 @@ impl KeyLine {
 pub struct KeyPage {
     pub items: Vec<KeyLine>,
     /// Pass as `after` for the next page; `None` when this was the last.
-    pub next_after: Option<(String, String)>,
+    pub next_after: Option<KeyCursor>,
 }
 
-/// One page of ordered keys, in (topic, key) order.
+/// One page of ordered keys' lanes, in (topic, key, subscriber) order.
 pub async fn keys(conn: &mut PgConnection, q: &KeyQuery) -> Result<KeyPage, sqlx::Error> {
     let limit = q.limit.clamp(1, 1000);
     // Only the conditions that are set, so that each query's plan fits it (a prefix uses the key index, a
@@ -95,13 +117,29 @@ pub async fn keys(conn: &mut PgConnection, q: &KeyQuery) -> Result<KeyPage, sqlx
     if q.key_prefix.is_some() {
         conditions.push(format!("s.partition_key LIKE {}", param()));
     }
+    // From the cursor on, in each of the three tables, so that each index scan starts there: without it a later
+    // page read every lane and head before the cursor (90 ms instead of 0.5 ms at 50,000 keys, 33,000 lanes).
+    let mut from = (String::new(), String::new());
     if q.after.is_some() {
-        let (t, k) = (param(), param());
-        conditions.push(format!("(s.topic, s.partition_key) > ({t}, {k})"));
+        let (t, k, sub) = (param(), param(), param());
+        // The first part on the primary key's order; the second picks the lanes after the cursor's in its key.
+        conditions.push(format!(
+            "(s.topic, s.partition_key) >= ({t}, {k}) \
+             AND ((s.topic, s.partition_key) > ({t}, {k}) OR coalesce(k.subscriber, '') > {sub})"
+        ));
+        from = (
+            format!(" AND (k.topic, k.partition_key) >= ({t}, {k})"),
+            format!(" AND (o.topic, o.partition_key) >= ({t}, {k})"),
+        );
     }
     if q.blocked_only {
         conditions.push("k.blocked_at IS NOT NULL".to_owned());
     }
+    // A subscriber's lanes only: in the join, so that with a left join each key still shows once (idle for it).
+    let lane = match q.subscriber {
+        Some(_) => format!(" AND k.subscriber = {}", param()),
+        None => String::new(),
+    };
     let filter = if conditions.is_empty() {
         String::new()
     } else {
@@ -109,16 +147,18 @@ pub async fn keys(conn: &mut PgConnection, q: &KeyQuery) -> Result<KeyPage, sqlx
     };
     let join = if q.blocked_only { "JOIN" } else { "LEFT JOIN" };
     let sql = crate::schema::sql(&format!(
-        "SELECT s.topic, s.partition_key, s.last_seq, k.done_seq, k.available_at, k.locked_until, k.inflight_id, \
-                k.inflight_since, k.blocked_at, k.blocked_id, k.blocked_reason, \
+        "SELECT s.topic, s.partition_key, k.subscriber, s.last_seq, k.done_seq, k.available_at, k.locked_until, \
+                k.inflight_id, k.inflight_since, k.blocked_at, k.blocked_id, k.blocked_reason, \
                 h.id AS head_id, h.attempts AS head_attempts, h.created_at AS head_created_at, \
                 h.last_error AS head_last_error \
          FROM {{schema}}.outbox_sequences s \
-         {join} {{schema}}.outbox_keys k ON k.topic = s.topic AND k.partition_key = s.partition_key \
+         {join} {{schema}}.outbox_keys k ON k.topic = s.topic AND k.partition_key = s.partition_key{lane}{} \
          LEFT JOIN LATERAL (SELECT o.id, o.attempts, o.created_at, o.last_error FROM {{schema}}.outbox o \
                             WHERE o.topic = s.topic AND o.partition_key = s.partition_key \
-                              AND o.seq = k.done_seq + 1) h ON true \
-         {filter} ORDER BY s.topic, s.partition_key LIMIT {}",
+                              AND o.subscriber = k.subscriber AND o.seq = k.done_seq + 1{}) h ON true \
+         {filter} ORDER BY s.topic, s.partition_key, k.subscriber NULLS FIRST LIMIT {}",
+        from.0,
+        from.1,
         limit + 1
     ));
     let mut query = sqlx::query_as::<_, KeyLine>(sqlx::AssertSqlSafe(sql));
@@ -128,16 +168,24 @@ pub async fn keys(conn: &mut PgConnection, q: &KeyQuery) -> Result<KeyPage, sqlx
     if let Some(p) = &q.key_prefix {
         query = query.bind(format!("{}%", crate::dead_letters::like_escaped(p)));
     }
-    if let Some((t, k)) = &q.after {
-        query = query.bind(t).bind(k);
+    if let Some(c) = &q.after {
+        query = query
+            .bind(&c.topic)
+            .bind(&c.partition_key)
+            .bind(&c.subscriber);
+    }
+    if let Some(sub) = &q.subscriber {
+        query = query.bind(sub);
     }
     let mut items = query.fetch_all(&mut *conn).await?;
     let more = items.len() > limit as usize;
     items.truncate(limit as usize);
     let next_after = if more {
-        items
-            .last()
-            .map(|k| (k.topic.to_string(), k.partition_key.to_string()))
+        items.last().map(|k| KeyCursor {
+            topic: k.topic.to_string(),
+            partition_key: k.partition_key.to_string(),
+            subscriber: k.subscriber.clone().unwrap_or_default(),
+        })
     } else {
         None
     };

@@ -1,5 +1,7 @@
 //! One event's whole life, for the operator console: its outbox row, its key, every dead letter of it, the
-//! consumers' dedupe rows, the console actions taken on it — and, from their timestamps, a timeline.
+//! consumers' dedupe rows, the console actions taken on it — and, from their timestamps, a timeline. With fan-out
+//! ([`crate::subscribers`]) an event has a copy (an outbox row) per subscriber: the row asked about is one copy,
+//! and [`Timeline::copies`] lists every copy of its event with the copy's own state, lane and dead letter.
 //!
 //! What the database keeps is what can be shown: the outbox row records the *number* of publish attempts, the
 //! current (or last) lease and the last error, not each attempt; every failure that ended an attempt round is a
@@ -22,6 +24,8 @@ pub struct EventRow {
     pub partition_key: PartitionKey,
     /// The subscriber this row is the copy for (`''`: the default one; fan-out, [`crate::subscribers`]).
     pub subscriber: String,
+    /// The event this row is a copy of (`None`: the row is the event's first copy; its id is the event's).
+    pub event_id: Option<OutboxId>,
     /// Per-key sequence (ordered topics).
     pub seq: Option<i64>,
     pub payload: Value,
@@ -57,6 +61,51 @@ impl EventRow {
             self.dead_lettered_at,
             self.dispatched_at,
         )
+    }
+}
+
+/// One copy of the event: the outbox row of one subscriber, with its own state, lane and dead letter.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct EventCopy {
+    /// The copy's outbox id.
+    pub id: OutboxId,
+    /// Its subscriber (`''`: the default one).
+    pub subscriber: String,
+    /// Per-key sequence (the event's; `None` after an out-of-order redrive or on an unordered topic).
+    pub seq: Option<i64>,
+    /// Publish attempts of the current round.
+    pub attempts: i32,
+    pub redrive_count: i32,
+    pub dispatched_at: Option<DateTime<Utc>>,
+    pub delivered_at: Option<DateTime<Utc>>,
+    pub dead_lettered_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+    /// Its lane (ordered topics, while the lane has work): done up to this sequence.
+    pub lane_done_seq: Option<i64>,
+    /// The event its lane waits on for delivery evidence.
+    pub lane_inflight_id: Option<OutboxId>,
+    /// The event that blocks its lane.
+    pub lane_blocked_id: Option<OutboxId>,
+    /// Its newest dead letter that needs an operator (neither redriven nor resolved).
+    pub dead_letter_id: Option<i64>,
+    /// When its subscriber's consumer applied the event (a dedupe row in the subscriber's namespace: its name, or
+    /// for the default subscriber the namespaces asked about), if it did.
+    pub applied_at: Option<DateTime<Utc>>,
+}
+
+impl EventCopy {
+    /// `pending`, `dispatched`, `delivered` or `dead`, as [`EventRow::state`].
+    pub fn state(&self) -> &'static str {
+        crate::dead_letters::query::outbox_state(
+            self.delivered_at,
+            self.dead_lettered_at,
+            self.dispatched_at,
+        )
+    }
+
+    /// Its own dead head blocks its lane.
+    pub fn blocks_its_lane(&self) -> bool {
+        self.lane_blocked_id == Some(self.id)
     }
 }
 
@@ -129,6 +178,8 @@ pub enum StepKind {
         action_id: i64,
         actor: String,
         action: String,
+        /// It reported its outcome (false: under way, or it stopped without reporting back).
+        finished: bool,
     },
 }
 
@@ -136,6 +187,11 @@ pub enum StepKind {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Timeline {
     pub outbox_id: OutboxId,
+    /// The event the row is a copy of (its first copy's id; the row's own id without fan-out).
+    pub event_id: OutboxId,
+    /// Every copy of that event still in the outbox, by subscriber (more than one per subscriber when copies were
+    /// made again, by a replay after a re-add, say).
+    pub copies: Vec<EventCopy>,
     /// When it was read (database clock).
     pub now: DateTime<Utc>,
     /// `None`: the row is gone (pruned); what its dead letters kept is still shown.
@@ -163,7 +219,7 @@ pub async fn timeline(
         .fetch_one(&mut *conn)
         .await?;
     let event: Option<EventRow> = sqlx::query_as(crate::schema::q(
-        "SELECT id, topic, partition_key, subscriber, seq, payload, headers, created_at, available_at, dispatched_at, \
+        "SELECT id, topic, partition_key, subscriber, event_id, seq, payload, headers, created_at, available_at, dispatched_at, \
                 delivered_at, dead_lettered_at, attempts, locked_until, lease_token, last_error, qstash_message_id, \
                 redrive_count, republish_count, reconciled_at \
          FROM {schema}.outbox WHERE id = $1",
@@ -219,10 +275,21 @@ pub async fn timeline(
     .bind(outbox_id)
     .fetch_all(&mut *conn)
     .await?;
+    let event_id = event.as_ref().and_then(|e| e.event_id).unwrap_or(outbox_id);
+    let topic = match (&event, dead_letters.iter().find_map(|d| d.topic.as_ref())) {
+        (Some(e), _) => Some(&e.topic),
+        (None, t) => t,
+    };
+    let copies = match topic {
+        Some(topic) => copies(conn, topic, event_id, consumers).await?,
+        None => Vec::new(),
+    };
     let actions = actions::for_event(conn, outbox_id).await?;
     let steps = steps(event.as_ref(), &dead_letters, &applied, &actions);
     Ok(Some(Timeline {
         outbox_id,
+        event_id,
+        copies,
         now,
         event,
         key,
@@ -231,6 +298,36 @@ pub async fn timeline(
         actions,
         steps,
     }))
+}
+
+/// Every copy of `event_id` of `topic` (on `outbox_event_idx`), with its lane, its newest unhandled dead letter
+/// and whether its subscriber applied it: a dedupe row keyed by the copy's id or the event's id, in the
+/// subscriber's namespace (a named subscriber's name; for the default subscriber, `consumers`).
+async fn copies(
+    conn: &mut PgConnection,
+    topic: &TopicName,
+    event_id: OutboxId,
+    consumers: &[String],
+) -> Result<Vec<EventCopy>, sqlx::Error> {
+    sqlx::query_as(crate::schema::q(
+        "SELECT o.id, o.subscriber, o.seq, o.attempts, o.redrive_count, o.dispatched_at, o.delivered_at, \
+                o.dead_lettered_at, o.last_error, k.done_seq AS lane_done_seq, k.inflight_id AS lane_inflight_id, \
+                k.blocked_id AS lane_blocked_id, \
+                (SELECT max(d.id) FROM {schema}.dead_letters d WHERE d.outbox_id = o.id \
+                   AND d.redriven_at IS NULL AND d.resolved_at IS NULL) AS dead_letter_id, \
+                (SELECT min(p.processed_at) FROM {schema}.processed_messages p \
+                  WHERE p.consumer = ANY (CASE WHEN o.subscriber = '' THEN $3::text[] ELSE ARRAY[o.subscriber] END) \
+                    AND p.message_id IN (o.id::text, $2::text)) AS applied_at \
+         FROM {schema}.outbox o \
+         LEFT JOIN {schema}.outbox_keys k ON o.seq IS NOT NULL AND k.topic = o.topic \
+              AND k.partition_key = o.partition_key AND k.subscriber = o.subscriber \
+         WHERE o.topic = $1 AND coalesce(o.event_id, o.id) = $2 ORDER BY o.subscriber, o.id LIMIT 1000",
+    ))
+    .bind(topic)
+    .bind(event_id)
+    .bind(consumers)
+    .fetch_all(&mut *conn)
+    .await
 }
 
 /// The timeline: every timestamp the rows hold, as steps in time order.
@@ -330,6 +427,7 @@ fn steps(
                 action_id: a.id,
                 actor: a.actor.clone(),
                 action: a.action.clone(),
+                finished: a.finished_at.is_some(),
             },
         );
     }
