@@ -25,8 +25,8 @@ pub struct Reconciler<'a> {
     pub client: &'a QstashClient,
     /// The accounting settings.
     pub cfg: &'a AccountingConfig,
-    /// `PROCESSED_TTL_HOURS`: an event is republished only while its dedupe row, had it been applied, would still
-    /// exist.
+    /// `PROCESSED_TTL_HOURS`: an event is republished only while a dedupe row of an earlier application would
+    /// outlive the new message's delivery ([`AccountingConfig::republish_window`]).
     pub processed_ttl: Duration,
     /// The dead-head policy of an ordered topic (for dead letters recorded from the DLQ).
     pub policy: &'a (dyn Fn(&str) -> DeadHeadPolicy + Sync),
