@@ -151,6 +151,43 @@ async fn a_republish_is_anchored_on_the_first_claim_and_leaves_room_for_its_own_
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_publish_whose_answer_was_lost_is_the_first_claim(pool: PgPool) {
+    // QStash accepts the first publish (and loses the message) but the answer never reaches the relay: as far as
+    // the relay knows nothing was published, yet a consumer could have applied it from then on.
+    let env = RelayEnv::start(
+        pool,
+        dev(Faults {
+            publish_drop_response_rate: 1.0,
+            ..lossy()
+        }),
+    )
+    .await;
+    let relay = env.relay_with(config());
+    let id = enqueue(&env.pool, 1, 0).await[0];
+    let r = relay.run_cycle().await.unwrap();
+    assert_eq!((r.claimed, r.settled.dispatched), (1, 0), "{r:?}");
+    // 70 h later (QStash was unreachable, say) it is published again; QStash loses that message too.
+    age(&env.pool, id, 70.0).await;
+    env.dev.handle().set_faults(lossy()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        env.make_due().await;
+        if relay.run_cycle().await.unwrap().settled.dispatched == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never dispatched");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Looked up 66 h after its dispatch, 136 h after its first claim: a new message's delivery could end at
+    // 136 + 32.2 + 1 h, past the 168 h a dedupe row of an application at the first publish lives. Not published
+    // again (measured from the recorded dispatch, 66 h, it would have been).
+    age(&env.pool, id, 66.0).await;
+    let r = relay.account(PASS).await.unwrap();
+    assert_eq!((r.republished, r.unaccounted_dead), (0, 1), "{r:?}");
+    assert_eq!(open_dead_letters(&env.pool, id).await.len(), 1);
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_redrive_keeps_the_first_claim_and_a_reinserted_event_is_never_republished(pool: PgPool) {
     let env = RelayEnv::start(pool, dev(lossy())).await;
     let relay = env.relay_with(config());
