@@ -121,14 +121,20 @@ async fn publish(relay: &Relay, n: u64) {
     assert_eq!(r.settled.dispatched, n, "{r:?}");
 }
 
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
-async fn a_republish_is_anchored_on_the_first_claim_and_leaves_room_for_its_own_delivery(
-    pool: PgPool,
-) {
+/// A dev server that loses every message, a relay, and one event it published (and QStash lost).
+async fn one_lost_event(pool: PgPool) -> (RelayEnv, Relay, i64) {
     let env = RelayEnv::start(pool, dev(lossy())).await;
     let relay = env.relay_with(config());
     let id = enqueue(&env.pool, 1, 0).await[0];
     publish(&relay, 1).await;
+    (env, relay, id)
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_republish_is_anchored_on_the_first_claim_and_leaves_room_for_its_own_delivery(
+    pool: PgPool,
+) {
+    let (env, relay, id) = one_lost_event(pool).await;
 
     // 66 h after the first claim QStash has no trace of the message: published again. Its delivery (up to QStash's
     // retry horizon for 5 retries, ≈ 32.2 h) ends well before a dedupe row written at the first claim expires
@@ -234,10 +240,7 @@ async fn a_redrive_keeps_the_first_claim_and_a_reinserted_event_is_never_republi
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_republished_event_not_published_before_its_deadline_becomes_a_dead_letter(pool: PgPool) {
-    let env = RelayEnv::start(pool, dev(lossy())).await;
-    let relay = env.relay_with(config());
-    let id = enqueue(&env.pool, 1, 0).await[0];
-    publish(&relay, 1).await;
+    let (env, relay, id) = one_lost_event(pool).await;
     age(&env.pool, id, 66.0).await;
     let r = relay.account(PASS).await.unwrap();
     assert_eq!(r.republished, 1, "{r:?}");

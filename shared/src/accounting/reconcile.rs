@@ -331,14 +331,16 @@ async fn expire_republishes(
         .bind(reason)
         .bind(EXPIRED_PER_PASS);
     let dead: Vec<i64> = rec.db.run(async |c| q.fetch_all(c).await).await?;
-    report.unaccounted_dead += dead.len() as u64;
-    for id in &dead {
-        tracing::error!(
-            outbox_id = id,
-            "reconciler: event not published again in time: dead letter recorded"
-        );
-    }
+    note_dead(report, &dead, "event not published again in time");
     Ok(())
+}
+
+/// Counts events the reconciler dead-lettered (`unaccounted_dead`) and logs each as an error.
+fn note_dead(report: &mut AccountingReport, dead: &[i64], what: &str) {
+    report.unaccounted_dead += dead.len() as u64;
+    for id in dead {
+        tracing::error!(outbox_id = id, "reconciler: {what}: dead letter recorded");
+    }
 }
 
 /// A failed lookup ends the pass: counted, and (but for a 429, which is expected under load) reported.
@@ -520,13 +522,7 @@ async fn unknown_to_qstash(
             window.as_secs_f64() / 3600.0
         ));
     let dead: Vec<i64> = rec.db.run(async |c| q.fetch_all(c).await).await?;
-    report.unaccounted_dead += dead.len() as u64;
-    for id in &dead {
-        tracing::error!(
-            outbox_id = id,
-            "reconciler: event unaccounted for: dead letter recorded"
-        );
-    }
+    note_dead(report, &dead, "event unaccounted for");
     Ok(())
 }
 
