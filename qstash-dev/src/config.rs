@@ -75,6 +75,10 @@ pub struct Faults {
     /// in the DLQ, unknown to `GET /v2/messages/{id}` (the publisher got its message id; nothing else happens).
     /// What an at-least-once service may do after a crash; the outbox's reconciler must notice it.
     pub message_loss_rate: f64,
+    /// `GET /v2/dlq` answers as if no `messageId` / `messageIds` filter had been given (every other filter still
+    /// applies): what a client relying on a filter the server does not know (renamed, or never supported) gets —
+    /// every entry of the account, other publishers' included. Not a rate: the whole DLQ API misbehaves.
+    pub dlq_message_filter_ignored: bool,
 }
 
 impl Faults {

@@ -762,6 +762,51 @@ async fn fault_dropped_response_still_delivers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_dlq_message_filter_ignored_answers_every_entry() {
+    let sink = Sink::with(|_, _| Reply::status(500)).await;
+    let server = server(0.0001, |_| {}).await;
+    let api = Api::new(&server);
+    let mut ids = vec![];
+    for path in ["/a", "/b"] {
+        ids.push(
+            api.publish_ok(&sink.url(path), &[("Upstash-Retries", "0")], "x")
+                .await,
+        );
+    }
+    server.handle().wait_idle(WAIT).await.unwrap();
+    let ask = format!("/v2/dlq?messageId={}", ids[0]);
+    let (_, page) = api.call(Method::GET, &ask).await;
+    assert_eq!(page["messages"].as_array().unwrap().len(), 1, "{page}");
+    server
+        .handle()
+        .set_faults(Faults {
+            dlq_message_filter_ignored: true,
+            ..Default::default()
+        })
+        .unwrap();
+    let (_, page) = api.call(Method::GET, &ask).await;
+    let mut got: Vec<&str> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["messageId"].as_str().unwrap())
+        .collect();
+    got.sort_unstable();
+    let mut want: Vec<&str> = ids.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(got, want, "the filter is ignored: every entry comes back");
+    // Other filters still apply.
+    let (_, page) = api
+        .call(
+            Method::GET,
+            &format!("{ask}&url={}", urlencode(&sink.url("/b"))),
+        )
+        .await;
+    assert_eq!(page["messages"][0]["messageId"], ids[1]);
+    assert_eq!(page["messages"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_duplicate_delivery_and_response_delay() {
     let sink = Sink::start().await;
     let server = server(0.001, |_| {}).await;

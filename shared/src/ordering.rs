@@ -65,9 +65,9 @@ keys AS (
 /// ignores the limit (a `claim_outbox` SQL function written with a `LIMIT` parameter ran ~3.5× slower for that
 /// reason).
 ///
-/// The head row itself only gets its attempt, token and `locked_until` (no indexed column), so with the table's
-/// fill factor the update can stay on its page without touching any index (a HOT update); the key row carries
-/// the lease that matters. A head that is delayed pushes its key to the head's time. Keys without a visible head (a producer is still
+/// The head row itself only gets its attempt, token, `locked_until` and (once) `first_claimed_at` (no indexed
+/// column), so with the table's fill factor the update can stay on its page without touching any index (a HOT
+/// update); the key row carries the lease that matters. A head that is delayed pushes its key to the head's time. Keys without a visible head (a producer is still
 /// open, or the key went idle) are pushed back by a second so they cannot fill every claim; idle ones are
 /// deleted by [`release_idle_key`] and housekeeping.
 pub const CLAIM_HEADS_SQL: &str = concat!(
@@ -75,6 +75,7 @@ pub const CLAIM_HEADS_SQL: &str = concat!(
     r#"
 UPDATE {schema}.outbox o
 SET attempts = o.attempts + 1,
+    first_claimed_at = coalesce(o.first_claimed_at, now()),
     lease_token = k.lease_token,
     locked_until = now() + make_interval(secs => $1)
 FROM keys k
@@ -115,6 +116,7 @@ run AS (
 )
 UPDATE {schema}.outbox o
 SET attempts = o.attempts + 1,
+    first_claimed_at = coalesce(o.first_claimed_at, now()),
     lease_token = (SELECT t FROM tok),
     locked_until = now() + make_interval(secs => $1)
 FROM run

@@ -555,6 +555,70 @@ fn an_invocation_shorter_than_a_lease_plus_the_margin_is_refused() {
     );
 }
 
+/// A reconciler that could act after the consumer's dedupe rows are gone is refused at start, naming the settings,
+/// their values and what to change: its horizon (plus an hour) must stay inside `PROCESSED_TTL_HOURS`, and while it
+/// may publish events again, the horizon plus a republished message's own delivery (QStash's retries) too.
+#[test]
+fn a_reconciler_that_could_outlive_the_dedupe_rows_is_refused_at_start() {
+    let relay = |pairs: &[(&str, &str)]| {
+        let e = env(pairs);
+        RelayConfig::from_vars(&Vars::new(e.as_ref()), 5)
+    };
+    // The defaults fit: horizon ≈ 65.3 h, a republished message delivered within ≈ 32.2 h, dedupe rows 168 h.
+    relay(&[]).unwrap();
+    // Dedupe rows kept 48 h: the horizon alone reaches past them.
+    let err = relay(&[("PROCESSED_TTL_HOURS", "48")])
+        .unwrap_err()
+        .to_string();
+    for part in [
+        "RELAY_RECONCILE_AFTER_SECS",
+        "PROCESSED_TTL_HOURS",
+        "48 h",
+        "65.3 h",
+        "at least 67 h",
+    ] {
+        assert!(err.contains(part), "{part:?} missing from: {err}");
+    }
+    // 90 h: the horizon fits, but a republished event could still be delivered 98.5 h after its first claim.
+    let err = relay(&[("PROCESSED_TTL_HOURS", "90")])
+        .unwrap_err()
+        .to_string();
+    for part in [
+        "RELAY_RECONCILE_MAX_REPUBLISH",
+        "QSTASH_RETRIES",
+        "90 h",
+        "32.2 h",
+        "at least 99 h",
+        "RELAY_RECONCILE_MAX_REPUBLISH=0",
+    ] {
+        assert!(err.contains(part), "{part:?} missing from: {err}");
+    }
+    // Without republishing that is fine; without the reconciler, so is 48 h.
+    relay(&[
+        ("PROCESSED_TTL_HOURS", "90"),
+        ("RELAY_RECONCILE_MAX_REPUBLISH", "0"),
+    ])
+    .unwrap();
+    relay(&[
+        ("PROCESSED_TTL_HOURS", "48"),
+        ("RELAY_RECONCILE_MAX_LOOKUPS", "0"),
+    ])
+    .unwrap();
+    // A shorter horizon, or dedupe rows kept longer, fit too.
+    relay(&[
+        ("PROCESSED_TTL_HOURS", "90"),
+        ("RELAY_RECONCILE_AFTER_SECS", "36000"),
+    ])
+    .unwrap();
+    relay(&[("PROCESSED_TTL_HOURS", "99")]).unwrap();
+    // More QStash retries lengthen both the horizon and a message's delivery: 6 retries need 172 h.
+    let e = env(&[]);
+    let err = RelayConfig::from_vars(&Vars::new(e.as_ref()), 6)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("at least 172 h"), "{err}");
+}
+
 #[test]
 fn the_outage_probe_settings_are_bounded() {
     let relay = |pairs: &[(&str, &str)]| {

@@ -17,6 +17,7 @@ mod ordering_keys;
 mod partitions;
 mod pool;
 mod producer;
+mod reconciler;
 mod relay;
 mod relay_batches;
 mod relay_handler;

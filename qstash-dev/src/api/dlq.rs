@@ -116,10 +116,13 @@ pub(super) async fn list_dlq(State(s): S, req: Request) -> Response {
         Ok(f) => f,
         Err(e) => return e.into_response(),
     };
-    let q = match DlqQuery::new(&filters, true) {
+    let mut q = match DlqQuery::new(&filters, true) {
         Ok(q) => q,
         Err(e) => return e.into_response(),
     };
+    if s.faults().dlq_message_filter_ignored {
+        q.filter.ignore_message_ids();
+    }
     let mut core = s.core();
     core.purge_dlq();
     let (keys, cursor) = q.select(&core.dlq);

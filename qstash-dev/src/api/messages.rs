@@ -127,6 +127,11 @@ impl MessageFilter {
         })
     }
 
+    /// Drops the message-id filter (the `dlq_message_filter_ignored` fault).
+    pub(super) fn ignore_message_ids(&mut self) {
+        self.message_ids.clear();
+    }
+
     pub(super) fn matches(&self, d: &MsgData, time_ms: u64) -> bool {
         let any = |want: &Vec<String>, have: Option<&str>| {
             want.is_empty() || have.is_some_and(|h| want.iter().any(|w| w == h))

@@ -15,9 +15,21 @@
 //!
 //! | QStash says | the reconciler |
 //! |---|---|
-//! | the message is in the DLQ (`GET /v2/dlq?messageId=…`) | records it exactly as the failure callback would have ([`crate::callbacks`], same natural id `dlqId`: a late callback is a duplicate, not a second dead letter) |
+//! | the message is in the DLQ (`GET /v2/dlq?messageId=…`; an entry about any message it did not ask about is logged and counted, `unasked_dlq_entries`, never recorded) | records it exactly as the failure callback would have ([`crate::callbacks`], same natural id `dlqId`: a late callback is a duplicate, not a second dead letter) |
 //! | the message is still held (`GET /v2/messages/{id}` = 200: waiting, retrying) | leaves it; asks again after a quarter of the horizon |
-//! | neither (expired, purged, lost, never accepted) | unordered: publishes it again with a fresh deduplication id (`republish_count`; the consumer dedupes), up to `RELAY_RECONCILE_MAX_REPUBLISH` times and only while its dedupe row would still exist (`PROCESSED_TTL_HOURS`), else a dead letter "unaccounted"; ordered: left to the head's evidence timeout, which republishes it |
+//! | neither (expired, purged, lost, never accepted) | unordered, still in flight under that message: publishes it again with a fresh deduplication id (`republish_count`; the consumer dedupes), up to `RELAY_RECONCILE_MAX_REPUBLISH` times and only within [`crate::config::AccountingConfig::republish_window`] of its first claim, else a dead letter "unaccounted"; ordered: left to the head's evidence timeout, which republishes it |
+//!
+//! The reconciler never causes a second application, and never leaves an event without a state:
+//!
+//! | rule | why |
+//! |---|---|
+//! | an event is published again only until `first claim + PROCESSED_TTL_HOURS − delivery window − 1 h` | a dedupe row of any earlier application (at the first claim at the earliest: a publish answered with an error, or never recorded, may have been accepted) must outlive every delivery of the new message; measured from the latest dispatch, which every republish resets, the third republish with the defaults landed ≈ 195 h after a possible first application, past the 168 h rows |
+//! | the first claim (`first_claimed_at`) is kept by republishes and redrives; a row re-inserted by a redrive has `-infinity` | a redrive makes no earlier application's dedupe row younger; a re-inserted row's first claim is unknown, so it is never published again on the reconciler's own |
+//! | a republished row not published by its deadline (`republish_by`) becomes a dead letter | published later (QStash down meanwhile), its delivery could outlive the dedupe row |
+//! | settings that could outlive the dedupe rows are refused at start ([`crate::config::AccountingConfig::check_dedupe_lifetime`]) | no republish, and no DLQ entry checked against dedupe rows, may happen after the rows are gone |
+//! | its dead letter is written first, and only events whose dead letter was written are marked dead; natural ids name the lost message (`<id>/unaccounted/<message id>`, `<id>/republish-expired/<republish count>`) | an event never ends dead without an open dead letter (a count-based id collided with the redriven dead letter of an earlier loss) |
+//! | only rows still in flight under the message asked about are republished or marked | another reconciler may have republished the row meanwhile |
+//! | answers are read up to [`crate::qstash::MAX_ANSWER_BYTES`]; a DLQ page over it is asked again about half the messages | whatever answers at `QSTASH_URL` cannot exhaust the relay's memory, and a large page cannot stall the reconciler |
 //!
 //! Everything it does is counted: per invocation in the relay's summary and EMF line, summed in `outbox_accounting`
 //! for `outbox status`.
@@ -45,11 +57,14 @@ pub struct AccountingReport {
     pub recorded_from_dlq: u64,
     /// Of the DLQ entries found, those already recorded (the callback had come after all).
     pub already_recorded: u64,
+    /// DLQ entries QStash answered about messages the reconciler did not ask about: logged, never recorded.
+    pub unasked_dlq_entries: u64,
     /// Events unknown to QStash, published again.
     pub republished: u64,
     /// Messages QStash still holds (waiting or retrying).
     pub still_retrying: u64,
-    /// Events dead-lettered because nothing could account for them.
+    /// Events dead-lettered because nothing could account for them (and events put back to be published again
+    /// that no relay published before their deadline).
     pub unaccounted_dead: u64,
     /// Ordered events unknown to QStash, left to their key's evidence timeout.
     pub left_to_evidence_timeout: u64,

@@ -25,8 +25,8 @@ pub struct Reconciler<'a> {
     pub client: &'a QstashClient,
     /// The accounting settings.
     pub cfg: &'a AccountingConfig,
-    /// `PROCESSED_TTL_HOURS`: an event is republished only while its dedupe row, had it been applied, would still
-    /// exist.
+    /// `PROCESSED_TTL_HOURS`: an event is republished only while a dedupe row of an earlier application would
+    /// outlive the new message's delivery ([`AccountingConfig::republish_window`]).
     pub processed_ttl: Duration,
     /// The dead-head policy of an ordered topic (for dead letters recorded from the DLQ).
     pub policy: &'a (dyn Fn(&str) -> DeadHeadPolicy + Sync),
@@ -46,9 +46,6 @@ pub enum ReconcileError {
     Lookup(#[from] ManageError),
 }
 
-/// Margin kept between a republish and the end of the dedupe row's life (`PROCESSED_TTL_HOURS`).
-const TTL_MARGIN: Duration = Duration::from_secs(3600);
-
 /// In-flight events past the horizon not looked at recently, oldest first: `$1` horizon secs, `$2` recheck secs.
 const CANDIDATES_SQL: &str = r#"
 SELECT id, seq, qstash_message_id
@@ -60,39 +57,88 @@ ORDER BY dispatched_at, id
 LIMIT $3
 "#;
 
-/// Unordered events of a message QStash does not know, published again with a fresh deduplication id: `$1` ids,
-/// `$2` the message id they were accepted under, `$3` the reason, `$4` the republish limit, `$5` the dedupe TTL
-/// minus a margin (secs).
+/// Unordered events of a message QStash does not know, still in flight under that message, published again with a
+/// fresh deduplication id: `$1` ids, `$2` the message id they were asked about, `$3` the reason, `$4` the republish
+/// limit, `$5` the republish window (secs, [`AccountingConfig::republish_window`]) measured from the event's first
+/// claim (its creation when no claim was recorded; never for a re-inserted event, `-infinity`), which is also the
+/// deadline by which a relay must have published it (`republish_by`).
 const REPUBLISH_SQL: &str = r#"
 UPDATE {schema}.outbox
 SET dispatched_at = NULL, available_at = now(), lease_token = NULL, locked_until = NULL, qstash_message_id = NULL,
-    republish_count = republish_count + 1, reconciled_at = now(), last_error = left($3, 2000)
-WHERE id = ANY ($1::bigint[]) AND seq IS NULL AND delivered_at IS NULL AND dead_lettered_at IS NULL
+    republish_count = republish_count + 1, reconciled_at = now(), last_error = left($3, 2000),
+    republish_by = coalesce(first_claimed_at, created_at) + make_interval(secs => $5)
+WHERE id = ANY ($1::bigint[]) AND seq IS NULL AND dispatched_at IS NOT NULL
+  AND delivered_at IS NULL AND dead_lettered_at IS NULL
   AND qstash_message_id IS NOT DISTINCT FROM $2
-  AND republish_count < $4 AND dispatched_at > now() - make_interval(secs => $5)
+  AND republish_count < $4
+  AND coalesce(first_claimed_at, created_at) > now() - make_interval(secs => $5)
 RETURNING id
 "#;
 
-/// The unordered events of such a message that may not be republished: a dead letter each (source `relay`,
-/// natural id `<id>/unaccounted/<republish count>`), in the statement that marks them dead.
+/// The unordered events of such a message that may not be published again, still in flight under it: a dead letter
+/// each (source `relay`, natural id `<id>/unaccounted/<message id>`, one per message an event was lost under), and
+/// only the events whose dead letter was written are marked dead, in the same statement: an event never ends dead
+/// without an open dead letter. `$1` ids, `$2` the message id, `$3` the reason.
 const UNACCOUNTED_SQL: &str = r#"
-WITH dead AS (
-    UPDATE {schema}.outbox
-    SET dead_lettered_at = now(), locked_until = NULL, last_error = left($3, 2000)
-    WHERE id = ANY ($1::bigint[]) AND seq IS NULL AND delivered_at IS NULL AND dead_lettered_at IS NULL
+WITH c AS (
+    SELECT id, topic, partition_key, subscriber, seq, payload, headers, attempts, qstash_message_id, dispatched_at
+    FROM {schema}.outbox
+    WHERE id = ANY ($1::bigint[]) AND seq IS NULL AND dispatched_at IS NOT NULL
+      AND delivered_at IS NULL AND dead_lettered_at IS NULL
       AND qstash_message_id IS NOT DISTINCT FROM $2
-    RETURNING id, topic, partition_key, subscriber, seq, payload, headers, attempts, republish_count,
-              qstash_message_id
+    FOR UPDATE
+), dl AS (
+    INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, subscriber, seq, payload,
+                                       headers, error, attempts, qstash_message_id)
+    SELECT 'relay',
+           c.id || '/unaccounted/' || coalesce(c.qstash_message_id,
+                                               'dispatched-' || (extract(epoch FROM c.dispatched_at) * 1e6)::bigint),
+           c.id, c.topic, c.partition_key, c.subscriber, c.seq, c.payload, c.headers, $3, c.attempts,
+           c.qstash_message_id
+    FROM c
+    ON CONFLICT (source, natural_id) DO NOTHING
+    RETURNING outbox_id
 )
-INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, subscriber, seq, payload,
-                                   headers, error, attempts, qstash_message_id)
-SELECT 'relay', d.id || '/unaccounted/' || d.republish_count, d.id, d.topic, d.partition_key, d.subscriber, d.seq,
-       d.payload,
-       d.headers, $3, d.attempts, d.qstash_message_id
-FROM dead d
-ON CONFLICT (source, natural_id) DO NOTHING
-RETURNING outbox_id
+UPDATE {schema}.outbox o
+SET dead_lettered_at = now(), locked_until = NULL, republish_by = NULL, last_error = left($3, 2000)
+FROM dl
+WHERE o.id = dl.outbox_id
+RETURNING o.id
 "#;
+
+/// Events put back to be published again whose deadline passed before a relay published them (QStash was down,
+/// say): published now, a delivery could outlive the dedupe row of an earlier application. A dead letter each
+/// (natural id `<id>/republish-expired/<republish count>`), written before the event is marked dead, as above;
+/// rows a relay holds under a live lease are left to it. `$1` the reason, `$2` the most rows.
+const EXPIRED_SQL: &str = r#"
+WITH c AS (
+    SELECT id, topic, partition_key, subscriber, seq, payload, headers, attempts, republish_count
+    FROM {schema}.outbox
+    WHERE republish_by IS NOT NULL AND republish_by < now()
+      AND dispatched_at IS NULL AND delivered_at IS NULL AND dead_lettered_at IS NULL
+      AND (locked_until IS NULL OR locked_until < now())
+    ORDER BY republish_by
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), dl AS (
+    INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, subscriber, seq, payload,
+                                       headers, error, attempts)
+    SELECT 'relay', c.id || '/republish-expired/' || c.republish_count, c.id, c.topic, c.partition_key,
+           c.subscriber, c.seq, c.payload, c.headers, $1, c.attempts
+    FROM c
+    ON CONFLICT (source, natural_id) DO NOTHING
+    RETURNING outbox_id
+)
+UPDATE {schema}.outbox o
+SET dead_lettered_at = now(), republish_by = NULL, lease_token = NULL, locked_until = NULL,
+    last_error = left($1, 2000)
+FROM dl
+WHERE o.id = dl.outbox_id
+RETURNING o.id
+"#;
+
+/// Expired republishes dead-lettered per pass, at most (the next pass goes on).
+const EXPIRED_PER_PASS: i64 = 1000;
 
 /// Notes that QStash was asked about these events (they are asked again after a quarter of the horizon).
 const CHECKED_SQL: &str = "UPDATE {schema}.outbox SET reconciled_at = now() \
@@ -105,12 +151,15 @@ struct Pending {
     ordered: Vec<i64>,
 }
 
-/// Looks up events in flight past the horizon (see the module docs), adding what it did to `report`.
+/// Looks up events in flight past the horizon (see the module docs), adding what it did to `report`. First,
+/// whatever the lookup budget, events put back to be published again whose deadline passed unpublished become dead
+/// letters ([`EXPIRED_SQL`]).
 pub async fn reconcile(
     rec: &Reconciler<'_>,
     budget: Duration,
     report: &mut AccountingReport,
 ) -> Result<(), ReconcileError> {
+    expire_republishes(rec, report).await?;
     if rec.cfg.max_lookups == 0 {
         return Ok(());
     }
@@ -119,72 +168,179 @@ pub async fn reconcile(
     if messages.is_empty() {
         return Ok(());
     }
-    let mut pace = Pace::new(rec.cfg.lookup_interval);
-    let mut in_dlq: HashSet<String> = HashSet::new();
-    // Message ids whose DLQ lookup completed (the budget may end the first step early).
-    let mut looked_up: HashSet<&String> = HashSet::new();
+    let mut lookups = Lookups {
+        rec,
+        report,
+        pace: Pace::new(rec.cfg.lookup_interval),
+        started,
+        budget,
+    };
     // 1. The DLQ, up to 100 message ids per request.
-    let known: Vec<&String> = messages
+    let known: Vec<String> = messages
         .iter()
-        .filter_map(|m| m.message_id.as_ref())
+        .filter_map(|m| m.message_id.clone())
         .collect();
-    for chunk in known.chunks(DLQ_IDS_PER_REQUEST) {
-        let ids: Vec<String> = chunk.iter().map(|s| (*s).clone()).collect();
-        let mut cursor: Option<String> = None;
-        loop {
-            if report.lookups >= u64::from(rec.cfg.max_lookups) || started.elapsed() >= budget {
-                return Ok(());
-            }
-            pace.wait().await;
-            report.lookups += 1;
-            let page = match rec.client.dlq_page(&ids, cursor.as_deref()).await {
-                Ok(p) => p,
-                Err(e) => return stop(report, e),
-            };
-            for entry in &page.messages {
-                if let Some(id) = entry.get("messageId").and_then(Value::as_str) {
-                    in_dlq.insert(id.to_owned());
-                }
-                record_entry(rec, entry, report).await?;
-            }
-            match page.cursor {
-                Some(c) => cursor = Some(c),
-                None => break,
-            }
-        }
-        looked_up.extend(chunk.iter().copied());
-    }
+    let Some(dlq) = lookups.dlq(&known).await? else {
+        return Ok(());
+    };
     // 2. Every message not in the DLQ (and the events with no message id): does QStash still hold it?
     for m in &messages {
-        if m.message_id.as_ref().is_some_and(|id| in_dlq.contains(id)) {
+        if m.message_id
+            .as_ref()
+            .is_some_and(|id| dlq.found.contains(id))
+        {
             continue;
         }
         let held = match &m.message_id {
             None => false,
             Some(id) => {
-                if !looked_up.contains(id) {
+                if !dlq.looked_up.contains(id) {
                     continue;
                 }
-                if report.lookups >= u64::from(rec.cfg.max_lookups) || started.elapsed() >= budget {
+                if !lookups.may_ask() {
                     return Ok(());
                 }
-                pace.wait().await;
-                report.lookups += 1;
+                lookups.pace.wait().await;
+                lookups.report.lookups += 1;
                 match rec.client.message(id).await {
                     Ok(found) => found.is_some(),
-                    Err(e) => return stop(report, e),
+                    Err(e) => return stop(lookups.report, e),
                 }
             }
         };
         if held {
-            report.still_retrying += 1;
+            lookups.report.still_retrying += 1;
             let all: Vec<i64> = m.unordered.iter().chain(&m.ordered).copied().collect();
             execute_ids(rec, CHECKED_SQL, &all).await?;
         } else {
-            unknown_to_qstash(rec, m, report).await?;
+            unknown_to_qstash(rec, m, lookups.report).await?;
         }
     }
     Ok(())
+}
+
+/// What the DLQ step learnt.
+struct DlqAnswers {
+    /// Message ids whose DLQ lookup completed (the budget may end the step early; an id whose entry is too large
+    /// to read is left out).
+    looked_up: HashSet<String>,
+    /// Of them, those QStash has in its DLQ.
+    found: HashSet<String>,
+}
+
+/// The management API requests of one pass, within its budgets.
+struct Lookups<'r, 'a> {
+    rec: &'r Reconciler<'a>,
+    report: &'r mut AccountingReport,
+    pace: Pace,
+    started: Instant,
+    budget: Duration,
+}
+
+impl Lookups<'_, '_> {
+    /// Whether another request fits the lookup and time budgets.
+    fn may_ask(&self) -> bool {
+        self.report.lookups < u64::from(self.rec.cfg.max_lookups)
+            && self.started.elapsed() < self.budget
+    }
+
+    /// Asks QStash's DLQ about `ids` ([`DLQ_IDS_PER_REQUEST`] at a time, cursor-paged) and records each entry
+    /// about a message asked about exactly as its failure callback would have been recorded; an entry about any
+    /// other message is logged and counted, never recorded (QStash's answer is not trusted to be about the
+    /// question). An answer too large to read is asked again about half the messages, down to one (whose entry
+    /// is then skipped for this pass). `None`: a budget ran out (the pass ends); a failed request ends it too.
+    async fn dlq(&mut self, ids: &[String]) -> Result<Option<DlqAnswers>, ReconcileError> {
+        let mut answers = DlqAnswers {
+            looked_up: HashSet::new(),
+            found: HashSet::new(),
+        };
+        let mut chunks: Vec<&[String]> = ids.chunks(DLQ_IDS_PER_REQUEST).rev().collect();
+        'chunks: while let Some(chunk) = chunks.pop() {
+            let asked: HashSet<&str> = chunk.iter().map(String::as_str).collect();
+            let mut cursor: Option<String> = None;
+            loop {
+                if !self.may_ask() {
+                    return Ok(None);
+                }
+                self.pace.wait().await;
+                self.report.lookups += 1;
+                let page = match self.rec.client.dlq_page(chunk, cursor.as_deref()).await {
+                    Ok(p) => p,
+                    Err(ManageError::TooLarge { limit, .. }) => {
+                        self.report.lookup_failures += 1;
+                        if chunk.len() > 1 {
+                            let (a, b) = chunk.split_at(chunk.len() / 2);
+                            chunks.push(b);
+                            chunks.push(a);
+                        } else {
+                            tracing::error!(message_id = %chunk[0], limit,
+                                "reconciler: QStash's DLQ answer about this one message is too large to read; \
+                                 it stays in flight (unaccounted) until it can be read");
+                        }
+                        continue 'chunks;
+                    }
+                    Err(e) => {
+                        stop(self.report, e)?;
+                        return Ok(None);
+                    }
+                };
+                for entry in &page.messages {
+                    let id = entry.get("messageId").and_then(Value::as_str);
+                    match id.filter(|id| asked.contains(id)) {
+                        Some(id) => {
+                            answers.found.insert(id.to_owned());
+                            record_entry(self.rec, entry, self.report).await?;
+                        }
+                        None => {
+                            self.report.unasked_dlq_entries += 1;
+                            let dlq_id = entry.get("dlqId").and_then(Value::as_str);
+                            tracing::warn!(
+                                message_id = id.unwrap_or("(none)"),
+                                dlq_id = dlq_id.unwrap_or("(none)"),
+                                "reconciler: QStash's DLQ answered about a message it was not asked about; \
+                                 not recorded"
+                            );
+                        }
+                    }
+                }
+                match page.cursor {
+                    Some(c) => cursor = Some(c),
+                    None => break,
+                }
+            }
+            answers.looked_up.extend(chunk.iter().cloned());
+        }
+        Ok(Some(answers))
+    }
+}
+
+/// Dead-letters the events put back to be published again that no relay published before their deadline.
+async fn expire_republishes(
+    rec: &Reconciler<'_>,
+    report: &mut AccountingReport,
+) -> Result<(), ReconcileError> {
+    let reason = format!(
+        "reconciler: published again because QStash had lost it, but no relay published it within {:.1} h of its \
+         first claim; published later, a delivery could outlive the consumer's dedupe row of an earlier \
+         application (PROCESSED_TTL_HOURS): not published",
+        rec.cfg.republish_window(rec.processed_ttl).as_secs_f64() / 3600.0
+    );
+    let q = rec
+        .db
+        .query_scalar(crate::schema::q(EXPIRED_SQL))
+        .bind(reason)
+        .bind(EXPIRED_PER_PASS);
+    let dead: Vec<i64> = rec.db.run(async |c| q.fetch_all(c).await).await?;
+    note_dead(report, &dead, "event not published again in time");
+    Ok(())
+}
+
+/// Counts events the reconciler dead-lettered (`unaccounted_dead`) and logs each as an error.
+fn note_dead(report: &mut AccountingReport, dead: &[i64], what: &str) {
+    report.unaccounted_dead += dead.len() as u64;
+    for id in dead {
+        tracing::error!(outbox_id = id, "reconciler: {what}: dead letter recorded");
+    }
 }
 
 /// A failed lookup ends the pass: counted, and (but for a 429, which is expected under load) reported.
@@ -332,7 +488,7 @@ async fn unknown_to_qstash(
          within {:.0} s of its acceptance",
         rec.cfg.horizon.as_secs_f64()
     );
-    let ttl = rec.processed_ttl.saturating_sub(TTL_MARGIN);
+    let window = rec.cfg.republish_window(rec.processed_ttl);
     let q = rec
         .db
         .query_scalar(crate::schema::q(REPUBLISH_SQL))
@@ -340,7 +496,7 @@ async fn unknown_to_qstash(
         .bind(m.message_id.as_deref())
         .bind(format!("{reason}: published again"))
         .bind(rec.cfg.max_republish as i32)
-        .bind(ttl.as_secs_f64());
+        .bind(window.as_secs_f64());
     let republished: Vec<i64> = rec.db.run(async |c| q.fetch_all(c).await).await?;
     report.republished += republished.len() as u64;
     let rest: Vec<i64> = m
@@ -358,18 +514,15 @@ async fn unknown_to_qstash(
         .bind(&rest)
         .bind(m.message_id.as_deref())
         .bind(format!(
-            "{reason}; not published again: republished {} time(s) already (RELAY_RECONCILE_MAX_REPUBLISH) or \
-             too old for the consumer's dedupe row to prove it was not applied (PROCESSED_TTL_HOURS)",
-            rec.cfg.max_republish
+            "{reason}; not published again: republished {} time(s) already (RELAY_RECONCILE_MAX_REPUBLISH), or \
+             first claimed more than {:.1} h ago, so a new delivery could outlive the consumer's dedupe row of an \
+             earlier application (PROCESSED_TTL_HOURS minus QStash's delivery window and a margin; an event \
+             re-inserted by a redrive is never published again by the reconciler)",
+            rec.cfg.max_republish,
+            window.as_secs_f64() / 3600.0
         ));
     let dead: Vec<i64> = rec.db.run(async |c| q.fetch_all(c).await).await?;
-    report.unaccounted_dead += dead.len() as u64;
-    for id in &dead {
-        tracing::error!(
-            outbox_id = id,
-            "reconciler: event unaccounted for: dead letter recorded"
-        );
-    }
+    note_dead(report, &dead, "event unaccounted for");
     Ok(())
 }
 

@@ -98,6 +98,13 @@ pub enum ConfigError {
         /// `RELAY_DEADLINE_MARGIN_MS`.
         margin_ms: u64,
     },
+    /// The reconciler's settings let it act on an event after the consumer's dedupe rows may be gone
+    /// ([`crate::config::AccountingConfig::check_dedupe_lifetime`]).
+    #[error("the reconciler's settings could outlive the consumer's dedupe rows: {reason}")]
+    ReconcilerOutlivesDedupe {
+        /// Which settings, their values, and what to change.
+        reason: String,
+    },
     /// A secret field holds one of the QStash dev server's public values (`crate::secrets::refuse_dev_values`).
     #[error(
         "{field} in secret {origin} is the QStash dev server's public value ({risk}): set the one from the \

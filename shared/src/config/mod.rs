@@ -25,9 +25,9 @@ pub use consumer::{
 };
 pub use env::{ConfigError, EnvSource, ProcessEnv, Vars};
 pub use relay::{
-    AccountingConfig, DEFAULT_DELIVERY_BATCH, DeclaredSubscriber, DeliveryBatching, EvidenceMode,
-    MAX_DELIVERY_BATCH, OutcomeSource, QstashConfig, RelayConfig, qstash_retry_horizon,
-    reconcile_horizon,
+    AccountingConfig, DEDUPE_MARGIN, DEFAULT_DELIVERY_BATCH, DeclaredSubscriber, DeliveryBatching,
+    EvidenceMode, MAX_DELIVERY_BATCH, OutcomeSource, QstashConfig, RelayConfig, delivery_window,
+    qstash_retry_horizon, reconcile_horizon,
 };
 
 /// What happens to the later events of an ordered key whose head is dead.

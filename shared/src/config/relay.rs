@@ -215,6 +215,11 @@ pub struct AccountingConfig {
     /// `RELAY_RECONCILE_MAX_REPUBLISH` (default 3): how often an event unknown to QStash is published again before
     /// it becomes a dead letter instead.
     pub max_republish: u32,
+    /// How long QStash may go on delivering one message ([`delivery_window`] for `QSTASH_RETRIES` and
+    /// `QSTASH_DELIVERY_TIMEOUT_SECS`; derived, not a variable): an event is published again only if this much
+    /// time, plus [`DEDUPE_MARGIN`], is left before a dedupe row written at its first claim expires
+    /// ([`AccountingConfig::republish_window`]).
+    pub delivery_window: Duration,
 }
 
 impl Default for AccountingConfig {
@@ -227,8 +232,22 @@ impl Default for AccountingConfig {
             max_lookups: 50,
             lookup_interval: Duration::from_millis(200),
             max_republish: 3,
+            delivery_window: delivery_window(5, None),
         }
     }
+}
+
+/// Time kept free between anything the reconciler relies on and the end of a dedupe row's life
+/// (`PROCESSED_TTL_HOURS`): the relay's publish after a claim, the pass's own duration, clocks.
+pub const DEDUPE_MARGIN: Duration = Duration::from_secs(3600);
+
+/// How long QStash may go on delivering one message after accepting it: its retries
+/// (`Σ_{n=1..R} min(86400, e^(2.5·n)) s`, [`qstash_retry_horizon`]) and every attempt up to its timeout
+/// (`(R + 1) · T`), with R = `QSTASH_RETRIES` and T = `QSTASH_DELIVERY_TIMEOUT_SECS` (QStash's longest HTTP
+/// timeout, 15 min, when unset). For R = 5: 110,395 + 5,400 s ≈ 32.2 h.
+pub fn delivery_window(retries: u32, delivery_timeout: Option<Duration>) -> Duration {
+    let attempt = delivery_timeout.unwrap_or(Duration::from_secs(15 * 60));
+    qstash_retry_horizon(retries) + attempt * (retries + 1)
 }
 
 /// The longest QStash may legitimately take to report an event's fate, and so when the reconciler may ask
@@ -240,8 +259,7 @@ impl Default for AccountingConfig {
 /// with R = `QSTASH_RETRIES` and T = `QSTASH_DELIVERY_TIMEOUT_SECS` (QStash's longest HTTP timeout, 15 min, when
 /// unset). For R = 5 and T unset: 2 · 110,395 + 12 · 900 + 3600 = 235,190 s ≈ 65.3 h.
 pub fn reconcile_horizon(retries: u32, delivery_timeout: Option<Duration>) -> Duration {
-    let attempt = delivery_timeout.unwrap_or(Duration::from_secs(15 * 60));
-    qstash_retry_horizon(retries) * 2 + attempt * (2 * (retries + 1)) + Duration::from_secs(3600)
+    delivery_window(retries, delivery_timeout) * 2 + Duration::from_secs(3600)
 }
 
 impl AccountingConfig {
@@ -291,7 +309,81 @@ impl AccountingConfig {
                 Duration::from_millis(200),
             )?,
             max_republish: v.ranged_or("RELAY_RECONCILE_MAX_REPUBLISH", 3, 0, 100)?,
+            delivery_window: delivery_window(retries, delivery_timeout),
         })
+    }
+
+    /// How long after an event's first claim the reconciler may still publish it again:
+    /// `PROCESSED_TTL_HOURS − delivery window − margin`. A dedupe row written by an application of any earlier
+    /// message of the event (at the first claim at the earliest) then outlives every delivery of the new one, so
+    /// the consumer absorbs it. Zero when nothing fits.
+    pub fn republish_window(&self, processed_ttl: Duration) -> Duration {
+        processed_ttl
+            .saturating_sub(self.delivery_window)
+            .saturating_sub(DEDUPE_MARGIN)
+    }
+
+    /// Refuses settings under which the reconciler would act on an event after the consumer's dedupe row of a
+    /// first application may be gone (`processed_ttl` = `PROCESSED_TTL_HOURS`, `retries` = `QSTASH_RETRIES`, for
+    /// the error): a horizon (plus [`DEDUPE_MARGIN`]) reaching the rows' end, or, while it may publish events
+    /// again, a horizon plus a message's [`delivery_window`] doing so (no republish could ever be safe). With the
+    /// reconciler off (`RELAY_RECONCILE_MAX_LOOKUPS=0`) nothing is checked.
+    pub fn check_dedupe_lifetime(
+        &self,
+        processed_ttl: Duration,
+        retries: u32,
+    ) -> Result<(), ConfigError> {
+        if self.max_lookups == 0 {
+            return Ok(());
+        }
+        let ttl = hours(processed_ttl);
+        let need = |d: Duration| (d.as_secs_f64() / 3600.0).floor() as u64 + 1;
+        let looked_up = self.horizon + DEDUPE_MARGIN;
+        if looked_up >= processed_ttl {
+            return Err(ConfigError::ReconcilerOutlivesDedupe {
+                reason: format!(
+                    "it looks events up RELAY_RECONCILE_AFTER_SECS = {} after their dispatch, plus a margin of 1 h, \
+                     which is not within PROCESSED_TTL_HOURS = {ttl}, how long the consumer's dedupe rows are kept: \
+                     what it records then (a failure QStash reported for an event that was in fact applied) could \
+                     no longer be told from a real one. Set PROCESSED_TTL_HOURS to at least {} h, lower \
+                     RELAY_RECONCILE_AFTER_SECS (or QSTASH_RETRIES, which sets its default), or turn the reconciler \
+                     off with RELAY_RECONCILE_MAX_LOOKUPS=0",
+                    hours(self.horizon),
+                    need(looked_up)
+                ),
+            });
+        }
+        let republished = looked_up + self.delivery_window;
+        if self.max_republish > 0 && republished >= processed_ttl {
+            return Err(ConfigError::ReconcilerOutlivesDedupe {
+                reason: format!(
+                    "it may publish an event QStash lost again (RELAY_RECONCILE_MAX_REPUBLISH = {}) no earlier than \
+                     RELAY_RECONCILE_AFTER_SECS = {} after it was first published, and QStash may go on delivering \
+                     that message for {} (its retries for QSTASH_RETRIES = {retries}, each attempt up to \
+                     QSTASH_DELIVERY_TIMEOUT_SECS); with a margin of 1 h that is {}, not within \
+                     PROCESSED_TTL_HOURS = {ttl}, how long the dedupe row that makes a second delivery harmless is \
+                     kept: no event could ever be published again safely. Set PROCESSED_TTL_HOURS to at least {} h, \
+                     lower RELAY_RECONCILE_AFTER_SECS or QSTASH_RETRIES, or set RELAY_RECONCILE_MAX_REPUBLISH=0 \
+                     (events QStash lost then become dead letters at once)",
+                    self.max_republish,
+                    hours(self.horizon),
+                    hours(self.delivery_window),
+                    hours(republished),
+                    need(republished)
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `48 h`, `65.3 h`: a duration in hours for an error message.
+fn hours(d: Duration) -> String {
+    let h = d.as_secs_f64() / 3600.0;
+    if (h - h.round()).abs() < 0.05 {
+        format!("{:.0} h", h.round())
+    } else {
+        format!("{h:.1} h")
     }
 }
 
@@ -458,7 +550,7 @@ impl RelayConfig {
             Some(_) => Some(v.duration_or("QSTASH_DELIVERY_TIMEOUT_SECS", Duration::ZERO)?),
             None => None,
         };
-        Ok(RelayConfig {
+        let cfg = RelayConfig {
             accounting: AccountingConfig::from_vars(v, qstash_retries, delivery_timeout)?,
             ordered_evidence,
             batching: DeliveryBatching::from_vars(v)?,
@@ -489,7 +581,10 @@ impl RelayConfig {
             processed_ttl: hours("PROCESSED_TTL_HOURS", 168.0)?,
             housekeeping_batch: v.ranged_or("RELAY_HOUSEKEEPING_BATCH", 1000, 1, 100_000)?,
             listen_notify: v.bool_or("RELAY_LISTEN_NOTIFY", false)?,
-        })
+        };
+        cfg.accounting
+            .check_dedupe_lifetime(cfg.processed_ttl, qstash_retries)?;
+        Ok(cfg)
     }
 
     /// Where an unordered event's outcome comes from: `RELAY_UNORDERED_EVIDENCE`, else what

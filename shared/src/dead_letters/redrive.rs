@@ -169,7 +169,8 @@ impl RedriveError {
 /// * an ordered event its key has moved past (a "middle" event) is refused unless
 ///   [`RedriveOptions::out_of_order`], which republishes it as an unordered event (sequence dropped);
 /// * a pruned outbox row is re-inserted from the dead letter with the same id (unordered: a pruned ordered event
-///   is by definition behind its key, so it needs `out_of_order`);
+///   is by definition behind its key, so it needs `out_of_order`), its first claim unknown (`-infinity`): the
+///   reconciler never publishes it again on its own (an existing row keeps its first claim, [`crate::accounting`]);
 /// * the dead letter (and any other unhandled dead letter of the same event) gets `redriven_at`.
 pub async fn redrive(
     conn: &mut PgConnection,
@@ -435,8 +436,9 @@ async fn reinsert_pruned_event(
     ))
     .unwrap_or_else(|_| Value::Object(Default::default()));
     sqlx::query(
-        crate::schema::q("INSERT INTO {schema}.outbox (id, topic, partition_key, seq, payload, headers, redrive_count, last_error, subscriber) \
-         OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3, NULL, $4, $5, $6, $7, $8)"),
+        crate::schema::q("INSERT INTO {schema}.outbox (id, topic, partition_key, seq, payload, headers, redrive_count, last_error, subscriber, \
+                                    first_claimed_at) \
+         OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3, NULL, $4, $5, $6, $7, $8, '-infinity')"),
     )
     .bind(outbox_id)
     .bind(&topic)

@@ -8,6 +8,11 @@
 //!
 //! QStash rate-limits the management API per second (a 429 with `Burst-RateLimit-*` headers): the caller paces its
 //! requests and stops for the invocation at the first 429 ([`ManageError::RateLimited`]).
+//!
+//! An answer is read up to a bound ([`MAX_ANSWER_BYTES`], [`QstashClient::with_answer_limit`]) and refused beyond
+//! it ([`ManageError::TooLarge`]; a `Content-Length` over the bound is refused before a byte is read): a DLQ page
+//! carries the messages' bodies, and whatever answers at `QSTASH_URL` must not be able to exhaust the relay's
+//! memory. The caller asks again about fewer messages ([`crate::accounting`]).
 
 use std::time::Duration;
 
@@ -18,6 +23,11 @@ use super::{QstashClient, retry_after};
 
 /// The most message ids one DLQ request filters on (QStash's page size is at most 100).
 pub const DLQ_IDS_PER_REQUEST: usize = 100;
+
+/// The most bytes of one management API answer read by default: one DLQ entry of the largest message QStash
+/// takes (10 MB on its paid plans, the body possibly escaped or base64-encoded, plus the last response) fits, so
+/// asking about one message at a time always gets an answer.
+pub const MAX_ANSWER_BYTES: usize = 32 * 1024 * 1024;
 
 /// A management API call that did not give an answer.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +55,14 @@ pub enum ManageError {
         what: &'static str,
         /// The error chain.
         error: String,
+    },
+    /// An answer longer than the client reads ([`QstashClient::with_answer_limit`]); nothing of it was used.
+    #[error("QStash's answer to {what} is longer than {limit} bytes, the most this client reads")]
+    TooLarge {
+        /// Which call.
+        what: &'static str,
+        /// The bound, bytes.
+        limit: usize,
     },
     /// A 2xx that is not the documented JSON.
     #[error("unreadable answer to {what}: {error}")]
@@ -86,23 +104,45 @@ impl QstashClient {
                 retry_after: retry_after(resp.headers()),
             });
         }
-        let text = resp.text().await.map_err(|e| ManageError::Transport {
-            what,
-            error: crate::telemetry::error_chain(&e),
-        })?;
+        let bytes = self.read_bounded(what, resp).await?;
         if !(200..300).contains(&status) {
             return Err(ManageError::Status {
                 what,
                 status,
-                body: text.chars().take(300).collect(),
+                body: String::from_utf8_lossy(&bytes).chars().take(300).collect(),
             });
         }
-        serde_json::from_str(&text)
+        serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|e| ManageError::Unreadable {
                 what,
                 error: e.to_string(),
             })
+    }
+
+    /// The answer's body, at most `answer_limit` bytes: refused unread when its `Content-Length` says more,
+    /// refused as soon as more arrives otherwise.
+    async fn read_bounded(
+        &self,
+        what: &'static str,
+        mut resp: reqwest::Response,
+    ) -> Result<Vec<u8>, ManageError> {
+        let limit = self.answer_limit;
+        let too_large = ManageError::TooLarge { what, limit };
+        if resp.content_length().is_some_and(|n| n > limit as u64) {
+            return Err(too_large);
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| ManageError::Transport {
+            what,
+            error: crate::telemetry::error_chain(&e),
+        })? {
+            if body.len() + chunk.len() > limit {
+                return Err(too_large);
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
     }
 
     /// `GET /v2/dlq` filtered on `message_ids` (at most [`DLQ_IDS_PER_REQUEST`]; more are an error of the

@@ -27,7 +27,7 @@
 mod manage;
 mod options;
 
-pub use manage::{DLQ_IDS_PER_REQUEST, DlqPage, ManageError};
+pub use manage::{DLQ_IDS_PER_REQUEST, DlqPage, MAX_ANSWER_BYTES, ManageError};
 pub use options::{FlowControl, HeaderName, HeadersJson, PublishOptions, flow_control_key};
 
 use std::time::Duration;
@@ -126,6 +126,8 @@ pub struct QstashClient {
     http: reqwest::Client,
     base_url: String,
     token: SecretString,
+    /// The most bytes of a management API answer read ([`QstashClient::with_answer_limit`]).
+    answer_limit: usize,
 }
 
 impl std::fmt::Debug for QstashClient {
@@ -165,7 +167,15 @@ impl QstashClient {
             http,
             base_url: base_url.trim_end_matches('/').to_owned(),
             token,
+            answer_limit: MAX_ANSWER_BYTES,
         })
+    }
+
+    /// The most bytes of one management API answer this client reads (default [`MAX_ANSWER_BYTES`]); a longer
+    /// answer is [`ManageError::TooLarge`].
+    pub fn with_answer_limit(mut self, bytes: usize) -> Self {
+        self.answer_limit = bytes;
+        self
     }
 
     /// The base URL.

@@ -2,7 +2,9 @@
 //! claim commits before anything is published, and its lease (`available_at = locked_until = now() + lease`)
 //! keeps other relays away until it expires. Attempts are counted here, at claim time, so an event that kills
 //! the relay still uses up its budget (counted only on failure, an event that crashes the relay would be retried
-//! forever, since no failure is ever recorded for it).
+//! forever, since no failure is ever recorded for it). The first claim of an event is kept too
+//! (`first_claimed_at`): the earliest time any consumer can have applied it, which bounds when the reconciler may
+//! publish it again (`crate::accounting`).
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
@@ -20,6 +22,7 @@ pub const CLAIM_UNORDERED_SQL: &str = r#"
 WITH tok AS (SELECT nextval('{schema}.outbox_lease_token_seq') AS t)
 UPDATE {schema}.outbox o
 SET attempts = o.attempts + 1,
+    first_claimed_at = coalesce(o.first_claimed_at, now()),
     lease_token = (SELECT t FROM tok),
     locked_until = now() + make_interval(secs => $1),
     available_at = now() + make_interval(secs => $1)

@@ -4,6 +4,9 @@
 //! rows no longer carry its token, so the statement matches zero rows for them. Without the fence, such a
 //! "zombie" relay would overwrite the newer attempt's outcome (mark dispatched what failed, or the reverse).
 //!
+//! A dispatched or dead row is no longer waiting to be published again: the reconciler's deadline for that
+//! (`republish_by`, [`crate::accounting`]) is cleared with it.
+//!
 //! An ordered key's message may carry several events (decision record 0014): every row of it is settled with the
 //! message's outcome, the key's state follows its head (the row with `seq = done_seq + 1`), and a dispatched run
 //! leaves the key awaiting evidence with `inflight_id` = the run's LAST event (the one whose evidence ends it).
@@ -94,6 +97,7 @@ upd AS (
                                  ELSE o.available_at END,
         dead_lettered_at  = CASE WHEN s.outcome = 2 THEN now() ELSE o.dead_lettered_at END,
         last_error        = CASE WHEN s.outcome IN (0, 3) THEN o.last_error ELSE left(s.error, 2000) END,
+        republish_by      = CASE WHEN s.outcome IN (0, 2) THEN NULL ELSE o.republish_by END,
         locked_until      = NULL
     FROM s
     WHERE o.id = s.id AND o.lease_token = s.token

@@ -276,6 +276,9 @@ pub async fn run_and_judge(args: SustainedArgs) -> anyhow::Result<Value> {
         ("CONSUMER_NAME".into(), "sustained".into()),
         ("OUTBOX_RETENTION_HOURS".into(), retention.clone()),
         ("PROCESSED_TTL_HOURS".into(), retention),
+        // Dedupe rows kept minutes instead of days: a reconciler would outlive them, and the relay refuses to start
+        // with one (nothing is lost here: no message ever waits for it).
+        ("RELAY_RECONCILE_MAX_LOOKUPS".into(), "0".into()),
         // JSON logs whatever the caller's environment says: the sampler reads the relays' summary lines.
         ("LOG_FORMAT".into(), "json".into()),
         // Warnings, and the relay's one summary line per invocation (its housekeeping figures).
