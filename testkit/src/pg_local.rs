@@ -225,6 +225,44 @@ impl LocalPostgres {
         &self.dir
     }
 
+    /// Crashes the server the way a power cut would look to Postgres: `pg_ctl stop -m immediate` (no shutdown
+    /// checkpoint; whatever was committed without a WAL flush, `synchronous_commit = off`, is lost). [`Self::start_again`]
+    /// brings it back through crash recovery. For the schedule explorer (`outbox-dev soak --schedule random`).
+    pub fn crash(&self) -> anyhow::Result<()> {
+        let data = self.dir.join("data");
+        self.run(
+            "pg_ctl",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-m".as_ref(),
+                "immediate".as_ref(),
+                "-w".as_ref(),
+                "stop".as_ref(),
+            ],
+        )
+    }
+
+    /// Starts the server again after [`Self::crash`] (on the same port; crash recovery replays the WAL).
+    pub fn start_again(&self) -> anyhow::Result<()> {
+        let data = self.dir.join("data");
+        let log = self.dir.join("server.log");
+        self.run(
+            "pg_ctl",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-l".as_ref(),
+                log.as_os_str(),
+                "-w".as_ref(),
+                "-t".as_ref(),
+                "60".as_ref(),
+                "start".as_ref(),
+            ],
+        )
+        .with_context(|| format!("server log:\n{}", self.log()))
+    }
+
     /// The server's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
