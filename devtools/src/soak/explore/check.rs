@@ -7,7 +7,7 @@
 //! |---|---|
 //! | *owed*: written after the subscriber was added and it was never removed after; or retained and at or after the `--from` of a finished replay of its current subscription | applied exactly once; or exactly one open dead letter with a cause; or its copy pending behind a dead head of its lane, or its dead letter purged by an operator |
 //! | *may*: written while the subscriber was being added or removed, or during a subscription that was later removed, or covered by a replay that did not finish | applied at most once; when applied after the removal, it had a copy in flight then (or was written during the removal) |
-//! | *not owed*: the subscriber was never on the topic while it was written | never applied |
+//! | *not owed*: the subscriber was not on the topic while it was written, and no replay of it reached back to it (`--from` after it) | never applied |
 //!
 //! And for every run: per key of an ordered topic, each subscriber applies rising sequences; a dead letter has a
 //! cause (the event is poison for that subscriber; QStash gave up on its message after faults, by the dev
@@ -82,6 +82,8 @@ pub struct Lane {
     pub subscriber: String,
     pub blocked: bool,
     pub waiting: bool,
+    /// The rest, as one line for reports.
+    pub state: String,
 }
 
 /// What the run left behind.
@@ -121,7 +123,10 @@ impl World {
         .await?;
         let lanes = sqlx::query_as(
             "SELECT topic, partition_key, subscriber, blocked_at IS NOT NULL AS blocked, \
-                    available_at = 'infinity' AS waiting FROM outbox_keys",
+                    available_at = 'infinity' AS waiting, \
+                    format('done_seq %s, available_at %s, locked_until %s, inflight_id %s, blocked_id %s', \
+                           done_seq, available_at, locked_until, inflight_id, blocked_id) AS state \
+             FROM outbox_keys",
         )
         .fetch_all(db)
         .await?;
@@ -219,13 +224,16 @@ fn owed(e: &Written, periods: &[&Period]) -> Owed {
                 }
             }
         }
-        if let Some(rc) = &p.replay
-            && rc.retained.contains(&e.n)
-        {
-            if p.removal.is_none() && rc.finished {
-                return Owed::Must;
+        if let Some(rc) = &p.replay {
+            if rc.retained.contains(&e.n) || (e.start >= rc.since && e.end > rc.read_at) {
+                if p.removal.is_none() && rc.finished {
+                    return Owed::Must;
+                }
+                may = true;
+            } else if e.end >= rc.since - chrono::Duration::seconds(2) {
+                // Ids are not quite in time order: the replay's first id may be a little older than `--from`.
+                may = true;
             }
-            may = true;
         }
     }
     if may { Owed::May } else { Owed::No }
@@ -480,7 +488,10 @@ pub fn check(history: &History, world: &World) -> Checked {
                         let covered_later = ps.iter().any(|p| {
                             p.removal.is_none()
                                 && (p.add_start.is_none_or(|t| e.end >= t)
-                                    || p.replay.as_ref().is_some_and(|r| r.retained.contains(&n)))
+                                    || p.replay.as_ref().is_some_and(|r| {
+                                        r.retained.contains(&n)
+                                            || (e.start >= r.since && e.end > r.read_at)
+                                    }))
                         });
                         if let Some(r) = late
                             && !covered_later
@@ -497,7 +508,7 @@ pub fn check(history: &History, world: &World) -> Checked {
                 Owed::No => {
                     if !apps.is_empty() {
                         v(
-                            "applied though never subscribed",
+                            "applied though not owed (not subscribed, or before its --from)",
                             Some(n),
                             Some(s),
                             format!("copy {}", apps[0].outbox_id),
@@ -716,6 +727,17 @@ fn event_history(
         last = last.max(d.created_at);
     }
     if let Some(sub) = sub {
+        let key = format!("k{}", e.key);
+        for l in world.lanes.iter().filter(|l| {
+            l.topic == topic && l.partition_key == key && l.subscriber == SUBSCRIBERS[sub]
+        }) {
+            let _ = writeln!(
+                s,
+                "    lane of {} on {topic} {key}: {}",
+                label(sub),
+                l.state
+            );
+        }
         for p in history.periods_of(e.topic, sub) {
             let _ = writeln!(
                 s,

@@ -1,16 +1,16 @@
 //! The schedule's faults, run from the explorer's main loop: SIGKILLs (the soak's [`kill`] and [`Spawner`]), a
-//! worker kept down, a slow consumer, the dev server's faults for a while, terminated backends, a long
+//! worker kept down, a slow consumer, the dev server's faults for a while, terminated backends, a long producer
 //! transaction, a real Postgres crash of the explorer's own cluster. Each is recorded in the history.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use sqlx::{Connection, PgPool};
 
-use super::history::{History, Outcome, Record};
-use super::schedule::{DevFault, Op, SUBSCRIBERS, Target};
+use super::history::{History, Outcome, Record, Written};
+use super::schedule::{DevFault, Op, SUBSCRIBERS, TOPICS, Target};
 use crate::soak::Counts;
 use crate::soak::supervisor::{Kind, Spawner, Worker, kill};
 
@@ -22,8 +22,10 @@ pub struct Faults {
     active: Vec<(DevFault, Instant)>,
     pub dev: qstash_dev::Handle,
     pub db: PgPool,
-    /// Database URL (a long transaction's own connection).
-    pub url: String,
+    /// The application's database URL (a long transaction's own connection).
+    pub app_url: String,
+    /// The next event number (a long transaction writes an event).
+    next_n: Arc<AtomicU64>,
     pub pg: Arc<outbox_testkit::pg_local::LocalPostgres>,
     /// A crash is under way (a second one waits its turn: skipped).
     crashing: Arc<AtomicBool>,
@@ -35,7 +37,8 @@ impl Faults {
         base: qstash_dev::Faults,
         dev: qstash_dev::Handle,
         db: PgPool,
-        url: String,
+        app_url: String,
+        next_n: Arc<AtomicU64>,
         pg: Arc<outbox_testkit::pg_local::LocalPostgres>,
         history: Arc<Mutex<History>>,
     ) -> Faults {
@@ -45,7 +48,8 @@ impl Faults {
             active: Vec::new(),
             dev,
             db,
-            url,
+            app_url,
+            next_n,
             pg,
             crashing: Arc::new(AtomicBool::new(false)),
             history,
@@ -65,7 +69,7 @@ impl Faults {
         for (fault, _) in &self.active {
             match fault {
                 DevFault::Outage => f.publish_5xx_rate = 1.0,
-                DevFault::LoseMessages => f.message_loss_rate = 0.3,
+                DevFault::LoseMessages => f.message_loss_rate = 0.5,
                 DevFault::DropPublishResponses => f.publish_drop_response_rate = 0.5,
                 DevFault::LoseDeliveryResponses => f.delivery_lost_response_rate = 0.3,
             }
@@ -175,15 +179,47 @@ impl Faults {
                     Err(e) => Outcome::Failed(e.to_string()),
                 }
             }
-            Op::LongTransaction { secs } => {
-                let (url, secs, history, op) =
-                    (self.url.clone(), *secs, self.history.clone(), op.clone());
+            Op::LongTransaction { secs, topic } => {
+                let n = self.next_n.fetch_add(1, Ordering::SeqCst);
+                let (url, secs, topic, history, op) = (
+                    self.app_url.clone(),
+                    *secs,
+                    *topic,
+                    self.history.clone(),
+                    op.clone(),
+                );
                 tokio::spawn(async move {
-                    let outcome = match long_transaction(&url, secs).await {
-                        Ok(()) => Outcome::Done("committed".into()),
-                        Err(e) => Outcome::Failed(e.to_string()),
+                    let result = long_transaction(&url, secs, topic, n).await;
+                    let end = Utc::now();
+                    let mut h = history.lock().unwrap_or_else(|e| e.into_inner());
+                    h.written.push(Written {
+                        n,
+                        topic,
+                        key: 0,
+                        poison_for: Vec::new(),
+                        delayed: false,
+                        start,
+                        end,
+                        committed: match &result {
+                            Ok(()) => Some(true),
+                            Err(LongError::BeforeCommit(_)) => Some(false),
+                            Err(LongError::Commit(_)) => None,
+                        },
+                    });
+                    let outcome = match result {
+                        Ok(()) => Outcome::Done(format!("event {n} committed")),
+                        Err(LongError::BeforeCommit(e) | LongError::Commit(e)) => {
+                            Outcome::Failed(e)
+                        }
                     };
-                    Faults::record(&history, step, &op, start, outcome);
+                    h.records.push(Record {
+                        step: Some(step),
+                        what: op.to_string(),
+                        kind: op.kind(),
+                        start,
+                        end,
+                        outcome,
+                    });
                 });
                 return;
             }
@@ -247,20 +283,35 @@ async fn set_slow(db: &PgPool, name: &str, ms: u32) {
     }
 }
 
-/// A transaction on a connection of its own that holds a transaction id for `secs`: the xmin horizon stays
-/// where it was, and `subscribers add|remove` wait for it.
-async fn long_transaction(url: &str, secs: f64) -> Result<(), sqlx::Error> {
-    let opts: sqlx::postgres::PgConnectOptions = url.parse()?;
+enum LongError {
+    BeforeCommit(String),
+    Commit(String),
+}
+
+/// A producer transaction, on a connection of its own, that writes event `n` (key `k0` of `topic`) and commits
+/// `secs` later: the xmin horizon stays where it was meanwhile, `subscribers add|remove` wait for it (if they can
+/// see it), and its event must reach a subscriber added meanwhile by the copy its statement made or by the replay.
+async fn long_transaction(url: &str, secs: f64, topic: usize, n: u64) -> Result<(), LongError> {
+    let before = |e: sqlx::Error| LongError::BeforeCommit(e.to_string());
+    let opts: sqlx::postgres::PgConnectOptions = url.parse().map_err(before)?;
     let mut conn =
         sqlx::PgConnection::connect_with(&opts.application_name("explore-long-transaction"))
-            .await?;
-    let mut tx = conn.begin().await?;
-    sqlx::query("SELECT txid_current()")
-        .execute(&mut *tx)
-        .await?;
+            .await
+            .map_err(before)?;
+    let mut tx = conn.begin().await.map_err(before)?;
+    let payload = crate::soak::SoakPayload {
+        n,
+        ..Default::default()
+    };
+    let event = outbox::NewEvent::new(&TOPICS[topic], "k0", &payload)
+        .map_err(|e| LongError::BeforeCommit(e.to_string()))?;
+    outbox::enqueue(&mut tx, event)
+        .await
+        .map_err(|e| LongError::BeforeCommit(e.to_string()))?;
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-    tx.commit().await?;
-    Ok(())
+    tx.commit()
+        .await
+        .map_err(|e| LongError::Commit(e.to_string()))
 }
 
 /// `pg_ctl stop -m immediate`, `down` of nothing, then `pg_ctl start` (crash recovery).

@@ -31,9 +31,12 @@ pub struct Written {
 pub struct ReplayCover {
     /// The `--from` time.
     pub since: DateTime<Utc>,
-    /// The events of the topic written at or after `since` that the outbox retained (any copy) at every call of
-    /// the replay (the first, and each resume): those it must deliver. Read before each call.
+    /// The events of the topic written at or after `since` that the outbox retained (any copy) when the replay was
+    /// last called (read before each call: the first, each resume); with those written at or after `since` and
+    /// committed after that read ([`Self::read_at`]), what it must deliver.
     pub retained: BTreeSet<u64>,
+    /// When `retained` was last read.
+    pub read_at: DateTime<Utc>,
     /// The last call of the replay finished it.
     pub finished: bool,
 }

@@ -138,22 +138,41 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
         .context("starting Postgres")??,
     );
     let admin = outbox_cli::util::connect(&pg.url()).await?;
-    sqlx::query("ALTER SYSTEM SET synchronous_commit = on")
-        .execute(&admin)
-        .await?;
-    sqlx::query("SELECT pg_reload_conf()")
-        .execute(&admin)
-        .await?;
-    sqlx::query("CREATE DATABASE explore")
-        .execute(&admin)
-        .await?;
+    for sql in [
+        "ALTER SYSTEM SET synchronous_commit = on",
+        "SELECT pg_reload_conf()",
+        // The roles the deployment docs describe: `outbox` owns the tables (it ran `outbox migrate`) and is what
+        // the relays, the receivers and the operator connect as; the application writes events as a role of
+        // its own. Neither is a superuser, nor may read other roles' activity.
+        "CREATE ROLE outbox LOGIN",
+        "CREATE ROLE explore_app LOGIN",
+        "CREATE DATABASE explore OWNER outbox",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&admin)
+            .await?;
+    }
     admin.close().await;
-    let url = outbox_testkit::db::with_database(&pg.url(), "explore");
-    let db = pool(&url, "explore", 8)?;
-    outbox::migrate(&db, outbox::schema::current())
+    let super_url = outbox_testkit::db::with_database(&pg.url(), "explore");
+    let url = with_user(&super_url, "outbox")?;
+    let app_url = with_user(&super_url, "explore_app")?;
+    let owner = pool(&url, "explore-operator", 4)?;
+    outbox::migrate(&owner, outbox::schema::current())
         .await
         .context("applying the outbox migrations")?;
-    create_table(&db).await?;
+    create_table(&owner).await?;
+    for sql in [
+        "GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO explore_app",
+        "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO explore_app",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&owner)
+            .await?;
+    }
+    // The explorer's own reads and faults (pg_terminate_backend) as the superuser; the producers as the
+    // application.
+    let db = pool(&super_url, "explore", 4)?;
+    let app_db = pool(&app_url, "explore-producer", 6)?;
 
     // The dev server, faults on, seeded.
     let (dev_cfg, base_faults) = dev_server_config(args.seed);
@@ -173,13 +192,16 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
         .map(|p| format!("http://127.0.0.1:{p}"))
         .collect();
     let callback_port = free_port()?;
-    let env = worker_env(
+    let mut env = worker_env(
         &url,
         &dev,
         &urls[0],
         &format!("http://127.0.0.1:{callback_port}"),
         &[TOPICS[SKIP_DEAD_HEADS].name()],
     );
+    // A message the dev server lost is not published again by the reconciler: its event is dead ("unaccounted")
+    // at once, so that a redrive and a second loss fit in a run.
+    super::supervisor::default_env(&mut env, "RELAY_RECONCILE_MAX_REPUBLISH", "0");
     let spawner = Spawner {
         exe: match &args.worker_exe {
             Some(p) => p.clone(),
@@ -212,7 +234,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
     workers.push(Worker::new(Kind::Callback, 0, Some(callback_port)));
 
     // The subscribers at the start, before any traffic.
-    let odb = outbox::db::Db::new(db.clone(), outbox::db::Statements::Prepared);
+    let odb = outbox::db::Db::new(owner.clone(), outbox::db::Statements::Prepared);
     for (t, subs) in INITIAL.iter().enumerate() {
         for (s, on) in subs.iter().enumerate() {
             if *on && s > 0 {
@@ -273,7 +295,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
     let producers: Vec<_> = (0..traffic::PRODUCERS)
         .map(|i| {
             tokio::spawn(traffic::produce(
-                db.clone(),
+                app_db.clone(),
                 args.seed,
                 i,
                 phase_rx.clone(),
@@ -285,7 +307,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
         .collect();
     let (op_tx, mut op_rx) = mpsc::unbounded_channel::<ToOperator>();
     let mut operator = operator::Operator::new(
-        db.clone(),
+        owner.clone(),
         url.clone(),
         urls.clone(),
         history.clone(),
@@ -309,7 +331,8 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
         base_faults.clone(),
         dev_handle.clone(),
         db.clone(),
-        url.clone(),
+        app_url.clone(),
+        next_n.clone(),
         pg.clone(),
         history.clone(),
     );
@@ -412,6 +435,8 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
     let mut world = World::read(&db).await?.with_dev_server(&dlq, lost);
     world.drained = drained;
     db.close().await;
+    owner.close().await;
+    app_db.close().await;
     let history = Arc::try_unwrap(history)
         .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
         .unwrap_or_else(|h| std::mem::take(&mut *h.lock().unwrap_or_else(|e| e.into_inner())));
@@ -450,6 +475,14 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
         ok,
         details,
     })
+}
+
+/// `url` with `user` as its user name.
+fn with_user(url: &str, user: &str) -> anyhow::Result<String> {
+    let mut u = url::Url::parse(url).context("the cluster's URL")?;
+    u.set_username(user)
+        .map_err(|()| anyhow::anyhow!("cannot set the user of {url}"))?;
+    Ok(u.to_string())
 }
 
 /// Whether any copy still has work that is not held by a dead head of its lane: pending, leased or in flight,

@@ -205,6 +205,7 @@ impl Operator {
         };
         let add_start = Utc::now();
         let me = &*self;
+        let read_at = Utc::now();
         let retained = match since {
             Some(at) => match retry(|| me.retained(topic, at)).await {
                 Ok(r) => Some(r),
@@ -263,6 +264,7 @@ impl Operator {
                 (Some(since), Some(retained)) => Some(ReplayCover {
                     since,
                     retained,
+                    read_at,
                     finished: false,
                 }),
                 _ => None,
@@ -305,6 +307,7 @@ impl Operator {
             return Outcome::Done("no replay under way".into());
         };
         let me = &*self;
+        let read_at = Utc::now();
         match retry(|| me.retained(topic, since)).await {
             Ok(now) => {
                 if let Some(r) = self
@@ -312,7 +315,10 @@ impl Operator {
                     .open_period(topic, sub)
                     .and_then(|p| p.replay.as_mut())
                 {
-                    r.retained = r.retained.intersection(&now).copied().collect();
+                    // An event that was not copied yet and is not retained any more (pruned) is not owed; one
+                    // copied already is retained by its copy.
+                    r.retained = now;
+                    r.read_at = read_at;
                 }
             }
             Err(e) => {

@@ -10,6 +10,7 @@
 //! | A removal is often followed within seconds by the same subscriber added again from before it | The lifecycle defects sit where a removal's in-flight copies meet a replay |
 //! | An action is sometimes followed within a second by a Postgres crash | A crash during a replay, a partition drop, a removal |
 //! | Poison is curable (`soak_control.cured`), and redrives mostly follow a cure | Redrives then succeed, and a lane blocked by a dead head can move again |
+//! | A window of lost messages is sometimes given a redrive inside it | A dead letter of a lost message, redriven, is lost again |
 
 use std::fmt;
 use std::time::Duration;
@@ -93,7 +94,7 @@ pub enum Target {
 pub enum DevFault {
     /// Every publish fails (500).
     Outage,
-    /// 30 % of accepted messages are lost before their first attempt (no delivery, no callback).
+    /// 50 % of accepted messages are lost before their first attempt (no delivery, no callback).
     LoseMessages,
     /// 50 % of publishes are stored but their response is dropped.
     DropPublishResponses,
@@ -153,8 +154,9 @@ pub enum Op {
     Dev { fault: DevFault, secs: f64 },
     /// `pg_terminate_backend` of the relays' (`relays`) or the receivers' connections.
     Backends { relays: bool },
-    /// A transaction that stays open `secs`, pinning the xmin horizon (replays and removals wait for it).
-    LongTransaction { secs: f64 },
+    /// A producer transaction that writes an event to `topic` and stays open `secs`, pinning the xmin horizon
+    /// (replays and removals wait for it).
+    LongTransaction { secs: f64, topic: usize },
     /// `pg_ctl stop -m immediate`, then start after `down_secs`.
     PgCrash { down_secs: f64 },
     /// `outbox subscribers add`.
@@ -302,7 +304,13 @@ impl fmt::Display for Op {
                 "pg_terminate_backend of the {}",
                 if *relays { "relays" } else { "receivers" }
             ),
-            Op::LongTransaction { secs } => write!(f, "long transaction {secs:.1} s"),
+            Op::LongTransaction { secs, topic } => {
+                write!(
+                    f,
+                    "long producer transaction on {} {secs:.1} s",
+                    TOPICS[*topic].name()
+                )
+            }
             Op::PgCrash { down_secs } => {
                 write!(
                     f,
@@ -444,6 +452,22 @@ impl Schedule {
         let mut t = rng.random_range(1.0..2.0 * FAULT_EVERY);
         while t < total {
             let op = draw_fault(&mut rng);
+            // Sometimes a redrive while messages are being lost: a dead letter of a lost message, redriven, is
+            // lost again.
+            if let Op::Dev {
+                fault: DevFault::LoseMessages,
+                secs,
+            } = op
+                && rng.random_bool(0.5)
+            {
+                let redrive = Op::Redrive(Selection {
+                    topic: Some(rng.random_range(0..TOPICS.len())),
+                    subscriber: None,
+                    key: None,
+                    poison: false,
+                });
+                at(t + rng.random_range(0.0..secs), redrive, &mut steps);
+            }
             at(t, op, &mut steps);
             t += exponential(&mut rng, FAULT_EVERY);
         }
@@ -528,6 +552,7 @@ fn draw_fault(rng: &mut StdRng) -> Op {
         },
         16..19 => Op::LongTransaction {
             secs: rng.random_range(2.0..20.0),
+            topic: rng.random_range(0..TOPICS.len()),
         },
         _ => Op::PgCrash {
             down_secs: rng.random_range(0.5..4.0),
