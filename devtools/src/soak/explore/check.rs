@@ -344,7 +344,7 @@ pub fn check(history: &History, world: &World) -> Checked {
     let no_periods = Vec::new();
 
     for (&n, e) in &events {
-        for s in 0..SUBSCRIBERS.len() {
+        for (s, name) in SUBSCRIBERS.iter().enumerate() {
             let ps = periods.get(&(e.topic, s)).unwrap_or(&no_periods);
             let owe = owed(e, ps);
             let apps = applied.get(&(n, s)).map(Vec::as_slice).unwrap_or(&[]);
@@ -413,7 +413,7 @@ pub fn check(history: &History, world: &World) -> Checked {
                             continue;
                         }
                     }
-                    if history.purged.contains(&(n, SUBSCRIBERS[s].to_owned())) {
+                    if history.purged.contains(&(n, (*name).to_owned())) {
                         f.owed_purged += 1;
                         continue;
                     }
@@ -423,7 +423,7 @@ pub fn check(history: &History, world: &World) -> Checked {
                         .iter()
                         .filter(|c| c.delivered_at.is_none() && c.dead_lettered_at.is_none())
                         .collect();
-                    let lane = (topic, key.as_str(), SUBSCRIBERS[s]);
+                    let lane = (topic, key.as_str(), *name);
                     if !pending.is_empty() && blocked.contains(&lane) {
                         f.owed_pending_behind_dead_head += 1;
                     } else if !pending.is_empty() && waiting.contains(&lane) {

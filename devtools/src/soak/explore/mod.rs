@@ -406,17 +406,28 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
     drop(op_tx);
     let _ = operator_task.await;
 
+    // Drained: nothing with work left (but what waits behind a dead head), the dev server idle, three times in a
+    // row. Not drained: the bound from the workers' settings ran out, or nothing moved for longer than any of
+    // the relays' own timers (evidence 20 s, reconciler 30 s plus an invocation) while the dev server was idle.
     let bound = drain_bound(&spawner, super::TIME_SCALE)?;
     let until = Instant::now() + bound;
     let mut quiet = 0;
+    let mut last_state = None;
+    let mut still_since = Instant::now();
     let drained = loop {
         supervise(&spawner, &mut workers, &counts).await;
-        let idle = dev_handle.is_idle() && matches!(busy(&db).await, Ok(false));
+        let dev_idle = dev_handle.is_idle();
+        let idle = dev_idle && matches!(busy(&db).await, Ok(false));
         quiet = if idle { quiet + 1 } else { 0 };
         if quiet >= 3 {
             break true;
         }
-        if Instant::now() >= until {
+        let state = drain_state(&db).await.ok();
+        if state != last_state || !dev_idle {
+            last_state = state;
+            still_since = Instant::now();
+        }
+        if Instant::now() >= until || still_since.elapsed() >= STILL {
             break false;
         }
         if Instant::now() >= next_progress {
@@ -475,6 +486,21 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
         ok,
         details,
     })
+}
+
+/// How long the drain waits with nothing moving before it gives up (longer than the relays' evidence timeout and
+/// the reconciler's wait plus an invocation).
+const STILL: Duration = Duration::from_secs(90);
+
+/// What moves while the pipeline drains: unfinished copies, applications, dead letters, lanes in flight.
+async fn drain_state(db: &PgPool) -> Result<(i64, i64, i64, i64), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM outbox WHERE delivered_at IS NULL AND dead_lettered_at IS NULL), \
+                (SELECT count(*) FROM soak_applied), (SELECT count(*) FROM dead_letters), \
+                (SELECT count(*) FROM outbox_keys WHERE inflight_id IS NOT NULL)",
+    )
+    .fetch_one(db)
+    .await
 }
 
 /// `url` with `user` as its user name.

@@ -492,7 +492,7 @@ impl Schedule {
             }
             t += exponential(&mut rng, ACTION_EVERY);
         }
-        steps.sort_by(|a, b| a.at.cmp(&b.at));
+        steps.sort_by_key(|a| a.at);
         Schedule {
             seed,
             length,
