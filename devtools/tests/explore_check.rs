@@ -304,6 +304,17 @@ fn after_a_removal_only_what_was_in_flight_may_still_be_applied() {
         kinds(&h, &b.world),
         ["applied after its removal though not in flight"]
     );
+    // A dead-lettered copy (a removal keeps it) redriven by an operator before the application is allowed too.
+    let mut redriven = Builder::new();
+    redriven.world = World {
+        copies: b.world.copies.clone(),
+        applied: b.world.applied.clone(),
+        drained: true,
+        ..World::default()
+    };
+    redriven.dead_letter(late, 5, S1, "QStash gave up after 4 attempt(s)", false);
+    redriven.world.given_up.insert(late);
+    assert!(kinds(&h, &redriven.world).is_empty());
     if let Some(r) = h.periods.iter_mut().find_map(|p| p.removal.as_mut()) {
         r.in_flight.insert(5);
     }

@@ -6,7 +6,7 @@
 //! | Per (event, subscriber) | Allowed at the end |
 //! |---|---|
 //! | *owed*: written after the subscriber was added and it was never removed after; or retained and at or after the `--from` of a finished replay of its current subscription | applied exactly once; or exactly one open dead letter with a cause; or its copy pending behind a dead head of its lane, or its dead letter purged by an operator |
-//! | *may*: written while the subscriber was being added or removed, or during a subscription that was later removed, or covered by a replay that did not finish | applied at most once; when applied after the removal, it had a copy in flight then (or was written during the removal) |
+//! | *may*: written while the subscriber was being added or removed, or during a subscription that was later removed, or covered by a replay that did not finish, or written up to 2 s before a replay's `--from` | applied at most once; when applied after a removal, it had a copy in flight at a removal (or was written during one), or its dead-lettered copy was redriven first, or a later subscription owes it |
 //! | *not owed*: the subscriber was not on the topic while it was written, and no replay of it reached back to it (`--from` after it) | never applied |
 //!
 //! And for every run: per key of an ordered topic, each subscriber applies rising sequences; a dead letter has a
@@ -479,11 +479,21 @@ pub fn check(history: &History, world: &World) -> Checked {
                     f.may += 1;
                     if let Some(a) = apps.first() {
                         f.may_applied += 1;
-                        // Applied after a removal: it had a copy in flight then, or was written during it.
+                        // Applied after a removal: it had a copy in flight at a removal, or was written during
+                        // one, or an operator redrove its dead-lettered copy (which a removal keeps), or a later
+                        // subscription owes it.
+                        let in_flight = ps
+                            .iter()
+                            .filter_map(|p| p.removal.as_ref())
+                            .any(|r| r.in_flight.contains(&n));
+                        let redriven = ds
+                            .iter()
+                            .any(|d| d.redriven_at.is_some_and(|r| r <= a.applied_at));
                         let late = ps.iter().filter_map(|p| p.removal.as_ref()).find(|r| {
                             r.end.is_some_and(|end| a.applied_at > end)
                                 && e.start < r.start
-                                && !r.in_flight.contains(&n)
+                                && !in_flight
+                                && !redriven
                         });
                         let covered_later = ps.iter().any(|p| {
                             p.removal.is_none()
