@@ -10,7 +10,7 @@ use chrono::Utc;
 use sqlx::{Connection, PgPool};
 
 use super::history::{History, Outcome, Record, Written};
-use super::schedule::{DevFault, Op, SUBSCRIBERS, TOPICS, Target};
+use super::schedule::{DevFault, KEYS, Op, SUBSCRIBERS, TOPICS, Target};
 use crate::soak::Counts;
 use crate::soak::supervisor::{Kind, Spawner, Worker, kill};
 
@@ -195,7 +195,7 @@ impl Faults {
                     h.written.push(Written {
                         n,
                         topic,
-                        key: 0,
+                        key: LONG_KEY,
                         poison_for: Vec::new(),
                         delayed: false,
                         start,
@@ -283,12 +283,16 @@ async fn set_slow(db: &PgPool, name: &str, ms: u32) {
     }
 }
 
+/// The key of the long transactions' events, one no producer task uses: on an ordered topic a transaction holds
+/// its key's sequence until it ends, and the producers' own keys should not wait for it.
+const LONG_KEY: u32 = KEYS;
+
 enum LongError {
     BeforeCommit(String),
     Commit(String),
 }
 
-/// A producer transaction, on a connection of its own, that writes event `n` (key `k0` of `topic`) and commits
+/// A producer transaction, on a connection of its own, that writes event `n` (key [`LONG_KEY`] of `topic`) and commits
 /// `secs` later: the xmin horizon stays where it was meanwhile, `subscribers add|remove` wait for it (if they can
 /// see it), and its event must reach a subscriber added meanwhile by the copy its statement made or by the replay.
 async fn long_transaction(url: &str, secs: f64, topic: usize, n: u64) -> Result<(), LongError> {
@@ -303,7 +307,7 @@ async fn long_transaction(url: &str, secs: f64, topic: usize, n: u64) -> Result<
         n,
         ..Default::default()
     };
-    let event = outbox::NewEvent::new(&TOPICS[topic], "k0", &payload)
+    let event = outbox::NewEvent::new(&TOPICS[topic], format!("k{LONG_KEY}"), &payload)
         .map_err(|e| LongError::BeforeCommit(e.to_string()))?;
     outbox::enqueue(&mut tx, event)
         .await
