@@ -63,6 +63,8 @@ pub struct ExploreReport {
     /// The violations' report (seed, schedule, events' histories); empty when ok.
     #[serde(skip)]
     pub details: String,
+    /// What each Postgres crash overlapped: the operator's actions under way, or the drain after the traffic.
+    pub crashes: Vec<String>,
 }
 
 impl ExploreReport {
@@ -461,6 +463,10 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
             history::Outcome::Failed(_) => e.2 += 1,
         }
     }
+    let crashes = crash_overlaps(&schedule, &history, t0);
+    for c in &crashes {
+        eprintln!("explore: {c}");
+    }
     let ok = checked.violations.is_empty();
     let details = if ok {
         String::new()
@@ -485,7 +491,56 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
         seconds: started.elapsed().as_secs_f64(),
         ok,
         details,
+        crashes,
     })
+}
+
+/// One line per Postgres crash that happened: when, and the operator's actions it overlapped (a replay, a
+/// removal, a partition drop, …), or that it came after the traffic stopped (the drain).
+fn crash_overlaps(
+    schedule: &Schedule,
+    history: &History,
+    t0: chrono::DateTime<chrono::Utc>,
+) -> Vec<String> {
+    let rel = |t: chrono::DateTime<chrono::Utc>| (t - t0).num_milliseconds() as f64 / 1000.0;
+    let traffic_end = schedule
+        .steps
+        .iter()
+        .filter(|s| matches!(s.op, Op::Traffic { rate, .. } if rate > 0.0))
+        .map(|s| s.at.as_secs_f64())
+        .fold(0.0, f64::max);
+    history
+        .records
+        .iter()
+        .filter(|r| r.kind == "postgres crash" && matches!(r.outcome, history::Outcome::Done(_)))
+        .map(|c| {
+            let mut during: Vec<String> = history
+                .records
+                .iter()
+                .filter(|a| a.kind != "postgres crash" && a.start < c.end && a.end > c.start)
+                .filter(|a| {
+                    schedule
+                        .steps
+                        .get(a.step.unwrap_or(usize::MAX))
+                        .is_none_or(|s| s.op.is_action())
+                })
+                .map(|a| a.what.clone())
+                .collect();
+            if rel(c.start) > traffic_end {
+                during.push("the drain after the traffic".into());
+            }
+            format!(
+                "postgres crash {:.1}–{:.1} s, during: {}",
+                rel(c.start),
+                rel(c.end),
+                if during.is_empty() {
+                    "traffic".into()
+                } else {
+                    during.join("; ")
+                }
+            )
+        })
+        .collect()
 }
 
 /// How long the drain waits with nothing moving before it gives up (longer than the relays' evidence timeout and
