@@ -192,21 +192,7 @@ impl LocalPostgres {
              fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
         ));
         std::fs::write(&conf, settings).with_context(|| format!("writing {}", conf.display()))?;
-        let log = pg.dir.join("server.log");
-        pg.run(
-            "pg_ctl",
-            &[
-                "-D".as_ref(),
-                data.as_os_str(),
-                "-l".as_ref(),
-                log.as_os_str(),
-                "-w".as_ref(),
-                "-t".as_ref(),
-                "60".as_ref(),
-                "start".as_ref(),
-            ],
-        )
-        .with_context(|| format!("server log:\n{}", pg.log()))?;
+        pg.start_again()?;
         Ok(pg)
     }
 
@@ -243,7 +229,7 @@ impl LocalPostgres {
         )
     }
 
-    /// Starts the server again after [`Self::crash`] (on the same port; crash recovery replays the WAL).
+    /// Starts the server (again, after [`Self::crash`]: on the same port; crash recovery replays the WAL).
     pub fn start_again(&self) -> anyhow::Result<()> {
         let data = self.dir.join("data");
         let log = self.dir.join("server.log");

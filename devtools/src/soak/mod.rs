@@ -336,15 +336,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
     let consumer_url = format!("http://127.0.0.1:{consumer_port}");
     let callback_url = format!("http://127.0.0.1:{callback_port}");
     let env = worker_env(&url, &dev, &consumer_url, &callback_url, &[ORDERED.name()]);
-    let spawner = Spawner {
-        exe: match &args.worker_exe {
-            Some(p) => p.clone(),
-            None => std::env::current_exe().context("finding this executable")?,
-        },
-        env,
-        log_dir: log_dir.clone(),
-        relay_invocation_secs: 30,
-    };
+    let spawner = Spawner::new(args.worker_exe.as_ref(), env, log_dir.clone(), 30)?;
     let mut workers: Vec<Worker> = (0..args.relays)
         .map(|i| Worker::new(Kind::Relay, i, None))
         .collect();

@@ -65,6 +65,25 @@ pub(crate) struct Spawner {
 }
 
 impl Spawner {
+    /// Workers run `exe`, or this executable when `None` (tests pass the `outbox-dev` binary), each with `env`,
+    /// logging into `log_dir`.
+    pub(crate) fn new(
+        exe: Option<&PathBuf>,
+        env: Vec<(String, String)>,
+        log_dir: PathBuf,
+        relay_invocation_secs: u64,
+    ) -> anyhow::Result<Spawner> {
+        Ok(Spawner {
+            exe: match exe {
+                Some(p) => p.clone(),
+                None => std::env::current_exe().context("finding this executable")?,
+            },
+            env,
+            log_dir,
+            relay_invocation_secs,
+        })
+    }
+
     pub(crate) fn spawn(&self, w: &mut Worker) -> anyhow::Result<()> {
         let mut cmd = Command::new(&self.exe);
         cmd.arg("soak-worker");

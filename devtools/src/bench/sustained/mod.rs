@@ -281,15 +281,12 @@ pub async fn run_and_judge(args: SustainedArgs) -> anyhow::Result<Value> {
         // Warnings, and the relay's one summary line per invocation (its housekeeping figures).
         ("RUST_LOG".into(), "warn,outbox::relay::handler=info".into()),
     ];
-    let spawner = Spawner {
-        exe: match &args.worker_exe {
-            Some(p) => p.clone(),
-            None => std::env::current_exe().context("finding this executable")?,
-        },
+    let spawner = Spawner::new(
+        args.worker_exe.as_ref(),
         env,
-        log_dir: log_dir.clone(),
-        relay_invocation_secs: args.invocation_secs,
-    };
+        log_dir.clone(),
+        args.invocation_secs,
+    )?;
     let mut receivers = vec![
         Worker::new(Kind::Consumer, 0, Some(consumer_port)),
         Worker::new(Kind::Callback, 0, Some(callback_port)),

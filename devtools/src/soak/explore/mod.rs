@@ -204,15 +204,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
     // A message the dev server lost is not published again by the reconciler: its event is dead ("unaccounted")
     // at once, so that a redrive and a second loss fit in a run.
     super::supervisor::default_env(&mut env, "RELAY_RECONCILE_MAX_REPUBLISH", "0");
-    let spawner = Spawner {
-        exe: match &args.worker_exe {
-            Some(p) => p.clone(),
-            None => std::env::current_exe().context("finding this executable")?,
-        },
-        env,
-        log_dir: log_dir.clone(),
-        relay_invocation_secs: 30,
-    };
+    let spawner = Spawner::new(args.worker_exe.as_ref(), env, log_dir.clone(), 30)?;
     let topics = TOPICS
         .iter()
         .map(|t| t.name())

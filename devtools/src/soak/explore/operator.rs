@@ -377,19 +377,14 @@ impl Operator {
                         (None, false) => "no replay step ran".into(),
                     });
                 }
-                Err(e @ SubscriberError::OldTransactions { .. }) => {
-                    self.follow_ups.insert(FollowUp::Replay(topic, sub));
-                    return Outcome::Failed(e.to_string());
+                Err(e) => {
+                    if let Some(o) = self
+                        .after(e, &mut tries, FollowUp::Replay(topic, sub))
+                        .await
+                    {
+                        return o;
+                    }
                 }
-                Err(SubscriberError::Database(_)) if tries < TRIES => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                Err(e @ SubscriberError::Database(_)) => {
-                    self.follow_ups.insert(FollowUp::Replay(topic, sub));
-                    return Outcome::Failed(e.to_string());
-                }
-                Err(e) => return Outcome::Refused(e.to_string()),
             }
         }
     }
@@ -432,19 +427,14 @@ impl Operator {
                         r.copies_deleted, r.keys_deleted
                     ));
                 }
-                Err(e @ SubscriberError::OldTransactions { .. }) => {
-                    self.follow_ups.insert(FollowUp::Remove(topic, sub));
-                    break Outcome::Failed(e.to_string());
-                }
-                Err(SubscriberError::Database(_)) if tries < TRIES => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                Err(e @ SubscriberError::Database(_)) => {
-                    self.follow_ups.insert(FollowUp::Remove(topic, sub));
-                    break Outcome::Failed(e.to_string());
-                }
-                Err(e) => return Outcome::Refused(e.to_string()),
+                Err(e) => match self
+                    .after(e, &mut tries, FollowUp::Remove(topic, sub))
+                    .await
+                {
+                    Some(o @ Outcome::Refused(_)) => return o,
+                    Some(o) => break o,
+                    None => {}
+                },
             }
         };
         let done = matches!(outcome, Outcome::Done(_));
@@ -455,22 +445,38 @@ impl Operator {
                 in_flight: in_flight.into_iter().map(|n| n as u64).collect(),
             });
         }
-        let others_left: Result<i64, _> = retry(|| {
-            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE id = ANY($1)")
-                .bind(&others)
-                .fetch_one(&self.db)
-        })
-        .await;
-        if let Ok(left) = others_left
-            && left != others.len() as i64
+        if let Some(gone) = self.gone(&others).await
+            && gone > 0
         {
             self.history().outside_selection.push(format!(
-                "subscribers remove {t} {}: {} unfinished copies of other subscribers were deleted",
+                "subscribers remove {t} {}: {gone} unfinished copies of other subscribers were deleted",
                 label(sub),
-                others.len() as i64 - left
             ));
         }
         outcome
+    }
+
+    /// What to do after a subscriber command's error: try again a second later (Postgres away, tries left:
+    /// `None`), leave it to `follow` (an older transaction held it up, or Postgres stayed away: failed), or stop
+    /// (refused).
+    async fn after(
+        &mut self,
+        e: SubscriberError,
+        tries: &mut u32,
+        follow: FollowUp,
+    ) -> Option<Outcome> {
+        match e {
+            SubscriberError::Database(_) if *tries < TRIES => {
+                *tries += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                None
+            }
+            e @ (SubscriberError::OldTransactions { .. } | SubscriberError::Database(_)) => {
+                self.follow_ups.insert(follow);
+                Some(Outcome::Failed(e.to_string()))
+            }
+            e => Some(Outcome::Refused(e.to_string())),
+        }
     }
 
     async fn finish_removal(&mut self, topic: usize, sub: usize) -> Outcome {
@@ -598,8 +604,7 @@ impl Operator {
             Ok(b) => b,
             Err(e) => return Outcome::Failed(e.to_string()),
         };
-        let mut tries = 0;
-        let outcome = loop {
+        let outcome = attempt(|| async {
             match dead_letters::redrive_matching(
                 &self.db,
                 &filter,
@@ -608,20 +613,15 @@ impl Operator {
             )
             .await
             {
-                Ok(r) => {
-                    break Outcome::Done(format!(
-                        "{} redriven, {} skipped, {} failed",
-                        r.redriven, r.skipped, r.failed
-                    ));
-                }
-                Err(RedriveError::Database(_)) if tries < TRIES => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                Err(e @ RedriveError::Database(_)) => break Outcome::Failed(e.to_string()),
-                Err(e) => break Outcome::Refused(e.to_string()),
+                Ok(r) => Ok(format!(
+                    "{} redriven, {} skipped, {} failed",
+                    r.redriven, r.skipped, r.failed
+                )),
+                Err(e @ RedriveError::Database(_)) => Err(Failure::Transient(e.to_string())),
+                Err(e) => Err(Failure::Refused(e.to_string())),
             }
-        };
+        })
+        .await;
         let me = &*self;
         if let Ok(after) = retry(|| me.dead_letters()).await {
             let outside: Vec<i64> = after
@@ -646,23 +646,17 @@ impl Operator {
             Ok(b) => b,
             Err(e) => return Outcome::Failed(e.to_string()),
         };
-        let mut tries = 0;
-        let outcome = loop {
+        let outcome = attempt(|| async {
             match dead_letters::purge(&self.db, &filter, handled_only, 100, |_| {}).await {
-                Ok(c) => {
-                    break Outcome::Done(format!(
-                        "{} purged, {} kept (blocking)",
-                        c.deleted, c.kept_blocking
-                    ));
-                }
-                Err(PurgeError::Database(_)) if tries < TRIES => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                Err(e @ PurgeError::Database(_)) => break Outcome::Failed(e.to_string()),
-                Err(e) => break Outcome::Refused(e.to_string()),
+                Ok(c) => Ok(format!(
+                    "{} purged, {} kept (blocking)",
+                    c.deleted, c.kept_blocking
+                )),
+                Err(e @ PurgeError::Database(_)) => Err(Failure::Transient(e.to_string())),
+                Err(e) => Err(Failure::Refused(e.to_string())),
             }
-        };
+        })
+        .await;
         let me = &*self;
         if let Ok(after) = retry(|| me.dead_letters()).await {
             let deleted: Vec<(&i64, &DeadLetterRow)> = before
@@ -703,8 +697,7 @@ impl Operator {
             Err(e) => return Outcome::Failed(e.to_string()),
         };
         let retention = Duration::from_secs(retention_secs.into());
-        let mut tries = 0;
-        let outcome = loop {
+        let outcome = attempt(|| async {
             let r: anyhow::Result<String> = if partitions_only {
                 let settings = outbox::relay::partitions::PartitionSettings {
                     min_rows: 200,
@@ -739,35 +732,61 @@ impl Operator {
                     )
                 })
             };
-            match r {
-                Ok(s) => break Outcome::Done(s),
-                Err(_) if tries < TRIES => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                Err(e) => break Outcome::Failed(format!("{e:#}")),
-            }
-        };
-        let left: Result<i64, _> = retry(|| {
-            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE id = ANY($1)")
-                .bind(&keep)
-                .fetch_one(&self.db)
+            r.map_err(|e| Failure::Transient(format!("{e:#}")))
         })
         .await;
-        if let Ok(left) = left
-            && left != keep.len() as i64
+        if let Some(gone) = self.gone(&keep).await
+            && gone > 0
         {
             self.history().outside_selection.push(format!(
-                "{}: {} pending or dead outbox rows were deleted",
+                "{}: {gone} pending or dead outbox rows were deleted",
                 if partitions_only {
                     "partition maintenance"
                 } else {
                     "prune"
                 },
-                keep.len() as i64 - left
             ));
         }
         outcome
+    }
+
+    /// How many of the outbox rows `ids` are gone (`None`: Postgres did not answer).
+    async fn gone(&self, ids: &[i64]) -> Option<i64> {
+        let left: i64 = retry(|| {
+            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE id = ANY($1)")
+                .bind(ids)
+                .fetch_one(&self.db)
+        })
+        .await
+        .ok()?;
+        Some(ids.len() as i64 - left)
+    }
+}
+
+/// Why an action did not succeed: Postgres away (tried again), or refused.
+enum Failure {
+    Transient(String),
+    Refused(String),
+}
+
+/// Runs an action until it succeeds or is refused, trying again a second later while it fails for want of
+/// Postgres (at most [`TRIES`] times).
+async fn attempt<F, Fut>(mut f: F) -> Outcome
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<String, Failure>>,
+{
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Ok(done) => return Outcome::Done(done),
+            Err(Failure::Transient(_)) if tries < TRIES => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(Failure::Transient(e)) => return Outcome::Failed(e),
+            Err(Failure::Refused(e)) => return Outcome::Refused(e),
+        }
     }
 }
 
