@@ -118,12 +118,56 @@ pub const KEPT: &[Kept] = &[
             Covers::ReAddFromBeforeRemoval,
             Covers::AddDuringTraffic,
             Covers::CrashDuringReplay,
+            Covers::RedriveWhileLosingMessages,
         ],
         found: Some(
             "issue 35 #5: two `add --from` did not wait for a producer transaction of another role, whose event \
              then reached neither subscriber; #4: copies of a subscriber just added dead-lettered \"no \
              destination\"; #1 (ordered): a re-added subscriber's replayed events refused as late (489), its lane \
              then stuck at a gap",
+        ),
+    },
+    Kept {
+        name: "re_added_subscriber_applies_twice",
+        seed: 8,
+        minutes: 1.5,
+        covers: &[
+            Covers::ReAddFromBeforeRemoval,
+            Covers::AddDuringTraffic,
+            Covers::CrashDuringReplay,
+        ],
+        found: Some(
+            "issue 35 #1 with #4: a subscriber removed with a copy in flight and added again `--from` before the \
+             removal; the replayed copy dead-lettered \"no destination\" by a relay's cache, redriven, applied a \
+             second time",
+        ),
+    },
+    Kept {
+        name: "subscriber_added_during_traffic_dead_lettered",
+        seed: 9,
+        minutes: 1.5,
+        covers: &[
+            Covers::AddDuringTraffic,
+            Covers::ReAddFromBeforeRemoval,
+            Covers::LongTransactionOverReplay,
+        ],
+        found: Some(
+            "issue 35 #4: a subscriber added again `--from` while the relays' subscriber cache was warm: its \
+             replayed copies dead-lettered \"no destination\" (in two runs; the second also applied events twice)",
+        ),
+    },
+    Kept {
+        name: "replay_from_a_time_reaches_older_events",
+        seed: 10,
+        minutes: 1.5,
+        covers: &[
+            Covers::ReAddFromBeforeRemoval,
+            Covers::RedriveWhileLosingMessages,
+        ],
+        found: Some(
+            "`add --from <time>` replayed events written before that time: another subscriber's replayed copies \
+             of them are newer (`created_at`), and the start is the lowest event id of any copy written since; \
+             also #1 (applied twice after a re-add)",
         ),
     },
     Kept {
@@ -147,6 +191,8 @@ pub const KEPT: &[Kept] = &[
             Covers::ReAddFromBeforeRemoval,
             Covers::LongTransactionOverReplay,
         ],
-        found: None,
+        found: Some(
+            "issue 35 #1: events in flight at a removal applied twice after the re-add `--from`",
+        ),
     },
 ];
