@@ -410,4 +410,50 @@ mod tests {
         assert!(!dir.exists(), "{} is left behind", dir.display());
         let _ = std::fs::remove_dir_all(&parent);
     }
+
+    #[tokio::test]
+    async fn a_crashed_cluster_starts_again_on_its_port_with_what_was_committed() {
+        if server_binaries().is_none() {
+            crate::skip_or_fail_under_ci(
+                "initdb",
+                INSTALL,
+                "the throwaway cluster's crash and restart were NOT tested",
+            );
+            return;
+        }
+        let parent =
+            std::env::temp_dir().join(format!("outbox-pg-crash-test-{}", std::process::id()));
+        let pg = LocalPostgres::start(&parent).unwrap();
+        let addr = format!("127.0.0.1:{}", pg.port());
+        let pool = sqlx::PgPool::connect(&pg.url()).await.unwrap();
+        sqlx::query("CREATE TABLE survived (n int)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        // Durable: the cluster's default is `synchronous_commit = off`.
+        sqlx::raw_sql("SET synchronous_commit = on; INSERT INTO survived VALUES (1)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pg.crash().unwrap();
+        assert!(
+            !answers(&addr),
+            "the server still answers at {addr} after the crash"
+        );
+        assert!(sqlx::query("SELECT 1").execute(&pool).await.is_err());
+        pg.start_again().unwrap();
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM survived")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+        assert!(
+            pg.log().contains("database system was interrupted"),
+            "{}",
+            pg.log()
+        );
+        pool.close().await;
+        drop(pg);
+        let _ = std::fs::remove_dir_all(&parent);
+    }
 }
