@@ -14,6 +14,66 @@ use super::schedule::{DevFault, KEYS, Op, SUBSCRIBERS, TOPICS, Target};
 use crate::soak::Counts;
 use crate::soak::supervisor::{Kind, Spawner, Worker, kill};
 
+/// Crashes the explorer's Postgres cluster, one crash at a time (the faults' and the operator's).
+pub struct Crasher {
+    pg: Arc<outbox_testkit::pg_local::LocalPostgres>,
+    /// A crash is under way (another one is refused).
+    crashing: AtomicBool,
+    history: Arc<Mutex<History>>,
+}
+
+impl Crasher {
+    pub fn new(
+        pg: Arc<outbox_testkit::pg_local::LocalPostgres>,
+        history: Arc<Mutex<History>>,
+    ) -> Crasher {
+        Crasher {
+            pg,
+            crashing: AtomicBool::new(false),
+            history,
+        }
+    }
+
+    /// Whether Postgres is being crashed or started again.
+    pub fn crashing(&self) -> bool {
+        self.crashing.load(Ordering::SeqCst)
+    }
+
+    /// `after` from now, crashes Postgres and starts it again `down` later, in a task of its own, recorded as
+    /// `what` (step `step`). False (and nothing done) when a crash is under way.
+    pub fn crash(
+        self: &Arc<Self>,
+        step: usize,
+        what: String,
+        after: Duration,
+        down: Duration,
+    ) -> bool {
+        if self.crashing.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let start = Utc::now();
+            let outcome = crash(me.pg.clone(), down).await;
+            me.crashing.store(false, Ordering::SeqCst);
+            me.history
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .records
+                .push(Record {
+                    step: Some(step),
+                    what,
+                    kind: "postgres crash".into(),
+                    start,
+                    end: Utc::now(),
+                    outcome,
+                });
+        });
+        true
+    }
+}
+
 /// What the faults share with the main loop.
 pub struct Faults {
     pub base: qstash_dev::Faults,
@@ -26,9 +86,7 @@ pub struct Faults {
     pub app_url: String,
     /// The next event number (a long transaction writes an event).
     next_n: Arc<AtomicU64>,
-    pub pg: Arc<outbox_testkit::pg_local::LocalPostgres>,
-    /// A crash is under way (a second one waits its turn: skipped).
-    crashing: Arc<AtomicBool>,
+    pub crasher: Arc<Crasher>,
     pub history: Arc<Mutex<History>>,
 }
 
@@ -39,7 +97,7 @@ impl Faults {
         db: PgPool,
         app_url: String,
         next_n: Arc<AtomicU64>,
-        pg: Arc<outbox_testkit::pg_local::LocalPostgres>,
+        crasher: Arc<Crasher>,
         history: Arc<Mutex<History>>,
     ) -> Faults {
         Faults {
@@ -50,15 +108,14 @@ impl Faults {
             db,
             app_url,
             next_n,
-            pg,
-            crashing: Arc::new(AtomicBool::new(false)),
+            crasher,
             history,
         }
     }
 
     /// Whether Postgres is being crashed or started again.
     pub fn crashing(&self) -> bool {
-        self.crashing.load(Ordering::SeqCst)
+        self.crasher.crashing()
     }
 
     /// The dev server's faults as the active ones say (called every tick).
@@ -224,22 +281,14 @@ impl Faults {
                 return;
             }
             Op::PgCrash { down_secs } => {
-                if self.crashing.swap(true, Ordering::SeqCst) {
+                let down = Duration::from_secs_f64(*down_secs);
+                if !self
+                    .crasher
+                    .crash(step, op.to_string(), Duration::ZERO, down)
+                {
                     Outcome::Refused("a crash is under way".into())
                 } else {
-                    let (pg, crashing, history, op, down) = (
-                        self.pg.clone(),
-                        self.crashing.clone(),
-                        self.history.clone(),
-                        op.clone(),
-                        Duration::from_secs_f64(*down_secs),
-                    );
                     counts.pg_restarts.fetch_add(1, Ordering::Relaxed);
-                    tokio::spawn(async move {
-                        let outcome = crash(pg, down).await;
-                        crashing.store(false, Ordering::SeqCst);
-                        Faults::record(&history, step, &op, start, outcome);
-                    });
                     return;
                 }
             }

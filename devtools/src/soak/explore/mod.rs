@@ -300,12 +300,14 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
         })
         .collect();
     let (op_tx, mut op_rx) = mpsc::unbounded_channel::<ToOperator>();
+    let crasher = Arc::new(faults::Crasher::new(pg.clone(), history.clone()));
     let mut operator = operator::Operator::new(
         owner.clone(),
         url.clone(),
         urls.clone(),
         history.clone(),
         next_n.clone(),
+        crasher.clone(),
     );
     let operator_task = tokio::spawn(async move {
         loop {
@@ -327,7 +329,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
         db.clone(),
         app_url.clone(),
         next_n.clone(),
-        pg.clone(),
+        crasher.clone(),
         history.clone(),
     );
 

@@ -23,6 +23,7 @@ use outbox::dead_letters::{self, Filter, PurgeError, RedriveError, RedriveOption
 use outbox::subscribers::{self, Start, SubscriberError};
 use sqlx::PgPool;
 
+use super::faults::Crasher;
 use super::history::{History, Outcome, Period, Record, Removal, ReplayCover};
 use super::schedule::{From, Op, ReplayMode, SUBSCRIBERS, Selection, TOPICS, label};
 
@@ -55,6 +56,8 @@ pub struct Operator {
     follow_ups: BTreeSet<FollowUp>,
     /// Replays stopped on purpose, waiting for their resume.
     interrupted: BTreeSet<(usize, usize)>,
+    /// Crashes Postgres in the middle of an action ([`Op::CrashDuring`]).
+    crasher: Arc<Crasher>,
 }
 
 /// A dead letter as the selection checks read it.
@@ -76,6 +79,7 @@ impl Operator {
         urls: Vec<String>,
         history: Arc<Mutex<History>>,
         next_n: Arc<AtomicU64>,
+        crasher: Arc<Crasher>,
     ) -> Operator {
         Operator {
             odb: Db::new(db.clone(), Statements::Prepared),
@@ -86,6 +90,7 @@ impl Operator {
             next_n,
             follow_ups: BTreeSet::new(),
             interrupted: BTreeSet::new(),
+            crasher,
         }
     }
 
@@ -113,6 +118,22 @@ impl Operator {
 
     /// Runs one action of the schedule.
     pub async fn run(&mut self, step: usize, op: &Op) {
+        if let Op::CrashDuring {
+            action,
+            after_ms,
+            down_secs,
+        } = op
+        {
+            let what = format!("postgres crash {after_ms} ms into: {action}");
+            let (after, down) = (
+                Duration::from_millis((*after_ms).into()),
+                Duration::from_secs_f64(*down_secs),
+            );
+            if !self.crasher.crash(step, what, after, down) {
+                tracing::warn!("a crash is under way: the action runs without one");
+            }
+            return Box::pin(self.run(step, action)).await;
+        }
         let start = Utc::now();
         let outcome = match op {
             Op::Add {

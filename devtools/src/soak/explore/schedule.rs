@@ -8,7 +8,7 @@
 //! | Drawn ahead, from a model, never from what the run observed | The seed alone names the schedule: a failing seed is a regression case by itself |
 //! | Faults and actions are Poisson arrivals over the whole length; traffic stops at 85 % of it | The last stretch is a drain under faults (a Postgres crash while the relays catch up) |
 //! | A removal is often followed within seconds by the same subscriber added again from before it | The lifecycle defects sit where a removal's in-flight copies meet a replay |
-//! | An action is sometimes followed within a second by a Postgres crash | A crash during a replay, a partition drop, a removal |
+//! | An action is sometimes run with a Postgres crash 0–150 ms into it | A crash during a replay, a partition drop, a removal |
 //! | Poison is curable (`soak_control.cured`), and redrives mostly follow a cure | Redrives then succeed, and a lane blocked by a dead head can move again |
 //! | A window of lost messages is sometimes given a redrive inside it | A dead letter of a lost message, redriven, is lost again |
 
@@ -159,6 +159,13 @@ pub enum Op {
     LongTransaction { secs: f64, topic: usize },
     /// `pg_ctl stop -m immediate`, then start after `down_secs`.
     PgCrash { down_secs: f64 },
+    /// Operator action `action`, with Postgres crashed `after_ms` into it (down `down_secs`): during a replay, a
+    /// removal, a partition drop.
+    CrashDuring {
+        action: Box<Op>,
+        after_ms: u32,
+        down_secs: f64,
+    },
     /// `outbox subscribers add`.
     Add {
         topic: usize,
@@ -197,6 +204,7 @@ impl Op {
             Op::Backends { .. } => "backend kill".into(),
             Op::LongTransaction { .. } => "long transaction".into(),
             Op::PgCrash { .. } => "postgres crash".into(),
+            Op::CrashDuring { action, .. } => action.kind(),
             Op::Add { from, replay, .. } => match (from, replay) {
                 (From::Now, _) => "add".into(),
                 (_, ReplayMode::Whole) => "add --from".into(),
@@ -216,7 +224,8 @@ impl Op {
     pub fn is_action(&self) -> bool {
         matches!(
             self,
-            Op::Add { .. }
+            Op::CrashDuring { .. }
+                | Op::Add { .. }
                 | Op::Remove { .. }
                 | Op::Resume { .. }
                 | Op::Cure
@@ -311,6 +320,14 @@ impl fmt::Display for Op {
                     TOPICS[*topic].name()
                 )
             }
+            Op::CrashDuring {
+                action,
+                after_ms,
+                down_secs,
+            } => write!(
+                f,
+                "{action}, Postgres crashed {after_ms} ms into it (down {down_secs:.1} s)"
+            ),
             Op::PgCrash { down_secs } => {
                 write!(
                     f,
@@ -479,15 +496,23 @@ impl Schedule {
         };
         let mut t = rng.random_range(2.0..2.0 * ACTION_EVERY);
         while t < total - 2.0 {
-            for (dt, op) in draw_action(&mut rng, &mut model) {
-                at(t + dt, op, &mut steps);
-            }
-            // Sometimes a Postgres crash right behind the action: during its replay, its partition drop, …
+            let mut ops = draw_action(&mut rng, &mut model);
+            // Sometimes a Postgres crash in the middle of the action: its replay, its partition drop, …
             if rng.random_bool(0.04) {
-                let dt = rng.random_range(0.1..1.5);
-                let op = Op::PgCrash {
-                    down_secs: rng.random_range(0.5..4.0),
-                };
+                let dt: f64 = rng.random_range(0.1..1.5);
+                let down_secs = rng.random_range(0.5..4.0);
+                match ops.first_mut() {
+                    Some((_, op)) => {
+                        *op = Op::CrashDuring {
+                            action: Box::new(op.clone()),
+                            after_ms: ((dt - 0.1) / 1.4 * 150.0) as u32,
+                            down_secs,
+                        }
+                    }
+                    None => ops.push((dt, Op::PgCrash { down_secs })),
+                }
+            }
+            for (dt, op) in ops {
                 at(t + dt, op, &mut steps);
             }
             t += exponential(&mut rng, ACTION_EVERY);
