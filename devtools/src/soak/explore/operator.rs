@@ -58,6 +58,8 @@ pub struct Operator {
     interrupted: BTreeSet<(usize, usize)>,
     /// Crashes Postgres in the middle of an action ([`Op::CrashDuring`]).
     crasher: Arc<Crasher>,
+    /// A crash to cause after the first chunk of the next replay: (step, what, down).
+    crash_mid_replay: Option<(usize, String, Duration)>,
 }
 
 /// A dead letter as the selection checks read it.
@@ -91,6 +93,7 @@ impl Operator {
             follow_ups: BTreeSet::new(),
             interrupted: BTreeSet::new(),
             crasher,
+            crash_mid_replay: None,
         }
     }
 
@@ -129,10 +132,16 @@ impl Operator {
                 Duration::from_millis((*after_ms).into()),
                 Duration::from_secs_f64(*down_secs),
             );
-            if !self.crasher.crash(step, what, after, down) {
+            if matches!(**action, Op::Add { from, .. } if from != From::Now) {
+                // A replay of a few hundred events takes a hundred milliseconds: the crash comes after its first
+                // chunk, so that it lands in the middle of it.
+                self.crash_mid_replay = Some((step, what, down));
+            } else if !self.crasher.crash(step, what, after, down) {
                 tracing::warn!("a crash is under way: the action runs without one");
             }
-            return Box::pin(self.run(step, action)).await;
+            Box::pin(self.run(step, action)).await;
+            self.crash_mid_replay = None;
+            return;
         }
         let start = Utc::now();
         let outcome = match op {
@@ -345,6 +354,15 @@ impl Operator {
             Err(e) => {
                 self.follow_ups.insert(FollowUp::Replay(topic, sub));
                 return Outcome::Failed(format!("reading the retained events: {e}"));
+            }
+        }
+        if chunks.is_none()
+            && let Some((step, what, down)) = self.crash_mid_replay.take()
+        {
+            let _ = subscribers::replay_step(&self.odb, t, name, INTERRUPTED_CHUNK).await;
+            if self.crasher.crash(step, what, Duration::ZERO, down) {
+                // Until Postgres is down: the rest of the replay meets the crash.
+                tokio::time::sleep(Duration::from_millis(300)).await;
             }
         }
         let mut tries = 0;
