@@ -22,13 +22,14 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 /// The outbox's tables, as the migrations create them.
-const OUTBOX_TABLES: [&str; 11] = [
+const OUTBOX_TABLES: [&str; 12] = [
     "_sqlx_migrations",
     "consumer_sequences",
     "dead_letters",
     "outbox",
     "outbox_accounting",
     "outbox_console_actions",
+    "outbox_default_consumer",
     "outbox_keys",
     "outbox_relay_outage",
     "outbox_sequences",

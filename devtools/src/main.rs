@@ -54,6 +54,31 @@ async fn main() {
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await.map(|_| ()),
         Command::Bench(cmd) => bench::run(cmd).await,
+        Command::Soak(args) if args.schedule == soak::ScheduleKind::Random => {
+            if args.print_schedule {
+                print!(
+                    "{}",
+                    soak::explore::schedule::Schedule::draw(
+                        args.seed,
+                        std::time::Duration::from_secs_f64(args.minutes.max(0.0) * 60.0)
+                    )
+                );
+                return;
+            }
+            match soak::explore::run(args).await {
+                Ok(report) => {
+                    if !report.ok {
+                        eprint!("{}", report.details);
+                    }
+                    println!("{}", report.line());
+                    if !report.ok {
+                        std::process::exit(1);
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        }
         Command::Soak(args) => match soak::run(args).await {
             Ok(report) => {
                 println!("{}", report.line());

@@ -181,7 +181,10 @@ async fn the_accounting_counts_lost_doubled_unknown_reordered_dead_and_pending_e
         let e = outbox::NewEvent::new(
             &outbox_devtools::soak::ORDERED,
             "k1",
-            &outbox_devtools::soak::SoakPayload { n, poison: false },
+            &outbox_devtools::soak::SoakPayload {
+                n,
+                ..Default::default()
+            },
         )
         .unwrap();
         ids.push(outbox::enqueue(&mut tx, e).await.unwrap().id.get());

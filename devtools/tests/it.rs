@@ -7,6 +7,8 @@
 mod bench_report;
 mod bench_sustained;
 mod dev_console;
+mod explore;
+mod explore_check;
 mod help;
 mod pg_local;
 mod pgbouncer;

@@ -192,21 +192,7 @@ impl LocalPostgres {
              fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
         ));
         std::fs::write(&conf, settings).with_context(|| format!("writing {}", conf.display()))?;
-        let log = pg.dir.join("server.log");
-        pg.run(
-            "pg_ctl",
-            &[
-                "-D".as_ref(),
-                data.as_os_str(),
-                "-l".as_ref(),
-                log.as_os_str(),
-                "-w".as_ref(),
-                "-t".as_ref(),
-                "60".as_ref(),
-                "start".as_ref(),
-            ],
-        )
-        .with_context(|| format!("server log:\n{}", pg.log()))?;
+        pg.start_again()?;
         Ok(pg)
     }
 
@@ -223,6 +209,44 @@ impl LocalPostgres {
     /// Its directory (`data/` is the cluster, `server.log` the server's log).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Crashes the server the way a power cut would look to Postgres: `pg_ctl stop -m immediate` (no shutdown
+    /// checkpoint; whatever was committed without a WAL flush, `synchronous_commit = off`, is lost). [`Self::start_again`]
+    /// brings it back through crash recovery. For the schedule explorer (`outbox-dev soak --schedule random`).
+    pub fn crash(&self) -> anyhow::Result<()> {
+        let data = self.dir.join("data");
+        self.run(
+            "pg_ctl",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-m".as_ref(),
+                "immediate".as_ref(),
+                "-w".as_ref(),
+                "stop".as_ref(),
+            ],
+        )
+    }
+
+    /// Starts the server (again, after [`Self::crash`]: on the same port; crash recovery replays the WAL).
+    pub fn start_again(&self) -> anyhow::Result<()> {
+        let data = self.dir.join("data");
+        let log = self.dir.join("server.log");
+        self.run(
+            "pg_ctl",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-l".as_ref(),
+                log.as_os_str(),
+                "-w".as_ref(),
+                "-t".as_ref(),
+                "60".as_ref(),
+                "start".as_ref(),
+            ],
+        )
+        .with_context(|| format!("server log:\n{}", self.log()))
     }
 
     /// The server's log so far.
@@ -384,6 +408,52 @@ mod tests {
         drop(pg);
         assert!(!answers(&addr), "the server still answers at {addr}");
         assert!(!dir.exists(), "{} is left behind", dir.display());
+        let _ = std::fs::remove_dir_all(&parent);
+    }
+
+    #[tokio::test]
+    async fn a_crashed_cluster_starts_again_on_its_port_with_what_was_committed() {
+        if server_binaries().is_none() {
+            crate::skip_or_fail_under_ci(
+                "initdb",
+                INSTALL,
+                "the throwaway cluster's crash and restart were NOT tested",
+            );
+            return;
+        }
+        let parent =
+            std::env::temp_dir().join(format!("outbox-pg-crash-test-{}", std::process::id()));
+        let pg = LocalPostgres::start(&parent).unwrap();
+        let addr = format!("127.0.0.1:{}", pg.port());
+        let pool = sqlx::PgPool::connect(&pg.url()).await.unwrap();
+        sqlx::query("CREATE TABLE survived (n int)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        // Durable: the cluster's default is `synchronous_commit = off`.
+        sqlx::raw_sql("SET synchronous_commit = on; INSERT INTO survived VALUES (1)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pg.crash().unwrap();
+        assert!(
+            !answers(&addr),
+            "the server still answers at {addr} after the crash"
+        );
+        assert!(sqlx::query("SELECT 1").execute(&pool).await.is_err());
+        pg.start_again().unwrap();
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM survived")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+        assert!(
+            pg.log().contains("database system was interrupted"),
+            "{}",
+            pg.log()
+        );
+        pool.close().await;
+        drop(pg);
         let _ = std::fs::remove_dir_all(&parent);
     }
 }

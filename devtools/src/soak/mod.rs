@@ -24,6 +24,7 @@
 
 mod app;
 mod chaos;
+pub mod explore;
 mod produce;
 mod report;
 pub(crate) mod supervisor;
@@ -123,6 +124,27 @@ pub struct SoakArgs {
     /// The executable to run the workers with [default: this one]; tests pass the `outbox-dev` binary.
     #[arg(long, hide = true)]
     pub worker_exe: Option<PathBuf>,
+    /// `steady`: the scenario the flags above describe. `random`: the schedule explorer — a timeline of traffic,
+    /// faults (a Postgres crash among them) and operator actions drawn from --seed over --minutes, run on a
+    /// Postgres cluster of its own (DATABASE_URL and --database are not used), then checked per event and
+    /// subscriber; a violation prints the seed, the schedule and the events' histories.
+    #[arg(long, value_enum, default_value_t = ScheduleKind::Steady)]
+    pub schedule: ScheduleKind,
+    /// Length of a random schedule in minutes (the drain comes after).
+    #[arg(long, default_value_t = 2.0)]
+    pub minutes: f64,
+    /// Print the random schedule of --seed and --minutes, and exit.
+    #[arg(long)]
+    pub print_schedule: bool,
+}
+
+/// Which schedule a soak runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ScheduleKind {
+    /// Steady producers, kills, the dev server's faults, one subscriber (`--events`, `--kill-every-ms`, …).
+    Steady,
+    /// A seeded random timeline of traffic, faults and operator actions (`--seed`, `--minutes`).
+    Random,
 }
 
 #[derive(Parser)]
@@ -179,6 +201,84 @@ fn drain_bound(spawner: &Spawner, time_scale: f64) -> anyhow::Result<Duration> {
     Ok(qstash.max(reconciler) + Duration::from_secs(60))
 }
 
+/// The dev server's configuration for a soak (seeded; QStash's clock at [`TIME_SCALE`]) and the faults it runs
+/// with: 10 % of publishes fail, 5 % lose their response, 10 % of deliveries come twice, 5 % fail in the network.
+pub(crate) fn dev_server_config(seed: u64) -> (qstash_dev::Config, qstash_dev::Faults) {
+    let faults = qstash_dev::Faults {
+        publish_5xx_rate: 0.10,
+        publish_drop_response_rate: 0.05,
+        duplicate_delivery_rate: 0.10,
+        delivery_network_error_rate: 0.05,
+        ..Default::default()
+    };
+    let cfg = qstash_dev::Config {
+        port: 0,
+        seed,
+        time_scale: TIME_SCALE,
+        waitlist_order: qstash_dev::WaitlistOrder::Shuffled,
+        // Shorter than the relays' evidence timeout (20 s below): when an ordered head's delivery callback is
+        // lost, the relay republishes it after that timeout with the same deduplication id, and within the
+        // window QStash would swallow the republish — the key would wait out the whole window (10 min).
+        dedup_window: Duration::from_secs(10),
+        faults: faults.clone(),
+        ..qstash_dev::Config::default()
+    };
+    (cfg, faults)
+}
+
+/// The workers' environment: the functions' variables for database `url`, the dev server, the default consumer
+/// and the callback receiver, the dead heads of the topics `skip_dead_heads` skipped, and laptop-scale relay
+/// settings (unless the caller's environment sets them).
+pub(crate) fn worker_env(
+    url: &str,
+    dev: &qstash_dev::DevServer,
+    consumer_url: &str,
+    callback_url: &str,
+    skip_dead_heads: &[&str],
+) -> Vec<(String, String)> {
+    let keys = dev.signing_keys();
+    let mut env: Vec<(String, String)> = vec![
+        ("DATABASE_URL".into(), url.to_owned()),
+        ("QSTASH_URL".into(), dev.url()),
+        ("QSTASH_TOKEN".into(), dev.token().to_owned()),
+        ("QSTASH_CURRENT_SIGNING_KEY".into(), keys.current.clone()),
+        ("QSTASH_NEXT_SIGNING_KEY".into(), keys.next.clone()),
+        // The dev server's public keys and token: the workers (the functions' own setup) refuse them without it.
+        ("OUTBOX_ALLOW_DEV_KEYS".into(), "true".into()),
+        ("CONSUMER_URL".into(), consumer_url.to_owned()),
+        ("CALLBACK_URL".into(), callback_url.to_owned()),
+        ("CONSUMER_NAME".into(), "soak".into()),
+        (
+            "RELAY_SKIP_DEAD_HEAD_TOPICS".into(),
+            skip_dead_heads.join(","),
+        ),
+    ];
+    // Laptop-scale relay settings (like the local stack's), unless the environment sets them.
+    for (k, v) in [
+        ("RELAY_LEASE_SECS", "5"),
+        ("RELAY_POLL_INTERVAL_MS", "100"),
+        ("RELAY_DEADLINE_MARGIN_MS", "500"),
+        ("RELAY_CONCURRENCY", "2"),
+        // Short, so that a delivery callback lost with a killed callback receiver costs seconds, not the
+        // production default (QStash's retry horizon + 1 h): the relay republishes the head, the consumer dedupes.
+        ("RELAY_EVIDENCE_TIMEOUT_SECS", "20"),
+        // Short for the same reason: an event whose failure callback never arrived (the callback receiver was
+        // killed through all of the callback's retries) is looked up at QStash after this, not after the
+        // production horizon (hours), so it ends as a dead letter within the drain. At least
+        // RELAY_APPLIED_GRACE_SECS (30), so the applied sweep comes first.
+        ("RELAY_RECONCILE_AFTER_SECS", "30"),
+        ("RELAY_BACKOFF_BASE_SECS", "0.5"),
+        ("RELAY_BACKOFF_CAP_SECS", "10"),
+        ("RELAY_OUTAGE_PROBE_BASE_MS", "200"),
+        ("RELAY_OUTAGE_PROBE_CAP_SECS", "2"),
+        ("QSTASH_RETRIES", "3"),
+        ("RUST_LOG", "warn"),
+    ] {
+        default_env(&mut env, k, v);
+    }
+    env
+}
+
 fn pool(url: &str, name: &str, max: u32) -> anyhow::Result<PgPool> {
     let opts: PgConnectOptions = url.parse().context("DATABASE_URL")?;
     Ok(PgPoolOptions::new()
@@ -223,29 +323,10 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
     create_table(&db).await?;
 
     // The dev server, faults on, seeded.
-    let mut dev_cfg = qstash_dev::Config {
-        port: 0,
-        seed: args.seed,
-        time_scale: TIME_SCALE,
-        waitlist_order: qstash_dev::WaitlistOrder::Shuffled,
-        // Shorter than the relays' evidence timeout (20 s below): when an ordered head's delivery callback is
-        // lost, the relay republishes it after that timeout with the same deduplication id, and within the
-        // window QStash would swallow the republish — the key would wait out the whole window (10 min).
-        dedup_window: Duration::from_secs(10),
-        ..qstash_dev::Config::default()
-    };
-    let faults = qstash_dev::Faults {
-        publish_5xx_rate: 0.10,
-        publish_drop_response_rate: 0.05,
-        duplicate_delivery_rate: 0.10,
-        delivery_network_error_rate: 0.05,
-        ..Default::default()
-    };
-    dev_cfg.faults = faults.clone();
+    let (dev_cfg, faults) = dev_server_config(args.seed);
     let dev = qstash_dev::DevServer::start(dev_cfg)
         .await
         .map_err(|e| anyhow::anyhow!("starting the QStash dev server: {e}"))?;
-    let keys = dev.signing_keys();
 
     // The workers.
     let log_dir = args.log_dir.clone().unwrap_or_else(default_log_dir);
@@ -254,74 +335,13 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
     let callback_port = free_port()?;
     let consumer_url = format!("http://127.0.0.1:{consumer_port}");
     let callback_url = format!("http://127.0.0.1:{callback_port}");
-    let mut env: Vec<(String, String)> = vec![
-        ("DATABASE_URL".into(), url.clone()),
-        ("QSTASH_URL".into(), dev.url()),
-        ("QSTASH_TOKEN".into(), dev.token().to_owned()),
-        ("QSTASH_CURRENT_SIGNING_KEY".into(), keys.current.clone()),
-        ("QSTASH_NEXT_SIGNING_KEY".into(), keys.next.clone()),
-        // The dev server's public keys and token: the workers (the functions' own setup) refuse them without it.
-        ("OUTBOX_ALLOW_DEV_KEYS".into(), "true".into()),
-        ("CONSUMER_URL".into(), consumer_url.clone()),
-        ("CALLBACK_URL".into(), callback_url.clone()),
-        ("CONSUMER_NAME".into(), "soak".into()),
-        (
-            "RELAY_SKIP_DEAD_HEAD_TOPICS".into(),
-            ORDERED.name().to_owned(),
-        ),
-    ];
-    // Laptop-scale relay settings (like the local stack's), unless the environment sets them.
-    for (k, v) in [
-        ("RELAY_LEASE_SECS", "5"),
-        ("RELAY_POLL_INTERVAL_MS", "100"),
-        ("RELAY_DEADLINE_MARGIN_MS", "500"),
-        ("RELAY_CONCURRENCY", "2"),
-        // Short, so that a delivery callback lost with a killed callback receiver costs seconds, not the
-        // production default (QStash's retry horizon + 1 h): the relay republishes the head, the consumer dedupes.
-        ("RELAY_EVIDENCE_TIMEOUT_SECS", "20"),
-        // Short for the same reason: an event whose failure callback never arrived (the callback receiver was
-        // killed through all of the callback's retries) is looked up at QStash after this, not after the
-        // production horizon (hours), so it ends as a dead letter within the drain. At least
-        // RELAY_APPLIED_GRACE_SECS (30), so the applied sweep comes first.
-        ("RELAY_RECONCILE_AFTER_SECS", "30"),
-        ("RELAY_BACKOFF_BASE_SECS", "0.5"),
-        ("RELAY_BACKOFF_CAP_SECS", "10"),
-        ("RELAY_OUTAGE_PROBE_BASE_MS", "200"),
-        ("RELAY_OUTAGE_PROBE_CAP_SECS", "2"),
-        ("QSTASH_RETRIES", "3"),
-        ("RUST_LOG", "warn"),
-    ] {
-        default_env(&mut env, k, v);
-    }
-    let spawner = Spawner {
-        exe: match &args.worker_exe {
-            Some(p) => p.clone(),
-            None => std::env::current_exe().context("finding this executable")?,
-        },
-        env,
-        log_dir: log_dir.clone(),
-        relay_invocation_secs: 30,
-    };
+    let env = worker_env(&url, &dev, &consumer_url, &callback_url, &[ORDERED.name()]);
+    let spawner = Spawner::new(args.worker_exe.as_ref(), env, log_dir.clone(), 30)?;
     let mut workers: Vec<Worker> = (0..args.relays)
-        .map(|i| Worker {
-            kind: Kind::Relay,
-            index: i,
-            port: None,
-            child: None,
-        })
+        .map(|i| Worker::new(Kind::Relay, i, None))
         .collect();
-    workers.push(Worker {
-        kind: Kind::Consumer,
-        index: 0,
-        port: Some(consumer_port),
-        child: None,
-    });
-    workers.push(Worker {
-        kind: Kind::Callback,
-        index: 0,
-        port: Some(callback_port),
-        child: None,
-    });
+    workers.push(Worker::new(Kind::Consumer, 0, Some(consumer_port)));
+    workers.push(Worker::new(Kind::Callback, 0, Some(callback_port)));
     for w in &mut workers {
         spawner.spawn(w)?;
     }

@@ -72,6 +72,7 @@ async fn write(db: &PgPool, events: &[(u64, bool, String)]) -> anyhow::Result<()
             &SoakPayload {
                 n: *n,
                 poison: *poison,
+                ..SoakPayload::default()
             },
         )?;
         outbox::enqueue(&mut tx, event).await?;

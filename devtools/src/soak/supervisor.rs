@@ -35,6 +35,24 @@ pub(crate) struct Worker {
     pub(crate) index: usize,
     pub(crate) port: Option<u16>,
     pub(crate) child: Option<Child>,
+    /// Variables of its own, over the spawner's (the explorer's consumers: their subscriber's `CONSUMER_NAME`).
+    pub(crate) env: Vec<(String, String)>,
+    /// Kept down until then ([`supervise`] does not restart it before).
+    pub(crate) down_until: Option<Instant>,
+}
+
+impl Worker {
+    /// A worker not started yet.
+    pub(crate) fn new(kind: Kind, index: usize, port: Option<u16>) -> Worker {
+        Worker {
+            kind,
+            index,
+            port,
+            child: None,
+            env: Vec::new(),
+            down_until: None,
+        }
+    }
 }
 
 /// Everything a worker needs to start.
@@ -47,6 +65,25 @@ pub(crate) struct Spawner {
 }
 
 impl Spawner {
+    /// Workers run `exe`, or this executable when `None` (tests pass the `outbox-dev` binary), each with `env`,
+    /// logging into `log_dir`.
+    pub(crate) fn new(
+        exe: Option<&PathBuf>,
+        env: Vec<(String, String)>,
+        log_dir: PathBuf,
+        relay_invocation_secs: u64,
+    ) -> anyhow::Result<Spawner> {
+        Ok(Spawner {
+            exe: match exe {
+                Some(p) => p.clone(),
+                None => std::env::current_exe().context("finding this executable")?,
+            },
+            env,
+            log_dir,
+            relay_invocation_secs,
+        })
+    }
+
     pub(crate) fn spawn(&self, w: &mut Worker) -> anyhow::Result<()> {
         let mut cmd = Command::new(&self.exe);
         cmd.arg("soak-worker");
@@ -64,7 +101,7 @@ impl Spawner {
                 .env("PUBLIC_BASE_URL", format!("http://127.0.0.1:{p}")),
             _ => anyhow::bail!("a receiver needs a port"),
         };
-        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd.envs(self.env.iter().chain(&w.env).map(|(k, v)| (k, v)));
         let name = format!("{}-{}", w.kind.app_name(), w.index);
         cmd.env("DB_APPLICATION_NAME", &name);
         let log = std::fs::OpenOptions::new()
@@ -88,9 +125,20 @@ pub(crate) async fn kill(w: &mut Worker) {
     }
 }
 
-/// Restarts workers that exited by themselves.
+/// Restarts workers that exited by themselves, and those kept down whose time is over.
 pub(crate) async fn supervise(spawner: &Spawner, workers: &mut [Worker], counts: &Counts) {
     for w in workers.iter_mut() {
+        if w.down_until.is_some_and(|t| Instant::now() < t) {
+            continue;
+        }
+        if w.down_until.take().is_some() && w.child.is_none() {
+            if let Err(e) = spawner.spawn(w) {
+                eprintln!("soak: restarting a worker failed: {e:#}");
+            } else {
+                counts.restarts.fetch_add(1, Ordering::Relaxed);
+            }
+            continue;
+        }
         let exited = match w.child.as_mut().map(|c| c.try_wait()) {
             Some(Ok(Some(_))) | Some(Err(_)) | None => true,
             Some(Ok(None)) => false,

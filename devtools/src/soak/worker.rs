@@ -2,8 +2,9 @@
 //! runs, configured from the environment exactly like the Lambda, so a SIGKILL kills what production would lose.
 //!
 //! * `relay`: the `outbox relay` loop (simulated invocations through the relay Lambda's handler);
-//! * `consumer --port P`: the consumer handler with the soak's registry ([`super::registry`]), served through
-//!   [`outbox::local::serve`] (the function-URL event path);
+//! * `consumer --port P`: the consumer handler with the soak's registry ([`super::registry`]; the explorer's
+//!   topics and subscriber when `SOAK_TOPICS` is set), served through [`outbox::local::serve`] (the function-URL
+//!   event path);
 //! * `callback --port P`: the failure/delivery callback handler, likewise.
 
 use std::sync::Arc;
@@ -43,7 +44,7 @@ pub async fn run(worker: SoakWorker) -> anyhow::Result<()> {
                 .await
                 .context("consumer configuration")?
                 .with_metrics(false);
-            let state = Arc::new(ConsumerState::new(receiver, super::registry()));
+            let state = Arc::new(ConsumerState::new(receiver, consumer_registry()));
             let listener = bind(port).await?;
             outbox::local::serve(
                 listener,
@@ -76,6 +77,21 @@ pub async fn run(worker: SoakWorker) -> anyhow::Result<()> {
             .await
             .context("serving the callbacks")
         }
+    }
+}
+
+/// The consumer's topics and handler: the soak's, or, when the explorer set `SOAK_TOPICS` (comma-separated), those
+/// topics with a handler that records its applications as subscriber `SOAK_SUBSCRIBER`'s and reads `soak_control`.
+fn consumer_registry() -> outbox::consumer::Registry {
+    match std::env::var("SOAK_TOPICS") {
+        Ok(topics) => {
+            let apply = super::Apply {
+                subscriber: std::env::var("SOAK_SUBSCRIBER").unwrap_or_default(),
+                controlled: true,
+            };
+            super::app::registry_for(topics.split(',').filter(|t| !t.is_empty()), &apply)
+        }
+        Err(_) => super::registry(),
     }
 }
 

@@ -161,6 +161,7 @@ async fn the_two_migrators_make_what_the_single_one_made(pool: PgPool) {
             "outbox",
             "outbox_accounting",
             "outbox_console_actions",
+            "outbox_default_consumer",
             "outbox_keys",
             "outbox_relay_outage",
             "outbox_sequences",

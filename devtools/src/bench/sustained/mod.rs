@@ -284,28 +284,15 @@ pub async fn run_and_judge(args: SustainedArgs) -> anyhow::Result<Value> {
         // Warnings, and the relay's one summary line per invocation (its housekeeping figures).
         ("RUST_LOG".into(), "warn,outbox::relay::handler=info".into()),
     ];
-    let spawner = Spawner {
-        exe: match &args.worker_exe {
-            Some(p) => p.clone(),
-            None => std::env::current_exe().context("finding this executable")?,
-        },
+    let spawner = Spawner::new(
+        args.worker_exe.as_ref(),
         env,
-        log_dir: log_dir.clone(),
-        relay_invocation_secs: args.invocation_secs,
-    };
+        log_dir.clone(),
+        args.invocation_secs,
+    )?;
     let mut receivers = vec![
-        Worker {
-            kind: Kind::Consumer,
-            index: 0,
-            port: Some(consumer_port),
-            child: None,
-        },
-        Worker {
-            kind: Kind::Callback,
-            index: 0,
-            port: Some(callback_port),
-            child: None,
-        },
+        Worker::new(Kind::Consumer, 0, Some(consumer_port)),
+        Worker::new(Kind::Callback, 0, Some(callback_port)),
     ];
     for w in &mut receivers {
         spawner.spawn(w)?;
@@ -314,12 +301,7 @@ pub async fn run_and_judge(args: SustainedArgs) -> anyhow::Result<Value> {
         wait_listening(p, Duration::from_secs(60)).await?;
     }
     let mut relays: Vec<Worker> = (0..args.relays)
-        .map(|i| Worker {
-            kind: Kind::Relay,
-            index: i,
-            port: None,
-            child: None,
-        })
+        .map(|i| Worker::new(Kind::Relay, i, None))
         .collect();
     // Staggered like scheduled runs that overlap: relay i starts i/relays of an invocation later.
     let stagger = Duration::from_secs_f64(args.invocation_secs as f64 / args.relays as f64);
@@ -619,7 +601,7 @@ async fn write(db: &PgPool, events: &[(bool, String, u64)]) -> anyhow::Result<Ve
             key.clone(),
             &SoakPayload {
                 n: *n,
-                poison: false,
+                ..SoakPayload::default()
             },
         )?;
         ids.push(outbox::enqueue(&mut tx, event).await?.id.get());
