@@ -176,3 +176,213 @@ async fn a_subscriber_removed_while_in_flight_and_added_again_with_history_appli
     );
     stack.stop().await;
 }
+
+/// The ids of the events numbered `from..=to` (their first copies), in order.
+async fn ids_of(pool: &PgPool, from: i64, to: i64) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT min(id), max(id) FROM outbox WHERE event_id IS NULL AND (payload->>'n')::bigint BETWEEN $1 AND $2",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Waits until the dev server holds nothing (no message waiting or retrying).
+async fn wait_dev_idle(stack: &outbox_testkit::stack::LocalStack) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !stack.dev.handle().is_idle() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "QStash kept retrying"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A subscriber's whole lifecycle, three subscribers, ordered and unordered topics, under the dev server's faults
+/// (publish errors, dropped publish answers, duplicate deliveries), every step an operator command:
+///
+/// 1. A is live; B is added while traffic flows and the relay's subscriber cache is warm; C is added with its
+///    history from the first event, its replay interrupted after one chunk and resumed with `replay`;
+/// 2. B is down while more events are published, removed while its copies are in flight, and back up (QStash
+///    still delivers what it holds);
+/// 3. more events while B is not a subscriber; B added again with its history from phase 2 on (`--again`);
+/// 4. B removed while idle; events it does not get; B added again from now; events it gets.
+///
+/// Every subscriber applies every event it is owed exactly once, each key in order, and no dead letter is left.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn a_subscribers_whole_lifecycle_under_faults_applies_each_event_once_in_order(pool: PgPool) {
+    use crate::fanout::A;
+    use qstash_dev::Faults;
+    const C: &str = "c";
+    let stack = stack_with(&pool, &[A, B, C], false, |o| {
+        o.relay.batching.default_n = 5;
+        o.qstash_batch_size = 3;
+        o.qstash_retries = 5;
+        // QStash's retry delays scaled to 0.6 s, 7.5 s, …: B's copies wait at QStash while it is down.
+        o.dev.time_scale = 0.05;
+        o.dev.seed = 35;
+        o.dev.faults = Faults {
+            publish_5xx_rate: 0.1,
+            publish_drop_response_rate: 0.1,
+            duplicate_delivery_rate: 0.2,
+            ..Default::default()
+        };
+    })
+    .await;
+    let (url_a, url_b, url_c) = (
+        stack.subscriber_url(A).unwrap().to_owned(),
+        stack.subscriber_url(B).unwrap().to_owned(),
+        stack.subscriber_url(C).unwrap().to_owned(),
+    );
+    let (ordered, unordered) = (ORDERED, UNORDERED);
+    let topics = [ordered.name(), unordered.name()];
+    let cli = |args: Vec<String>| {
+        let pool = pool.clone();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            outbox_subscribers(&pool, &args).await
+        }
+    };
+    let s = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
+    for t in topics {
+        cli(s(&["add", t, A, &url_a])).await.unwrap();
+    }
+    // Phase 1: traffic, during which B is added (warm relay) and C replays its history.
+    let first = enqueue(&pool, 1, 4, 3, 12, |_| Vec::new()).await;
+    let mut n = first;
+    // Six rounds of eight events a tenth of a second apart: the commands below run while they are written.
+    let traffic = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            let mut written = 0;
+            for _ in 0..6 {
+                written += enqueue(&pool, first + 1 + written, 2, 2, 4, |_| Vec::new()).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            written
+        }
+    });
+    for t in topics {
+        cli(s(&["add", t, B, &url_b])).await.unwrap();
+        cli(s(&["add", t, C, &url_c, "--from", "1", "--no-replay"]))
+            .await
+            .unwrap();
+        let db = outbox::db::Db::new(pool.clone(), outbox::db::Statements::Unnamed);
+        let step = outbox::subscribers::replay_step(&db, t, C, 5)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            !step.finished,
+            "the replay is interrupted after its first chunk"
+        );
+    }
+    n += traffic.await.unwrap();
+    for t in topics {
+        let out = cli(s(&["replay", t, C])).await.unwrap();
+        assert!(out.contains("done"), "{out}");
+    }
+    let b_first_life_to = n;
+    assert!(
+        stack.wait_quiet(Duration::from_secs(120)).await,
+        "did not drain after phase 1"
+    );
+    // Phase 2: B down; its copies go to QStash and wait there; B removed meanwhile, then back.
+    assert!(stack.set_subscriber_down(B, true));
+    let phase2 = n + 1;
+    n += enqueue(&pool, phase2, 4, 2, 8, |_| Vec::new()).await;
+    let in_flight = "SELECT count(*) FROM outbox o WHERE subscriber = 'b' AND dispatched_at IS NOT NULL \
+                     AND delivered_at IS NULL AND dead_lettered_at IS NULL";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while count(&pool, in_flight).await < 8 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B's copies never got in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for t in topics {
+        cli(s(&["remove", t, B])).await.unwrap();
+    }
+    assert!(stack.set_subscriber_down(B, false));
+    wait_dev_idle(&stack).await;
+    // Phase 3: events B is not subscribed to, then B back with its history from phase 2 on.
+    n += enqueue(&pool, n + 1, 4, 2, 8, |_| Vec::new()).await;
+    let (from, _) = ids_of(&pool, phase2, phase2).await;
+    for t in topics {
+        let out = cli(s(&[
+            "add",
+            t,
+            B,
+            &url_b,
+            "--from",
+            &from.to_string(),
+            "--again",
+        ]))
+        .await
+        .unwrap();
+        assert!(out.contains("done"), "{out}");
+    }
+    assert!(
+        stack.wait_quiet(Duration::from_secs(120)).await,
+        "did not drain after B's second life"
+    );
+    let b_third_life_to = n;
+    // Phase 4: B removed while idle; events it does not get; B added from now; events it gets.
+    for t in topics {
+        cli(s(&["remove", t, B])).await.unwrap();
+    }
+    let missed_from = n + 1;
+    n += enqueue(&pool, missed_from, 4, 1, 4, |_| Vec::new()).await;
+    let missed_to = n;
+    for t in topics {
+        cli(s(&["add", t, B, &url_b])).await.unwrap();
+    }
+    n += enqueue(&pool, n + 1, 4, 2, 8, |_| Vec::new()).await;
+    assert!(
+        stack.wait_quiet(Duration::from_secs(120)).await,
+        "did not drain at the end"
+    );
+    let all: Vec<i64> = (1..=n).collect();
+    assert_applied_once_in_order(&pool, A, &all).await;
+    assert_applied_once_in_order(&pool, C, &all).await;
+    assert_applied_once_in_order(&pool, DEFAULT, &all).await;
+    // B's first life: the events written after it was added (a producer's statement sees it from then on), each
+    // with a copy for it; then everything from phase 2 on but the events written while it was removed in phase 4.
+    let first_life: Vec<i64> = sqlx::query_scalar(
+        "SELECT DISTINCT (payload->>'n')::bigint FROM outbox WHERE subscriber = 'b' \
+         AND (payload->>'n')::bigint <= $1 ORDER BY 1",
+    )
+    .bind(b_first_life_to)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        !first_life.is_empty() && first_life.len() < b_first_life_to as usize,
+        "B was added while the traffic was written: {first_life:?}"
+    );
+    let b: Vec<i64> = first_life
+        .into_iter()
+        .chain((phase2..=n).filter(|e| !(missed_from..=missed_to).contains(e)))
+        .collect();
+    assert!(b_first_life_to < b_third_life_to && b_third_life_to < missed_from);
+    assert_applied_once_in_order(&pool, B, &b).await;
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM dead_letters").await,
+        0,
+        "{:?}",
+        sqlx::query_as::<_, (String, String)>("SELECT subscriber, error FROM dead_letters")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    );
+    let stats = stack.dev.handle().stats();
+    assert!(
+        stats.duplicate_deliveries > 0 && stats.injected_publish_errors > 0,
+        "the faults must have happened: {stats:?}"
+    );
+    stack.stop().await;
+}

@@ -1263,3 +1263,36 @@ async fn a_callback_about_a_subscribers_copy_needs_that_subscribers_signature(po
     assert_eq!(status, 200, "{json}");
     assert!(delivered().await.unwrap());
 }
+
+/// A failure callback for a copy a removal deleted while QStash still held it: the dead letter is the copy's
+/// subscriber's (read from the signed envelope, the row being gone), not the default subscriber's; and when that
+/// subscriber applied the event (its dedupe row under the event's id) it is recorded resolved, not left open.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn a_failure_callback_for_a_deleted_copy_is_its_subscribers_dead_letter(pool: PgPool) {
+    let st = state(&pool);
+    let lost = audit_delivery(900).subscriber("search").event(899);
+    let body = failure_body(&lost, "1701198458025-7").to_string();
+    let (status, json) = parts(&handle_callback(&st, post("/failure", body.as_bytes())).await);
+    assert_eq!(status, 200, "{json}");
+    let applied = audit_delivery(902).subscriber("search").event(901);
+    sqlx::query("INSERT INTO processed_messages (consumer, message_id) VALUES ('search', '901')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let body = failure_body(&applied, "1701198458025-8").to_string();
+    let (status, json) = parts(&handle_callback(&st, post("/failure", body.as_bytes())).await);
+    assert_eq!(status, 200, "{json}");
+    let rows: Vec<(i64, String, Option<String>)> = sqlx::query_as(
+        "SELECT outbox_id, subscriber, resolution FROM dead_letters ORDER BY outbox_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        [
+            (900, "search".to_owned(), None),
+            (902, "search".to_owned(), Some("applied".to_owned()))
+        ]
+    );
+}

@@ -755,3 +755,62 @@ async fn a_subscriber_may_not_share_the_default_consumers_namespace_or_use_plain
         "the relay's refused name was not recorded"
     );
 }
+
+/// `add --from <time>` starts at the first event written at or after that time, by the events' own times: the
+/// copies another subscriber's replay made a moment ago are of older events and do not pull the start back
+/// (before, their creation time was the replay's, and the new subscriber got the whole replayed history).
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_replay_from_a_time_starts_at_the_events_written_since_whatever_other_replays_copied(
+    pool: PgPool,
+) {
+    let db = db(&pool);
+    let old: Vec<i64> = vec![
+        enqueue(&pool, &AUDIT, "a", 1).await,
+        enqueue(&pool, &AUDIT, "b", 2).await,
+    ];
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let new = enqueue(&pool, &AUDIT, "c", 3).await;
+    // Another subscriber replays everything: copies of the old events, written now.
+    subscribers::add(
+        &db,
+        "audit",
+        "archive",
+        Some("http://127.0.0.1:9"),
+        Start::FromId(1),
+        WAIT,
+    )
+    .await
+    .unwrap();
+    subscribers::replay(&db, "audit", "archive", WAIT, |_| {})
+        .await
+        .unwrap();
+    let added = subscribers::add(
+        &db,
+        "audit",
+        "search",
+        Some("http://127.0.0.1:9"),
+        Start::Since(since),
+        WAIT,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        added.subscriber.replay.as_ref().map(|r| r.from),
+        Some(new),
+        "{old:?}"
+    );
+    subscribers::replay(&db, "audit", "search", WAIT, |_| {})
+        .await
+        .unwrap();
+    let search: Vec<i64> = sqlx::query_scalar(
+        "SELECT coalesce(event_id, id) FROM outbox WHERE subscriber = 'search' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(search, [new]);
+}

@@ -71,6 +71,8 @@ pub fn failure_from_callback(raw: &[u8]) -> QstashFailure {
                 attempts: callback.retried.map(|r| r.saturating_add(1)),
                 source_body: source.payload,
                 source_headers: with_event_headers(callback.source_header.clone(), &source.headers),
+                subscriber: source.subscriber,
+                event_id: source.event_id,
                 url: callback.url.clone(),
                 raw_callback: keep_raw.then(|| raw.to_vec()),
                 parse_error,
@@ -255,6 +257,8 @@ async fn batch_failure(
                 partition_key: e.partition_key,
                 source_body: e.payload,
                 source_headers: with_event_headers(callback.source_header.clone(), &e.headers),
+                subscriber: e.subscriber,
+                event_id: e.event_id,
                 batch_member: true,
                 event_error,
                 ..base.clone()

@@ -237,6 +237,10 @@ pub struct SourceEvent {
     pub partition_key: Option<PartitionKey>,
     /// The per-key sequence (an ordered event of a current envelope).
     pub seq: Option<i64>,
+    /// The named subscriber the message was for (a current envelope's `subscriber`).
+    pub subscriber: Option<String>,
+    /// The event the copy is of (a current envelope's `event`, when it differs from the copy's id).
+    pub event_id: Option<OutboxId>,
     /// The event's payload (for the dead letter): the envelope's payload, or the whole body of a legacy message.
     pub payload: Option<Vec<u8>>,
     /// The envelope's event headers and its schema version (as `x-schema-version`), for a redrive that must
@@ -294,6 +298,8 @@ pub fn source_events(b: &CallbackBody) -> Vec<SourceEvent> {
                     topic: Some(env.topic.clone()),
                     partition_key: Some(ev.key.clone()),
                     seq: ev.seq,
+                    subscriber: env.subscriber.clone(),
+                    event_id: ev.event,
                     payload: Some(ev.payload.get().as_bytes().to_vec()),
                     headers,
                 }
@@ -309,6 +315,8 @@ pub fn source_events(b: &CallbackBody) -> Vec<SourceEvent> {
             .and_then(contract::decode_key)
             .map(PartitionKey::from),
         seq: None,
+        subscriber: None,
+        event_id: None,
         payload: (!current).then(|| b.source_body.clone()).flatten(),
         headers: BTreeMap::new(),
     }]

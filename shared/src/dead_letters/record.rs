@@ -48,6 +48,11 @@ pub struct QstashFailure {
     pub batch_member: bool,
     /// What the consumer said about this event (its per-event verdict), added to the error.
     pub event_error: Option<String>,
+    /// The named subscriber the message was for (its signed envelope's `subscriber`; `None`: the default one);
+    /// used when the outbox row is gone (a removal deleted the copy while QStash still held it).
+    pub subscriber: Option<String>,
+    /// The event the copy is of (its envelope's `event`), for the dedupe-row lookup when the row is gone.
+    pub event_id: Option<OutboxId>,
 }
 
 impl QstashFailure {
@@ -180,7 +185,7 @@ pub async fn record_qstash_failure(
                                   error, status, response_body, attempts, qstash_message_id, dlq_id,
                                   raw_callback, parse_error, resolved_at, resolution)
         SELECT 'qstash', $1, coalesce(o.id, $13), coalesce(o.topic, $14), coalesce(o.partition_key, $15),
-               coalesce(o.subscriber, ''), o.seq,
+               coalesce(o.subscriber, $17, ''), o.seq,
                coalesce(o.payload, $2::jsonb), CASE WHEN o.id IS NULL AND $2::jsonb IS NULL THEN $3::bytea END,
                $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12,
                CASE WHEN o.delivered_at IS NOT NULL OR applied.yes THEN now() END,
@@ -190,8 +195,9 @@ pub async fn record_qstash_failure(
         CROSS JOIN LATERAL (
             SELECT $13::bigint IS NOT NULL AND EXISTS (
                 SELECT 1 FROM {schema}.processed_messages pm
-                WHERE pm.consumer = CASE WHEN coalesce(o.subscriber, '') = '' THEN $16 ELSE o.subscriber END
-                  AND pm.message_id IN (coalesce(o.event_id, $13::bigint)::text, $13::bigint::text)
+                WHERE pm.consumer = CASE WHEN coalesce(o.subscriber, $17, '') = '' THEN $16
+                                         ELSE coalesce(o.subscriber, $17) END
+                  AND pm.message_id IN (coalesce(o.event_id, $18::bigint, $13::bigint)::text, $13::bigint::text)
             ) AS yes
         ) applied
         ON CONFLICT (source, natural_id) DO NOTHING
@@ -214,6 +220,8 @@ pub async fn record_qstash_failure(
     .bind(failure.topic.as_deref())
     .bind(failure.partition_key.as_deref())
     .bind(consumer)
+    .bind(failure.subscriber.as_deref())
+    .bind(failure.event_id)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(row) = row else {

@@ -606,8 +606,11 @@ async fn add_with(
         Start::Now => None,
         Start::FromId(id) => Some(id),
         Start::Since(at) => {
+            // The events' own times: a first copy (`event_id IS NULL`) is written by the producer with its event,
+            // where a copy made by another subscriber's replay has the time of that replay.
             let first: Option<i64> = sqlx::query_scalar(crate::schema::q(
-                "SELECT min(coalesce(event_id, id)) FROM {schema}.outbox WHERE topic = $1 AND created_at >= $2",
+                "SELECT min(id) FROM {schema}.outbox \
+                 WHERE topic = $1 AND created_at >= $2 AND event_id IS NULL",
             ))
             .bind(topic)
             .bind(at)
