@@ -219,6 +219,9 @@ impl Operator {
     async fn add(&mut self, topic: usize, sub: usize, from: From, mode: ReplayMode) -> Outcome {
         let t = TOPICS[topic].name();
         let name = SUBSCRIBERS[sub];
+        // An operator adding a subscriber back does not run its earlier, unfinished removal again afterwards (that
+        // would remove it anew); the copies that removal left are delivered to the subscriber it is again.
+        self.follow_ups.remove(&FollowUp::Remove(topic, sub));
         let since = match from {
             From::Now => None,
             From::Back { secs } => Some(Utc::now() - chrono::Duration::seconds(secs.into())),
@@ -245,18 +248,28 @@ impl Operator {
         };
         let url = self.urls.get(sub).filter(|_| sub > 0).map(String::as_str);
         let mut tries = 0;
+        // An operator told that the subscriber existed before reads what will and will not be replayed, and
+        // confirms with --again.
+        let mut again = false;
         let (committed, fixed, mut outcome) = loop {
-            match subscribers::add(&self.odb, t, name, url, start, WAIT).await {
+            let added = if again {
+                subscribers::add_again(&self.odb, t, name, url, start, WAIT).await
+            } else {
+                subscribers::add(&self.odb, t, name, url, start, WAIT).await
+            };
+            match added {
                 Ok(a) => {
+                    let again = if again { " again (--again)" } else { "" };
                     break (
                         true,
                         true,
                         Outcome::Done(match a.to_replay {
-                            Some(n) => format!("added; {n} events to replay"),
-                            None => "added".into(),
+                            Some(n) => format!("added{again}; {n} events to replay"),
+                            None => format!("added{again}"),
                         }),
                     );
                 }
+                Err(SubscriberError::ReAdd { .. }) if !again => again = true,
                 Err(e @ SubscriberError::OldTransactions { .. }) => {
                     break (true, false, Outcome::Failed(e.to_string()));
                 }
