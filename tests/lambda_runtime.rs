@@ -12,10 +12,9 @@
 //!   a dead letter via the failure callback, ordered event gets its delivery evidence;
 //! * every alarm in `template.yaml` reads a metric these functions really print as EMF.
 //!
-//! Built for the host (debug). The cross-build for the deployment target, `cargo lambda build --arm64` and a check
-//! that each `bootstrap` is an AArch64 ELF, is `scripts/build-arm64`, which `.ci/run` runs after `scripts/test`:
-//! in the test run it took most of the time (docs/testing.md). Needs `./.venv` (`scripts/test-deps`:
-//! cargo-lambda, zig).
+//! Built for the host (debug). What ships — `cargo lambda build --release --arm64` as `sam build` runs it, each
+//! `bootstrap` checked — is `scripts/build-arm64`, which `.ci/run` runs before `scripts/test`: in the test run
+//! it took most of the time (docs/testing.md). Needs `./.venv` (`scripts/test-deps`: cargo-lambda, zig).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
