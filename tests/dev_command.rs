@@ -20,6 +20,8 @@ fn four_seconds(pool: &PgPool, subscribers: u32) -> DevArgs {
         rate: 40.0,
         poison_every: 8,
         qstash_port: 0,
+        // A port of its own: tests run side by side, and the console's default 7070 is one for all.
+        console_port: 0,
         duration_secs: Some(4),
         drain_secs: 60,
         json: true,
