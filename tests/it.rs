@@ -6,6 +6,7 @@
 
 mod accounting;
 mod ci;
+mod docs;
 mod fanout;
 mod fuzz_regressions;
 mod lambda_runtime;
