@@ -381,6 +381,50 @@ mod tests {
         assert!(!needed("postgres://app@db.example:5432/postgres", &dead));
     }
 
+    #[test]
+    fn a_cluster_told_a_taken_port_reports_it_taken_and_starts_on_another() {
+        if server_binaries().is_none() {
+            crate::skip_or_fail_under_ci(
+                "initdb",
+                INSTALL,
+                "the throwaway Postgres cluster's port retry was NOT tested",
+            );
+            return;
+        }
+        let parent =
+            std::env::temp_dir().join(format!("outbox-pg-local-taken-{}", std::process::id()));
+        let pg = LocalPostgres::start(&parent).unwrap();
+        let data = pg.dir().join("data");
+        pg.run(
+            "pg_ctl",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-m".as_ref(),
+                "fast".as_ref(),
+                "-w".as_ref(),
+                "stop".as_ref(),
+            ],
+        )
+        .unwrap();
+        // Someone else's server on the port the cluster is told to use.
+        let stranger = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = stranger.local_addr().unwrap().port();
+        assert!(
+            matches!(pg.start_on(taken), Err(NotStarted::Taken)),
+            "log:\n{}",
+            pg.log()
+        );
+        let port = crate::ports::retry_when_taken("the throwaway Postgres", |port| {
+            pg.start_on(port).map(|()| port)
+        })
+        .unwrap();
+        assert_ne!(port, taken);
+        assert!(answers(&format!("127.0.0.1:{port}")));
+        drop(pg);
+        let _ = std::fs::remove_dir_all(&parent);
+    }
+
     #[tokio::test]
     async fn a_throwaway_cluster_starts_on_a_port_of_its_own_and_is_gone_after_drop() {
         if server_binaries().is_none() {
