@@ -20,6 +20,8 @@ fn four_seconds(pool: &PgPool, subscribers: u32) -> DevArgs {
         rate: 40.0,
         poison_every: 8,
         qstash_port: 0,
+        // A port of its own: tests run side by side, and the console's default 7070 is one for all.
+        console_port: 0,
         duration_secs: Some(4),
         drain_secs: 60,
         json: true,
@@ -125,4 +127,24 @@ async fn the_local_pipeline_runs_with_three_subscribers(pool: PgPool) {
         )),
         "{line}"
     );
+}
+
+/// The ports `outbox-dev dev` is told (by default 7070 for the console, 8080 for the dev server) taken by someone
+/// else: each is bound once, found taken, and the server starts on a free port instead — no look before the bind,
+/// which two runs side by side could both pass.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn taken_console_and_dev_server_ports_fall_back_to_free_ones(pool: PgPool) {
+    let console = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let qstash = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let args = DevArgs {
+        console_port: console.local_addr().unwrap().port(),
+        qstash_port: qstash.local_addr().unwrap().port(),
+        duration_secs: Some(2),
+        ..four_seconds(&pool, 1)
+    };
+    let summary = run(args)
+        .await
+        .expect("outbox-dev dev starts on free ports");
+    assert!(summary.drained, "shutdown did not drain: {summary:?}");
+    assert!(summary.progress.enqueued > 0, "{summary:?}");
 }

@@ -5,6 +5,8 @@
 //! whole-system test `tests/test_layout.rs` fails on a file that no test binary compiles.
 
 mod accounting;
+mod ci;
+mod docs;
 mod fanout;
 mod fuzz_regressions;
 mod lambda_runtime;

@@ -12,10 +12,9 @@
 //!   a dead letter via the failure callback, ordered event gets its delivery evidence;
 //! * every alarm in `template.yaml` reads a metric these functions really print as EMF.
 //!
-//! Built for the host (debug). The cross-build for the deployment target, `cargo lambda build --arm64` and a check
-//! that each `bootstrap` is an AArch64 ELF, is `scripts/build-arm64`, which `.ci/run` runs after `scripts/test`:
-//! in the test run it took most of the time (docs/testing.md). Needs `./.venv` (`scripts/test-deps`:
-//! cargo-lambda, zig).
+//! Built for the host (debug). What ships — `cargo lambda build --release --arm64` as `sam build` runs it, each
+//! `bootstrap` checked — is `scripts/build-arm64`, which `.ci/run` runs before `scripts/test`: in the test run
+//! it took most of the time (docs/testing.md). Needs `./.venv` (`scripts/test-deps`: cargo-lambda, zig).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -25,10 +24,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use orders_example::{AuditEntry, LineItem, OrderEvent, OrderPlaced, audit_event, order_event};
 use outbox::receiver::{DEV_SIGNING_KEYS, resign_function_url_event};
 use outbox_testkit::db::url_of;
+use outbox_testkit::ports::{NotStarted, listening_ports, retry_when_taken_async};
+use outbox_testkit::repo_root;
 use outbox_testkit::sam::{
     FunctionDimension, outbox_alarm_metrics, translated_template, venv_tool,
 };
-use outbox_testkit::{free_port, repo_root};
 use qstash_dev::{Config as DevConfig, DevServer};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -252,8 +252,6 @@ async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
 
     // watch serves every function at /lambda-url/<fn>/…; this route table also serves the paths QStash calls at
     // the root, so one PUBLIC_BASE_URL (what QStash signs) is right for both receivers.
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
     let routes = scratch.0.join("cargo-lambda.toml");
     std::fs::write(
         &routes,
@@ -262,65 +260,86 @@ async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
     )
     .unwrap();
     let log = scratch.0.join("watch.log");
-    let log_file = std::fs::File::create(&log).unwrap();
-    let mut cmd = nested(venv_tool("cargo-lambda"));
-    cmd.args([
-        "lambda",
-        "watch",
-        "--ignore-changes",
-        "-A",
-        "127.0.0.1",
-        "-P",
-    ])
-    .arg(port.to_string())
-    .arg("--global")
-    .arg(&routes)
-    .current_dir(&root)
-    .env("PATH", &path)
-    // The functions inherit watch's environment.
-    .env("DATABASE_URL", url_of(&pool))
-    .env("QSTASH_URL", dev.url())
-    .env("QSTASH_TOKEN", dev.token())
-    .env("QSTASH_CURRENT_SIGNING_KEY", &keys.current)
-    .env("QSTASH_NEXT_SIGNING_KEY", &keys.next)
-    // The dev server's public keys and token: the functions refuse them without this opt-in.
-    .env("OUTBOX_ALLOW_DEV_KEYS", "true")
-    .env("CONSUMER_URL", &base)
-    .env("CALLBACK_URL", &base)
-    .env("PUBLIC_BASE_URL", &base)
-    .env("QSTASH_RETRIES", "1")
-    // Delivery evidence through QStash's callback, so the /delivered route is exercised too (the consumer
-    // mode the template deploys is covered by tests/pipeline.rs).
-    .env("RELAY_ORDERED_EVIDENCE", "callback")
-    .env("RELAY_LEASE_SECS", "1")
-    .env("RELAY_DEADLINE_MARGIN_MS", "200")
-    .env("RELAY_POLL_INTERVAL_MS", "50")
-    // watch sends no real deadline; the relay then drains for this long (see relay::handler).
-    .env("RELAY_EMULATOR_TIMEOUT_SECS", "3")
-    .env("AWS_EC2_METADATA_DISABLED", "true")
-    .env_remove("OUTBOX_SECRET_ID")
-    .env_remove("LOG_FORMAT")
-    .stdin(Stdio::null())
-    .stdout(log_file.try_clone().unwrap())
-    .stderr(log_file)
-    .process_group(0);
-    let watch = Watch {
-        child: cmd.spawn().expect("cannot start cargo lambda watch"),
-        port,
-        log,
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "cargo lambda watch did not listen on {port}:\n{}",
-            watch.output()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let database_url = url_of(&pool);
+    // watch cannot take port 0 (it gives the functions its address before it binds): a port the kernel hands out,
+    // and another when watch finds it taken by then; it counts as started once watch itself listens there.
+    let watch = retry_when_taken_async("cargo lambda watch", |port| {
+        let base = format!("http://127.0.0.1:{port}");
+        let log_file = std::fs::File::create(&log).unwrap();
+        let mut cmd = nested(venv_tool("cargo-lambda"));
+        cmd.args([
+            "lambda",
+            "watch",
+            "--ignore-changes",
+            "-A",
+            "127.0.0.1",
+            "-P",
+        ])
+        .arg(port.to_string())
+        .arg("--global")
+        .arg(&routes)
+        .current_dir(&root)
+        .env("PATH", &path)
+        // The functions inherit watch's environment.
+        .env("DATABASE_URL", &database_url)
+        .env("QSTASH_URL", dev.url())
+        .env("QSTASH_TOKEN", dev.token())
+        .env("QSTASH_CURRENT_SIGNING_KEY", &keys.current)
+        .env("QSTASH_NEXT_SIGNING_KEY", &keys.next)
+        // The dev server's public keys and token: the functions refuse them without this opt-in.
+        .env("OUTBOX_ALLOW_DEV_KEYS", "true")
+        .env("CONSUMER_URL", &base)
+        .env("CALLBACK_URL", &base)
+        .env("PUBLIC_BASE_URL", &base)
+        .env("QSTASH_RETRIES", "1")
+        // Delivery evidence through QStash's callback, so the /delivered route is exercised too (the consumer
+        // mode the template deploys is covered by tests/pipeline.rs).
+        .env("RELAY_ORDERED_EVIDENCE", "callback")
+        .env("RELAY_LEASE_SECS", "1")
+        .env("RELAY_DEADLINE_MARGIN_MS", "200")
+        .env("RELAY_POLL_INTERVAL_MS", "50")
+        // watch sends no real deadline; the relay then drains for this long (see relay::handler).
+        .env("RELAY_EMULATOR_TIMEOUT_SECS", "3")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env_remove("OUTBOX_SECRET_ID")
+        .env_remove("LOG_FORMAT")
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().unwrap())
+        .stderr(log_file)
+        .process_group(0);
+        let mut watch = Watch {
+            child: cmd.spawn().expect("cannot start cargo lambda watch"),
+            port,
+            log: log.clone(),
+        };
+        async move {
+            let pid = watch.child.id().expect("a running child has a pid");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                if listening_ports(pid).contains(&port) {
+                    return Ok(watch);
+                }
+                if watch.output().contains("Address already in use") {
+                    return Err(NotStarted::Taken);
+                }
+                let failed = match watch.child.try_wait() {
+                    Ok(Some(status)) => Some(format!("exited with {status}")),
+                    _ if Instant::now() > deadline => Some(format!("did not listen on {port}")),
+                    _ => None,
+                };
+                if let Some(why) = failed {
+                    return Err(NotStarted::Failed(anyhow::anyhow!(
+                        "cargo lambda watch {why}:\n{}",
+                        watch.output()
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let base = format!("http://127.0.0.1:{}", watch.port);
 
     // --- The receivers with the events/ fixtures, re-signed (copies outside the workspace). ---
     let now = SystemTime::now()

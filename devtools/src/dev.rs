@@ -5,7 +5,11 @@
 //! stdout carries the progress only (the `console` module): a table redrawn in place on a terminal, plain lines
 //! otherwise, and the summary as the last line. Every component's log lines go to a file named in the first lines
 //! ([`logs`]); `--verbose` shows them on stderr too. The operator console (`outbox console`) runs alongside on
-//! 127.0.0.1:7070 (or a free port), and the first lines print its URL.
+//! 127.0.0.1:7070 (`--console-port`; any free port when that one is taken), and the first lines print its URL.
+//!
+//! Ports are bound once: a server is started on the port asked for, and only when that bind fails because the port
+//! is taken is it started again on a port the kernel picks (0). Never "is it free? then bind": two runs side by
+//! side (tests under nextest) could both find it free and one would fail.
 
 mod console;
 pub mod dead_letters;
@@ -30,6 +34,7 @@ use orders_example::demo::{self, DemoCounts, DemoOptions};
 use outbox_cli::util::{DbArgs, connect};
 use outbox_testkit::db::with_database;
 use outbox_testkit::pg_local;
+use outbox_testkit::ports::on_port_or_any;
 use outbox_testkit::stack::{LocalStack, StackOptions};
 
 use console::{Console, Frame, Style};
@@ -64,6 +69,9 @@ pub struct DevArgs {
     /// Port of the QStash dev server (falls back to a free port when taken; 0 = any).
     #[arg(long, default_value_t = 8080)]
     pub qstash_port: u16,
+    /// Port of the operator console (falls back to a free port when taken; 0 = any). Its URL is printed at start.
+    #[arg(long, default_value_t = CONSOLE_PORT)]
+    pub console_port: u16,
     /// Stop after this many seconds, as if Ctrl-C had been pressed.
     #[arg(long)]
     pub duration_secs: Option<u64>,
@@ -291,13 +299,6 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
     let url = prepare_database(&server_url, args.existing_db).await?;
     let mut opts = StackOptions::new(&url)?;
     let statements = opts.statements;
-    opts.dev.port = if args.qstash_port != 0
-        && std::net::TcpListener::bind(("127.0.0.1", args.qstash_port)).is_ok()
-    {
-        args.qstash_port
-    } else {
-        0
-    };
     if args.faults {
         opts.dev.faults = qstash_dev::Faults {
             publish_5xx_rate: 0.10,
@@ -328,8 +329,12 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
             registry: mirror::registry(name, i + 1 == named.len()),
         })
         .collect();
+    opts.dev.port = args.qstash_port;
     let stack = LocalStack::start(opts).await?;
-    let operator_console = start_console(&url, &consumer_name).await?;
+    let operator_console = on_port_or_any(args.console_port, |port| {
+        start_console(&url, &consumer_name, port)
+    })
+    .await?;
     let keys = stack.dev.signing_keys();
     for line in [
         format!("  database          {}", redact(&url)),
@@ -530,17 +535,13 @@ impl Reporter<'_> {
     }
 }
 
-/// The operator console (`outbox console`) on the pipeline's database: 127.0.0.1:7070, or any free port when that
-/// one is taken; loopback without tokens, as `outbox console` runs by default.
+/// The operator console (`outbox console`) on the pipeline's database, on 127.0.0.1:`port` (0: any free port);
+/// loopback without tokens, as `outbox console` runs by default.
 async fn start_console(
     database_url: &str,
     consumer_name: &str,
+    port: u16,
 ) -> anyhow::Result<outbox_cli::console::Console> {
-    let port = if std::net::TcpListener::bind(("127.0.0.1", CONSOLE_PORT)).is_ok() {
-        CONSOLE_PORT
-    } else {
-        0
-    };
     let args = outbox_cli::console::ConsoleArgs {
         db: outbox_cli::util::DbArgs {
             database_url: database_url.to_owned(),

@@ -49,6 +49,8 @@ async fn redirected_stdout_is_calm_plain_progress_ending_with_the_summary(pool: 
             "--existing-db",
             "--qstash-port",
             "0",
+            "--console-port",
+            "0",
         ])
         .arg("--database-url")
         .arg(url_of(&pool))

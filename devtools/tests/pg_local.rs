@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use outbox_testkit::pg_local::{self, INSTALL, PROBE_VAR};
-use outbox_testkit::{free_port, skip_or_fail_under_ci};
+use outbox_testkit::ports::ReservedPort;
+use outbox_testkit::skip_or_fail_under_ci;
 
 #[tokio::test]
 async fn dev_without_a_postgres_starts_a_throwaway_cluster_and_stops_it_at_exit() {
@@ -20,6 +21,8 @@ async fn dev_without_a_postgres_starts_a_throwaway_cluster_and_stops_it_at_exit(
         return;
     }
     let log = std::env::temp_dir().join(format!("outbox-dev-pg-local-{}.log", std::process::id()));
+    // Held until the command has ended: nobody can start listening there meanwhile.
+    let nobody = ReservedPort::new().unwrap();
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-dev"))
         .args([
             "dev",
@@ -29,12 +32,14 @@ async fn dev_without_a_postgres_starts_a_throwaway_cluster_and_stops_it_at_exit(
             "20",
             "--qstash-port",
             "0",
+            "--console-port",
+            "0",
             "--json",
         ])
         .arg("--log-file")
         .arg(&log)
         .env_remove("DATABASE_URL")
-        .env(PROBE_VAR, format!("127.0.0.1:{}", free_port()))
+        .env(PROBE_VAR, nobody.addr().to_string())
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();

@@ -53,6 +53,8 @@ async fn the_local_pipeline_runs_through_pgbouncer_in_transaction_mode(pool: PgP
             "4",
             "--qstash-port",
             "0",
+            "--console-port",
+            "0",
             "--rate",
             "40",
             "--poison-every",

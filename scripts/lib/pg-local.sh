@@ -5,8 +5,9 @@
 # answering at 127.0.0.1:5432 (OUTBOX_PG_PROBE=host:port overrides the address probed), it only exports
 # DATABASE_URL (the default when unset). Otherwise it starts a cluster from the server binaries on this machine
 # (initdb and pg_ctl, from `pg_config --bindir`, /usr/lib/postgresql/*/bin or PATH; scripts/install-postgres
-# installs them) in target/pg-local/<pid>-<port>/ on a free loopback port: trust auth, user postgres, TCP only,
-# durability off. It exports DATABASE_URL pointing at it, says so on stderr, and stops it and removes its
+# installs them) in target/pg-local/<pid>/ on a loopback port the kernel has just handed out (and on another when
+# the server finds it taken by then: Postgres cannot take port 0): trust auth, user postgres, TCP only, durability
+# off. It exports DATABASE_URL pointing at it, says so on stderr, and stops it and removes its
 # directory when the calling script exits (an EXIT trap; Ctrl-C and TERM exit through it too). A caller must
 # therefore run its command as a child, not with `exec`. As root, initdb and pg_ctl run as the `postgres` user
 # (initdb refuses root), under the temp directory when that user cannot write below target/.
@@ -91,18 +92,17 @@ pg_local_ensure() {
       "as (scripts/install-postgres creates it), or start a Postgres and set DATABASE_URL" >&2
     return 1
   fi
-  local here parent port
+  local here parent port attempt
   here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
   parent=$here/target/pg-local
-  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   pg_local_sweep "$parent"
-  PG_LOCAL_DIR=$parent/$$-$port
+  PG_LOCAL_DIR=$parent/$$
   pg_local_mkdir "$PG_LOCAL_DIR"
   if [ "$(id -u)" = 0 ] && ! runuser -u postgres -- test -w "$PG_LOCAL_DIR"; then
     rm -rf "$PG_LOCAL_DIR"
     parent=${TMPDIR:-/tmp}/outbox-pg-local
     pg_local_sweep "$parent"
-    PG_LOCAL_DIR=$parent/$$-$port
+    PG_LOCAL_DIR=$parent/$$
     pg_local_mkdir "$PG_LOCAL_DIR"
   fi
   trap 'pg_local_stop "$PG_LOCAL_DIR"' EXIT
@@ -115,8 +115,7 @@ pg_local_ensure() {
   fi
   cat >> "$PG_LOCAL_DIR/data/postgresql.conf" <<CONF
 
-# outbox throwaway cluster (scripts/lib/pg-local.sh)
-port = $port
+# outbox throwaway cluster (scripts/lib/pg-local.sh); the port is pg_ctl's -o -p
 listen_addresses = '127.0.0.1'
 unix_socket_directories = ''
 max_connections = 200
@@ -124,10 +123,18 @@ fsync = off
 synchronous_commit = off
 full_page_writes = off
 CONF
-  if ! pg_local_run pg_ctl -D "$PG_LOCAL_DIR/data" -l "$PG_LOCAL_DIR/server.log" -w -t 60 start >/dev/null; then
-    cat "$PG_LOCAL_DIR/server.log" >&2
-    return 1
-  fi
+  for attempt in 1 2 3 4 5 6 7 8; do
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    rm -f "$PG_LOCAL_DIR/server.log"
+    if pg_local_run pg_ctl -D "$PG_LOCAL_DIR/data" -l "$PG_LOCAL_DIR/server.log" -o "-p $port" -w -t 60 start \
+      >/dev/null; then
+      break
+    fi
+    if [ "$attempt" = 8 ] || ! grep -q 'Address already in use' "$PG_LOCAL_DIR/server.log"; then
+      cat "$PG_LOCAL_DIR/server.log" >&2
+      return 1
+    fi
+  done
   export DATABASE_URL=postgres://postgres@127.0.0.1:$port/postgres
   echo "no Postgres at $probe; started a throwaway cluster at $DATABASE_URL (in $PG_LOCAL_DIR; stopped at exit)" >&2
 }

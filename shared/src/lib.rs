@@ -1,12 +1,13 @@
 //! Transactional outbox on Postgres, relayed to Upstash QStash.
 //!
-//! The four guarantees each live in one named module:
+//! The guarantees, each in one named module:
 //!
 //! | guarantee | module |
 //! |---|---|
 //! | **No event lost** at write time (event ⇔ committed business transaction) | [`producer`] |
 //! | **No event lost** in transit (lease, fencing, retries, dead letters) | [`relay`] |
 //! | **No side effect applied twice** (dedupe row + work in one transaction) | [`once`] |
+//! | **Every subscriber gets every event, once, in its own order** (fan-out: a copy per subscriber written with the event; its own lanes, retries and dead letters; a dedupe namespace per subscriber) | [`subscribers`] |
 //! | **Per-key order** (sequence under a lock, one event per key in flight, delivery evidence) | [`ordering`] |
 //! | **Nothing fails silently** (one queryable dead-letter table) | [`dead_letters`] |
 //! | **Every event accounted for** (pending, in flight, applied or dead letter; a reconciler for lost callbacks) | [`accounting`] |

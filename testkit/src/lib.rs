@@ -12,10 +12,11 @@
 //! * [`given_up`]: which events may end as unexpected dead letters, by the dev server's own DLQ;
 //! * [`moto`]: a local AWS Secrets Manager;
 //! * [`pg_local`]: a throwaway Postgres cluster for when none is running (`outbox-dev dev`);
+//! * [`ports`]: ports bound once — no "find a free port, then bind it" anywhere;
 //! * [`sam`]: `template.yaml` as CloudFormation, its alarms and dashboard; [`previous_relay`]: what the relay of
 //!   the previous wire format left behind;
 //! * [`MIGRATOR`]: the library's and the example application's migrations, for tests that need both;
-//! * small helpers: [`repo_root`], [`free_port`], [`percentile`], [`median`], [`text`], [`test_path`], and
+//! * small helpers: [`repo_root`], [`percentile`], [`median`], [`text`], [`test_path`], and
 //!   [`skip_or_fail_under_ci`] for a test whose external tool is missing.
 //!
 //! A dev-dependency only of the production crates (`outbox`, the functions, `outbox-cli`, `qstash-dev`): it is
@@ -26,7 +27,6 @@
 // query depth.
 #![recursion_limit = "256"]
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
@@ -37,6 +37,7 @@ pub mod given_up;
 pub mod moto;
 pub mod pg_local;
 pub mod pgbouncer;
+pub mod ports;
 pub mod previous_relay;
 pub mod receiving;
 pub mod relaying;
@@ -65,14 +66,6 @@ pub fn repo_root() -> PathBuf {
         .parent()
         .expect("the test kit lives in the repository")
         .to_path_buf()
-}
-
-/// A free loopback port (free when asked: bind it soon).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
 }
 
 /// Percentile by nearest rank (`p` in 0..=1) on a sorted copy of `v`; 0 for an empty slice.

@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::{free_port, repo_root};
+use crate::ports::wait_listening_blocking;
+use crate::repo_root;
 
 /// A local AWS Secrets Manager (moto_server), killed on drop.
 pub struct Moto {
@@ -20,7 +21,8 @@ impl Drop for Moto {
     }
 }
 
-/// Starts moto_server from ./.venv (installed by scripts/test-deps) or PATH.
+/// Starts moto_server from ./.venv (installed by scripts/test-deps) or PATH, on a port it binds itself (0: the
+/// kernel picks one; read back from `/proc`, [`crate::ports`]).
 pub fn start_moto() -> Moto {
     let venv = repo_root().join(".venv/bin/moto_server");
     let exe = if venv.exists() {
@@ -28,9 +30,8 @@ pub fn start_moto() -> Moto {
     } else {
         PathBuf::from("moto_server")
     };
-    let port = free_port();
-    let child = Command::new(&exe)
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+    let mut child = Command::new(&exe)
+        .args(["-H", "127.0.0.1", "-p", "0"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -40,14 +41,11 @@ pub fn start_moto() -> Moto {
                 exe.display()
             )
         });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "moto_server did not listen on port {port} within 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let pid = child.id();
+    let port = wait_listening_blocking("moto_server", pid, Duration::from_secs(30), || {
+        child.try_wait().ok().flatten().map(|s| s.to_string())
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
     Moto {
         child,
         endpoint: format!("http://127.0.0.1:{port}"),

@@ -4,7 +4,8 @@
 //! for the test run, in bash.
 //!
 //! The cluster: `initdb` (trust auth, user `postgres`, UTF8, C locale) into a fresh directory, `pg_ctl start` on a
-//! free loopback port, TCP only (no Unix socket), durability off (`fsync`, `synchronous_commit`,
+//! loopback port the kernel has just handed out — and on another when the server finds it taken by then
+//! ([`crate::ports::retry_when_taken`]: Postgres cannot take port 0) — TCP only (no Unix socket), durability off (`fsync`, `synchronous_commit`,
 //! `full_page_writes`: it is thrown away). The server binaries come from `pg_config --bindir`, the newest
 //! `/usr/lib/postgresql/*/bin` or `PATH`; `scripts/install-postgres` installs them (Debian's `postgresql`). initdb
 //! refuses to run as root: as root the commands run as the `postgres` user (`runuser`), in a directory it owns.
@@ -17,9 +18,12 @@ use std::ffi::OsStr;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+
+use crate::ports::NotStarted;
 
 /// The URL everything defaults to (`.cargo/config.toml`, the commands' `--database-url`): a throwaway cluster
 /// is started only for it.
@@ -150,10 +154,15 @@ impl LocalPostgres {
             None
         };
         sweep(parent, &bin);
-        let port = crate::free_port();
+        static STARTED: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "{}-{}",
+            std::process::id(),
+            STARTED.fetch_add(1, Ordering::Relaxed)
+        );
         let mut pg = LocalPostgres {
-            dir: parent.join(format!("{}-{port}", std::process::id())),
-            port,
+            dir: parent.join(&name),
+            port: 0,
             bin,
             run_as,
         };
@@ -164,7 +173,7 @@ impl LocalPostgres {
             let _ = std::fs::remove_dir_all(&pg.dir);
             let fallback = std::env::temp_dir().join("outbox-pg-local");
             sweep(&fallback, &pg.bin);
-            pg.dir = fallback.join(format!("{}-{port}", std::process::id()));
+            pg.dir = fallback.join(&name);
             pg.make_dir()?;
         }
         let data = pg.dir.join("data");
@@ -186,14 +195,46 @@ impl LocalPostgres {
         let conf = data.join("postgresql.conf");
         let mut settings = std::fs::read_to_string(&conf)
             .with_context(|| format!("reading {}", conf.display()))?;
-        settings.push_str(&format!(
-            "\n# outbox throwaway cluster (outbox_testkit::pg_local)\nport = {port}\n\
+        settings.push_str(
+            "\n# outbox throwaway cluster (outbox_testkit::pg_local); the port is pg_ctl's -o -p\n\
              listen_addresses = '127.0.0.1'\nunix_socket_directories = ''\nmax_connections = 200\n\
-             fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
-        ));
+             fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n",
+        );
         std::fs::write(&conf, settings).with_context(|| format!("writing {}", conf.display()))?;
-        pg.start_again()?;
+        pg.port = crate::ports::retry_when_taken("the throwaway Postgres", |port| {
+            pg.start_on(port).map(|()| port)
+        })?;
         Ok(pg)
+    }
+
+    /// `pg_ctl start` on `port`, waiting until the server accepts connections (its own readiness, not a
+    /// connection someone else's server could answer). [`NotStarted::Taken`] when the server found the port
+    /// taken.
+    fn start_on(&self, port: u16) -> Result<(), NotStarted> {
+        let log = self.dir.join("server.log");
+        let _ = std::fs::remove_file(&log);
+        let started = self.run(
+            "pg_ctl",
+            &[
+                "-D".as_ref(),
+                self.dir.join("data").as_os_str(),
+                "-l".as_ref(),
+                log.as_os_str(),
+                "-o".as_ref(),
+                format!("-p {port}").as_ref(),
+                "-w".as_ref(),
+                "-t".as_ref(),
+                "60".as_ref(),
+                "start".as_ref(),
+            ],
+        );
+        match started {
+            Ok(()) => Ok(()),
+            Err(_) if self.log().contains("Address already in use") => Err(NotStarted::Taken),
+            Err(e) => Err(NotStarted::Failed(
+                e.context(format!("server log:\n{}", self.log())),
+            )),
+        }
     }
 
     /// Its URL: user `postgres`, database `postgres`, trust auth.
@@ -231,22 +272,13 @@ impl LocalPostgres {
 
     /// Starts the server (again, after [`Self::crash`]: on the same port; crash recovery replays the WAL).
     pub fn start_again(&self) -> anyhow::Result<()> {
-        let data = self.dir.join("data");
-        let log = self.dir.join("server.log");
-        self.run(
-            "pg_ctl",
-            &[
-                "-D".as_ref(),
-                data.as_os_str(),
-                "-l".as_ref(),
-                log.as_os_str(),
-                "-w".as_ref(),
-                "-t".as_ref(),
-                "60".as_ref(),
-                "start".as_ref(),
-            ],
-        )
-        .with_context(|| format!("server log:\n{}", self.log()))
+        self.start_on(self.port).map_err(|e| match e {
+            NotStarted::Taken => anyhow::anyhow!(
+                "the throwaway Postgres could not start again: port {} was taken meanwhile",
+                self.port
+            ),
+            NotStarted::Failed(e) => e,
+        })
     }
 
     /// The server's log so far.
@@ -369,7 +401,8 @@ mod tests {
     fn only_the_default_url_with_nothing_at_the_probe_needs_a_cluster() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let live = listener.local_addr().unwrap().to_string();
-        let dead = format!("127.0.0.1:{}", crate::free_port());
+        let nobody = crate::ports::ReservedPort::new().unwrap();
+        let dead = nobody.addr().to_string();
         assert!(answers(&live) && !answers(&dead));
         assert!(needed(DEFAULT_URL, &dead));
         assert!(!needed(DEFAULT_URL, &live));
@@ -377,8 +410,52 @@ mod tests {
         assert!(!needed("postgres://app@db.example:5432/postgres", &dead));
     }
 
+    #[test]
+    fn a_cluster_told_a_taken_port_reports_it_taken_and_starts_on_another() {
+        if server_binaries().is_none() {
+            crate::skip_or_fail_under_ci(
+                "initdb",
+                INSTALL,
+                "the throwaway Postgres cluster's port retry was NOT tested",
+            );
+            return;
+        }
+        let parent =
+            std::env::temp_dir().join(format!("outbox-pg-local-taken-{}", std::process::id()));
+        let pg = LocalPostgres::start(&parent).unwrap();
+        let data = pg.dir().join("data");
+        pg.run(
+            "pg_ctl",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-m".as_ref(),
+                "fast".as_ref(),
+                "-w".as_ref(),
+                "stop".as_ref(),
+            ],
+        )
+        .unwrap();
+        // Someone else's server on the port the cluster is told to use.
+        let stranger = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = stranger.local_addr().unwrap().port();
+        assert!(
+            matches!(pg.start_on(taken), Err(NotStarted::Taken)),
+            "log:\n{}",
+            pg.log()
+        );
+        let port = crate::ports::retry_when_taken("the throwaway Postgres", |port| {
+            pg.start_on(port).map(|()| port)
+        })
+        .unwrap();
+        assert_ne!(port, taken);
+        assert!(answers(&format!("127.0.0.1:{port}")));
+        drop(pg);
+        let _ = std::fs::remove_dir_all(&parent);
+    }
+
     #[tokio::test]
-    async fn a_throwaway_cluster_starts_on_a_free_port_and_is_gone_after_drop() {
+    async fn a_throwaway_cluster_starts_on_a_port_of_its_own_and_is_gone_after_drop() {
         if server_binaries().is_none() {
             crate::skip_or_fail_under_ci(
                 "initdb",

@@ -3,16 +3,20 @@
 //! here: a server connection is a client's only for one transaction, so named prepared statements and session
 //! state do not survive between transactions).
 //!
-//! [`PgBouncer::start`] writes an ini to a scratch directory (trust auth, `pool_mode = transaction`, a free
-//! loopback port, every database forwarded to `127.0.0.1:5432`) and runs the Debian package's binary on it
+//! [`PgBouncer::start`] writes an ini to a scratch directory (trust auth, `pool_mode = transaction`, loopback port
+//! 0 — the kernel picks one when PgBouncer binds it, read back from `/proc` ([`crate::ports`]) — every database
+//! forwarded to the Postgres given) and runs the Debian package's binary on it
 //! (`scripts/test-deps` installs it). It returns `None` when no binary is installed: the caller skips, loudly, or
 //! fails under CI ([`crate::skip_or_fail_under_ci`]).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use anyhow::Context;
+
+use crate::ports::wait_listening_blocking;
 
 /// A running PgBouncer; stopped (and its scratch directory removed) on drop.
 pub struct PgBouncer {
@@ -48,9 +52,12 @@ impl PgBouncer {
         let Some(bin) = binary() else {
             return Ok(None);
         };
-        let port = crate::free_port();
-        let dir =
-            std::env::temp_dir().join(format!("outbox-pgbouncer-{}-{port}", std::process::id()));
+        static STARTED: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "outbox-pgbouncer-{}-{}",
+            std::process::id(),
+            STARTED.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir_all(&dir)?;
         let root = running_as_root();
         if root {
@@ -65,7 +72,7 @@ impl PgBouncer {
              * = host={pg_host} port={pg_port}\n\
              [pgbouncer]\n\
              listen_addr = 127.0.0.1\n\
-             listen_port = {port}\n\
+             listen_port = 0\n\
              unix_socket_dir =\n\
              auth_type = trust\n\
              auth_file = {dir}/userlist.txt\n\
@@ -90,16 +97,19 @@ impl PgBouncer {
             .stderr(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        let mut bouncer = PgBouncer { child, port, dir };
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Some(status) = bouncer.child.try_wait()? {
-                anyhow::bail!("pgbouncer exited with {status}:\n{}", bouncer.log());
-            }
-            if started.elapsed() > Duration::from_secs(20) {
-                anyhow::bail!("pgbouncer did not listen on {port}:\n{}", bouncer.log());
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let mut bouncer = PgBouncer {
+            child,
+            port: 0,
+            dir,
+        };
+        let pid = bouncer.child.id();
+        let child = &mut bouncer.child;
+        let listening = wait_listening_blocking("pgbouncer", pid, Duration::from_secs(20), || {
+            child.try_wait().ok().flatten().map(|s| s.to_string())
+        });
+        match listening {
+            Ok(port) => bouncer.port = port,
+            Err(e) => anyhow::bail!("{e:#}:\n{}", bouncer.log()),
         }
         Ok(Some(bouncer))
     }

@@ -35,7 +35,8 @@ pub struct StackOptions {
     /// The migrations applied at start, in order: the library's, then the application's (by default the
     /// example application's).
     pub migrators: Vec<&'static Migrator>,
-    /// Dev server settings (port 0 = any free port).
+    /// Dev server settings (port 0 = any free port; a port that is taken falls back to any,
+    /// [`crate::ports::on_port_or_any`]).
     pub dev: qstash_dev::Config,
     pub relay: RelayConfig,
     /// `Upstash-Retries` the relay asks for.
@@ -374,9 +375,18 @@ impl LocalStack {
             applied
                 .context("applying migrations (is Postgres reachable and DATABASE_URL right?)")?;
         }
-        let dev = DevServer::start(opts.dev.clone())
-            .await
-            .map_err(|e| anyhow::anyhow!("starting the QStash dev server: {e}"))?;
+        let dev = crate::ports::on_port_or_any(opts.dev.port, |port| {
+            let cfg = qstash_dev::Config {
+                port,
+                ..opts.dev.clone()
+            };
+            async move {
+                DevServer::start(cfg)
+                    .await
+                    .context("starting the QStash dev server")
+            }
+        })
+        .await?;
         let keys = dev.signing_keys();
         let (shutdown, _) = watch::channel(false);
 

@@ -40,16 +40,25 @@ pub struct Browser {
 pub struct Element(String);
 
 impl Browser {
-    /// Starts `chromedriver` on a free port and a headless Chromium session (1280×900).
+    /// Starts `chromedriver` on a port it binds itself (0: the kernel picks one, read back from `/proc`,
+    /// `outbox_testkit::ports`) and a headless Chromium session (1280×900).
     pub async fn start(driver: &std::path::Path, chromium: &std::path::Path) -> Browser {
         outbox::install_crypto_provider();
-        let port = outbox_testkit::free_port();
-        let child = Command::new(driver)
-            .arg(format!("--port={port}"))
+        let mut child = Command::new(driver)
+            .arg("--port=0")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("starting chromedriver");
+        let pid = child.id();
+        let port = outbox_testkit::ports::wait_listening(
+            "chromedriver",
+            pid,
+            Duration::from_secs(30),
+            || child.try_wait().ok().flatten().map(|s| s.to_string()),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
         let http = reqwest::Client::new();
         let base = format!("http://127.0.0.1:{port}");
         for _ in 0..100 {

@@ -2,12 +2,12 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use outbox_cli::util::connect;
 use outbox_testkit::db::with_database;
-use outbox_testkit::free_port;
+use outbox_testkit::ports::wait_listening;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::process::{Child, Command};
@@ -103,10 +103,11 @@ pub struct DevServerProcess {
 }
 
 impl DevServerProcess {
+    /// Starts it on a port it binds itself (0: the kernel picks one, read back from `/proc`,
+    /// `outbox_testkit::ports`).
     pub async fn start(extra: &[&str]) -> anyhow::Result<DevServerProcess> {
-        let port = free_port();
-        let child = Command::new(sibling("qstash-dev")?)
-            .args(["--port", &port.to_string()])
+        let mut child = Command::new(sibling("qstash-dev")?)
+            .args(["--port", "0"])
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
@@ -114,16 +115,11 @@ impl DevServerProcess {
             .kill_on_drop(true)
             .spawn()
             .context("starting qstash-dev")?;
-        let started = Instant::now();
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            if started.elapsed() > Duration::from_secs(20) {
-                bail!("qstash-dev did not listen on {port}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let pid = child.id().context("qstash-dev exited at once")?;
+        let port = wait_listening("qstash-dev", pid, Duration::from_secs(20), || {
+            child.try_wait().ok().flatten().map(|s| s.to_string())
+        })
+        .await?;
         Ok(DevServerProcess {
             child,
             url: format!("http://127.0.0.1:{port}"),

@@ -54,7 +54,8 @@ pub use verdict::{explained_dead_letters, verdict};
 use chaos::{chaos, chaos_pause};
 use produce::produce;
 use supervisor::{
-    Kind, Spawner, Worker, default_env, default_log_dir, free_port, kill, supervise, wait_listening,
+    Kind, Spawner, Worker, default_env, default_log_dir, kill, reserve_port, supervise,
+    wait_listening,
 };
 use verdict::{account, busy, progress};
 
@@ -331,8 +332,9 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
     // The workers.
     let log_dir = args.log_dir.clone().unwrap_or_else(default_log_dir);
     std::fs::create_dir_all(&log_dir).with_context(|| format!("creating {}", log_dir.display()))?;
-    let consumer_port = free_port()?;
-    let callback_port = free_port()?;
+    // Held until the run ends: each receiver's port stays its own across kills and restarts.
+    let (consumer_reserved, callback_reserved) = (reserve_port()?, reserve_port()?);
+    let (consumer_port, callback_port) = (consumer_reserved.port(), callback_reserved.port());
     let consumer_url = format!("http://127.0.0.1:{consumer_port}");
     let callback_url = format!("http://127.0.0.1:{callback_port}");
     let env = worker_env(&url, &dev, &consumer_url, &callback_url, &[ORDERED.name()]);

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use outbox_testkit::ports::ReservedPort;
 use tokio::process::{Child, Command};
 
 use super::Counts;
@@ -154,10 +155,11 @@ pub(crate) async fn supervise(spawner: &Spawner, workers: &mut [Worker], counts:
     }
 }
 
-pub(crate) fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// A receiver's port for the whole run, held by this process ([`ReservedPort`]): the receiver binds it beside the
+/// held socket (`SO_REUSEPORT`, [`ReservedPort::listen`]), and while a killed one is down nobody else can take it —
+/// connections are refused, as by a receiver that is down, and the next one gets the same port.
+pub(crate) fn reserve_port() -> anyhow::Result<ReservedPort> {
+    ReservedPort::new().context("reserving a receiver's port")
 }
 
 pub(crate) async fn wait_listening(port: u16, timeout: Duration) -> anyhow::Result<()> {

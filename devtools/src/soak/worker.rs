@@ -95,11 +95,12 @@ fn consumer_registry() -> outbox::consumer::Registry {
     }
 }
 
-/// Binds the receiver's fixed port, retrying for a few seconds: the killed predecessor's socket may linger.
+/// Listens on the receiver's port, which the supervisor holds for the whole run (`SO_REUSEPORT` beside its socket,
+/// `outbox_testkit::ports::ReservedPort`), retrying for a few seconds: the killed predecessor's socket may linger.
 async fn bind(port: u16) -> anyhow::Result<tokio::net::TcpListener> {
     let mut tries = 0;
     loop {
-        match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+        match outbox_testkit::ports::ReservedPort::listen(port) {
             Ok(l) => return Ok(l),
             Err(e) if tries < 50 => {
                 tracing::warn!(error = %e, port, "port busy; retrying");

@@ -3,6 +3,13 @@
 //! (the dedupe rows first, each event's sequence check and the topic's handler in a savepoint of its own) and
 //! answer the status QStash acts on. All logic lives in `outbox::consumer`; this is wiring only.
 
+// lambda_runtime turns a handler panic into an error response only when unwinding; cargo-lambda builds with
+// panic = "abort" unless the root manifest's release profile says otherwise. Such a build must not ship.
+#[cfg(not(panic = "unwind"))]
+compile_error!(
+    "consumer must be built with panic = \"unwind\" (the root Cargo.toml's [profile.release])"
+);
+
 use lambda_http::{Error, Request, run, service_fn};
 use outbox::consumer::{ConsumerState, Registry, handle_event};
 

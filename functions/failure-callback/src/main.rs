@@ -2,6 +2,13 @@
 //! callbacks of ordered topics (`POST /delivered` → delivery evidence). All logic lives in `outbox::callbacks`;
 //! this is wiring only.
 
+// lambda_runtime turns a handler panic into an error response only when unwinding; cargo-lambda builds with
+// panic = "abort" unless the root manifest's release profile says otherwise. Such a build must not ship.
+#[cfg(not(panic = "unwind"))]
+compile_error!(
+    "failure-callback must be built with panic = \"unwind\" (the root Cargo.toml's [profile.release])"
+);
+
 use lambda_http::{Error, Request, run, service_fn};
 use outbox::callbacks::handle_callback;
 use outbox::receiver::{Receiver, ReceiverState};

@@ -553,11 +553,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_that_never_reaches_qstash_failed_as_a_request() {
-        // A closed port: connection refused for the request, whatever the messages.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap();
+        // A closed port, held for the test (bound, not listening): connection refused, whatever the messages.
+        let closed = outbox_testkit::ports::ReservedPort::new().unwrap();
+        let port = closed.port();
         let client = QstashClient::new(
             &format!("http://127.0.0.1:{port}"),
             SecretString::from("t".to_owned()),

@@ -50,7 +50,7 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::AsyncWriteExt;
 
-use crate::soak::supervisor::{Kind, Spawner, Worker, free_port, kill, wait_listening};
+use crate::soak::supervisor::{Kind, Spawner, Worker, kill, reserve_port, wait_listening};
 use crate::soak::{ORDERED, SoakPayload, UNORDERED, create_table};
 use outbox_cli::util::{DbArgs, connect};
 use outbox_testkit::db::with_database;
@@ -254,8 +254,9 @@ pub async fn run_and_judge(args: SustainedArgs) -> anyhow::Result<Value> {
     let log_dir = args.out.join("logs");
     let _ = std::fs::remove_dir_all(&log_dir);
     std::fs::create_dir_all(&log_dir)?;
-    let consumer_port = free_port()?;
-    let callback_port = free_port()?;
+    // Held until the run ends: each receiver's port stays its own across restarts.
+    let (consumer_reserved, callback_reserved) = (reserve_port()?, reserve_port()?);
+    let (consumer_port, callback_port) = (consumer_reserved.port(), callback_reserved.port());
     let retention = format!("{:.6}", args.retention_hours());
     let env: Vec<(String, String)> = vec![
         ("DATABASE_URL".into(), url.clone()),

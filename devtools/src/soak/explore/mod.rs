@@ -37,7 +37,7 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::supervisor::{
-    Kind, Spawner, Worker, default_log_dir, free_port, kill, supervise, wait_listening,
+    Kind, Spawner, Worker, default_log_dir, kill, reserve_port, supervise, wait_listening,
 };
 use super::{Counts, SoakArgs, create_table, dev_server_config, drain_bound, pool, worker_env};
 use check::{Checked, World};
@@ -186,14 +186,18 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
     // The workers: relays, a consumer per subscriber, the callback receiver.
     let log_dir = args.log_dir.clone().unwrap_or_else(default_log_dir);
     std::fs::create_dir_all(&log_dir).with_context(|| format!("creating {}", log_dir.display()))?;
-    let ports: Vec<u16> = (0..SUBSCRIBERS.len())
-        .map(|_| free_port())
+    // Each receiver's port is held by this process for the whole run (a killed receiver's port cannot be taken
+    // meanwhile): the reservations live until the run ends.
+    let reserved: Vec<outbox_testkit::ports::ReservedPort> = (0..SUBSCRIBERS.len())
+        .map(|_| reserve_port())
         .collect::<Result<_, _>>()?;
+    let ports: Vec<u16> = reserved.iter().map(|r| r.port()).collect();
     let urls: Vec<String> = ports
         .iter()
         .map(|p| format!("http://127.0.0.1:{p}"))
         .collect();
-    let callback_port = free_port()?;
+    let callback_reserved = reserve_port()?;
+    let callback_port = callback_reserved.port();
     let mut env = worker_env(
         &url,
         &dev,
