@@ -272,7 +272,7 @@ async fn a_single_consumer_database_upgrades_with_events_in_flight_unchanged(poo
     .unwrap();
     let snapshot = |pool: PgPool| async move {
         sqlx::query_as::<_, (serde_json::Value,)>(
-            "SELECT jsonb_build_object('outbox', (SELECT jsonb_agg(to_jsonb(o) - 'subscriber' - 'event_id' ORDER BY id) FROM outbox o), \
+            "SELECT jsonb_build_object('outbox', (SELECT jsonb_agg(to_jsonb(o) - 'subscriber' - 'event_id' - 'first_claimed_at' - 'republish_by' ORDER BY id) FROM outbox o), \
                'keys', (SELECT jsonb_agg(to_jsonb(k) - 'subscriber') FROM outbox_keys k), \
                'dead', (SELECT jsonb_agg(to_jsonb(d) - 'subscriber' ORDER BY id) FROM dead_letters d))",
         )
@@ -294,6 +294,27 @@ async fn a_single_consumer_database_upgrades_with_events_in_flight_unchanged(poo
     .await
     .unwrap();
     assert_eq!(named, 0, "everything belongs to the default subscriber");
+    // The reconciler's columns (a later migration): rows that may have been published count from their creation,
+    // rows never claimed and rows delivered are left unset; nothing is put back to be republished.
+    let backfill: Vec<(String, bool, bool)> = sqlx::query_as(
+        "SELECT topic || '/' || coalesce(seq::text, id::text), first_claimed_at IS NOT DISTINCT FROM created_at, \
+                republish_by IS NULL \
+         FROM outbox WHERE first_claimed_at IS NOT NULL OR republish_by IS NOT NULL ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        backfill
+            .iter()
+            .all(|(_, from_creation, no_republish)| *from_creation && *no_republish),
+        "{backfill:?}"
+    );
+    assert_eq!(
+        backfill.len(),
+        3,
+        "the in-flight audit event, the dead one and the ordered head: {backfill:?}"
+    );
 
     // The in-flight head's evidence moves the key on; the next event continues the sequence, once.
     let head: i64 = sqlx::query_scalar("SELECT id FROM outbox WHERE topic = 'orders' AND seq = 3")
