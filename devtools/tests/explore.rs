@@ -54,13 +54,11 @@ fn assert_ok(r: &ExploreReport) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on main until issue 35's lifecycle fixes land (re-add with --from applies twice; a relay's subscriber cache dead-letters a subscriber just added); un-ignore with them"]
 async fn a_short_schedule_of_a_fixed_seed_keeps_every_guarantee() {
     assert_ok(&run(CI_SEED, CI_MINUTES).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on main until issue 35's lifecycle fixes land; un-ignore with them"]
 async fn a_short_schedule_of_a_seed_drawn_now_keeps_every_guarantee() {
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -105,37 +103,35 @@ fn every_kept_schedule_still_draws_what_it_covers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on main until issue 35's fixes land (#5: a replay's wait blind to other roles; #4; #1); un-ignore with them"]
 async fn kept_replay_misses_a_long_producer_transaction() {
     kept("replay_misses_a_long_producer_transaction").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on main until issue 35's fixes land (#1, #4); un-ignore with them"]
+#[ignore = "passes on main (2026-12-07; its last defect, a withdrawn copy's open dead letter, fixed since); outside CI's run for its length (about 3 minutes): scripts/test devtools/tests/explore.rs --run-ignored only"]
 async fn kept_re_added_subscriber_applies_twice() {
     kept("re_added_subscriber_applies_twice").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on main until issue 35's fixes land (#4: a relay's subscriber cache); un-ignore with them"]
+#[ignore = "passes on main (2026-12-07); outside CI's run for its length (about 3 minutes): scripts/test devtools/tests/explore.rs --run-ignored only"]
 async fn kept_subscriber_added_during_traffic_dead_lettered() {
     kept("subscriber_added_during_traffic_dead_lettered").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on main: `add --from <time>` reaches older events (docs/reliability.md); un-ignore with its fix"]
+#[ignore = "passes on main (2026-12-07); outside CI's run for its length (about 3 minutes): scripts/test devtools/tests/explore.rs --run-ignored only"]
 async fn kept_replay_from_a_time_reaches_older_events() {
     kept("replay_from_a_time_reaches_older_events").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on main: the applied sweep leaves a \"no destination\" dead letter open (docs/reliability.md); un-ignore with its fix"]
+#[ignore = "passed on main on 2026-12-07, but the defect it found (an open \"no destination\" dead letter for an applied copy) has no fix yet and shows in some runs only; not in CI until it has one"]
 async fn kept_sweep_leaves_a_dead_letter_open() {
     kept("sweep_leaves_a_dead_letter_open").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on main until issue 35's fixes land (#1); un-ignore with them"]
 async fn kept_crashes_during_a_replay_a_drain_and_a_partition_drop() {
     kept("crashes_during_a_replay_a_drain_and_a_partition_drop").await;
 }

@@ -403,3 +403,50 @@ fn an_action_outside_its_selection_and_a_run_that_did_not_drain_fail() {
         ["not drained", "operator action outside its selection"]
     );
 }
+
+#[test]
+fn a_resolved_dead_letter_of_a_copy_a_removal_deleted_has_a_cause_an_open_one_does_not() {
+    // s1 removed from the unordered topic while its copy of event 2 was in flight: the removal deleted the copy,
+    // QStash later gave up on its message (the consumer refused it as late, 489: no dev-server fault).
+    let (mut h, mut b) = clean();
+    let gone = b
+        .world
+        .copies
+        .iter()
+        .find(|c| c.n == Some(2) && c.subscriber == SUBSCRIBERS[S1])
+        .unwrap()
+        .id;
+    b.world.copies.retain(|c| c.id != gone);
+    b.world.applied.retain(|a| a.outbox_id != gone);
+    h.periods
+        .iter_mut()
+        .find(|p| p.topic == UNORDERED && p.sub == S1)
+        .unwrap()
+        .removal = Some(Removal {
+        start: t(2),
+        end: Some(t(2) + Duration::milliseconds(100)),
+        in_flight: [2].into(),
+    });
+    b.dead_letter(
+        gone,
+        2,
+        S1,
+        "QStash gave up after 1 attempt(s); last status 489",
+        true,
+    );
+    assert_eq!(kinds(&h, &b.world), ["dead letter without a cause"]);
+    // Recorded resolved (withdrawn), it has its cause.
+    b.world.dead[0].resolved_at = Some(t(3));
+    assert!(kinds(&h, &b.world).is_empty(), "{:?}", kinds(&h, &b.world));
+    // Not when the removal did not find the event in flight.
+    h.periods
+        .iter_mut()
+        .find(|p| p.topic == UNORDERED && p.sub == S1)
+        .unwrap()
+        .removal
+        .as_mut()
+        .unwrap()
+        .in_flight
+        .clear();
+    assert_eq!(kinds(&h, &b.world), ["dead letter without a cause"]);
+}

@@ -1265,8 +1265,10 @@ async fn a_callback_about_a_subscribers_copy_needs_that_subscribers_signature(po
 }
 
 /// A failure callback for a copy a removal deleted while QStash still held it: the dead letter is the copy's
-/// subscriber's (read from the signed envelope, the row being gone), not the default subscriber's; and when that
-/// subscriber applied the event (its dedupe row under the event's id) it is recorded resolved, not left open.
+/// subscriber's (read from the signed envelope, the row being gone), not the default subscriber's, and it is
+/// recorded resolved: "applied" when that subscriber applied the event (its dedupe row under the event's id),
+/// "withdrawn" otherwise (the copy was not owed any more; an open dead letter would page an operator for nothing).
+/// The default subscriber's first copy is never withdrawn.
 #[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
 async fn a_failure_callback_for_a_deleted_copy_is_its_subscribers_dead_letter(pool: PgPool) {
     let st = state(&pool);
@@ -1291,8 +1293,18 @@ async fn a_failure_callback_for_a_deleted_copy_is_its_subscribers_dead_letter(po
     assert_eq!(
         rows,
         [
-            (900, "search".to_owned(), None),
+            (900, "search".to_owned(), Some("withdrawn".to_owned())),
             (902, "search".to_owned(), Some("applied".to_owned()))
         ]
     );
+    let pruned = audit_delivery(904);
+    let body = failure_body(&pruned, "1701198458025-9").to_string();
+    let (status, json) = parts(&handle_callback(&st, post("/failure", body.as_bytes())).await);
+    assert_eq!(status, 200, "{json}");
+    let default: (String, Option<String>) =
+        sqlx::query_as("SELECT subscriber, resolution FROM dead_letters WHERE outbox_id = 904")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(default, (String::new(), None));
 }

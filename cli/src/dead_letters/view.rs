@@ -156,6 +156,9 @@ pub(super) async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()>
             Some("applied") => {
                 "applied: the consumer's dedupe row shows it applied; QStash gave up because every response was lost"
             }
+            Some("withdrawn") => {
+                "withdrawn: a copy for a subscriber whose removal deleted it; QStash still held its message"
+            }
             _ => "delivered after all",
         };
         writeln!(out, "  resolved at   {} UTC ({how})", time(t))?;

@@ -65,6 +65,7 @@ fn state_of(
     match (redriven, resolved, resolution) {
         (Some(_), _, _) => "redriven",
         (None, Some(_), Some("applied")) => "applied",
+        (None, Some(_), Some("withdrawn")) => "withdrawn",
         (None, Some(_), _) => "resolved",
         (None, None, _) => "unhandled",
     }

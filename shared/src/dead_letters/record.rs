@@ -188,8 +188,9 @@ pub async fn record_qstash_failure(
                coalesce(o.subscriber, $17, ''), o.seq,
                coalesce(o.payload, $2::jsonb), CASE WHEN o.id IS NULL AND $2::jsonb IS NULL THEN $3::bytea END,
                $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12,
-               CASE WHEN o.delivered_at IS NOT NULL OR applied.yes THEN now() END,
-               CASE WHEN o.delivered_at IS NOT NULL THEN 'delivered' WHEN applied.yes THEN 'applied' END
+               CASE WHEN o.delivered_at IS NOT NULL OR applied.yes OR withdrawn.yes THEN now() END,
+               CASE WHEN o.delivered_at IS NOT NULL THEN 'delivered' WHEN applied.yes THEN 'applied'
+                    WHEN withdrawn.yes THEN 'withdrawn' END
         FROM (SELECT 1) one
         LEFT JOIN {schema}.outbox o ON o.id = $13
         CROSS JOIN LATERAL (
@@ -200,6 +201,12 @@ pub async fn record_qstash_failure(
                   AND pm.message_id IN (coalesce(o.event_id, $18::bigint, $13::bigint)::text, $13::bigint::text)
             ) AS yes
         ) applied
+        -- A named subscriber's copy whose row is gone: its removal deleted it while QStash still held the message
+        -- (a named subscriber's copies leave the outbox only by its removal, or by retention once done, which
+        -- `applied` sees first). Not owed any more: recorded, resolved.
+        CROSS JOIN LATERAL (
+            SELECT $13::bigint IS NOT NULL AND o.id IS NULL AND coalesce($17, '') <> '' AS yes
+        ) withdrawn
         ON CONFLICT (source, natural_id) DO NOTHING
         RETURNING id, outbox_id, topic, seq, resolution
         "#),

@@ -537,7 +537,20 @@ pub fn check(history: &History, world: &World) -> Checked {
         let Some(e) = events.get(&n) else { continue };
         let ps = periods.get(&(e.topic, s)).unwrap_or(&no_periods);
         // A poison event's dead letter says so only in the consumer's response, for one event per message.
-        let cause = if e.poison_for.contains(&s) {
+        // A copy a removal deleted while QStash still held it: its failure, once QStash gives up, is recorded
+        // resolved (nothing is owed; decision record 0070). Caused when the copy is gone from the outbox and the
+        // subscriber's removal from the topic, started before the dead letter, found the event in flight.
+        let withdrawn = || {
+            !d.open()
+                && d.outbox_id
+                    .is_some_and(|id| !world.copies.iter().any(|c| c.id == id))
+                && ps.iter().any(|p| {
+                    p.removal
+                        .as_ref()
+                        .is_some_and(|r| r.start <= d.created_at && r.in_flight.contains(&n))
+                })
+        };
+        let cause = if e.poison_for.contains(&s) || withdrawn() {
             true
         } else if d.error.starts_with("no destination") {
             !live_at(ps, d.created_at)
