@@ -192,7 +192,8 @@ impl Decider<'_> {
                 let settlement = if head {
                     Settlement::Dead {
                         error: format!(
-                            "no destination: subscriber {:?} of topic {} is not configured (removed, or never                              added with `outbox subscribers add`); add it and redrive this dead letter",
+                            "no destination: subscriber {:?} of topic {} is not configured (removed, or never \
+                             added with `outbox subscribers add`); add it and redrive this dead letter",
                             crate::subscribers::label(&ev.subscriber),
                             ev.topic
                         ),
