@@ -455,3 +455,86 @@ async fn a_dlq_page_over_the_bound_is_asked_for_again_in_halves(pool: PgPool) {
         assert_eq!(open_dead_letters(&env.pool, id).await.len(), 1);
     }
 }
+
+/// A relay may dead-letter a copy QStash delivered after all: "no destination" once its subscriber's removal began
+/// (the explorer's seed 2), or a retry budget spent on publishes whose answers were lost. When the consumer's dedupe
+/// row shows it applied, the accounting pass's sweep resolves the dead letter as "applied" and records the copy
+/// delivered, like late delivery evidence: an ordered key blocked on it moves on. A dead letter the consumer
+/// refused (no dedupe row) stays open.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_dead_lettered_copy_the_consumer_applied_is_resolved_by_the_sweep(pool: PgPool) {
+    let insert = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let event = insert(
+        "INSERT INTO outbox (topic, partition_key, payload, dispatched_at, delivered_at) \
+         VALUES ('audit', 'k', '{}', now(), now()) RETURNING id",
+    )
+    .await;
+    let copy: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox (topic, partition_key, payload, subscriber, event_id, dead_lettered_at) \
+         VALUES ('audit', 'k', '{}', 'search', $1, now()) RETURNING id",
+    )
+    .bind(event)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let head = insert(
+        "INSERT INTO outbox (topic, partition_key, payload, seq, dead_lettered_at) \
+         VALUES ('orders', 'c1', '{}', 1, now()) RETURNING id",
+    )
+    .await;
+    let poison = insert(
+        "INSERT INTO outbox (topic, partition_key, payload, subscriber, dead_lettered_at) \
+         VALUES ('audit', 'p', '{}', 'search', now()) RETURNING id",
+    )
+    .await;
+    // Ids from this test's own rows, formatted into the statement.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO outbox (topic, partition_key, payload, seq) VALUES ('orders', 'c1', '{{}}', 2); \
+         INSERT INTO outbox_keys (topic, partition_key, done_seq, blocked_at, blocked_id, blocked_reason) \
+           VALUES ('orders', 'c1', 0, now(), {head}, 'retry budget exhausted'); \
+         INSERT INTO dead_letters (source, natural_id, outbox_id, topic, partition_key, subscriber, error) VALUES \
+           ('relay', '{copy}/1', {copy}, 'audit', 'k', 'search', 'no destination: subscriber \"search\" …'), \
+           ('relay', '{head}/1', {head}, 'orders', 'c1', '', 'retry budget of 8 attempts exhausted'), \
+           ('relay', '{poison}/1', {poison}, 'audit', 'p', 'search', 'poison'); \
+         INSERT INTO processed_messages (consumer, message_id) VALUES ('search', '{event}'), ('orders-app', '{head}');"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let db = outbox::db::Db::new(pool.clone(), outbox::db::Statements::Prepared);
+    let marked = outbox::accounting::sweep_applied(&db, "orders-app", Duration::ZERO, PASS)
+        .await
+        .unwrap();
+    assert_eq!(marked, 2);
+    let resolved: Vec<(i64, Option<String>, bool, bool)> = sqlx::query_as(
+        "SELECT d.outbox_id, d.resolution, o.delivered_at IS NOT NULL, o.dead_lettered_at IS NOT NULL \
+         FROM dead_letters d JOIN outbox o ON o.id = d.outbox_id ORDER BY d.outbox_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        resolved,
+        [
+            (copy, Some("applied".to_owned()), true, false),
+            (head, Some("applied".to_owned()), true, false),
+            (poison, None, false, true),
+        ]
+    );
+    let key: (i64, bool) = sqlx::query_as(
+        "SELECT done_seq, blocked_at IS NOT NULL FROM outbox_keys WHERE topic = 'orders'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(key, (1, false), "the key moves on past its applied head");
+}

@@ -6,7 +6,7 @@
 //! | pending | `dispatched_at IS NULL` (not yet accepted by QStash) | until a relay claims it; retries with backoff, then a relay dead letter | `OldestPendingAge` |
 //! | in flight | accepted by QStash (`dispatched_at`), no outcome yet (`outbox_inflight_idx`) | until QStash delivers it or gives up: at most the horizon [`crate::config::reconcile_horizon`] | `UnaccountedEvents` once past the horizon |
 //! | applied | ordered: delivery evidence (consumer transaction or delivery callback); unordered: the consumer's dedupe row, read in bulk by [`sweep_applied`] (or a delivery callback, [`crate::config::OutcomeSource`]) → `delivered_at` | final | — |
-//! | dead letter | a row in `dead_letters` (relay, failure callback, or this module's [`reconcile`]), the event `dead_lettered_at`; at most one unresolved per event | until an operator redrives it, or it resolves itself (late evidence) | `DeadLettered` / dead-letter alarms |
+//! | dead letter | a row in `dead_letters` (relay, failure callback, or this module's [`reconcile`]), the event `dead_lettered_at`; at most one unresolved per event | until an operator redrives it, or it resolves itself (late evidence; or the sweep finds the event's dedupe row: a relay dead-lettered an event QStash had delivered) | `DeadLettered` / dead-letter alarms |
 //!
 //! What closes the gap a lost callback leaves: each relay invocation ([`run`]) first marks in-flight events that
 //! their dedupe rows show applied ([`sweep_applied`], no QStash message), then looks the events still in flight
@@ -51,7 +51,8 @@ pub use sweep::sweep_applied;
 /// What one accounting pass did (one relay invocation).
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct AccountingReport {
-    /// In-flight events found applied by their dedupe row, now marked delivered.
+    /// Events found applied by their dedupe row, now marked delivered: in flight, or dead-lettered by a relay that
+    /// never saw its publish answered (their dead letters resolved "applied").
     pub swept_applied: u64,
     /// Dead letters recorded (or merged) from QStash's DLQ.
     pub recorded_from_dlq: u64,

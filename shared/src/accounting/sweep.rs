@@ -31,8 +31,30 @@ ORDER BY o.dispatched_at, o.id
 LIMIT $5
 "#;
 
+/// Dead-lettered events whose dedupe row shows them applied after all: a relay that dead-lettered a copy whose
+/// publish it never saw answered ("no destination" once its subscriber was being removed, a retry budget spent on
+/// lost answers) while QStash delivered it. Read over the dead rows (`outbox_dead_idx`), a primary-key probe each;
+/// their dead letters are resolved as "applied", then the rows recorded delivered like late delivery evidence.
+const DEAD_APPLIED_SQL: &str = r#"
+SELECT o.id
+FROM {schema}.outbox o
+WHERE o.dead_lettered_at IS NOT NULL AND o.delivered_at IS NULL
+  AND EXISTS (SELECT 1 FROM {schema}.processed_messages pm
+              WHERE pm.consumer = CASE WHEN o.subscriber = '' THEN $1 ELSE o.subscriber END
+                AND pm.message_id IN (coalesce(o.event_id, o.id)::text, o.id::text))
+ORDER BY o.id
+LIMIT $2
+"#;
+
+const RESOLVE_APPLIED_SQL: &str = r#"
+UPDATE {schema}.dead_letters SET resolved_at = now(), resolution = 'applied'
+WHERE outbox_id = ANY ($1::bigint[]) AND resolved_at IS NULL AND redriven_at IS NULL
+"#;
+
 /// Marks in-flight events (accepted by QStash more than `grace` ago) that the dedupe rows of `consumer` show
-/// applied as delivered, oldest first, page by page until none is left or `budget` is spent. Returns how many.
+/// applied as delivered, oldest first, page by page until none is left or `budget` is spent; then dead-lettered
+/// events the dedupe rows show applied (their dead letters resolved "applied": nothing for an operator to do).
+/// Returns how many events it marked.
 pub async fn sweep_applied(
     db: &Db,
     consumer: &str,
@@ -67,7 +89,30 @@ pub async fn sweep_applied(
             marked += recorded.found.len() as u64;
         }
         if (rows.len() as i64) < PAGE || started.elapsed() >= budget {
-            return Ok(marked);
+            break;
         }
     }
+    let q = db
+        .query(crate::schema::q(DEAD_APPLIED_SQL))
+        .bind(consumer)
+        .bind(PAGE);
+    let dead: Vec<OutboxId> = db
+        .run(async |c| q.fetch_all(c).await)
+        .await?
+        .iter()
+        .map(|r| r.try_get("id"))
+        .collect::<Result<_, _>>()?;
+    if !dead.is_empty() {
+        let mut tx = db.pool().begin().await?;
+        db.statements()
+            .query(crate::schema::q(RESOLVE_APPLIED_SQL))
+            .bind(&dead)
+            .execute(&mut *tx)
+            .await?;
+        let recorded =
+            crate::ordering::record_delivery_batch(&mut *tx, &dead, db.statements()).await?;
+        tx.commit().await?;
+        marked += recorded.found.len() as u64;
+    }
+    Ok(marked)
 }
