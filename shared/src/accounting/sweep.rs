@@ -110,7 +110,7 @@ pub async fn sweep_applied(
             .execute(&mut *tx)
             .await?;
         let recorded =
-            crate::ordering::record_delivery_batch(&mut *tx, &dead, db.statements()).await?;
+            crate::ordering::record_delivery_batch(&mut tx, &dead, db.statements()).await?;
         tx.commit().await?;
         marked += recorded.found.len() as u64;
     }
