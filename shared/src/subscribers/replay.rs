@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use sqlx::Row;
 
-use super::{SubscriberError, get, wait_for_older_transactions};
+use super::error::SubscriberError;
+use super::remove::wait_for_older_transactions;
+use super::stored::get;
 use crate::db::Db;
 
 /// Events copied per replay transaction.
