@@ -315,6 +315,17 @@ fn after_a_removal_only_what_was_in_flight_may_still_be_applied() {
     redriven.dead_letter(late, 5, S1, "QStash gave up after 4 attempt(s)", false);
     redriven.world.given_up.insert(late);
     assert!(kinds(&h, &redriven.world).is_empty());
+    // The same once a prune deleted the redriven dead letter: the explorer's own record of its redrive counts
+    // (seed 105 at 3 minutes: a prune 50 ms after the redrive), when the redrive came before the application.
+    h.redriven.push((5, "s1".to_owned(), t(21)));
+    assert_eq!(
+        kinds(&h, &b.world),
+        ["applied after its removal though not in flight"],
+        "a redrive after the application explains nothing"
+    );
+    h.redriven[0].2 = t(15);
+    assert!(kinds(&h, &b.world).is_empty());
+    h.redriven.clear();
     if let Some(r) = h.periods.iter_mut().find_map(|p| p.removal.as_mut()) {
         r.in_flight.insert(5);
     }

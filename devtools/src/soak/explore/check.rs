@@ -486,9 +486,14 @@ pub fn check(history: &History, world: &World) -> Checked {
                             .iter()
                             .filter_map(|p| p.removal.as_ref())
                             .any(|r| r.in_flight.contains(&n));
-                        let redriven = ds
-                            .iter()
-                            .any(|d| d.redriven_at.is_some_and(|r| r <= a.applied_at));
+                        // Seen on the dead letters left, or in the explorer's record of its redrives (a prune
+                        // deletes handled dead letters).
+                        let redriven =
+                            ds.iter()
+                                .any(|d| d.redriven_at.is_some_and(|r| r <= a.applied_at))
+                                || history.redriven.iter().any(|(rn, rs, at)| {
+                                    *rn == n && rs == name && *at <= a.applied_at
+                                });
                         let late = ps.iter().filter_map(|p| p.removal.as_ref()).find(|r| {
                             r.end.is_some_and(|end| a.applied_at > end)
                                 && e.start < r.start

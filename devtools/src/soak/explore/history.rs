@@ -97,6 +97,9 @@ pub struct History {
     pub cures: Vec<(DateTime<Utc>, u64)>,
     /// The (event number, subscriber name) of each dead letter a purge deleted.
     pub purged: BTreeSet<(u64, String)>,
+    /// The (event number, subscriber name) of each dead letter a redrive redrove, with when that redrive started:
+    /// kept here because a prune may delete the redriven dead letter before the run ends.
+    pub redriven: Vec<(u64, String, DateTime<Utc>)>,
     /// An operator action changed a row outside its selection (found when it ran).
     pub outside_selection: Vec<String>,
 }

@@ -656,6 +656,7 @@ impl Operator {
             Ok(b) => b,
             Err(e) => return Outcome::Failed(e.to_string()),
         };
+        let started = Utc::now();
         let outcome = attempt(|| async {
             match dead_letters::redrive_matching(
                 &self.db,
@@ -687,6 +688,12 @@ impl Operator {
                     "dead-letters redrive {sel}: redrove dead letters outside the selection: {outside:?}"
                 ));
             }
+            let redriven: Vec<(u64, String, DateTime<Utc>)> = after
+                .iter()
+                .filter(|(id, d)| d.redriven && before.get(id).is_some_and(|b| !b.redriven))
+                .filter_map(|(_, d)| d.n.map(|n| (n as u64, d.subscriber.clone(), started)))
+                .collect();
+            self.history().redriven.extend(redriven);
         }
         outcome
     }
