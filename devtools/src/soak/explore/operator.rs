@@ -677,10 +677,12 @@ impl Operator {
         .await;
         let me = &*self;
         if let Ok(after) = retry(|| me.dead_letters()).await {
+            // Judged on the row as it is after: a dead letter recorded while the action ran (between the snapshot
+            // and the redrive, or while it was retried after a failure) is the redrive's to take when it matches.
             let outside: Vec<i64> = after
                 .iter()
                 .filter(|(id, d)| d.redriven && before.get(id).is_none_or(|b| !b.redriven))
-                .filter(|(id, d)| !before.contains_key(id) || !Self::selects(sel, d))
+                .filter(|(_, d)| !Self::selects(sel, d))
                 .map(|(id, _)| *id)
                 .collect();
             if !outside.is_empty() {
@@ -690,7 +692,7 @@ impl Operator {
             }
             let redriven: Vec<(u64, String, DateTime<Utc>)> = after
                 .iter()
-                .filter(|(id, d)| d.redriven && before.get(id).is_some_and(|b| !b.redriven))
+                .filter(|(id, d)| d.redriven && before.get(id).is_none_or(|b| !b.redriven))
                 .filter_map(|(_, d)| d.n.map(|n| (n as u64, d.subscriber.clone(), started)))
                 .collect();
             self.history().redriven.extend(redriven);
