@@ -103,6 +103,7 @@ fn every_kept_schedule_still_draws_what_it_covers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "passes on main (2026-12-07); outside CI's run for its length (about 3 minutes): scripts/test devtools/tests/explore.rs --run-ignored only"]
 async fn kept_replay_misses_a_long_producer_transaction() {
     kept("replay_misses_a_long_producer_transaction").await;
 }
