@@ -461,3 +461,53 @@ fn a_resolved_dead_letter_of_a_copy_a_removal_deleted_has_a_cause_an_open_one_do
         .clear();
     assert_eq!(kinds(&h, &b.world), ["dead letter without a cause"]);
 }
+
+#[test]
+fn an_event_replayed_by_a_later_subscription_may_be_applied_while_it_lasts() {
+    // Seed 107 at 3 minutes: s1 removed at 10 s (event 5 written across it), added again at 12 s with a replay
+    // that copied event 5, applied at 20 s, and that subscription removed at 30 s in its turn.
+    let (mut h, mut b) = clean();
+    h.written.push(Written {
+        n: 5,
+        start: t(9),
+        end: t(10) + Duration::milliseconds(100),
+        ..h.written[1].clone()
+    });
+    let first = h
+        .periods
+        .iter_mut()
+        .find(|p| p.topic == UNORDERED && p.sub == S1)
+        .unwrap();
+    first.removal = Some(Removal {
+        start: t(10),
+        end: Some(t(11)),
+        in_flight: BTreeSet::new(),
+    });
+    h.periods.push(Period {
+        topic: UNORDERED,
+        sub: S1,
+        add_start: Some(t(12)),
+        add_end: Some(t(13)),
+        replay: Some(ReplayCover {
+            since: t(5),
+            retained: BTreeSet::from([5]),
+            read_at: t(12),
+            finished: true,
+        }),
+        removal: Some(Removal {
+            start: t(30),
+            end: Some(t(31)),
+            in_flight: BTreeSet::new(),
+        }),
+    });
+    b.delivered(5, UNORDERED, DEFAULT, None);
+    let replayed = b.copy(5, UNORDERED, S1, true, false);
+    b.apply(replayed, 5, UNORDERED, S1, None, 20);
+    assert!(kinds(&h, &b.world).is_empty(), "{:?}", kinds(&h, &b.world));
+    // Applied after that subscription ended too, without being in flight at its removal: a violation.
+    b.world.applied.last_mut().unwrap().applied_at = t(40);
+    assert_eq!(
+        kinds(&h, &b.world),
+        ["applied after its removal though not in flight"]
+    );
+}

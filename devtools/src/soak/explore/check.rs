@@ -500,13 +500,24 @@ pub fn check(history: &History, world: &World) -> Checked {
                                 && !in_flight
                                 && !redriven
                         });
+                        // A later subscription that owes the event: the open one, or one removed later when
+                        // the application came while it was live (after its addition began, before its removal
+                        // ended) or the event was in flight at that removal.
                         let covered_later = ps.iter().any(|p| {
-                            p.removal.is_none()
-                                && (p.add_start.is_none_or(|t| e.end >= t)
-                                    || p.replay.as_ref().is_some_and(|r| {
-                                        r.retained.contains(&n)
-                                            || (e.start >= r.since && e.end > r.read_at)
-                                    }))
+                            let owes = p.add_start.is_none_or(|t| e.end >= t)
+                                || p.replay.as_ref().is_some_and(|r| {
+                                    r.retained.contains(&n)
+                                        || (e.start >= r.since && e.end > r.read_at)
+                                });
+                            let live_then = match &p.removal {
+                                None => true,
+                                Some(rm) => {
+                                    p.add_start.is_some_and(|t| a.applied_at >= t)
+                                        && (rm.end.is_none_or(|end| a.applied_at <= end)
+                                            || rm.in_flight.contains(&n))
+                                }
+                            };
+                            owes && live_then
                         });
                         if let Some(r) = late
                             && !covered_later
