@@ -1308,3 +1308,59 @@ async fn a_failure_callback_for_a_deleted_copy_is_its_subscribers_dead_letter(po
             .unwrap();
     assert_eq!(default, (String::new(), None));
 }
+
+/// A removal deleting a named subscriber's in-flight copy while QStash's failure callback for it is being
+/// recorded (the explorer's seed 106): the callback waits for the removal and records the copy as withdrawn, not
+/// an open dead letter for a row that no longer exists.
+#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]
+async fn a_failure_callback_racing_the_removal_of_its_copy_records_it_withdrawn(pool: PgPool) {
+    let event: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox (topic, partition_key, payload, dispatched_at, delivered_at) \
+         VALUES ('audit', 'user-1', '{}', now(), now()) RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let copy: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox (topic, partition_key, payload, subscriber, event_id, dispatched_at) \
+         VALUES ('audit', 'user-1', '{}', 'search', $1, now()) RETURNING id",
+    )
+    .bind(event)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    // The removal's delete, not committed yet.
+    let mut removal = pool.begin().await.unwrap();
+    let deleted = sqlx::query("DELETE FROM outbox WHERE id = $1 AND dead_lettered_at IS NULL")
+        .bind(copy)
+        .execute(&mut *removal)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(deleted, 1);
+    let body = failure_body(
+        &audit_delivery(copy).subscriber("search").event(event),
+        "1701198458025-10",
+    )
+    .to_string();
+    let callback = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            let st = state(&pool);
+            parts(&handle_callback(&st, post("/failure", body.as_bytes())).await)
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    removal.commit().await.unwrap();
+    let (status, json) = callback.await.unwrap();
+    assert_eq!(status, 200, "{json}");
+    let row: (i64, String, Option<String>) =
+        sqlx::query_as("SELECT outbox_id, subscriber, resolution FROM dead_letters")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        row,
+        (copy, "search".to_owned(), Some("withdrawn".to_owned()))
+    );
+}

@@ -150,6 +150,17 @@ pub async fn record_qstash_failure(
         .await?;
     let natural_id = failure.natural_id();
     if let Some(outbox_id) = failure.outbox_id {
+        // The event's row first, locked as the update below will: a removal deleting this copy concurrently has
+        // either committed (the statements below see no row: a withdrawn copy) or waits for this transaction (and
+        // then keeps the copy, dead-lettered). Without it, the insert below could see the row the removal was
+        // deleting and leave an open dead letter for a copy that no longer exists.
+        statements
+            .query(crate::schema::q(
+                "SELECT 1 FROM {schema}.outbox WHERE id = $1 FOR NO KEY UPDATE",
+            ))
+            .bind(outbox_id)
+            .fetch_optional(&mut *tx)
+            .await?;
         match merge_into_open(
             &mut tx,
             outbox_id,
