@@ -78,7 +78,8 @@ RETURNING id
 /// The unordered events of such a message that may not be published again, still in flight under it: a dead letter
 /// each (source `relay`, natural id `<id>/unaccounted/<message id>`, one per message an event was lost under), and
 /// only the events whose dead letter was written are marked dead, in the same statement: an event never ends dead
-/// without an open dead letter. `$1` ids, `$2` the message id, `$3` the reason.
+/// without an open dead letter; an event whose dedupe row shows it applied is left to the sweep. `$1` ids, `$2` the
+/// message id, `$3` the reason, `$4` the default subscriber's dedupe namespace (`CONSUMER_NAME`).
 const UNACCOUNTED_SQL: &str = r#"
 WITH c AS (
     SELECT id, topic, partition_key, subscriber, seq, payload, headers, attempts, qstash_message_id, dispatched_at
@@ -86,6 +87,12 @@ WITH c AS (
     WHERE id = ANY ($1::bigint[]) AND seq IS NULL AND dispatched_at IS NOT NULL
       AND delivered_at IS NULL AND dead_lettered_at IS NULL
       AND qstash_message_id IS NOT DISTINCT FROM $2
+      -- Applied after all: QStash forgets a message once a delivery succeeds, and the consumer committed before it
+      -- answered, so a dedupe row written before QStash's answer to the lookup is visible here. The next sweep
+      -- records it delivered.
+      AND NOT EXISTS (SELECT 1 FROM {schema}.processed_messages pm
+                      WHERE pm.consumer = CASE WHEN subscriber = '' THEN $4 ELSE subscriber END
+                        AND pm.message_id IN (coalesce(event_id, id)::text, id::text))
     FOR UPDATE
 ), dl AS (
     INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, subscriber, seq, payload,
@@ -520,7 +527,8 @@ async fn unknown_to_qstash(
              re-inserted by a redrive is never published again by the reconciler)",
             rec.cfg.max_republish,
             window.as_secs_f64() / 3600.0
-        ));
+        ))
+        .bind(&rec.cfg.consumer_name);
     let dead: Vec<i64> = rec.db.run(async |c| q.fetch_all(c).await).await?;
     note_dead(report, &dead, "event unaccounted for");
     Ok(())
