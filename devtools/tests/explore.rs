@@ -149,3 +149,15 @@ fn every_kept_schedule_has_its_test() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails on main (2026-12-07): a replay resumed after a prune waits forever at the gaps it left (docs/reliability.md, long runs); un-ignore with its fix"]
+async fn kept_replay_resumed_after_a_prune_waits_at_gaps() {
+    kept("replay_resumed_after_a_prune_waits_at_gaps").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails on main (2026-12-07): replayed copies of an ordered subscriber re-added three times refused out of order (docs/reliability.md, long runs); un-ignore with its fix"]
+async fn kept_ordered_re_adds_refused_out_of_order() {
+    kept("ordered_re_adds_refused_out_of_order").await;
+}

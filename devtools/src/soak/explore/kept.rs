@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::schedule::{DevFault, From, Op, Schedule};
+use super::schedule::{DevFault, From, Op, ReplayMode, Schedule};
 
 /// A combination a kept schedule is kept for, checked on the drawn schedule ([`Covers::drawn_in`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +23,8 @@ pub enum Covers {
     LongTransactionOverReplay,
     /// A redrive while the dev server loses messages.
     RedriveWhileLosingMessages,
+    /// An interrupted `add --from`, a prune or partition maintenance, then the replay resumed.
+    PruneBeforeReplayResumed,
 }
 
 /// The step's time in seconds.
@@ -83,6 +85,23 @@ impl Covers {
                     matches!(action(&a.op), Op::Add { topic: t, from, .. } if t == topic && from != From::Now)
                         && secs(a.at) > secs(l.at)
                         && secs(a.at) < secs(l.at) + len
+                }),
+                _ => false,
+            }),
+            Covers::PruneBeforeReplayResumed => steps.iter().any(|a| match action(&a.op) {
+                Op::Add {
+                    topic,
+                    sub,
+                    replay: ReplayMode::Interrupted { .. },
+                    ..
+                } => steps.iter().any(|r| {
+                    r.at > a.at
+                        && matches!(action(&r.op), Op::Resume { topic: t, sub: u } if t == topic && u == sub)
+                        && steps.iter().any(|p| {
+                            p.at > a.at
+                                && p.at < r.at
+                                && matches!(action(&p.op), Op::Prune { .. } | Op::Partitions { .. })
+                        })
                 }),
                 _ => false,
             }),
@@ -198,6 +217,28 @@ pub const KEPT: &[Kept] = &[
         ],
         found: Some(
             "issue 35 #1: events in flight at a removal applied twice after the re-add `--from`",
+        ),
+    },
+    Kept {
+        name: "replay_resumed_after_a_prune_waits_at_gaps",
+        seed: 109,
+        minutes: 3.0,
+        covers: &[Covers::PruneBeforeReplayResumed],
+        found: Some(
+            "an `add --from` interrupted after its first chunk, a prune and partition maintenance, then `subscribers \
+             replay` resumed it: events of its range pruned meanwhile are never copied, and the subscriber's \
+             ordered lanes wait forever at the gaps (808 events pending, not drained); open",
+        ),
+    },
+    Kept {
+        name: "ordered_re_adds_refused_out_of_order",
+        seed: 111,
+        minutes: 3.0,
+        covers: &[Covers::ReAddFromBeforeRemoval],
+        found: Some(
+            "an ordered subscriber removed and added again `--from` three times in 40 s, one replay unfinished at \
+             its removal: four replayed copies refused \"out of order\" (489) by the consumer and dead-lettered; \
+             open, not analysed yet",
         ),
     },
 ];
