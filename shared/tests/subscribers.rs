@@ -835,3 +835,68 @@ async fn a_replay_from_a_time_starts_at_the_events_written_since_whatever_other_
     .unwrap();
     assert_eq!(search, [new]);
 }
+
+/// A subscriber whose removal stopped at its wait for older transactions (its copies and lanes still there) and
+/// that is then added again `--from` (the explorer's seed 111): the addition finishes the removal first, so the
+/// replay makes the subscriber's ordered lane afresh and waiting, and copies the whole history. Before, the old
+/// lane and copies stayed: the lane open, so live copies of later sequences could go before the replayed ones,
+/// which the consumer then refused as late.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn adding_again_after_an_unfinished_removal_finishes_it_first(pool: PgPool) {
+    let db = db(&pool);
+    add_billing(&db).await;
+    let first = enqueue(&pool, &ORDERS, "k", 1).await;
+    enqueue(&pool, &ORDERS, "k", 2).await;
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1").execute(&mut *open).await.unwrap();
+    let err = subscribers::remove(&db, "orders", "billing", Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, SubscriberError::OldTransactions { .. }),
+        "{err}"
+    );
+    open.rollback().await.unwrap();
+    // Written while billing is removed: no copy for it.
+    enqueue(&pool, &ORDERS, "k", 3).await;
+    // Added again with its history, one chunk at a time so that the replay is seen under way.
+    let added = subscribers::add_again(
+        &db,
+        "orders",
+        "billing",
+        Some("http://127.0.0.1:9"),
+        Start::FromId(first),
+        WAIT,
+    )
+    .await
+    .unwrap();
+    assert!(added.to_replay.is_some(), "{added:?}");
+    // The removal was finished first: its unfinished copies (sequences 1 and 2) and its lane are gone.
+    let billing = |pool: PgPool| async move {
+        copies(&pool, "orders")
+            .await
+            .into_iter()
+            .filter(|c| c.0 == "billing")
+            .map(|c| c.2)
+            .collect::<Vec<_>>()
+    };
+    assert!(billing(pool.clone()).await.is_empty());
+    let lanes: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_keys WHERE subscriber = 'billing'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(lanes, 0);
+    // The replay copies the whole history in order, on a lane of its own from the start.
+    subscribers::replay(&db, "orders", "billing", WAIT, |_| {})
+        .await
+        .unwrap();
+    assert_eq!(billing(pool.clone()).await, [Some(1), Some(2), Some(3)]);
+    let done: i64 = sqlx::query_scalar(
+        "SELECT done_seq FROM outbox_keys WHERE topic = 'orders' AND partition_key = 'k' AND subscriber = 'billing'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(done, 0);
+}

@@ -8,6 +8,7 @@ use crate::db::Db;
 
 use super::error::SubscriberError;
 use super::names::{DEFAULT, check_namespace, check_stored_name, check_url, label};
+use super::remove::delete_copies;
 use super::replay::fix_replay_end;
 use super::stored::{COLUMNS, Subscriber, get, subscriber_of};
 
@@ -129,6 +130,20 @@ async fn add_with(
         (n, None) => return Err(SubscriberError::MissingUrl(n.to_owned())),
         (n, Some(u)) => Some(check_url(n, u)?),
     };
+    // A removal that has not finished (it was waiting for older transactions when it stopped) left the subscriber's
+    // unfinished copies and ordered lanes behind. Adding it again on top of them would keep those lanes as they
+    // were — open, not waiting for the replay — so live copies of later sequences could overtake the replayed ones
+    // and the consumer would refuse these as late. The removal is finished first (its wait included).
+    let leftovers: bool = sqlx::query_scalar(crate::schema::q(
+        "SELECT EXISTS (SELECT 1 FROM {schema}.outbox_subscribers                         WHERE topic = $1 AND name = $2 AND removed_at IS NOT NULL)             AND (EXISTS (SELECT 1 FROM {schema}.outbox_keys WHERE topic = $1 AND subscriber = $2)                  OR EXISTS (SELECT 1 FROM {schema}.outbox WHERE topic = $1 AND subscriber = $2                               AND delivered_at IS NULL AND dead_lettered_at IS NULL))",
+    ))
+    .bind(topic)
+    .bind(name)
+    .fetch_one(db.pool())
+    .await?;
+    if leftovers {
+        delete_copies(db, topic, name, wait).await?;
+    }
     let mut tx = db.pool().begin().await?;
     check_namespace(&mut tx, name).await?;
     let from: Option<i64> = match start {

@@ -128,7 +128,7 @@ pub async fn remove(
 
 /// The second half of [`remove`]: once the older transactions are over, no new copy for the subscriber can
 /// appear; its unfinished ones and its lanes are deleted.
-async fn delete_copies(
+pub(super) async fn delete_copies(
     db: &Db,
     topic: &str,
     name: &str,
