@@ -511,3 +511,56 @@ fn an_event_replayed_by_a_later_subscription_may_be_applied_while_it_lasts() {
         ["applied after its removal though not in flight"]
     );
 }
+
+#[test]
+fn a_no_destination_dead_letter_while_an_addition_has_not_returned_has_a_cause() {
+    // Seed 111 at 3 minutes, after `add` learned to finish an earlier removal first: s1 is added again from 5 s
+    // to 10 s (the addition waits with s1 still removed), and a relay dead-letters its copy "no destination" at 7 s.
+    let (mut h, mut b) = clean();
+    b.world
+        .applied
+        .retain(|a| !(a.n == 2 && a.subscriber == "s1"));
+    let copy = b
+        .world
+        .copies
+        .iter_mut()
+        .find(|c| c.n == Some(2) && c.subscriber == "s1")
+        .unwrap();
+    copy.delivered_at = None;
+    copy.dead_lettered_at = Some(t(7));
+    let id = copy.id;
+    let first = h
+        .periods
+        .iter_mut()
+        .find(|p| p.topic == UNORDERED && p.sub == S1)
+        .unwrap();
+    first.removal = Some(Removal {
+        start: t(2),
+        end: None,
+        in_flight: BTreeSet::from([2]),
+    });
+    h.periods.push(Period {
+        topic: UNORDERED,
+        sub: S1,
+        add_start: Some(t(5)),
+        add_end: Some(t(10)),
+        replay: None,
+        removal: None,
+    });
+    b.dead_letter(
+        id,
+        2,
+        S1,
+        "no destination: subscriber \"s1\" of topic x.unordered is not configured",
+        true,
+    );
+    b.world.dead.last_mut().unwrap().created_at = t(7);
+    assert!(
+        kinds(&h, &b.world).is_empty(),
+        "{:?}",
+        check(&h, &b.world).violations
+    );
+    // Once the addition has returned, "no destination" has no cause.
+    b.world.dead.last_mut().unwrap().created_at = t(11);
+    assert!(kinds(&h, &b.world).contains(&"dead letter without a cause"));
+}

@@ -239,14 +239,6 @@ fn owed(e: &Written, periods: &[&Period]) -> Owed {
     if may { Owed::May } else { Owed::No }
 }
 
-/// Whether the subscriber of `periods` was on the topic at `t` (from the start of its addition to the start of its
-/// removal).
-fn live_at(periods: &[&Period], t: DateTime<Utc>) -> bool {
-    periods.iter().any(|p| {
-        p.add_start.is_none_or(|a| a <= t) && p.removal.as_ref().is_none_or(|r| t < r.start)
-    })
-}
-
 /// Checks a run.
 pub fn check(history: &History, world: &World) -> Checked {
     let mut out = Checked::default();
@@ -569,7 +561,12 @@ pub fn check(history: &History, world: &World) -> Checked {
         let cause = if e.poison_for.contains(&s) || withdrawn() {
             true
         } else if d.error.starts_with("no destination") {
-            !live_at(ps, d.created_at)
+            // Not surely live then: before its addition returned (an addition that first finishes an earlier
+            // removal waits with the subscriber still removed), or after its removal began.
+            !ps.iter().any(|p| {
+                (p.add_start.is_none() || p.add_end.is_some_and(|e| e <= d.created_at))
+                    && p.removal.as_ref().is_none_or(|r| d.created_at < r.start)
+            })
         } else {
             d.outbox_id.is_some_and(|id| world.given_up.contains(&id))
                 || d.qstash_message_id
