@@ -238,7 +238,7 @@ pub const KEPT: &[Kept] = &[
         found: Some(
             "an ordered subscriber removed and added again `--from` three times in 40 s, one replay unfinished at \
              its removal: four replayed copies refused \"out of order\" (489) by the consumer and dead-lettered; \
-             open, not analysed yet",
+             fixed since: `add` finishes an unfinished removal of the same subscriber first",
         ),
     },
 ];
