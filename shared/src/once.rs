@@ -119,6 +119,32 @@ where
     }
 }
 
+/// The relay's reading of [`DedupeKey`] in SQL, for outbox row `$o` (a table alias): whether its subscriber's
+/// consumer applied it — a dedupe row in the namespace `$ns` (the parameter holding `CONSUMER_NAME`) for the
+/// default subscriber's copies, in the subscriber's own name otherwise, under the copy's event id or, for a row
+/// written before decision record 0070, the copy's own id. One text for every statement that asks (the applied
+/// sweep, the reconciler), so the rule has one home. Expands to a string literal for `concat!`.
+macro_rules! applied_sql {
+    ($o:literal, $ns:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM {schema}.processed_messages pm WHERE pm.consumer = CASE WHEN ",
+            $o,
+            ".subscriber = '' THEN ",
+            $ns,
+            " ELSE ",
+            $o,
+            ".subscriber END AND pm.message_id IN (coalesce(",
+            $o,
+            ".event_id, ",
+            $o,
+            ".id)::text, ",
+            $o,
+            ".id::text))"
+        )
+    };
+}
+pub(crate) use applied_sql;
+
 /// Which dedupe row stands for an event delivered in a copy ([`claim_all`]): the event's id, the same in every copy
 /// of it (decision record 0070), and the copy's own outbox id, the key of rows written before that decision (kept
 /// `PROCESSED_TTL_HOURS`, so a copy applied under its own id before an upgrade is still recognised after it).

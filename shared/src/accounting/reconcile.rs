@@ -80,19 +80,20 @@ RETURNING id
 /// only the events whose dead letter was written are marked dead, in the same statement: an event never ends dead
 /// without an open dead letter; an event whose dedupe row shows it applied is left to the sweep. `$1` ids, `$2` the
 /// message id, `$3` the reason, `$4` the default subscriber's dedupe namespace (`CONSUMER_NAME`).
-const UNACCOUNTED_SQL: &str = r#"
+const UNACCOUNTED_SQL: &str = concat!(
+    r#"
 WITH c AS (
     SELECT id, topic, partition_key, subscriber, seq, payload, headers, attempts, qstash_message_id, dispatched_at
-    FROM {schema}.outbox
+    FROM {schema}.outbox o
     WHERE id = ANY ($1::bigint[]) AND seq IS NULL AND dispatched_at IS NOT NULL
       AND delivered_at IS NULL AND dead_lettered_at IS NULL
       AND qstash_message_id IS NOT DISTINCT FROM $2
       -- Applied after all: QStash forgets a message once a delivery succeeds, and the consumer committed before it
       -- answered, so a dedupe row written before QStash's answer to the lookup is visible here. The next sweep
       -- records it delivered.
-      AND NOT EXISTS (SELECT 1 FROM {schema}.processed_messages pm
-                      WHERE pm.consumer = CASE WHEN subscriber = '' THEN $4 ELSE subscriber END
-                        AND pm.message_id IN (coalesce(event_id, id)::text, id::text))
+      AND NOT "#,
+    crate::once::applied_sql!("o", "$4"),
+    r#"
     FOR UPDATE
 ), dl AS (
     INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, subscriber, seq, payload,
@@ -111,7 +112,8 @@ SET dead_lettered_at = now(), locked_until = NULL, republish_by = NULL, last_err
 FROM dl
 WHERE o.id = dl.outbox_id
 RETURNING o.id
-"#;
+"#
+);
 
 /// Events put back to be published again whose deadline passed before a relay published them (QStash was down,
 /// say): published now, a delivery could outlive the dedupe row of an earlier application. A dead letter each

@@ -18,33 +18,30 @@ const PAGE: i64 = 2000;
 /// each: in the namespace `$2` (`CONSUMER_NAME`) for the default subscriber's copies, in the subscriber's name for
 /// a named subscriber's ([`crate::subscribers`]); keyed by the copy's event, or by the copy's own id for a row
 /// written before decision record 0070 ([`crate::once::DedupeKey`]).
-const PAGE_SQL: &str = r#"
-SELECT o.id, o.dispatched_at,
-       EXISTS (SELECT 1 FROM {schema}.processed_messages pm
-               WHERE pm.consumer = CASE WHEN o.subscriber = '' THEN $2 ELSE o.subscriber END
-                 AND pm.message_id IN (coalesce(o.event_id, o.id)::text, o.id::text)) AS applied
+const PAGE_SQL: &str = concat!(
+    "SELECT o.id, o.dispatched_at, ",
+    crate::once::applied_sql!("o", "$2"),
+    " AS applied",
+    r#"
 FROM {schema}.outbox o
 WHERE o.dispatched_at IS NOT NULL AND o.delivered_at IS NULL AND o.dead_lettered_at IS NULL
   AND o.dispatched_at < now() - make_interval(secs => $1)
   AND (o.dispatched_at, o.id) > ($3, $4)
 ORDER BY o.dispatched_at, o.id
 LIMIT $5
-"#;
+"#
+);
 
 /// Dead-lettered events whose dedupe row shows them applied after all: a relay that dead-lettered a copy whose
 /// publish it never saw answered ("no destination" once its subscriber was being removed, a retry budget spent on
 /// lost answers) while QStash delivered it. Read over the dead rows (`outbox_dead_idx`), a primary-key probe each;
 /// their dead letters are resolved as "applied", then the rows recorded delivered like late delivery evidence.
-const DEAD_APPLIED_SQL: &str = r#"
-SELECT o.id
-FROM {schema}.outbox o
-WHERE o.dead_lettered_at IS NOT NULL AND o.delivered_at IS NULL
-  AND EXISTS (SELECT 1 FROM {schema}.processed_messages pm
-              WHERE pm.consumer = CASE WHEN o.subscriber = '' THEN $1 ELSE o.subscriber END
-                AND pm.message_id IN (coalesce(o.event_id, o.id)::text, o.id::text))
-ORDER BY o.id
-LIMIT $2
-"#;
+const DEAD_APPLIED_SQL: &str = concat!(
+    "SELECT o.id FROM {schema}.outbox o \
+     WHERE o.dead_lettered_at IS NOT NULL AND o.delivered_at IS NULL AND ",
+    crate::once::applied_sql!("o", "$1"),
+    " ORDER BY o.id LIMIT $2"
+);
 
 const RESOLVE_APPLIED_SQL: &str = r#"
 UPDATE {schema}.dead_letters SET resolved_at = now(), resolution = 'applied'
