@@ -45,6 +45,21 @@ async fn add_billing(db: &Db) {
     .unwrap();
 }
 
+/// `remove orders billing` while a transaction from before is open: it waits for it, then gives up with a clear
+/// error, the subscriber marked removed and its copies and lanes still there (the transaction then ends).
+async fn remove_billing_stopped_by_an_open_transaction(pool: &PgPool, db: &Db) {
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1").execute(&mut *open).await.unwrap();
+    let err = subscribers::remove(db, "orders", "billing", Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, SubscriberError::OldTransactions { .. }),
+        "{err}"
+    );
+    open.rollback().await.unwrap();
+}
+
 /// (subscriber, event id, seq) of every row of a topic, by id.
 async fn copies(pool: &PgPool, topic: &str) -> Vec<(String, i64, Option<i64>)> {
     sqlx::query_as(
@@ -207,16 +222,7 @@ async fn a_removed_subscriber_loses_its_pending_copies_and_keeps_its_dead_letter
     .await
     .unwrap();
     // An open transaction from before: the removal waits for it, then gives up with a clear error.
-    let mut open = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1").execute(&mut *open).await.unwrap();
-    let err = subscribers::remove(&db, "orders", "billing", Duration::from_millis(300))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, SubscriberError::OldTransactions { .. }),
-        "{err}"
-    );
-    open.rollback().await.unwrap();
+    remove_billing_stopped_by_an_open_transaction(&pool, &db).await;
     // Marked removed already (no new copies); running it again finishes the job.
     let removed = subscribers::remove(&db, "orders", "billing", WAIT)
         .await
@@ -847,16 +853,7 @@ async fn adding_again_after_an_unfinished_removal_finishes_it_first(pool: PgPool
     add_billing(&db).await;
     let first = enqueue(&pool, &ORDERS, "k", 1).await;
     enqueue(&pool, &ORDERS, "k", 2).await;
-    let mut open = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1").execute(&mut *open).await.unwrap();
-    let err = subscribers::remove(&db, "orders", "billing", Duration::from_millis(300))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, SubscriberError::OldTransactions { .. }),
-        "{err}"
-    );
-    open.rollback().await.unwrap();
+    remove_billing_stopped_by_an_open_transaction(&pool, &db).await;
     // Written while billing is removed: no copy for it.
     enqueue(&pool, &ORDERS, "k", 3).await;
     // Added again with its history, one chunk at a time so that the replay is seen under way.
