@@ -52,6 +52,14 @@ fn history(subs: &[(usize, usize)], events: &[(u64, usize, i64)]) -> History {
     h
 }
 
+/// The first period of `sub` on `topic` (the one a test's history starts with).
+fn first_period(h: &mut History, topic: usize, sub: usize) -> &mut Period {
+    h.periods
+        .iter_mut()
+        .find(|p| p.topic == topic && p.sub == sub)
+        .unwrap()
+}
+
 /// The world after a clean run: every event's copy for each subscriber delivered and applied once.
 struct Builder {
     world: World,
@@ -253,11 +261,7 @@ fn a_dead_letter_needs_a_cause_poison_the_dev_servers_dlq_or_a_removed_subscribe
     assert!(kinds(&h2, &b.world).is_empty());
     // "No destination" while s1 was removed is a cause too.
     h2.written[1].poison_for.clear();
-    h2.periods
-        .iter_mut()
-        .find(|p| p.topic == UNORDERED && p.sub == S1)
-        .unwrap()
-        .removal = Some(Removal {
+    first_period(&mut h2, UNORDERED, S1).removal = Some(Removal {
         start: t(0),
         end: Some(t(1)),
         in_flight: BTreeSet::from([2]),
@@ -288,11 +292,7 @@ fn after_a_removal_only_what_was_in_flight_may_still_be_applied() {
         n: 5,
         ..h.written[1].clone()
     });
-    h.periods
-        .iter_mut()
-        .find(|p| p.topic == UNORDERED && p.sub == S1)
-        .unwrap()
-        .removal = Some(Removal {
+    first_period(&mut h, UNORDERED, S1).removal = Some(Removal {
         start: t(10),
         end: Some(t(11)),
         in_flight: BTreeSet::new(),
@@ -429,11 +429,7 @@ fn a_resolved_dead_letter_of_a_copy_a_removal_deleted_has_a_cause_an_open_one_do
         .id;
     b.world.copies.retain(|c| c.id != gone);
     b.world.applied.retain(|a| a.outbox_id != gone);
-    h.periods
-        .iter_mut()
-        .find(|p| p.topic == UNORDERED && p.sub == S1)
-        .unwrap()
-        .removal = Some(Removal {
+    first_period(&mut h, UNORDERED, S1).removal = Some(Removal {
         start: t(2),
         end: Some(t(2) + Duration::milliseconds(100)),
         in_flight: [2].into(),
@@ -450,10 +446,7 @@ fn a_resolved_dead_letter_of_a_copy_a_removal_deleted_has_a_cause_an_open_one_do
     b.world.dead[0].resolved_at = Some(t(3));
     assert!(kinds(&h, &b.world).is_empty(), "{:?}", kinds(&h, &b.world));
     // Not when the removal did not find the event in flight.
-    h.periods
-        .iter_mut()
-        .find(|p| p.topic == UNORDERED && p.sub == S1)
-        .unwrap()
+    first_period(&mut h, UNORDERED, S1)
         .removal
         .as_mut()
         .unwrap()
@@ -473,11 +466,7 @@ fn an_event_replayed_by_a_later_subscription_may_be_applied_while_it_lasts() {
         end: t(10) + Duration::milliseconds(100),
         ..h.written[1].clone()
     });
-    let first = h
-        .periods
-        .iter_mut()
-        .find(|p| p.topic == UNORDERED && p.sub == S1)
-        .unwrap();
+    let first = first_period(&mut h, UNORDERED, S1);
     first.removal = Some(Removal {
         start: t(10),
         end: Some(t(11)),
@@ -529,11 +518,7 @@ fn a_no_destination_dead_letter_while_an_addition_has_not_returned_has_a_cause()
     copy.delivered_at = None;
     copy.dead_lettered_at = Some(t(7));
     let id = copy.id;
-    let first = h
-        .periods
-        .iter_mut()
-        .find(|p| p.topic == UNORDERED && p.sub == S1)
-        .unwrap();
+    let first = first_period(&mut h, UNORDERED, S1);
     first.removal = Some(Removal {
         start: t(2),
         end: None,
