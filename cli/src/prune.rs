@@ -158,12 +158,12 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
         writeln!(
             out,
             "{}",
-            serde_json::json!({"step": "outbox_partitions", "dropped": parts.dropped, "survivors_moved": parts.survivors_moved, "created": parts.created, "busy": parts.busy})
+            serde_json::json!({"step": "outbox_partitions", "dropped": parts.dropped, "survivors_moved": parts.survivors_moved, "created": parts.created, "busy": parts.busy, "held": parts.held})
         )?;
     } else {
         writeln!(
             out,
-            "outbox_partitions: {} dropped ({} rows not done moved to DEFAULT), {} made ahead{}",
+            "outbox_partitions: {} dropped ({} rows not done moved to DEFAULT), {} made ahead{}{}",
             parts.dropped,
             parts.survivors_moved,
             parts.created,
@@ -171,6 +171,14 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
                 ", some busy (a transaction held the outbox): run again later"
             } else {
                 ""
+            },
+            if parts.held > 0 {
+                format!(
+                    ", {} kept for a replay under way (outbox subscribers list)",
+                    parts.held
+                )
+            } else {
+                String::new()
             }
         )?;
     }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use outbox::db::{Db, Statements};
 use outbox::relay::partitions::{self, PartitionSettings};
+use outbox::subscribers::{self, Start};
 use sqlx::PgPool;
 
 fn settings(min_rows: i64) -> PartitionSettings {
@@ -522,4 +523,124 @@ async fn a_quiet_partition_in_use_goes_once_its_newest_event_is_past_retention(p
     assert_eq!(homes, ["outbox_default"]);
     let r = partitions::maintain(&db, settings(1000)).await;
     assert_eq!((r.dropped, r.error.as_deref()), (0, None), "{r:?}");
+}
+
+/// Ordered history of `orders` (key `k`, sequences 1..=30) dispatched and delivered two hours ago; returns the
+/// first event's id.
+async fn ordered_history(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "INSERT INTO outbox (topic, partition_key, seq, payload, created_at, dispatched_at, delivered_at) \
+         SELECT 'orders', 'k', g, jsonb_build_object('n', g), now() - interval '2 hours', \
+                now() - interval '2 hours', now() - interval '2 hours' \
+         FROM generate_series(1, 30) g RETURNING id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .min()
+    .unwrap()
+}
+
+/// `billing` added to `orders` from event `first`, its replay interrupted after one chunk of 10 (an `add --from`
+/// that stopped).
+async fn add_billing_and_stop_its_replay_after_one_chunk(db: &Db, first: i64) {
+    subscribers::add(
+        db,
+        "orders",
+        "billing",
+        Some("http://127.0.0.1:9"),
+        Start::FromId(first),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let step = subscribers::replay_step(db, "orders", "billing", 10)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((step.copied, step.finished), (10, false), "{step:?}");
+}
+
+/// Resumes billing's replay to its end; returns the sequences billing has copies of, and its lane's done sequence
+/// and whether the lane is open.
+async fn resume_replay(pool: &PgPool, db: &Db) -> (Vec<i64>, i64, bool) {
+    subscribers::replay(db, "orders", "billing", Duration::from_secs(5), |_| {})
+        .await
+        .unwrap();
+    let seqs: Vec<i64> = sqlx::query_scalar(
+        "SELECT seq FROM outbox WHERE topic = 'orders' AND subscriber = 'billing' ORDER BY seq",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let (done, open): (i64, bool) = sqlx::query_as(
+        "SELECT done_seq, available_at < 'infinity' FROM outbox_keys \
+         WHERE topic = 'orders' AND partition_key = 'k' AND subscriber = 'billing'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    (seqs, done, open)
+}
+
+/// An interrupted replay (the explorer's seed 109) holds the retained history it has still to read: row retention
+/// keeps those rows however old, and resumed, the replay copies every event and its lane starts at the first.
+/// Before, retention deleted the done events past the replay's cursor, the resumed replay copied around the gap and
+/// the subscriber's lane waited forever for the first missing sequence.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn row_retention_keeps_what_an_interrupted_replay_has_still_to_read(pool: PgPool) {
+    let db = Db::new(pool.clone(), Statements::Prepared);
+    let first = ordered_history(&pool).await;
+    add_billing_and_stop_its_replay_after_one_chunk(&db, first).await;
+    let deleted =
+        outbox::relay::housekeeping::prune_outbox_batch(&db, Duration::from_secs(3600), 1000)
+            .await
+            .unwrap();
+    assert_eq!(deleted, 10, "only the events the replay has read go");
+    let (seqs, done, open) = resume_replay(&pool, &db).await;
+    assert_eq!(seqs, (1..=30).collect::<Vec<_>>());
+    assert_eq!((done, open), (0, true));
+    // Finished, the replay holds nothing: the other 20 default copies go too.
+    let deleted =
+        outbox::relay::housekeeping::prune_outbox_batch(&db, Duration::from_secs(3600), 1000)
+            .await
+            .unwrap();
+    assert_eq!(deleted, 20);
+}
+
+/// The same for a partition drop: a done partition a replay has still to read is not dropped (counted as held), and
+/// goes once the replay has read past it.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_partition_an_interrupted_replay_has_still_to_read_is_not_dropped(pool: PgPool) {
+    let db = Db::new(pool.clone(), Statements::Prepared);
+    partitions::maintain(&db, settings(1000)).await;
+    let first = ordered_history(&pool).await;
+    let home: String =
+        sqlx::query_scalar("SELECT tableoid::regclass::text FROM outbox WHERE id = $1")
+            .bind(first)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_ne!(home, "outbox_legacy", "the history is in a range partition");
+    // Billing's copies land far past it (its newest row stays two hours old).
+    sqlx::query("SELECT setval(pg_get_serial_sequence('outbox', 'id'), 100000)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    add_billing_and_stop_its_replay_after_one_chunk(&db, first).await;
+    let r = partitions::maintain(&db, settings(1000)).await;
+    assert_eq!(
+        (r.dropped, r.held, r.error.as_deref()),
+        (0, 1, None),
+        "{r:?}"
+    );
+    assert!(partitions_of(&pool).await.iter().any(|p| p.name == home));
+    let (seqs, done, open) = resume_replay(&pool, &db).await;
+    assert_eq!(seqs, (1..=30).collect::<Vec<_>>());
+    assert_eq!((done, open), (0, true));
+    let r = partitions::maintain(&db, settings(1000)).await;
+    assert_eq!((r.held, r.error.as_deref()), (0, None), "{r:?}");
+    assert!(r.dropped >= 1, "{r:?}");
+    assert!(partitions_of(&pool).await.iter().all(|p| p.name != home));
 }

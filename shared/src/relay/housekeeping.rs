@@ -30,6 +30,8 @@ pub struct HousekeepingReport {
     pub partitions_dropped: u64,
     /// Rows not done yet, moved into the DEFAULT partition before their partition was dropped.
     pub survivors_moved: u64,
+    /// Done partitions kept because a replay under way has still to read rows of them.
+    pub partitions_held: u64,
     /// A step stopped at the time budget with full batches still coming, or came back full: more is past
     /// retention.
     pub more: bool,
@@ -44,6 +46,7 @@ impl HousekeepingReport {
         self.partitions_created += other.partitions_created;
         self.partitions_dropped += other.partitions_dropped;
         self.survivors_moved += other.survivors_moved;
+        self.partitions_held += other.partitions_held;
         self.more = other.more;
     }
 }
@@ -70,7 +73,8 @@ async fn delete_older_than(db: &Db, sql: String, older_than: Duration) -> Result
     .await
 }
 
-/// Deletes one batch of done outbox rows ([`partitions::DONE`]) past retention from the partitions that are pruned
+/// Deletes one batch of done outbox rows ([`partitions::DONE`]) past retention that no replay under way still has to
+/// read ([`partitions::held_by_replay`]) from the partitions that are pruned
 /// row by row (DEFAULT, and the pre-partitioning table while it exists; the others are dropped whole by
 /// [`partitions::maintain`]); returns how many.
 pub async fn prune_outbox_batch(
@@ -94,8 +98,9 @@ pub async fn prune_outbox_batch(
         let t = partitions::table(&t);
         let sql = format!(
             "DELETE FROM {t} WHERE id IN (\
-                SELECT id FROM {t} WHERE {done} LIMIT {left} FOR UPDATE SKIP LOCKED)",
-            done = partitions::DONE
+                SELECT o.id FROM {t} o WHERE {done} AND NOT {held} LIMIT {left} FOR UPDATE OF o SKIP LOCKED)",
+            done = partitions::DONE,
+            held = partitions::held_by_replay("o"),
         );
         deleted += delete_older_than(db, sql, older_than).await?;
     }
@@ -208,6 +213,7 @@ pub async fn run(db: &Db, retention: Retention) -> Result<HousekeepingReport, sq
         partitions_created: parts.created,
         partitions_dropped: parts.dropped,
         survivors_moved: parts.survivors_moved,
+        partitions_held: parts.held,
         ..Default::default()
     };
     let full = u64::from(retention.batch);

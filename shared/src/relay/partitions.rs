@@ -37,11 +37,53 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_millis(100);
 pub const DEFAULT_PARTITION: &str = "outbox_default";
 
 /// What is done, and may go: dispatched longer ago than `$1` seconds, delivered (or applied) and not dead. Row
-/// retention ([`super::housekeeping::prune_outbox_batch`]) deletes exactly this; a drop keeps exactly the rest
-/// ([`survivors_sql`], checked against this on every combination by
-/// `partitions::survivors_are_exactly_the_rows_row_retention_would_keep`).
+/// retention ([`super::housekeeping::prune_outbox_batch`]) deletes exactly this, less what a replay still needs
+/// ([`held_by_replay`]); a drop keeps exactly the rest ([`survivors_sql`], checked against this on every
+/// combination by `partitions::survivors_are_exactly_the_rows_row_retention_would_keep`) and does not happen while
+/// a replay still needs a row of the partition ([`replay_holds`]).
 pub const DONE: &str = "dispatched_at < now() - make_interval(secs => $1) AND dead_lettered_at IS NULL \
                         AND delivered_at IS NOT NULL";
+
+/// A subscriber's replay that is under way: asked for, not finished, the subscriber not removed (a removed
+/// subscriber's replay never resumes; adding it again starts a new one). Over `outbox_subscribers` aliased `r`.
+const REPLAY_UNDER_WAY: &str =
+    "r.replay_from IS NOT NULL AND r.replay_done_at IS NULL AND r.removed_at IS NULL";
+
+/// The event ids a replay under way has still to read: after its cursor, up to its end (every later id while its
+/// end is not fixed yet). Over `outbox_subscribers` aliased `r`; `{ev}` is the event id expression.
+fn replay_still_reads(ev: &str) -> String {
+    format!(
+        "{ev} > coalesce(r.replayed_to, r.replay_from - 1) \
+         AND {ev} <= coalesce(r.replay_to, 9223372036854775807)"
+    )
+}
+
+/// Whether an unfinished replay still has to read outbox row `{o}` (its alias): retained history is what a replay
+/// copies, so a row it has not read yet is not done, however old (an interrupted `subscribers add --from` resumed
+/// later would otherwise find some of a key's events gone, and the subscriber's lane for that key would wait
+/// forever at the gap). A replay never resumed holds these rows until its subscriber is removed.
+pub fn held_by_replay(o: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM {s} r WHERE r.topic = {o}.topic AND {REPLAY_UNDER_WAY} AND {reads})",
+        s = crate::schema::current().table("outbox_subscribers"),
+        reads = replay_still_reads(&format!("coalesce({o}.event_id, {o}.id)")),
+    )
+}
+
+/// Whether a replay under way still has to read a row of partition `p` (any row, done or not: one index probe per
+/// replay under way, `outbox_event_idx`). Such a partition is not dropped until the replay has read past it.
+async fn replay_holds(conn: &mut PgConnection, p: &Partition) -> Result<bool, sqlx::Error> {
+    Statements::Unnamed
+        .query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT EXISTS (SELECT 1 FROM {s} r WHERE {REPLAY_UNDER_WAY} \
+               AND EXISTS (SELECT 1 FROM {t} o WHERE o.topic = r.topic AND {reads}))",
+            s = crate::schema::current().table("outbox_subscribers"),
+            t = table(&p.name),
+            reads = replay_still_reads("coalesce(o.event_id, o.id)"),
+        )))
+        .fetch_one(conn)
+        .await
+}
 
 /// The rows of partition `{t}` that are not [`DONE`] (`$1` = retention in seconds), the survivors of a drop: the
 /// exact complement of [`DONE`], written as four branches that the partition's partial indexes serve (pending;
@@ -99,6 +141,8 @@ pub struct PartitionReport {
     pub survivors_moved: u64,
     /// Operations skipped because a lock was not had within [`LOCK_TIMEOUT`].
     pub busy: u64,
+    /// Drops put off because a replay under way has still to read rows of the partition ([`held_by_replay`]).
+    pub held: u64,
     /// The first error that stopped the pass (privileges, say); rows then stay where they are.
     pub error: Option<String>,
 }
@@ -110,6 +154,7 @@ impl PartitionReport {
         self.dropped += other.dropped;
         self.survivors_moved += other.survivors_moved;
         self.busy += other.busy;
+        self.held += other.held;
         if self.error.is_none() {
             self.error.clone_from(&other.error);
         }
@@ -258,8 +303,14 @@ async fn maintain_inner(
         if !may_go(p, last) || !read(&mut conn, async |c| droppable(c, p, settings).await).await? {
             continue;
         }
+        if read(&mut conn, async |c| replay_holds(c, p).await).await? {
+            report.held += 1;
+            continue;
+        }
         match recycle(&mut conn, p, settings).await {
-            Ok(moved) => {
+            // A replay started between the read above and the locks.
+            Ok(None) => report.held += 1,
+            Ok(Some(moved)) => {
                 report.dropped += 1;
                 report.survivors_moved += moved;
                 tracing::info!(partition = %p.name, survivors_moved = moved, "outbox partition dropped");
@@ -390,12 +441,13 @@ async fn droppable(
 /// outbox's lock before its partitions', so the other order would deadlock with any claim that started between the
 /// two (and, with the lock timeout, make every drop under load fail). Under the two locks nobody else reads or
 /// writes `p`, so the copy is exact; it reads the survivors through their indexes ([`survivors_sql`]), so the
-/// outbox stays locked for milliseconds.
+/// outbox stays locked for milliseconds. `None`: a replay under way still has to read a row of `p` (looked at again
+/// under the locks: a replay asked for after the caller's look), nothing changed.
 async fn recycle(
     conn: &mut PgConnection,
     p: &Partition,
     s: PartitionSettings,
-) -> Result<u64, sqlx::Error> {
+) -> Result<Option<u64>, sqlx::Error> {
     let t = table(&p.name);
     let o = outbox_name();
     let secs = s.retention.as_secs_f64();
@@ -403,6 +455,9 @@ async fn recycle(
     in_transaction(conn, async move |c| {
         execute(c, format!("LOCK TABLE ONLY {o} IN ACCESS EXCLUSIVE MODE")).await?;
         execute(c, format!("LOCK TABLE {t} IN ACCESS EXCLUSIVE MODE")).await?;
+        if replay_holds(c, p).await? {
+            return Ok(None);
+        }
         Statements::Unnamed
             .query(sqlx::AssertSqlSafe(format!(
                 "CREATE TEMP TABLE outbox_survivors ON COMMIT DROP AS {}",
@@ -444,7 +499,7 @@ async fn recycle(
             )
             .await?;
         }
-        Ok(moved)
+        Ok(Some(moved))
     })
     .await
 }

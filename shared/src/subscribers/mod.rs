@@ -18,7 +18,10 @@
 //! | [`remove`] marks the subscriber removed, waits for older transactions, then deletes its unfinished copies and lanes; dead-lettered copies and dead letters stay | Deliveries stop; nothing it failed on is lost from view |
 //!
 //! Replay reaches what the outbox still holds: events are kept `OUTBOX_RETENTION_HOURS` after they are done for
-//! their subscriber (`docs/operations.md` gives the storage cost).
+//! their subscriber (`docs/operations.md` gives the storage cost). A replay under way holds what it has still to
+//! read, however old: row retention and partition drops skip those rows
+//! ([`crate::relay::partitions::held_by_replay`]), so a replay interrupted and resumed later copies the same history
+//! it would have copied in one go (an ordered lane never waits at a gap retention made meanwhile).
 
 mod add;
 mod destinations;

@@ -776,8 +776,8 @@ impl Operator {
                 match rep.error {
                     Some(e) => Err(anyhow::anyhow!(e)),
                     None => Ok(format!(
-                        "{} dropped, {} survivors moved, {} made, {} busy",
-                        rep.dropped, rep.survivors_moved, rep.created, rep.busy
+                        "{} dropped, {} survivors moved, {} made, {} busy, {} held by a replay",
+                        rep.dropped, rep.survivors_moved, rep.created, rep.busy, rep.held
                     )),
                 }
             } else {
