@@ -897,3 +897,50 @@ async fn adding_again_after_an_unfinished_removal_finishes_it_first(pool: PgPool
     .unwrap();
     assert_eq!(done, 0);
 }
+
+/// Adding back a subscriber whose removal is unfinished while a transaction older than that removal is still open
+/// (the explorer's seed 113): the addition cannot finish the removal, says so, and records nothing — the subscriber
+/// stays removed, so the operator's "run it again" is an addition again. Before, it failed with the error that
+/// means "recorded, run the command again" (`OldTransactions`), the operator resumed a replay instead, and the
+/// subscriber was never added back: every event of the topic from then on was lost to it.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn adding_again_while_the_removal_still_waits_records_nothing_and_says_so(pool: PgPool) {
+    let db = db(&pool);
+    add_billing(&db).await;
+    let first = enqueue(&pool, &ORDERS, "k", 1).await;
+    remove_billing_stopped_by_an_open_transaction(&pool, &db).await;
+    // Another transaction older than the next attempt stays open through it.
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1").execute(&mut *open).await.unwrap();
+    let err = subscribers::add_again(
+        &db,
+        "orders",
+        "billing",
+        Some("http://127.0.0.1:9"),
+        Start::FromId(first),
+        Duration::from_millis(300),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, SubscriberError::RemovalUnfinished { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("nothing changed"), "{err}");
+    let s = subscribers::get(&db, "orders", "billing").await.unwrap();
+    assert!(s.removed_at.is_some(), "{s:?}");
+    open.rollback().await.unwrap();
+    // Run again once the transaction ended: added, with its history.
+    let added = subscribers::add_again(
+        &db,
+        "orders",
+        "billing",
+        Some("http://127.0.0.1:9"),
+        Start::FromId(first),
+        WAIT,
+    )
+    .await
+    .unwrap();
+    assert!(added.subscriber.removed_at.is_none(), "{added:?}");
+    assert_eq!(added.to_replay, Some(1));
+}

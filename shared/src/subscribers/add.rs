@@ -142,7 +142,18 @@ async fn add_with(
     .fetch_one(db.pool())
     .await?;
     if leftovers {
-        delete_copies(db, topic, name, wait).await?;
+        match delete_copies(db, topic, name, wait).await {
+            Ok(_) => {}
+            Err(SubscriberError::OldTransactions { waited, pids }) => {
+                return Err(SubscriberError::RemovalUnfinished {
+                    topic: topic.to_owned(),
+                    name: label(name).to_owned(),
+                    waited,
+                    pids,
+                });
+            }
+            Err(e) => return Err(e),
+        }
     }
     let mut tx = db.pool().begin().await?;
     check_namespace(&mut tx, name).await?;

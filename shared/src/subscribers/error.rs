@@ -139,6 +139,25 @@ pub enum SubscriberError {
         /// Their backends (-1 for a prepared transaction).
         pids: Vec<i32>,
     },
+    /// [`super::add`] of a subscriber whose earlier removal has not finished (it stopped at its wait): the
+    /// removal is finished first, and its wait for older transactions ran out. Unlike [`Self::OldTransactions`],
+    /// nothing was recorded: the subscriber is still removed.
+    #[error(
+        "not added: subscriber {name} of topic {topic} is still being removed (its removal stopped while waiting for \
+         older transactions, and they are still open after {waited:?}: backend pids {pids:?}; -1: a prepared \
+         transaction, see pg_prepared_xacts). Its leftover copies and ordered lanes must go before it is added \
+         again; nothing changed: run this command again once they end"
+    )]
+    RemovalUnfinished {
+        /// The topic.
+        topic: String,
+        /// The subscriber (`default` for the default one).
+        name: String,
+        /// How long it waited.
+        waited: Duration,
+        /// Their backends (-1 for a prepared transaction).
+        pids: Vec<i32>,
+    },
     /// A replay parallelism outside 1–1000.
     #[error("replay parallelism {0} is outside 1 to 1000")]
     InvalidParallelism(u32),
