@@ -20,6 +20,7 @@
 //! | Traffic stops at 85 % of the length; faults and actions go on; then every worker is up, actions are finished and the pipeline drains within a bound computed from the workers' settings | Every event ends with an outcome the checker can judge |
 
 pub mod check;
+mod console;
 mod faults;
 pub mod history;
 pub mod kept;

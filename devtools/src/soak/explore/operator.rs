@@ -1,6 +1,7 @@
 //! The operator: runs the schedule's actions one at a time through the library calls the CLI makes
 //! (`outbox::subscribers::{add, replay, replay_step, remove}`, `outbox::dead_letters::{redrive_matching, purge}`,
-//! `outbox prune`'s own function, the relay's partition maintenance), retries an action that failed because
+//! `outbox prune`'s own function, the relay's partition maintenance) — every second bulk redrive or purge through
+//! the web console's pages instead (`console.rs`) — retries an action that failed because
 //! Postgres was away, finishes what an older transaction held up (a replay whose end was not fixed, a removal
 //! whose copies were not deleted) as an operator would by running the command again, and records each action
 //! with what it selected.
@@ -23,6 +24,7 @@ use outbox::dead_letters::{self, Filter, PurgeError, RedriveError, RedriveOption
 use outbox::subscribers::{self, Start, SubscriberError};
 use sqlx::PgPool;
 
+use super::console::{Bulk, ConsoleDriver};
 use super::faults::Crasher;
 use super::history::{History, Outcome, Period, Record, Removal, ReplayCover};
 use super::schedule::{From, Op, ReplayMode, SUBSCRIBERS, Selection, TOPICS, label};
@@ -42,6 +44,9 @@ enum FollowUp {
     Replay(usize, usize),
     /// The removal's copies were not deleted (older transactions): `subscribers remove` again.
     Remove(usize, usize),
+    /// The addition could not finish the subscriber's earlier removal (older transactions) and recorded nothing:
+    /// `subscribers add` again, with the same start.
+    Add(usize, usize, Option<DateTime<Utc>>),
 }
 
 /// The operator's state.
@@ -60,6 +65,10 @@ pub struct Operator {
     crasher: Arc<Crasher>,
     /// A crash to cause after the first chunk of the next replay: (step, what, down).
     crash_mid_replay: Option<(usize, String, Duration)>,
+    /// The console bulk actions go through, once one has ([`Operator::via_console`]).
+    console: Option<ConsoleDriver>,
+    /// Bulk actions drawn so far: every second one goes through the console.
+    bulk_actions: u64,
 }
 
 /// A dead letter as the selection checks read it.
@@ -94,7 +103,26 @@ impl Operator {
             interrupted: BTreeSet::new(),
             crasher,
             crash_mid_replay: None,
+            console: None,
+            bulk_actions: 0,
         }
+    }
+
+    /// Whether this bulk action goes through the console (every second one, so that a seed decides it): the
+    /// console started on first use. `Err`: it could not be started (Postgres away for the whole retry window).
+    async fn via_console(&mut self) -> Result<bool, String> {
+        self.bulk_actions += 1;
+        if self.bulk_actions % 2 == 1 {
+            return Ok(false);
+        }
+        if self.console.is_none() {
+            let (url, history) = (self.url.clone(), self.history.clone());
+            let driver = retry(|| ConsoleDriver::start(&url, history.clone()))
+                .await
+                .map_err(|e| format!("starting the console: {e:#}"))?;
+            self.console = Some(driver);
+        }
+        Ok(true)
     }
 
     fn history(&self) -> std::sync::MutexGuard<'_, History> {
@@ -191,17 +219,27 @@ impl Operator {
                     ),
                     self.finish_removal(t, s).await,
                 ),
+                FollowUp::Add(t, s, since) => (
+                    format!(
+                        "subscribers add {} {}{} (again)",
+                        TOPICS[t].name(),
+                        label(s),
+                        since.map_or(String::new(), |at| format!(" --from {at}"))
+                    ),
+                    self.add_since(t, s, since, ReplayMode::Whole).await,
+                ),
             };
             let kind = match f {
                 FollowUp::Replay(..) => "replay (resume)",
                 FollowUp::Remove(..) => "remove",
+                FollowUp::Add(..) => "add (again)",
             };
             self.record(None, what, kind.into(), start, outcome);
         }
     }
 
     /// Finishes everything: interrupted replays resumed, held-up replays and removals run again, until none is
-    /// left or `within` has passed. Returns what is still unfinished.
+    /// left or `within` has passed; stops the console. Returns what is still unfinished.
     pub async fn finish(&mut self, within: Duration) -> Vec<String> {
         for (t, s) in std::mem::take(&mut self.interrupted) {
             self.follow_ups.insert(FollowUp::Replay(t, s));
@@ -213,14 +251,18 @@ impl Operator {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
+        if let Some(console) = self.console.take()
+            && let Err(e) = console.stop().await
+        {
+            tracing::warn!(error = %e, "stopping the console");
+        }
         self.follow_ups.iter().map(|f| format!("{f:?}")).collect()
     }
 
     async fn add(&mut self, topic: usize, sub: usize, from: From, mode: ReplayMode) -> Outcome {
-        let t = TOPICS[topic].name();
-        let name = SUBSCRIBERS[sub];
         // An operator adding a subscriber back does not run its earlier, unfinished removal again afterwards (that
-        // would remove it anew); the copies that removal left are delivered to the subscriber it is again.
+        // would remove it anew): the addition finishes that removal first, or, when it cannot yet, records nothing
+        // and is run again later ([`FollowUp::Add`]).
         self.follow_ups.remove(&FollowUp::Remove(topic, sub));
         let since = match from {
             From::Now => None,
@@ -232,6 +274,19 @@ impl Operator {
                     - chrono::Duration::seconds(secs.into()),
             ),
         };
+        self.add_since(topic, sub, since, mode).await
+    }
+
+    /// [`Self::add`] from `since` (`None`: from now on).
+    async fn add_since(
+        &mut self,
+        topic: usize,
+        sub: usize,
+        since: Option<DateTime<Utc>>,
+        mode: ReplayMode,
+    ) -> Outcome {
+        let t = TOPICS[topic].name();
+        let name = SUBSCRIBERS[sub];
         let start = match since {
             None => Start::Now,
             Some(at) => Start::Since(at),
@@ -251,6 +306,7 @@ impl Operator {
         // An operator told that the subscriber existed before reads what will and will not be replayed, and
         // confirms with --again.
         let mut again = false;
+        let mut unfinished_removal = false;
         let (committed, fixed, mut outcome) = loop {
             let added = if again {
                 subscribers::add_again(&self.odb, t, name, url, start, WAIT).await
@@ -272,6 +328,11 @@ impl Operator {
                 Err(SubscriberError::ReAdd { .. }) if !again => again = true,
                 Err(e @ SubscriberError::OldTransactions { .. }) => {
                     break (true, false, Outcome::Failed(e.to_string()));
+                }
+                // Nothing recorded: the operator runs the same command again later.
+                Err(e @ SubscriberError::RemovalUnfinished { .. }) => {
+                    unfinished_removal = true;
+                    break (false, false, Outcome::Failed(e.to_string()));
                 }
                 Err(SubscriberError::Database(e)) if tries < TRIES => {
                     tries += 1;
@@ -295,6 +356,9 @@ impl Operator {
             }
         };
         let add_end = Utc::now();
+        if unfinished_removal {
+            self.follow_ups.insert(FollowUp::Add(topic, sub, since));
+        }
         if !committed {
             return outcome;
         }
@@ -444,6 +508,9 @@ impl Operator {
     async fn remove(&mut self, topic: usize, sub: usize) -> Outcome {
         let t = TOPICS[topic].name();
         let name = SUBSCRIBERS[sub];
+        // An addition still to be run again is given up: the subscriber is to go.
+        self.follow_ups
+            .retain(|f| !matches!(f, FollowUp::Add(a, b, _) if (*a, *b) == (topic, sub)));
         let start = Utc::now();
         let db = &self.db;
         let snapshot = retry(|| async move {
@@ -651,6 +718,10 @@ impl Operator {
 
     async fn redrive(&mut self, sel: &Selection) -> Outcome {
         let filter = Self::filter(sel);
+        let via_console = match self.via_console().await {
+            Ok(v) => v,
+            Err(e) => return Outcome::Failed(e),
+        };
         let me = &*self;
         let before = match retry(|| me.dead_letters()).await {
             Ok(b) => b,
@@ -658,6 +729,9 @@ impl Operator {
         };
         let started = Utc::now();
         let outcome = attempt(|| async {
+            if let (true, Some(console)) = (via_console, &self.console) {
+                return console.bulk(Bulk::Redrive, sel).await;
+            }
             match dead_letters::redrive_matching(
                 &self.db,
                 &filter,
@@ -702,12 +776,24 @@ impl Operator {
 
     async fn purge(&mut self, sel: &Selection, handled_only: bool) -> Outcome {
         let filter = Self::filter(sel);
+        // The console's list offers a purge of the unhandled or of all the matching dead letters: a purge of the
+        // handled ones only goes through the library.
+        let via_console = match handled_only {
+            true => false,
+            false => match self.via_console().await {
+                Ok(v) => v,
+                Err(e) => return Outcome::Failed(e),
+            },
+        };
         let me = &*self;
         let before = match retry(|| me.dead_letters()).await {
             Ok(b) => b,
             Err(e) => return Outcome::Failed(e.to_string()),
         };
         let outcome = attempt(|| async {
+            if let (true, Some(console)) = (via_console, &self.console) {
+                return console.bulk(Bulk::Purge, sel).await;
+            }
             let scope = if handled_only {
                 dead_letters::PurgeScope::Handled
             } else {
@@ -830,7 +916,7 @@ impl Operator {
 }
 
 /// Why an action did not succeed: Postgres away (tried again), or refused.
-enum Failure {
+pub(super) enum Failure {
     Transient(String),
     Refused(String),
 }
