@@ -21,9 +21,10 @@ use outbox::dead_letters::{
 use outbox::ops::actions::{self, NewAction};
 use serde_json::json;
 
+use super::context::{self, App, Ctx, Params, S};
 use super::html::Html;
 use super::layout::{self, cut, dead_letter_link, event_link, opt, opt_time, time};
-use super::server::{self, App, Ctx, Params, S};
+use super::respond;
 
 /// Dead letters per list page.
 const PAGE: u32 = 50;
@@ -149,7 +150,7 @@ fn describe(h: &mut Html, f: &Filter) {
 fn bad_request(ctx: &Ctx, message: &str) -> Response {
     let mut h = Html::new();
     h.text(message);
-    server::error_page(ctx, StatusCode::BAD_REQUEST, &h)
+    respond::error_page(ctx, StatusCode::BAD_REQUEST, &h)
 }
 
 /// The filter form: a field for every part of the filter ([`parts`]; the source a choice, `max_id`, which only a
@@ -210,7 +211,7 @@ fn source_choice(h: &mut Html, selected: &str) {
 
 /// `GET /dead-letters`: filters, groups by normalised error, one page of the list, and the bulk actions.
 pub async fn list(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Response {
-    let p = server::query(&uri);
+    let p = context::query(&uri);
     let filter = match filter_of(&p) {
         Ok(f) => f,
         Err(e) => return bad_request(&ctx, &e),
@@ -219,7 +220,7 @@ pub async fn list(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
     let after = p.get("after").and_then(|a| a.parse().ok());
     let mut conn = match app.pool.acquire().await {
         Ok(c) => c,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     let groups = dead_letters::error_groups(&mut conn, &filter, include_handled, GROUPS).await;
     let page = dead_letters::list(
@@ -234,7 +235,7 @@ pub async fn list(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
     .await;
     let ((groups, total), page) = match (groups, page) {
         (Ok(g), Ok(p)) => (g, p),
-        (Err(e), _) | (_, Err(e)) => return server::db_error(&ctx, e),
+        (Err(e), _) | (_, Err(e)) => return respond::db_error(&ctx, e),
     };
 
     let mut h = Html::new();
@@ -307,7 +308,7 @@ pub async fn list(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
             )
             .lit("\">next page →</a></p>");
     }
-    server::ok_page(&ctx, "Dead letters", None, &h)
+    respond::ok_page(&ctx, "Dead letters", None, &h)
 }
 
 fn summary_table(h: &mut Html, items: &[DeadLetterSummary]) {
@@ -360,21 +361,21 @@ pub async fn show(
     };
     let mut conn = match app.pool.acquire().await {
         Ok(c) => c,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     let d = match dead_letters::get(&mut conn, id).await {
         Ok(Some(d)) => d,
         Ok(None) => {
             let mut h = Html::new();
             h.lit("No such dead letter.");
-            return server::error_page(&ctx, StatusCode::NOT_FOUND, &h);
+            return respond::error_page(&ctx, StatusCode::NOT_FOUND, &h);
         }
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     let event = match d.outbox_id {
         Some(o) => match dead_letters::event_state(&mut conn, o).await {
             Ok(e) => e,
-            Err(e) => return server::db_error(&ctx, e),
+            Err(e) => return respond::db_error(&ctx, e),
         },
         None => None,
     };
@@ -516,7 +517,7 @@ pub async fn show(
             .lines(&String::from_utf8_lossy(raw))
             .lit("</pre>");
     }
-    server::ok_page(&ctx, "Dead letter", None, &h)
+    respond::ok_page(&ctx, "Dead letter", None, &h)
 }
 
 /// `POST /dead-letters/{id}/redrive`: one dead letter back through the outbox; the outcome (or refusal) is
@@ -527,7 +528,7 @@ pub async fn redrive_one(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    let params = match server::action_form(&ctx, &body) {
+    let params = match respond::action_form(&ctx, &body) {
         Ok(p) => p,
         Err(refused) => return *refused,
     };
@@ -539,11 +540,11 @@ pub async fn redrive_one(
     };
     let mut conn = match app.pool.acquire().await {
         Ok(c) => c,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     let logged = match log_start(&mut conn, &ctx, "redrive", Some(id), None).await {
         Ok(l) => l,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     let result = dead_letters::redrive(&mut conn, id, opts).await;
     let (outbox_id, outcome) = match &result {
@@ -552,7 +553,7 @@ pub async fn redrive_one(
         Err(e) => (None, json!({"refused": e.to_string()})),
     };
     if let Err(e) = actions::finish(&mut conn, logged, outbox_id, &outcome).await {
-        return server::db_error(&ctx, e);
+        return respond::db_error(&ctx, e);
     }
     if let Err(e @ RedriveError::Database(_)) = &result {
         let mut h = Html::new();
@@ -602,7 +603,7 @@ pub async fn redrive_one(
     h.lit("<p><a href=\"")
         .path_id("/dead-letters/", id)
         .lit("\">back to the dead letter</a></p>");
-    server::html(status, layout::page(&ctx, "Redrive", None, &h))
+    respond::html(status, layout::page(&ctx, "Redrive", None, &h))
 }
 
 /// `GET /dead-letters/confirm?action=redrive|purge&…filter`: how many dead letters the action will touch, and
@@ -611,9 +612,9 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
     if ctx.read_only {
         let mut h = Html::new();
         h.lit("This console is read-only: redrive and purge are refused.");
-        return server::error_page(&ctx, StatusCode::FORBIDDEN, &h);
+        return respond::error_page(&ctx, StatusCode::FORBIDDEN, &h);
     }
-    let p = server::query(&uri);
+    let p = context::query(&uri);
     let mut filter = match filter_of(&p) {
         Ok(f) => f,
         Err(e) => return bad_request(&ctx, &e),
@@ -627,11 +628,11 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
     }
     let mut conn = match app.pool.acquire().await {
         Ok(c) => c,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     let upto = match dead_letters::max_id(&mut conn).await {
         Ok(m) => m,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     filter.max_id = Some(filter.max_id.map_or(upto, |m| m.min(upto)));
     let scope = match scope_of(&p) {
@@ -649,7 +650,7 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
     };
     let (count, kept) = match counted {
         Ok(c) => c,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     let preview = dead_letters::list(
         &mut conn,
@@ -663,7 +664,7 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
     .await;
     let preview = match preview {
         Ok(p) => p,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
 
     let mut h = Html::new();
@@ -723,7 +724,7 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
     }
     h.lit("<h2>The first of them</h2>");
     summary_table(&mut h, &preview.items);
-    server::ok_page(&ctx, "Confirm", None, &h)
+    respond::ok_page(&ctx, "Confirm", None, &h)
 }
 
 /// Which dead letters a purge takes (`scope`: `any`, the default, `handled` or `unhandled`; `handled_only=1` is
@@ -758,13 +759,13 @@ fn refuse_unfiltered(ctx: &Ctx) -> Response {
     h.lit("<span id=\"refused\">A bulk action needs a filter</span> (topic, subscriber, source, key, error, error \
            group or a time range), so that it cannot touch every dead letter by accident. To select all of them on purpose, \
            give an explicit time range (since <code>1970-01-01</code>).");
-    server::error_page(ctx, StatusCode::BAD_REQUEST, &h)
+    respond::error_page(ctx, StatusCode::BAD_REQUEST, &h)
 }
 
 /// `POST /dead-letters/bulk`: runs a confirmed bulk redrive or purge on the selection the confirmation counted,
 /// logged before it starts and completed with what it did (also when it stops half-way), and reports it.
 pub async fn bulk(State(app): S, Extension(ctx): Extension<Ctx>, body: Bytes) -> Response {
-    let p = match server::action_form(&ctx, &body) {
+    let p = match respond::action_form(&ctx, &body) {
         Ok(p) => p,
         Err(refused) => return *refused,
     };
@@ -798,7 +799,7 @@ pub async fn bulk(State(app): S, Extension(ctx): Extension<Ctx>, body: Bytes) ->
     };
     let logged = match logged {
         Ok(id) => id,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     let mut h = Html::new();
     let run = if action == "purge" {
@@ -829,12 +830,12 @@ pub async fn bulk(State(app): S, Extension(ctx): Extension<Ctx>, body: Bytes) ->
         return stopped_page(&ctx, h, &**e);
     }
     if let Err(e) = finished {
-        return server::db_error(&ctx, e);
+        return respond::db_error(&ctx, e);
     }
     h.lit("<p>Selection: ");
     describe(&mut h, &filter);
     h.lit(". <a href=\"/dead-letters\">back to the dead letters</a> · <a href=\"/actions\">action log</a></p>");
-    server::ok_page(&ctx, "Report", None, &h)
+    respond::ok_page(&ctx, "Report", None, &h)
 }
 
 /// Logs an action before it runs (on one dead letter, or a bulk action's selection); its id, for
@@ -866,7 +867,7 @@ struct Run {
 
 /// An action that stopped on a database error, as a page: 503 when it was the statement timeout, else 500.
 fn stopped_page(ctx: &Ctx, mut h: Html, e: &(dyn std::error::Error + 'static)) -> Response {
-    let status = if server::timed_out(e) {
+    let status = if respond::timed_out(e) {
         h.lit("A statement ran longer than the console's statement timeout (<code>--statement-timeout-secs</code>): \
                it waited on a lock held elsewhere, or the database is overloaded. ");
         StatusCode::SERVICE_UNAVAILABLE
@@ -874,7 +875,7 @@ fn stopped_page(ctx: &Ctx, mut h: Html, e: &(dyn std::error::Error + 'static)) -
         StatusCode::INTERNAL_SERVER_ERROR
     };
     h.lit("<span class=\"muted\">(").text(e).lit(")</span>");
-    server::error_page(ctx, status, &h)
+    respond::error_page(ctx, status, &h)
 }
 
 /// Bulk redrive of `filter`, its report written into `h`.

@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 use outbox::OutboxId;
 
+use super::context::Ctx;
 use super::html::Html;
-use super::server::Ctx;
 
 /// The style sheet, served as `/console.css` (the Content-Security-Policy allows styles from this origin only,
 /// and no script at all).

@@ -19,11 +19,13 @@
 //! | `dead_letters.rs` | dead letters: groups, list, one, redrive, bulk redrive and purge |
 
 pub mod auth;
+mod context;
 mod dead_letters;
 pub mod html;
 mod layout;
 mod overview;
 mod pages;
+mod respond;
 mod server;
 mod subscribers;
 
@@ -39,7 +41,7 @@ use tokio::task::JoinHandle;
 
 use crate::util::DbArgs;
 use auth::{HostCheck, Keys, Token};
-use server::App;
+use context::App;
 
 /// Arguments of `outbox console`.
 #[derive(Args, Debug, Clone)]

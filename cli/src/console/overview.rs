@@ -8,9 +8,10 @@ use axum::response::Response;
 use outbox::ops;
 use outbox::subscribers::label;
 
+use super::context::{self, Ctx, S};
 use super::html::Html;
 use super::layout::{age, ago, cut, dead_letter_link, event_link, key_link, opt, opt_time, time};
-use super::server::{self, Ctx, S};
+use super::respond;
 
 /// A figure the browser tests read back: `<span data-figure="backlog.pending">12</span>` (the path is the
 /// figure's place in `outbox status --json`).
@@ -42,9 +43,9 @@ fn card(
 pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Response {
     let s = match ops::status_with_horizon(&app.pool, app.horizon).await {
         Ok(s) => s,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
-    let params = server::query(&uri);
+    let params = context::query(&uri);
     let refresh = (app.refresh_secs > 0 && !params.flag("pause")).then_some(app.refresh_secs);
     let mut h = Html::new();
     h.lit("<h1>Overview</h1><p class=\"muted\">At ");
@@ -286,7 +287,7 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
         cut(&mut h, e, 200);
     }
     h.lit("</p>");
-    server::ok_page(&ctx, "Overview", refresh, &h)
+    respond::ok_page(&ctx, "Overview", refresh, &h)
 }
 
 /// Per subscriber of the topics with named subscribers (fan-out; nothing without it): its lag, in flight, blocked

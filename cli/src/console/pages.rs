@@ -14,9 +14,10 @@ use outbox::ops::{self};
 use outbox::subscribers::label;
 
 use super::auth;
+use super::context::{self, Ctx, Params, S};
 use super::html::Html;
 use super::layout::{age, ago, cut, dead_letter_link, event_link, key_link, opt, time};
-use super::server::{self, Ctx, Params, S};
+use super::respond;
 
 /// How many keys a page lists.
 const KEYS_PAGE: u32 = 50;
@@ -29,7 +30,7 @@ pub async fn topics(State(app): S, Extension(ctx): Extension<Ctx>) -> Response {
     };
     let rows = match rows {
         Ok(r) => r,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     let mut h = Html::new();
     h.lit("<h1>Topics</h1>");
@@ -73,18 +74,18 @@ pub async fn topics(State(app): S, Extension(ctx): Extension<Ctx>) -> Response {
     h.lit("<p class=\"muted\">Lag is the age of the topic's oldest pending event; in flight means accepted by QStash with no outcome yet. \
            With fan-out the figures count copies (one per subscriber of each event) over all subscribers; each \
            subscriber's own are on the <a href=\"/subscribers\">subscribers</a> page.</p>");
-    server::ok_page(&ctx, "Topics", None, &h)
+    respond::ok_page(&ctx, "Topics", None, &h)
 }
 
 /// `GET /keys`: ordered keys, a line per subscriber's lane, a page at a time; search by key prefix, one topic, one
 /// subscriber, blocked only.
 pub async fn keys(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Response {
-    let p = server::query(&uri);
+    let p = context::query(&uri);
     let subscriber = match p.get("subscriber").map(outbox::subscribers::parse_name) {
         Some(Err(e)) => {
             let mut h = Html::new();
             h.text(e);
-            return server::error_page(&ctx, StatusCode::BAD_REQUEST, &h);
+            return respond::error_page(&ctx, StatusCode::BAD_REQUEST, &h);
         }
         Some(Ok(s)) => Some(s),
         None => None,
@@ -111,7 +112,7 @@ pub async fn keys(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
     };
     let page = match page {
         Ok(p) => p,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     let now = chrono::Utc::now();
     let mut h = Html::new();
@@ -158,7 +159,7 @@ pub async fn keys(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
             )
             .lit("\">next page →</a></p>");
     }
-    server::ok_page(&ctx, "Keys", None, &h)
+    respond::ok_page(&ctx, "Keys", None, &h)
 }
 
 /// One line of the keys page.
@@ -225,16 +226,16 @@ fn key_row(h: &mut Html, k: &KeyLine, now: chrono::DateTime<chrono::Utc>) {
 
 /// `GET /events?id=…`: the event search box.
 pub async fn event_search(Extension(ctx): Extension<Ctx>, uri: Uri) -> Response {
-    let p = server::query(&uri);
+    let p = context::query(&uri);
     match p
         .get("id")
         .map(|v| v.trim_start_matches('#').parse::<i64>())
     {
-        Some(Ok(id)) if id > 0 => server::redirect(&format!("/events/{id}")),
+        Some(Ok(id)) if id > 0 => respond::redirect(&format!("/events/{id}")),
         _ => {
             let mut h = Html::new();
             h.lit("An event id is a positive number.");
-            server::error_page(&ctx, StatusCode::BAD_REQUEST, &h)
+            respond::error_page(&ctx, StatusCode::BAD_REQUEST, &h)
         }
     }
 }
@@ -255,7 +256,7 @@ pub async fn event(
     let t = match t {
         Ok(Some(t)) => t,
         Ok(None) => return not_found(&ctx, "event"),
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     let mut h = Html::new();
     h.lit("<h1>Event #").text(id).lit("</h1>");
@@ -348,7 +349,7 @@ pub async fn event(
         }
         h.lit("</table>");
     }
-    server::ok_page(&ctx, "Event", None, &h)
+    respond::ok_page(&ctx, "Event", None, &h)
 }
 
 /// Each copy of the event (fan-out: one per subscriber) with its own state, lane and dead letter; nothing when the
@@ -517,7 +518,7 @@ fn step(h: &mut Html, what: &StepKind) {
 fn not_found(ctx: &Ctx, what: &'static str) -> Response {
     let mut h = Html::new();
     h.lit("No such ").lit(what).lit(".");
-    server::error_page(ctx, StatusCode::NOT_FOUND, &h)
+    respond::error_page(ctx, StatusCode::NOT_FOUND, &h)
 }
 
 /// `GET /actions`: the latest actions taken through the console.
@@ -528,7 +529,7 @@ pub async fn actions(State(app): S, Extension(ctx): Extension<Ctx>) -> Response 
     };
     let rows = match rows {
         Ok(r) => r,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     let mut h = Html::new();
     h.lit("<h1>Console actions</h1>");
@@ -574,7 +575,7 @@ pub async fn actions(State(app): S, Extension(ctx): Extension<Ctx>) -> Response 
         }
         h.lit("</table>");
     }
-    server::ok_page(&ctx, "Actions", None, &h)
+    respond::ok_page(&ctx, "Actions", None, &h)
 }
 
 fn login_page(message: Option<&'static str>) -> Html {
@@ -594,15 +595,15 @@ fn login_page(message: Option<&'static str>) -> Html {
 /// `GET /login`.
 pub async fn login_form(State(app): S) -> Response {
     if app.tokens.is_empty() {
-        return server::redirect("/");
+        return respond::redirect("/");
     }
-    server::html(StatusCode::OK, login_page(None))
+    respond::html(StatusCode::OK, login_page(None))
 }
 
 /// `POST /login`: a token in, a session cookie out.
 pub async fn login(State(app): S, body: Bytes) -> Response {
     if app.tokens.is_empty() {
-        return server::redirect("/");
+        return respond::redirect("/");
     }
     let params = Params::parse(&body);
     let Some(name) = params
@@ -610,12 +611,12 @@ pub async fn login(State(app): S, body: Bytes) -> Response {
         .and_then(|t| auth::check_token(&app.tokens, t))
     else {
         tracing::warn!("console log-in refused: unknown token");
-        return server::html(StatusCode::UNAUTHORIZED, login_page(Some("Unknown token.")));
+        return respond::html(StatusCode::UNAUTHORIZED, login_page(Some("Unknown token.")));
     };
     tracing::info!(actor = %name, "console log-in");
     let (_, value) = app.keys.issue(&name, chrono::Utc::now().timestamp());
-    let mut response = server::redirect("/");
-    if let Ok(v) = header::HeaderValue::from_str(&server::session_cookie(&value)) {
+    let mut response = respond::redirect("/");
+    if let Ok(v) = header::HeaderValue::from_str(&respond::session_cookie(&value)) {
         response.headers_mut().append(header::SET_COOKIE, v);
     }
     response
@@ -624,10 +625,10 @@ pub async fn login(State(app): S, body: Bytes) -> Response {
 /// `POST /logout`: the session cookie is cleared (the session itself lives until it expires or the console
 /// restarts: the cookie is all there is).
 pub async fn logout(Extension(ctx): Extension<Ctx>, body: Bytes) -> Response {
-    if let Err(refused) = server::checked_csrf(&ctx, Params::parse(&body)) {
+    if let Err(refused) = respond::checked_csrf(&ctx, Params::parse(&body)) {
         return *refused;
     }
-    let mut response = server::redirect("/login");
+    let mut response = respond::redirect("/login");
     response.headers_mut().append(
         header::SET_COOKIE,
         header::HeaderValue::from_static(

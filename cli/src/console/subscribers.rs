@@ -11,18 +11,19 @@ use outbox::db::{Db, Statements};
 use outbox::ops::fanout::{self, SubscriberLine};
 use outbox::subscribers::{Replay, label};
 
+use super::context::{self, Ctx, S};
 use super::html::Html;
 use super::layout::{age, opt, opt_time};
-use super::server::{self, Ctx, S};
+use super::respond;
 
 /// `GET /subscribers[?topic=…]`.
 pub async fn subscribers(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Response {
-    let p = server::query(&uri);
+    let p = context::query(&uri);
     let topic = p.string("topic");
     let db = Db::new(app.pool.clone(), Statements::Prepared);
     let lines = match fanout::subscribers(&db, topic.as_deref()).await {
         Ok(l) => l,
-        Err(e) => return server::db_error(&ctx, e),
+        Err(e) => return respond::db_error(&ctx, e),
     };
     let mut h = Html::new();
     h.lit("<h1>Subscribers</h1><form class=\"filters\" method=\"get\" action=\"/subscribers\">")
@@ -46,7 +47,7 @@ pub async fn subscribers(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri
            dead letters and ordered lanes: one subscriber's dead head or slow consumer holds back its own events \
            only. Lag is the age of its oldest pending copy. A topic with only the default subscriber is not listed. \
            Manage them with <code>outbox subscribers</code>.</p>");
-    server::ok_page(&ctx, "Subscribers", None, &h)
+    respond::ok_page(&ctx, "Subscribers", None, &h)
 }
 
 /// One subscriber's line.
