@@ -24,13 +24,13 @@ const KEYS_PAGE: u32 = 50;
 
 /// `GET /topics`: per topic, the backlog and lag, what is in flight, its ordered keys and dead letters.
 pub async fn topics(State(app): S, Extension(ctx): Extension<Ctx>) -> Response {
-    let rows = match app.pool.acquire().await {
-        Ok(mut conn) => ops::topics::topics(&mut conn, 500).await,
-        Err(e) => Err(e),
-    };
-    let rows = match rows {
-        Ok(r) => r,
-        Err(e) => return respond::db_error(&ctx, e),
+    let rows = match respond::read(&app, &ctx, async |conn| {
+        ops::topics::topics(conn, 500).await
+    })
+    .await
+    {
+        Ok(v) => v,
+        Err(stop) => return stop.into_response(),
     };
     let mut h = Html::new();
     h.lit("<h1>Topics</h1>");
@@ -106,13 +106,9 @@ pub async fn keys(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
         after,
         limit: KEYS_PAGE,
     };
-    let page = match app.pool.acquire().await {
-        Ok(mut conn) => ops::keys::keys(&mut conn, &q).await,
-        Err(e) => Err(e),
-    };
-    let page = match page {
-        Ok(p) => p,
-        Err(e) => return respond::db_error(&ctx, e),
+    let page = match respond::read(&app, &ctx, async |conn| ops::keys::keys(conn, &q).await).await {
+        Ok(v) => v,
+        Err(stop) => return stop.into_response(),
     };
     let now = chrono::Utc::now();
     let mut h = Html::new();
@@ -249,14 +245,14 @@ pub async fn event(
     let Ok(id) = id.parse::<i64>().map(OutboxId::from) else {
         return not_found(&ctx, "event");
     };
-    let t = match app.pool.acquire().await {
-        Ok(mut conn) => ops::timeline::timeline(&mut conn, id, &app.consumers).await,
-        Err(e) => Err(e),
-    };
-    let t = match t {
+    let t = match respond::read(&app, &ctx, async |conn| {
+        ops::timeline::timeline(conn, id, &app.consumers).await
+    })
+    .await
+    {
         Ok(Some(t)) => t,
         Ok(None) => return not_found(&ctx, "event"),
-        Err(e) => return respond::db_error(&ctx, e),
+        Err(stop) => return stop.into_response(),
     };
     let mut h = Html::new();
     h.lit("<h1>Event #").text(id).lit("</h1>");
@@ -523,13 +519,13 @@ fn not_found(ctx: &Ctx, what: &'static str) -> Response {
 
 /// `GET /actions`: the latest actions taken through the console.
 pub async fn actions(State(app): S, Extension(ctx): Extension<Ctx>) -> Response {
-    let rows = match app.pool.acquire().await {
-        Ok(mut conn) => ops::actions::recent(&mut conn, 200).await,
-        Err(e) => Err(e),
-    };
-    let rows = match rows {
-        Ok(r) => r,
-        Err(e) => return respond::db_error(&ctx, e),
+    let rows = match respond::read(&app, &ctx, async |conn| {
+        ops::actions::recent(conn, 200).await
+    })
+    .await
+    {
+        Ok(v) => v,
+        Err(stop) => return stop.into_response(),
     };
     let mut h = Html::new();
     h.lit("<h1>Console actions</h1>");

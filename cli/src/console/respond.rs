@@ -5,10 +5,45 @@ use axum::body::Bytes;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, Postgres};
+
 use super::auth;
-use super::context::{Ctx, Params};
+use super::context::{App, Ctx, Params};
 use super::html::Html;
 use super::layout;
+
+/// An answer that stops a handler early: the error page of a database error.
+pub struct Stop(Box<Response>);
+
+impl From<Response> for Stop {
+    fn from(r: Response) -> Stop {
+        Stop(Box::new(r))
+    }
+}
+
+impl IntoResponse for Stop {
+    fn into_response(self) -> Response {
+        *self.0
+    }
+}
+
+/// A connection of the console's pool, or the error page to answer with ([`db_error`]): for a handler that runs
+/// several statements on one connection.
+pub async fn conn(app: &App, ctx: &Ctx) -> Result<PoolConnection<Postgres>, Stop> {
+    Ok(app.pool.acquire().await.map_err(|e| db_error(ctx, e))?)
+}
+
+/// Runs `work` on a connection of the console's pool (with [`conn`], the way handlers reach the database). A database error,
+/// getting the connection or in `work`, becomes its error page ([`db_error`]).
+pub async fn read<T, E: std::error::Error + 'static>(
+    app: &App,
+    ctx: &Ctx,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+) -> Result<T, Stop> {
+    let mut conn = app.pool.acquire().await.map_err(|e| db_error(ctx, e))?;
+    work(&mut conn).await.map_err(|e| db_error(ctx, e).into())
+}
 
 /// A short plain-text answer (for requests refused before there is a session to render a page for).
 pub fn plain(status: StatusCode, message: &'static str) -> Response {
