@@ -5,7 +5,7 @@ use axum::Extension;
 use axum::extract::State;
 use axum::http::Uri;
 use axum::response::Response;
-use outbox::ops;
+use outbox::ops::{self, Status};
 use outbox::subscribers::label;
 
 use super::context::{self, Ctx, S};
@@ -61,9 +61,24 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
             h.lit("not refreshing · <a href=\"/\">refresh live</a>");
         }
     }
-    h.lit("</p><div class=\"cards\">");
+    h.lit("</p>");
+    cards(&mut h, &s);
+    outage(&mut h, &s);
+    h.lit("<h2>Dispatched per minute, last hour</h2>");
+    chart(&mut h, &s.throughput.per_minute);
+    blocked_keys(&mut h, &s);
+    subscribers(&mut h, &s.subscribers);
+    dead_letters(&mut h, &s);
+    stuck_and_flapping(&mut h, &s);
+    reconciler(&mut h, &s);
+    respond::ok_page(&ctx, "Overview", refresh, &h)
+}
+
+/// The figures of `outbox status`, as cards.
+fn cards(h: &mut Html, s: &Status) {
+    h.lit("<div class=\"cards\">");
     let b = &s.backlog;
-    card(&mut h, "pending", "backlog.pending", b.pending, "");
+    card(h, "pending", "backlog.pending", b.pending, "");
     let lag_class = if b.oldest_pending_age_secs > 300.0 {
         "warn"
     } else {
@@ -72,19 +87,13 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
     h.lit("<div class=\"card\"><div class=\"v ")
         .lit(lag_class)
         .lit("\">");
-    age(&mut h, b.oldest_pending_age_secs);
+    age(h, b.oldest_pending_age_secs);
     h.lit("</div><div class=\"l\">oldest pending age (<span data-figure=\"backlog.oldest_pending_age_secs\">")
         .text(format!("{:.1}", b.oldest_pending_age_secs))
         .lit("</span> s)</div></div>");
+    card(h, "in flight", "in_flight.total", s.in_flight.total, "");
     card(
-        &mut h,
-        "in flight",
-        "in_flight.total",
-        s.in_flight.total,
-        "",
-    );
-    card(
-        &mut h,
+        h,
         "unaccounted",
         "in_flight.unaccounted",
         s.in_flight.unaccounted,
@@ -95,14 +104,14 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
         },
     );
     card(
-        &mut h,
+        h,
         "dispatched, last hour",
         "throughput.last_hour",
         s.throughput.last_hour,
         "",
     );
     card(
-        &mut h,
+        h,
         "blocked keys",
         "blocked_keys.count",
         s.blocked_keys.count,
@@ -110,35 +119,38 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
     );
     let unresolved = s.unresolved_dead_letters();
     card(
-        &mut h,
+        h,
         "dead letters unresolved",
         "unresolved_dead_letters",
         unresolved,
         if unresolved > 0 { "bad" } else { "" },
     );
     card(
-        &mut h,
+        h,
         "flapping",
         "backlog.flapping",
         b.flapping,
         if b.flapping > 0 { "warn" } else { "" },
     );
     card(
-        &mut h,
+        h,
         "stuck leases",
         "stuck_leases.count",
         s.stuck_leases.count,
         if s.stuck_leases.count > 0 { "warn" } else { "" },
     );
     card(
-        &mut h,
+        h,
         "awaiting evidence",
         "awaiting_evidence.count",
         s.awaiting_evidence.count,
         "",
     );
     h.lit("</div>");
+}
 
+/// QStash: an outage under way, or none.
+fn outage(h: &mut Html, s: &Status) {
     h.lit("<h2>QStash</h2><p id=\"outage\">");
     let o = &s.qstash_outage;
     match o.since {
@@ -147,22 +159,22 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
         }
         Some(since) => {
             h.lit("<span class=\"bad\" data-figure=\"qstash_outage.active\">outage</span> since ");
-            time(&mut h, since);
+            time(h, since);
             h.lit(" UTC (");
-            ago(&mut h, o.now, since);
+            ago(h, o.now, since);
             h.lit("), ")
                 .text(o.failures)
                 .lit(" failed cycles or probes; next probe ");
-            opt_time(&mut h, o.next_probe_at);
+            opt_time(h, o.next_probe_at);
             h.lit("; last error: ");
-            cut(&mut h, o.last_error.as_deref().unwrap_or(""), 200);
+            cut(h, o.last_error.as_deref().unwrap_or(""), 200);
         }
     }
     h.lit("</p>");
+}
 
-    h.lit("<h2>Dispatched per minute, last hour</h2>");
-    chart(&mut h, &s.throughput.per_minute);
-
+/// The blocked ordered keys, with their head event and dead letter.
+fn blocked_keys(h: &mut Html, s: &Status) {
     h.lit("<h2>Blocked keys</h2>");
     if s.blocked_keys.keys.is_empty() {
         h.lit("<p class=\"muted\">none</p>");
@@ -173,23 +185,23 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
         .lit("<th>dead letter</th><th class=\"n\">waiting</th><th>reason</th></tr>");
         for k in &s.blocked_keys.keys {
             h.lit("<tr><td>").text(&k.topic).lit("</td><td>");
-            key_link(&mut h, &k.topic, &k.partition_key);
+            key_link(h, &k.topic, &k.partition_key);
             h.lit("</td><td>")
                 .text(label(&k.subscriber))
                 .lit("</td><td>");
-            ago(&mut h, s.at, k.since);
+            ago(h, s.at, k.since);
             h.lit("</td><td>");
             if let Some(id) = k.blocking_event {
-                event_link(&mut h, id);
+                event_link(h, id);
             }
             h.lit("</td><td>");
             if let Some(id) = k.dead_letter_id {
-                dead_letter_link(&mut h, id);
+                dead_letter_link(h, id);
             }
             h.lit("</td><td class=\"n\">");
-            opt(&mut h, k.waiting);
+            opt(h, k.waiting);
             h.lit("</td><td class=\"wrap\">");
-            cut(&mut h, k.reason.as_deref().unwrap_or(""), 160);
+            cut(h, k.reason.as_deref().unwrap_or(""), 160);
             h.lit("</td></tr>");
         }
         h.lit("</table>");
@@ -197,9 +209,10 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
             h.lit("<p><a href=\"/keys?blocked=1\">all blocked keys</a></p>");
         }
     }
+}
 
-    subscribers(&mut h, &s.subscribers);
-
+/// Dead letters by topic and source.
+fn dead_letters(h: &mut Html, s: &Status) {
     h.lit("<h2>Dead letters by topic and source</h2>");
     if s.dead_letters.is_empty() {
         h.lit("<p class=\"muted\">none</p>");
@@ -232,13 +245,17 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
                 .text(d.applied)
                 .lit("</td><td>");
             if let Some(t) = d.oldest_unresolved {
-                ago(&mut h, s.at, t);
+                ago(h, s.at, t);
             }
             h.lit("</td></tr>");
         }
         h.lit("</table>");
     }
+}
 
+/// Stuck leases and flapping events.
+fn stuck_and_flapping(h: &mut Html, s: &Status) {
+    let b = &s.backlog;
     h.lit("<h2>Stuck leases and flapping events</h2>");
     let lines: Vec<_> = s
         .stuck_leases
@@ -253,22 +270,25 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
             .lit("<th>last error</th></tr>");
         for e in lines {
             h.lit("<tr><td>");
-            event_link(&mut h, e.id);
+            event_link(h, e.id);
             h.lit("</td><td>").text(&e.topic).lit("</td><td>");
-            cut(&mut h, &e.partition_key, 40);
+            cut(h, &e.partition_key, 40);
             h.lit("</td><td>")
                 .text(label(&e.subscriber))
                 .lit("</td><td class=\"n\">")
                 .text(e.attempts)
                 .lit("</td><td>");
-            ago(&mut h, s.at, e.created_at);
+            ago(h, s.at, e.created_at);
             h.lit("</td><td class=\"wrap\">");
-            cut(&mut h, e.last_error.as_deref().unwrap_or(""), 160);
+            cut(h, e.last_error.as_deref().unwrap_or(""), 160);
             h.lit("</td></tr>");
         }
         h.lit("</table>");
     }
+}
 
+/// The reconciler's counts, all time.
+fn reconciler(h: &mut Html, s: &Status) {
     let r = &s.reconciler;
     h.lit("<h2>Reconciler (all time)</h2><p>applied by dedupe row ")
         .text(r.swept_applied)
@@ -284,10 +304,9 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
         .text(r.lookup_failures);
     if let Some(e) = &r.last_error {
         h.lit(" · last error: ");
-        cut(&mut h, e, 200);
+        cut(h, e, 200);
     }
     h.lit("</p>");
-    respond::ok_page(&ctx, "Overview", refresh, &h)
 }
 
 /// Per subscriber of the topics with named subscribers (fan-out; nothing without it): its lag, in flight, blocked

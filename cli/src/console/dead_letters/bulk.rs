@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use outbox::dead_letters::{
-    self, BulkOutcome, BulkReport, Filter, ListQuery, PurgeScope, RedriveOptions,
+    self, BulkOutcome, BulkReport, DeadLetterSummary, Filter, ListQuery, PurgeScope, RedriveOptions,
 };
 use outbox::ops::actions;
 use serde_json::json;
@@ -42,34 +42,53 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
     if filter.is_empty() {
         return refuse_unfiltered(&ctx);
     }
-    let mut conn = match respond::conn(&app, &ctx).await {
-        Ok(c) => c,
-        Err(stop) => return stop.into_response(),
-    };
-    let upto = match dead_letters::max_id(&mut conn).await {
-        Ok(m) => m,
-        Err(e) => return respond::db_error(&ctx, e),
-    };
-    filter.max_id = Some(filter.max_id.map_or(upto, |m| m.min(upto)));
     let scope = match scope_of(&p) {
         Ok(s) => s,
         Err(e) => return bad_request(&ctx, &e),
     };
-    let counted = if action == "redrive" {
-        dead_letters::count_unhandled(&mut conn, &filter)
-            .await
-            .map(|n| (n, 0))
-    } else {
-        dead_letters::count_purge(&mut conn, &filter, scope)
-            .await
-            .map(|c| (c.deleted, c.kept_blocking))
-    };
-    let (count, kept) = match counted {
+    let counted = respond::read(&app, &ctx, async |conn| {
+        counted(conn, &mut filter, &action, scope).await
+    })
+    .await;
+    let (count, kept, preview) = match counted {
         Ok(c) => c,
-        Err(e) => return respond::db_error(&ctx, e),
+        Err(stop) => return stop.into_response(),
+    };
+    let mut h = Html::new();
+    h.lit("<h1>Confirm: ")
+        .text(&action)
+        .lit("</h1><p>Selection: ");
+    describe(&mut h, &filter);
+    h.lit(".</p>");
+    what_it_will_do(&mut h, &action, count, kept, scope);
+    if count == 0 {
+        h.lit("<p class=\"muted\">Nothing to do.</p>");
+    } else {
+        confirm_form(&mut h, &ctx, &action, count, scope, &filter);
+    }
+    h.lit("<h2>The first of them</h2>");
+    summary_table(&mut h, &preview);
+    respond::ok_page(&ctx, "Confirm", None, &h)
+}
+
+/// Fixes the selection to the dead letters there are now (`max_id`), counts what the action will touch (and, for a
+/// purge, what it keeps), and reads the first ten.
+async fn counted(
+    conn: &mut sqlx::PgConnection,
+    filter: &mut Filter,
+    action: &str,
+    scope: PurgeScope,
+) -> Result<(i64, i64, Vec<DeadLetterSummary>), sqlx::Error> {
+    let upto = dead_letters::max_id(&mut *conn).await?;
+    filter.max_id = Some(filter.max_id.map_or(upto, |m| m.min(upto)));
+    let (count, kept) = if action == "redrive" {
+        (dead_letters::count_unhandled(&mut *conn, filter).await?, 0)
+    } else {
+        let c = dead_letters::count_purge(&mut *conn, filter, scope).await?;
+        (c.deleted, c.kept_blocking)
     };
     let preview = dead_letters::list(
-        &mut conn,
+        &mut *conn,
         &ListQuery {
             filter: filter.clone(),
             include_handled: action == "purge" && scope != PurgeScope::Unhandled,
@@ -77,18 +96,13 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
             limit: 10,
         },
     )
-    .await;
-    let preview = match preview {
-        Ok(p) => p,
-        Err(e) => return respond::db_error(&ctx, e),
-    };
+    .await?;
+    Ok((count, kept, preview.items))
+}
 
-    let mut h = Html::new();
-    h.lit("<h1>Confirm: ")
-        .text(&action)
-        .lit("</h1><p>Selection: ");
-    describe(&mut h, &filter);
-    h.lit(".</p><p>This will ");
+/// What the action will do, in words.
+fn what_it_will_do(h: &mut Html, action: &str, count: i64, kept: i64, scope: PurgeScope) {
+    h.lit("<p>This will ");
     if action == "redrive" {
         h.lit("redrive <strong id=\"count\">").text(count).lit("</strong> unhandled dead letter(s), oldest first, each in its own transaction. Middle events of ordered keys are skipped unless you tick “out of order”.");
     } else {
@@ -109,38 +123,43 @@ pub async fn confirm(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) ->
         h.lit(". Outbox rows are not touched.");
     }
     h.lit(" Dead letters recorded after this page was loaded are not included.</p>");
-    if count == 0 {
-        h.lit("<p class=\"muted\">Nothing to do.</p>");
+    h.lit(" Dead letters recorded after this page was loaded are not included.</p>");
+}
+
+/// The form that runs the action on exactly the selection counted.
+fn confirm_form(
+    h: &mut Html,
+    ctx: &Ctx,
+    action: &str,
+    count: i64,
+    scope: PurgeScope,
+    filter: &Filter,
+) {
+    h.lit("<form id=\"confirm\" method=\"post\" action=\"/dead-letters/bulk\">");
+    layout::csrf_field(h, ctx);
+    h.lit("<input type=\"hidden\" name=\"action\" value=\"")
+        .text(action)
+        .lit("\">");
+    h.lit("<input type=\"hidden\" name=\"expected\" value=\"")
+        .text(count)
+        .lit("\">");
+    // The selection as one opaque field: stored text (a topic with control characters, say) round-trips
+    // exactly, where an escaped attribute value would not.
+    h.lit("<input type=\"hidden\" name=\"selection\" value=\"")
+        .text(encode_selection(filter))
+        .lit("\">");
+    if action == "redrive" {
+        h.lit("<label><input type=\"checkbox\" name=\"out_of_order\" value=\"1\"> out of order</label> ");
     } else {
-        h.lit("<form id=\"confirm\" method=\"post\" action=\"/dead-letters/bulk\">");
-        layout::csrf_field(&mut h, &ctx);
-        h.lit("<input type=\"hidden\" name=\"action\" value=\"")
-            .text(&action)
+        h.lit("<input type=\"hidden\" name=\"scope\" value=\"")
+            .lit(scope.as_str())
             .lit("\">");
-        h.lit("<input type=\"hidden\" name=\"expected\" value=\"")
-            .text(count)
-            .lit("\">");
-        // The selection as one opaque field: stored text (a topic with control characters, say) round-trips
-        // exactly, where an escaped attribute value would not.
-        h.lit("<input type=\"hidden\" name=\"selection\" value=\"")
-            .text(encode_selection(&filter))
-            .lit("\">");
-        if action == "redrive" {
-            h.lit("<label><input type=\"checkbox\" name=\"out_of_order\" value=\"1\"> out of order</label> ");
-        } else {
-            h.lit("<input type=\"hidden\" name=\"scope\" value=\"")
-                .lit(scope.as_str())
-                .lit("\">");
-        }
-        h.lit("<button class=\"danger\">")
-            .text(&action)
-            .text(format!(" {count} dead letter(s)"))
-            .lit("</button> ")
-            .lit("<a href=\"/dead-letters\">cancel</a></form>");
     }
-    h.lit("<h2>The first of them</h2>");
-    summary_table(&mut h, &preview.items);
-    respond::ok_page(&ctx, "Confirm", None, &h)
+    h.lit("<button class=\"danger\">")
+        .text(action)
+        .text(format!(" {count} dead letter(s)"))
+        .lit("</button> ")
+        .lit("<a href=\"/dead-letters\">cancel</a></form>");
 }
 
 /// `POST /dead-letters/bulk`: runs a confirmed bulk redrive or purge on the selection the confirmation counted,

@@ -5,7 +5,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use outbox::dead_letters::{self, RedriveError, RedriveOptions};
+use outbox::dead_letters::{self, DeadLetter, EventState, RedriveError, RedriveOptions};
 use outbox::ops::actions;
 use serde_json::json;
 
@@ -46,77 +46,90 @@ pub async fn show(
         None => None,
     };
     let mut h = Html::new();
-    h.lit("<h1>Dead letter #")
-        .text(d.id)
-        .lit("</h1><table id=\"dead-letter\">");
+    h.lit("<h1>Dead letter #").text(d.id).lit("</h1>");
+    details(&mut h, &d);
+    event_now(&mut h, &d, event.as_ref());
+    if d.state() == "unhandled" && d.outbox_id.is_some() && !ctx.read_only {
+        redrive_form(&mut h, &d, &ctx);
+    }
+    stored(&mut h, &d);
+    respond::ok_page(&ctx, "Dead letter", None, &h)
+}
+
+/// Every stored field of `d`, as a table.
+fn details(h: &mut Html, d: &DeadLetter) {
+    h.lit("<table id=\"dead-letter\">");
     let row = |h: &mut Html, name: &'static str| {
         h.lit("<tr><th>").lit(name).lit("</th><td class=\"wrap\">");
     };
-    row(&mut h, "state");
+    row(h, "state");
     h.lit("<span id=\"dl-state\">")
         .lit(d.state())
         .lit("</span></td></tr>");
-    row(&mut h, "recorded");
-    time(&mut h, d.created_at);
+    row(h, "recorded");
+    time(h, d.created_at);
     h.lit(" UTC</td></tr>");
-    row(&mut h, "source");
+    row(h, "source");
     h.text(&d.source)
         .lit(" <span class=\"muted\">(")
         .text(&d.natural_id)
         .lit(")</span></td></tr>");
-    row(&mut h, "event");
+    row(h, "event");
     match d.outbox_id {
-        Some(o) => event_link(&mut h, o),
+        Some(o) => event_link(h, o),
         None => {
             h.lit("not linked to an event: it cannot be redriven");
         }
     }
     h.lit("</td></tr>");
-    row(&mut h, "topic");
-    opt(&mut h, d.topic.as_deref());
+    row(h, "topic");
+    opt(h, d.topic.as_deref());
     h.lit("</td></tr>");
-    row(&mut h, "subscriber");
+    row(h, "subscriber");
     h.lit("<span id=\"dl-subscriber\">")
         .text(outbox::subscribers::label(&d.subscriber))
         .lit("</span> <span class=\"muted\">(a redrive requeues the event for this subscriber only)</span></td></tr>");
-    row(&mut h, "key");
+    row(h, "key");
     match (&d.topic, &d.partition_key) {
-        (Some(t), Some(k)) => layout::key_link(&mut h, t, k),
-        (_, k) => opt(&mut h, k.as_deref()),
+        (Some(t), Some(k)) => layout::key_link(h, t, k),
+        (_, k) => opt(h, k.as_deref()),
     }
     h.lit("</td></tr>");
-    row(&mut h, "sequence");
-    opt(&mut h, d.seq);
+    row(h, "sequence");
+    opt(h, d.seq);
     h.lit("</td></tr>");
-    row(&mut h, "attempts");
-    opt(&mut h, d.attempts);
+    row(h, "attempts");
+    opt(h, d.attempts);
     h.lit("</td></tr>");
-    row(&mut h, "status");
-    opt(&mut h, d.status);
+    row(h, "status");
+    opt(h, d.status);
     h.lit("</td></tr>");
-    row(&mut h, "error");
+    row(h, "error");
     h.lit("<span id=\"dl-error\">")
         .text(&d.error)
         .lit("</span></td></tr>");
-    row(&mut h, "QStash message / DLQ id");
-    opt(&mut h, d.qstash_message_id.as_deref());
+    row(h, "QStash message / DLQ id");
+    opt(h, d.qstash_message_id.as_deref());
     h.lit(" / ");
-    opt(&mut h, d.dlq_id.as_deref());
+    opt(h, d.dlq_id.as_deref());
     h.lit("</td></tr>");
-    row(&mut h, "redriven");
-    opt_time(&mut h, d.redriven_at);
+    row(h, "redriven");
+    opt_time(h, d.redriven_at);
     h.lit("</td></tr>");
-    row(&mut h, "resolved");
-    opt_time(&mut h, d.resolved_at);
+    row(h, "resolved");
+    opt_time(h, d.resolved_at);
     if let Some(r) = &d.resolution {
         h.lit(" (").text(r).lit(")");
     }
     h.lit("</td></tr></table>");
+}
 
-    match &event {
+/// What became of the dead letter's event since.
+fn event_now(h: &mut Html, d: &DeadLetter, event: Option<&EventState>) {
+    match event {
         Some(e) => {
             h.lit("<p>Event ");
-            event_link(&mut h, e.id);
+            event_link(h, e.id);
             h.lit(" now: <strong>")
                 .lit(e.state())
                 .lit("</strong>, ")
@@ -128,7 +141,7 @@ pub async fn show(
                 h.lit("; its key is done up to ").text(done);
                 if let Some(b) = e.key_blocked_by {
                     h.lit(", blocked by ");
-                    event_link(&mut h, b);
+                    event_link(h, b);
                 }
             }
             h.lit(".</p>");
@@ -138,16 +151,21 @@ pub async fn show(
         }
         None => {}
     }
+}
 
-    if d.state() == "unhandled" && d.outbox_id.is_some() && !ctx.read_only {
-        h.lit("<form id=\"redrive\" method=\"post\" action=\"")
-            .path_id("/dead-letters/", d.id)
-            .lit("/redrive\">");
-        layout::csrf_field(&mut h, &ctx);
-        h.lit("<label><input type=\"checkbox\" name=\"out_of_order\" value=\"1\"> out of order (an event its key has moved past is republished unordered)</label> ")
-            .lit("<button class=\"primary\">Redrive</button></form>");
-    }
+/// The redrive form (one dead letter, optionally out of order).
+fn redrive_form(h: &mut Html, d: &DeadLetter, ctx: &Ctx) {
+    h.lit("<form id=\"redrive\" method=\"post\" action=\"")
+        .path_id("/dead-letters/", d.id)
+        .lit("/redrive\">");
+    layout::csrf_field(h, ctx);
+    h.lit("<label><input type=\"checkbox\" name=\"out_of_order\" value=\"1\"> out of order (an event its key has moved past is republished unordered)</label> ")
+        .lit("<button class=\"primary\">Redrive</button></form>");
+}
 
+/// What the dead letter kept: the consumer's response, the payload or body, headers, a parse error, the raw
+/// callback.
+fn stored(h: &mut Html, d: &DeadLetter) {
     if let Some(r) = &d.response_body {
         h.lit("<h2>Response</h2><pre id=\"response\">")
             .lines(r)
@@ -183,7 +201,6 @@ pub async fn show(
             .lines(&String::from_utf8_lossy(raw))
             .lit("</pre>");
     }
-    respond::ok_page(&ctx, "Dead letter", None, &h)
 }
 
 /// `POST /dead-letters/{id}/redrive`: one dead letter back through the outbox; the outcome (or refusal) is
