@@ -944,3 +944,69 @@ async fn adding_again_while_the_removal_still_waits_records_nothing_and_says_so(
     assert!(added.subscriber.removed_at.is_none(), "{added:?}");
     assert_eq!(added.to_replay, Some(1));
 }
+
+/// A copy a relay dead-lettered "no destination" after the removal began — it was unfinished at the removal, and
+/// the relay got to it during the removal's wait for older transactions (the explorer's seed 115) — is withdrawn
+/// with the rest when the removal finishes: deleted, its dead letter resolved `withdrawn`, so QStash later giving
+/// up on its message records nothing open either. Before, it stayed dead with an open dead letter for an event the
+/// subscriber was not owed (and, added back, refused "out of order"). A dead letter from before the removal stays.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_copy_dead_lettered_no_destination_during_the_removal_is_withdrawn_with_it(pool: PgPool) {
+    let db = db(&pool);
+    add_billing(&db).await;
+    let before = enqueue(&pool, &ORDERS, "k", 1).await;
+    let during = enqueue(&pool, &ORDERS, "j", 2).await;
+    let copy_of = |event: i64| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT id FROM outbox WHERE subscriber = 'billing' AND event_id = $1",
+            )
+            .bind(event)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let (old_copy, copy) = (copy_of(before).await, copy_of(during).await);
+    // Poison before the removal: dead-lettered by the relay then.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "UPDATE outbox SET dead_lettered_at = now() WHERE id = {old_copy}; \
+         INSERT INTO dead_letters (source, natural_id, outbox_id, topic, partition_key, subscriber, error) \
+           VALUES ('relay', '{old_copy}/1', {old_copy}, 'orders', 'k', 'billing', 'poison');"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    remove_billing_stopped_by_an_open_transaction(&pool, &db).await;
+    // During the removal's wait, a relay finds no destination for the other copy.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "UPDATE outbox SET dead_lettered_at = now() WHERE id = {copy}; \
+         INSERT INTO dead_letters (source, natural_id, outbox_id, topic, partition_key, subscriber, error) \
+           VALUES ('relay', '{copy}/1', {copy}, 'orders', 'j', 'billing', \
+                   'no destination: subscriber \"billing\" of topic orders is not configured');"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let removed = subscribers::remove(&db, "orders", "billing", WAIT)
+        .await
+        .unwrap();
+    assert_eq!(removed.copies_deleted, 1, "{removed:?}");
+    let left: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM outbox WHERE subscriber = 'billing' ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(left, [old_copy], "the poisoned copy from before stays");
+    let letters: Vec<(i64, Option<String>)> = sqlx::query_as(
+        "SELECT outbox_id, resolution FROM dead_letters WHERE subscriber = 'billing' ORDER BY outbox_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        letters,
+        [(old_copy, None), (copy, Some("withdrawn".to_owned()))]
+    );
+}

@@ -57,7 +57,8 @@ pub async fn wait_for_older_transactions(db: &Db, wait: Duration) -> Result<(), 
 /// What [`remove`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Removed {
-    /// Unfinished copies deleted (pending, leased or in flight): they will not be delivered.
+    /// Unfinished copies deleted (pending, leased or in flight, or dead-lettered "no destination" since the removal
+    /// began): they will not be delivered.
     pub copies_deleted: u64,
     /// Ordered lanes deleted.
     pub keys_deleted: u64,
@@ -127,7 +128,8 @@ pub async fn remove(
 }
 
 /// The second half of [`remove`]: once the older transactions are over, no new copy for the subscriber can
-/// appear; its unfinished ones and its lanes are deleted.
+/// appear; its unfinished ones and its lanes are deleted, with the copies relays dead-lettered "no destination"
+/// since the removal began (their dead letters resolved `withdrawn`).
 pub(super) async fn delete_copies(
     db: &Db,
     topic: &str,
@@ -144,12 +146,29 @@ pub(super) async fn delete_copies(
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    let copies_deleted = sqlx::query(crate::schema::q(
-        "DELETE FROM {schema}.outbox WHERE topic = $1 AND subscriber = $2 \
-           AND delivered_at IS NULL AND dead_lettered_at IS NULL",
+    // A copy a relay dead-lettered "no destination" once the removal began was unfinished at the removal, like
+    // those deleted here: withdrawn too (its dead letter resolved `withdrawn`, decision record 0070), not left
+    // open for a subscriber that is not owed it. Dead letters from before the removal stay open.
+    let withdrawn: Vec<i64> = sqlx::query_scalar(crate::schema::q(
+        "UPDATE {schema}.dead_letters d SET resolved_at = now(), resolution = 'withdrawn' \
+         FROM {schema}.outbox_subscribers s \
+         WHERE s.topic = $1 AND s.name = $2 AND s.removed_at IS NOT NULL \
+           AND d.topic = $1 AND d.subscriber = $2 AND d.source = 'relay' AND d.error LIKE 'no destination:%' \
+           AND d.created_at >= s.removed_at AND d.resolved_at IS NULL AND d.redriven_at IS NULL \
+           AND d.outbox_id IS NOT NULL \
+         RETURNING d.outbox_id",
     ))
     .bind(topic)
     .bind(name)
+    .fetch_all(&mut *tx)
+    .await?;
+    let copies_deleted = sqlx::query(crate::schema::q(
+        "DELETE FROM {schema}.outbox WHERE topic = $1 AND subscriber = $2 AND delivered_at IS NULL \
+           AND (dead_lettered_at IS NULL OR id = ANY($3))",
+    ))
+    .bind(topic)
+    .bind(name)
+    .bind(&withdrawn)
     .execute(&mut *tx)
     .await?
     .rows_affected();
