@@ -9,7 +9,7 @@ use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use outbox::OutboxId;
 use outbox::ops::keys::{KeyCursor, KeyLine, KeyQuery};
-use outbox::ops::timeline::{EventCopy, StepKind};
+use outbox::ops::timeline::{EventCopy, StepKind, Timeline};
 use outbox::ops::{self};
 use outbox::subscribers::label;
 
@@ -256,6 +256,14 @@ pub async fn event(
     };
     let mut h = Html::new();
     h.lit("<h1>Event #").text(id).lit("</h1>");
+    event_row(&mut h, &t);
+    copies_table(&mut h, id, &t.copies);
+    timeline_and_rest(&mut h, &t);
+    respond::ok_page(&ctx, "Event", None, &h)
+}
+
+/// The outbox row: state, topic, subscriber, key and sequence (with its lane), attempts, message id, last error.
+fn event_row(h: &mut Html, t: &Timeline) {
     match &t.event {
         None => {
             h.lit("<p class=\"warn\">The outbox row is gone (pruned); what its dead letters kept is below.</p>");
@@ -269,13 +277,13 @@ pub async fn event(
                 .text(label(&e.subscriber));
             if t.event_id != e.id {
                 h.lit(" <span class=\"muted\">(this row is its copy of event ");
-                event_link(&mut h, t.event_id);
+                event_link(h, t.event_id);
                 h.lit(")</span>");
             }
             h.lit("</td></tr><tr><th>key</th><td>");
-            key_link(&mut h, &e.topic, &e.partition_key);
+            key_link(h, &e.topic, &e.partition_key);
             h.lit("</td></tr><tr><th>sequence</th><td>");
-            opt(&mut h, e.seq);
+            opt(h, e.seq);
             if let Some(k) = &t.key {
                 h.lit(" <span class=\"muted\">(key done up to ")
                     .text(k.done_seq);
@@ -294,13 +302,16 @@ pub async fn event(
                 .lit("×, republished by the reconciler ")
                 .text(e.republish_count)
                 .lit("×)</span></td></tr><tr><th>QStash message id</th><td>");
-            opt(&mut h, e.qstash_message_id.as_deref());
+            opt(h, e.qstash_message_id.as_deref());
             h.lit("</td></tr><tr><th>last error</th><td class=\"wrap\">");
-            opt(&mut h, e.last_error.as_deref());
+            opt(h, e.last_error.as_deref());
             h.lit("</td></tr></table>");
         }
     }
-    copies_table(&mut h, id, &t.copies);
+}
+
+/// The timeline of what happened to the event, its headers and payload, and its dead letters.
+fn timeline_and_rest(h: &mut Html, t: &Timeline) {
     h.lit("<h2>Timeline</h2><ol class=\"timeline\" id=\"timeline\">");
     for s in &t.steps {
         let class = match &s.what {
@@ -311,9 +322,9 @@ pub async fn event(
         h.lit("<li class=\"")
             .lit(class)
             .lit("\"><span class=\"t\">");
-        time(&mut h, s.at);
+        time(h, s.at);
         h.lit("</span>");
-        step(&mut h, &s.what);
+        step(h, &s.what);
         h.lit("</li>");
     }
     h.lit("</ol><p class=\"muted\">The database keeps the number of publish attempts, the current lease and the \
@@ -330,22 +341,21 @@ pub async fn event(
             .lit("<th class=\"n\">status</th><th>error</th></tr>");
         for d in &t.dead_letters {
             h.lit("<tr><td>");
-            dead_letter_link(&mut h, d.id);
+            dead_letter_link(h, d.id);
             h.lit("</td><td>");
-            time(&mut h, d.created_at);
+            time(h, d.created_at);
             h.lit("</td><td>")
                 .text(&d.source)
                 .lit("</td><td>")
                 .lit(d.state())
                 .lit("</td><td class=\"n\">");
-            opt(&mut h, d.status);
+            opt(h, d.status);
             h.lit("</td><td class=\"wrap\">");
-            cut(&mut h, &d.error, 200);
+            cut(h, &d.error, 200);
             h.lit("</td></tr>");
         }
         h.lit("</table>");
     }
-    respond::ok_page(&ctx, "Event", None, &h)
 }
 
 /// Each copy of the event (fan-out: one per subscriber) with its own state, lane and dead letter; nothing when the
@@ -461,6 +471,17 @@ fn step(h: &mut Html, what: &StepKind) {
                 .text(consumer)
                 .lit(" (dedupe row)");
         }
+        StepKind::DeadLettered { .. }
+        | StepKind::DeadLetterRecorded { .. }
+        | StepKind::Redriven { .. }
+        | StepKind::Resolved { .. }
+        | StepKind::ConsoleAction { .. } => failure_step(h, what),
+    }
+}
+
+/// A step of [`step`] about a failure: marked dead, a dead letter recorded, redriven or resolved, a console action.
+fn failure_step(h: &mut Html, what: &StepKind) {
+    match what {
         StepKind::DeadLettered { last_error } => {
             h.lit("marked dead");
             if let Some(e) = last_error {
@@ -508,6 +529,13 @@ fn step(h: &mut Html, what: &StepKind) {
                 h.lit(" (started; no outcome recorded)");
             }
         }
+        StepKind::Created
+        | StepKind::Due { .. }
+        | StepKind::LeaseEnds { .. }
+        | StepKind::Dispatched { .. }
+        | StepKind::Reconciled
+        | StepKind::Delivered
+        | StepKind::Applied { .. } => {}
     }
 }
 

@@ -4,7 +4,7 @@ use axum::Extension;
 use axum::extract::State;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
-use outbox::dead_letters::{self, DeadLetterSummary, ListQuery, PurgeScope};
+use outbox::dead_letters::{self, DeadLetterSummary, ErrorGroup, Filter, ListQuery, PurgeScope};
 
 use super::filter::{bad_request, describe, filter_form, filter_of, pairs, params_of};
 use crate::console::context::{self, Ctx, S};
@@ -61,49 +61,9 @@ pub async fn list(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
     h.lit(").</p>");
 
     if !ctx.read_only {
-        let fp = params_of(&filter);
-        // What the list matched: without "include handled", the unhandled ones only.
-        let scope = if include_handled {
-            PurgeScope::Any
-        } else {
-            PurgeScope::Unhandled
-        };
-        let purge = vec![("action", "purge"), ("scope", scope.as_str())];
-        h.lit("<p id=\"bulk\">Bulk: <a href=\"")
-            .href("/dead-letters/confirm", &[pairs(&fp), vec![("action", "redrive")]].concat())
-            .lit("\">redrive the matching…</a> · <a href=\"")
-            .href("/dead-letters/confirm", &[pairs(&fp), purge].concat())
-            .lit("\">purge the matching…</a> <span class=\"muted\">(each shows the count and asks first; a filter is required)</span></p>");
+        bulk_links(&mut h, &filter, include_handled);
     }
-
-    h.lit("<h2>By error</h2>");
-    if groups.is_empty() {
-        h.lit("<p class=\"muted\">none</p>");
-    } else {
-        h.lit("<table id=\"groups\"><tr><th class=\"n\">count</th><th>normalised error</th>")
-            .lit("<th>first</th><th>last</th><th>newest</th></tr>");
-        for g in &groups {
-            let mut with_group = filter.clone();
-            with_group.error_group = Some(g.error_group.clone());
-            let gp = params_of(&with_group);
-            let all = if include_handled { "1" } else { "" };
-            h.lit("<tr><td class=\"n\">")
-                .text(g.count)
-                .lit("</td><td class=\"wrap\"><a href=\"")
-                .href("/dead-letters", &[pairs(&gp), vec![("all", all)]].concat())
-                .lit("\">")
-                .text(crate::util::one_line(&g.error_group, 200))
-                .lit("</a></td><td>");
-            opt_time(&mut h, g.first_at);
-            h.lit("</td><td>");
-            opt_time(&mut h, g.last_at);
-            h.lit("</td><td>");
-            dead_letter_link(&mut h, g.last_id);
-            h.lit("</td></tr>");
-        }
-        h.lit("</table>");
-    }
-
+    error_groups(&mut h, &filter, include_handled, &groups);
     h.lit("<h2>List</h2>");
     summary_table(&mut h, &page.items);
     if let Some(next) = page.next_after {
@@ -118,6 +78,55 @@ pub async fn list(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
             .lit("\">next page →</a></p>");
     }
     respond::ok_page(&ctx, "Dead letters", None, &h)
+}
+
+/// The bulk actions' links: to their confirmation, with the whole filter (and, for a purge, the scope the list
+/// shows).
+fn bulk_links(h: &mut Html, filter: &Filter, include_handled: bool) {
+    let fp = params_of(filter);
+    // What the list matched: without "include handled", the unhandled ones only.
+    let scope = if include_handled {
+        PurgeScope::Any
+    } else {
+        PurgeScope::Unhandled
+    };
+    let purge = vec![("action", "purge"), ("scope", scope.as_str())];
+    h.lit("<p id=\"bulk\">Bulk: <a href=\"")
+        .href("/dead-letters/confirm", &[pairs(&fp), vec![("action", "redrive")]].concat())
+        .lit("\">redrive the matching…</a> · <a href=\"")
+        .href("/dead-letters/confirm", &[pairs(&fp), purge].concat())
+        .lit("\">purge the matching…</a> <span class=\"muted\">(each shows the count and asks first; a filter is required)</span></p>");
+}
+
+/// The groups by normalised error, each linking to the list narrowed to it.
+fn error_groups(h: &mut Html, filter: &Filter, include_handled: bool, groups: &[ErrorGroup]) {
+    h.lit("<h2>By error</h2>");
+    if groups.is_empty() {
+        h.lit("<p class=\"muted\">none</p>");
+    } else {
+        h.lit("<table id=\"groups\"><tr><th class=\"n\">count</th><th>normalised error</th>")
+            .lit("<th>first</th><th>last</th><th>newest</th></tr>");
+        for g in groups {
+            let mut with_group = filter.clone();
+            with_group.error_group = Some(g.error_group.clone());
+            let gp = params_of(&with_group);
+            let all = if include_handled { "1" } else { "" };
+            h.lit("<tr><td class=\"n\">")
+                .text(g.count)
+                .lit("</td><td class=\"wrap\"><a href=\"")
+                .href("/dead-letters", &[pairs(&gp), vec![("all", all)]].concat())
+                .lit("\">")
+                .text(crate::util::one_line(&g.error_group, 200))
+                .lit("</a></td><td>");
+            opt_time(h, g.first_at);
+            h.lit("</td><td>");
+            opt_time(h, g.last_at);
+            h.lit("</td><td>");
+            dead_letter_link(h, g.last_id);
+            h.lit("</td></tr>");
+        }
+        h.lit("</table>");
+    }
 }
 
 pub(super) fn summary_table(h: &mut Html, items: &[DeadLetterSummary]) {

@@ -247,12 +247,25 @@ pub async fn redrive_one(
         return stopped_page(&ctx, h, e);
     }
     let mut h = Html::new();
-    let status = match &result {
+    let status = redrive_report(&mut h, id, &result);
+    h.lit("<p><a href=\"")
+        .path_id("/dead-letters/", id)
+        .lit("\">back to the dead letter</a></p>");
+    respond::html(status, layout::page(&ctx, "Redrive", None, &h))
+}
+
+/// What one redrive did (or why it was refused), and the answer's status.
+fn redrive_report(
+    h: &mut Html,
+    id: i64,
+    result: &Result<dead_letters::Redriven, RedriveError>,
+) -> StatusCode {
+    match result {
         Ok(r) => {
             h.lit("<div class=\"report\" id=\"report\">Dead letter ");
-            dead_letter_link(&mut h, id);
+            dead_letter_link(h, id);
             h.lit(" redriven: event ");
-            event_link(&mut h, r.outbox_id);
+            event_link(h, r.outbox_id);
             h.lit(" is pending again (QStash deduplication id <code>")
                 .text(&r.dedup_id)
                 .lit("</code>");
@@ -282,9 +295,5 @@ pub async fn redrive_one(
                 .lit("</div>");
             StatusCode::CONFLICT
         }
-    };
-    h.lit("<p><a href=\"")
-        .path_id("/dead-letters/", id)
-        .lit("\">back to the dead letter</a></p>");
-    respond::html(status, layout::page(&ctx, "Redrive", None, &h))
+    }
 }
