@@ -169,8 +169,9 @@ pub struct BatchDeliveryRecorded {
 }
 
 /// The batch evidence statement: mark every event delivered, resolve their dead letters, and move each ordered
-/// key once over the contiguous run `done_seq + 1 …` of the given events (a sequence counts when every sequence
-/// between `done_seq` and it is among the events: `seq - done_seq` = how many of them lie in `(done_seq, seq]`).
+/// key once over the contiguous run `done_seq + 1 …` of delivered events — the given ones and any of the key
+/// delivered before (a sequence counts when every sequence between `done_seq` and it is delivered: `seq -
+/// done_seq` = how many delivered ones lie in `(done_seq, seq]`).
 const RECORD_DELIVERY_BATCH_SQL: &str = r#"
 WITH ev AS (
     UPDATE {schema}.outbox
@@ -186,12 +187,27 @@ resolved AS (
                            resolution = coalesce(d.resolution, 'delivered')
     FROM ev WHERE d.outbox_id = ev.id
 ),
+-- The delivered sequences of each key the message touched: its events, and those of the key delivered earlier
+-- past done_seq (evidence that came out of order: after a crash lost a relay's asynchronous settle, the next event
+-- can be delivered and recorded before the one before it; moving only over this message's events would leave the
+-- key waiting forever at a sequence that is already delivered).
+delivered AS (
+    SELECT topic, partition_key, subscriber, seq FROM ev WHERE seq IS NOT NULL
+    UNION
+    SELECT o.topic, o.partition_key, o.subscriber, o.seq
+    FROM {schema}.outbox o
+    JOIN {schema}.outbox_keys k
+      ON k.topic = o.topic AND k.partition_key = o.partition_key AND k.subscriber = o.subscriber
+    WHERE (o.topic, o.partition_key, o.subscriber)
+          IN (SELECT DISTINCT topic, partition_key, subscriber FROM ev WHERE seq IS NOT NULL)
+      AND o.seq > k.done_seq AND o.delivered_at IS NOT NULL
+),
 runs AS (
     SELECT k.topic, k.partition_key, k.subscriber, k.done_seq AS old_done,
-           (SELECT max(e.seq) FROM ev e
+           (SELECT max(e.seq) FROM delivered e
              WHERE e.topic = k.topic AND e.partition_key = k.partition_key AND e.subscriber = k.subscriber
                AND e.seq > k.done_seq
-               AND e.seq - k.done_seq = (SELECT count(*) FROM ev e2
+               AND e.seq - k.done_seq = (SELECT count(*) FROM delivered e2
                                          WHERE e2.topic = k.topic AND e2.partition_key = k.partition_key
                                            AND e2.subscriber = k.subscriber
                                            AND e2.seq > k.done_seq AND e2.seq <= e.seq)) AS new_done

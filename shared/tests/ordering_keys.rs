@@ -109,3 +109,39 @@ async fn keys_advance_release_and_come_back(pool: PgPool) {
         vec![(d, Some(4))]
     );
 }
+
+/// Evidence out of order: the next event delivered and recorded before the one before it (a Postgres crash lost
+/// the relay's asynchronous settle of event 1 after QStash had event 2; the explorer's seed 113). When event 1's
+/// evidence comes, the key moves over both. Before, it moved to 1 only and waited forever for 2, already
+/// delivered: every later event of the key stayed pending.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn evidence_that_comes_out_of_order_moves_the_key_over_both(pool: PgPool) {
+    let a = put(&pool, 1).await;
+    let b = put(&pool, 2).await;
+    let c = put(&pool, 3).await;
+    let mut conn = pool.acquire().await.unwrap();
+    assert_eq!(
+        record_delivery(&mut conn, OutboxId(b), Statements::Prepared)
+            .await
+            .unwrap(),
+        DeliveryRecorded::Recorded {
+            key_advanced: false
+        }
+    );
+    assert_eq!(key_row(&pool).await, Some((0, None)));
+    assert_eq!(
+        record_delivery(&mut conn, OutboxId(a), Statements::Prepared)
+            .await
+            .unwrap(),
+        DeliveryRecorded::Recorded { key_advanced: true }
+    );
+    assert_eq!(key_row(&pool).await, Some((2, None)), "moved over 1 and 2");
+    let heads = ClaimStatements::new(10, Statements::Prepared)
+        .claim_ordered(&mut conn, 30.0)
+        .await
+        .unwrap();
+    assert_eq!(
+        heads.iter().map(|e| e.id.get()).collect::<Vec<_>>(),
+        vec![c]
+    );
+}
