@@ -21,6 +21,7 @@
 pub mod auth;
 mod context;
 mod dead_letters;
+mod event;
 pub mod html;
 mod layout;
 mod overview;

@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use super::auth;
 use super::context::{App, Ctx, S};
 use super::respond::{plain, redirect, session_cookie};
-use super::{dead_letters, layout, overview, pages, subscribers};
+use super::{dead_letters, event, layout, overview, pages, subscribers};
 
 /// The address a connection arrived on (what counts for `Host` when bound to 0.0.0.0 or ::).
 #[derive(Debug, Clone, Copy)]
@@ -38,8 +38,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/", get(overview::overview))
         .route("/topics", get(pages::topics))
         .route("/keys", get(pages::keys))
-        .route("/events", get(pages::event_search))
-        .route("/events/{id}", get(pages::event))
+        .route("/events", get(event::event_search))
+        .route("/events/{id}", get(event::event))
         .route("/actions", get(pages::actions))
         .route("/subscribers", get(subscribers::subscribers))
         .route("/dead-letters", get(dead_letters::list))
