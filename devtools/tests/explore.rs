@@ -151,13 +151,19 @@ fn every_kept_schedule_has_its_test() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on main (2026-12-07): a replay resumed after a prune waits forever at the gaps it left (docs/reliability.md, long runs); un-ignore with its fix"]
+#[ignore = "passes on main (2026-12-07; its defect, gaps a prune left in a resumed replay, fixed since); outside CI's run for its length (about 4 minutes): scripts/test devtools/tests/explore.rs --run-ignored only"]
 async fn kept_replay_resumed_after_a_prune_waits_at_gaps() {
     kept("replay_resumed_after_a_prune_waits_at_gaps").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "found replayed copies refused out of order (2026-12-07), fixed since (add finishes an unfinished removal first) but not yet run to a pass on the fixed code (docs/reliability.md, long runs)"]
+#[ignore = "passes on main (2026-12-07; its defect, replayed copies refused out of order, fixed since); outside CI's run for its length (about 4 minutes): scripts/test devtools/tests/explore.rs --run-ignored only"]
 async fn kept_ordered_re_adds_refused_out_of_order() {
     kept("ordered_re_adds_refused_out_of_order").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "found a re-add that was never recorded (2026-12-07), fixed since; outside CI's run for its length (about 7 minutes): scripts/test devtools/tests/explore.rs --run-ignored only"]
+async fn kept_re_add_while_its_removal_waits_never_adds() {
+    kept("re_add_while_its_removal_waits_never_adds").await;
 }

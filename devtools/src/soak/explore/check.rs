@@ -486,9 +486,12 @@ pub fn check(history: &History, world: &World) -> Checked {
                                 || history.redriven.iter().any(|(rn, rs, at)| {
                                     *rn == n && rs == name && *at <= a.applied_at
                                 });
+                        // Only an event committed before the removal began: one whose transaction the removal waited
+                        // for (begun before it, committed during its wait) wrote a copy the removal's snapshot could
+                        // not see, which a relay may publish before the removal deletes it.
                         let late = ps.iter().filter_map(|p| p.removal.as_ref()).find(|r| {
                             r.end.is_some_and(|end| a.applied_at > end)
-                                && e.start < r.start
+                                && e.end < r.start
                                 && !in_flight
                                 && !redriven
                         });

@@ -25,6 +25,9 @@ pub enum Covers {
     RedriveWhileLosingMessages,
     /// An interrupted `add --from`, a prune or partition maintenance, then the replay resumed.
     PruneBeforeReplayResumed,
+    /// A subscriber removed and added again within seconds, both while a producer transaction that began before
+    /// the removal is still open (the removal stops at its wait; the addition must finish it first).
+    ReAddWhileRemovalWaits,
 }
 
 /// The step's time in seconds.
@@ -101,6 +104,18 @@ impl Covers {
                             p.at > a.at
                                 && p.at < r.at
                                 && matches!(action(&p.op), Op::Prune { .. } | Op::Partitions { .. })
+                        })
+                }),
+                _ => false,
+            }),
+            Covers::ReAddWhileRemovalWaits => steps.iter().any(|r| match action(&r.op) {
+                Op::Remove { topic, sub } => steps.iter().any(|a| {
+                    matches!(action(&a.op), Op::Add { topic: t, sub: u, .. } if (t, u) == (topic, sub))
+                        && a.at > r.at
+                        && secs(a.at) < secs(r.at) + 10.0
+                        && steps.iter().any(|l| {
+                            matches!(l.op, Op::LongTransaction { secs: len, .. }
+                                if l.at < r.at && secs(l.at) + len > secs(a.at))
                         })
                 }),
                 _ => false,
@@ -227,7 +242,8 @@ pub const KEPT: &[Kept] = &[
         found: Some(
             "an `add --from` interrupted after its first chunk, a prune and partition maintenance, then `subscribers \
              replay` resumed it: events of its range pruned meanwhile are never copied, and the subscriber's \
-             ordered lanes wait forever at the gaps (808 events pending, not drained); open",
+             ordered lanes wait forever at the gaps (808 events pending, not drained); fixed since: retention \
+             keeps what a replay under way has still to read",
         ),
     },
     Kept {
@@ -239,6 +255,22 @@ pub const KEPT: &[Kept] = &[
             "an ordered subscriber removed and added again `--from` three times in 40 s, one replay unfinished at \
              its removal: four replayed copies refused \"out of order\" (489) by the consumer and dead-lettered; \
              fixed since: `add` finishes an unfinished removal of the same subscriber first",
+        ),
+    },
+    Kept {
+        name: "re_add_while_its_removal_waits_never_adds",
+        seed: 113,
+        minutes: 6.0,
+        covers: &[
+            Covers::ReAddWhileRemovalWaits,
+            Covers::ReAddFromBeforeRemoval,
+        ],
+        found: Some(
+            "a subscriber removed while a long producer transaction was open, then added back `--from` at once: \
+             the addition had to finish the removal, could not (the same transaction), and failed with the error \
+             that says \"the change is recorded\" though nothing was; the operator resumed a replay and the \
+             subscriber was never added back (589 events lost to it, 30 \"no destination\" dead letters); fixed \
+             since: such an addition says \"not added … nothing changed\" (RemovalUnfinished) and is run again",
         ),
     },
 ];
