@@ -514,6 +514,24 @@ fn an_event_replayed_by_a_later_subscription_may_be_applied_while_it_lasts() {
         kinds(&h, &b.world),
         ["applied after its removal though not in flight"]
     );
+    // Seed 113 (6 minutes): an event begun before the replay's `--from`, committed after it, so not in the
+    // explorer's retained set; its copies' `created_at` came after the start, and the replay copied it. Applied
+    // through that replayed copy, made during the later subscription: allowed. Through an older copy: not.
+    b.world.applied.last_mut().unwrap().applied_at = t(20);
+    let w = h.written.iter_mut().find(|w| w.n == 5).unwrap();
+    (w.start, w.end) = (t(8), t(9) + Duration::milliseconds(500));
+    let later = h.periods.last_mut().unwrap();
+    later.removal = None;
+    if let Some(r) = later.replay.as_mut() {
+        (r.since, r.retained) = (t(9), BTreeSet::new());
+    }
+    b.world.copies.last_mut().unwrap().created_at = t(12) + Duration::milliseconds(500);
+    assert!(kinds(&h, &b.world).is_empty(), "{:?}", kinds(&h, &b.world));
+    b.world.copies.last_mut().unwrap().created_at = t(9);
+    assert_eq!(
+        kinds(&h, &b.world),
+        ["applied after its removal though not in flight"]
+    );
 }
 
 #[test]

@@ -498,11 +498,24 @@ pub fn check(history: &History, world: &World) -> Checked {
                         // A later subscription that owes the event: the open one, or one removed later when
                         // the application came while it was live (after its addition began, before its removal
                         // ended) or the event was in flight at that removal.
+                        // The application's copy, when it is still there: one made during a later subscription
+                        // (by its replay) was that subscription's to deliver. A replay selects by the copies'
+                        // `created_at`, which lies anywhere in the writing transaction, so an event begun just
+                        // before a `--from` may be replayed (seed 113: begun 1.4 s before it, replayed, applied).
+                        let made_at = world
+                            .copies
+                            .iter()
+                            .find(|c| c.id == a.outbox_id)
+                            .map(|c| c.created_at);
                         let covered_later = ps.iter().any(|p| {
                             let owes = p.add_start.is_none_or(|t| e.end >= t)
                                 || p.replay.as_ref().is_some_and(|r| {
                                     r.retained.contains(&n)
                                         || (e.start >= r.since && e.end > r.read_at)
+                                        || (e.end >= r.since
+                                            && made_at
+                                                .zip(p.add_start)
+                                                .is_some_and(|(m, t)| m >= t))
                                 });
                             let live_then = match &p.removal {
                                 None => true,
