@@ -270,7 +270,9 @@ pub const KEPT: &[Kept] = &[
              the addition had to finish the removal, could not (the same transaction), and failed with the error \
              that says \"the change is recorded\" though nothing was; the operator resumed a replay and the \
              subscriber was never added back (589 events lost to it, 30 \"no destination\" dead letters); fixed \
-             since: such an addition says \"not added … nothing changed\" (RemovalUnfinished) and is run again",
+             since: such an addition says \"not added … nothing changed\" (RemovalUnfinished) and is run again. \
+             Its next run found a key waiting forever at an event already delivered (evidence out of order after \
+             a crash), fixed since too",
         ),
     },
 ];
