@@ -582,3 +582,73 @@ fn a_no_destination_dead_letter_while_an_addition_has_not_returned_has_a_cause()
     b.world.dead.last_mut().unwrap().created_at = t(11);
     assert!(kinds(&h, &b.world).contains(&"dead letter without a cause"));
 }
+
+#[test]
+fn an_ordered_re_add_reaching_before_what_it_applied_may_be_refused_as_late() {
+    // Seed 118 at 6 minutes: s1 removed at 3 s; event 7 (sequence 2) written at 5 s without a copy for it; s1 added
+    // from then on at 6 s, applies event 8 (sequence 3) at 8 s, is removed at 9 s and added again at 10 s `--from`
+    // 4 s: the replayed event 7 is refused as late by its consumer ("out of order") and dead-lettered. The consumer
+    // keeps its order: a caused dead letter.
+    let (mut h, mut b) = clean();
+    first_period(&mut h, ORDERED, S1).removal = Some(Removal {
+        start: t(3),
+        end: Some(t(3)),
+        in_flight: BTreeSet::new(),
+    });
+    for (n, at) in [(7, 5), (8, 7)] {
+        h.written.push(Written {
+            n,
+            start: t(at),
+            end: t(at) + Duration::milliseconds(10),
+            ..h.written[0].clone()
+        });
+    }
+    h.periods.push(Period {
+        topic: ORDERED,
+        sub: S1,
+        add_start: Some(t(6)),
+        add_end: Some(t(6)),
+        replay: None,
+        removal: Some(Removal {
+            start: t(9),
+            end: Some(t(9)),
+            in_flight: BTreeSet::new(),
+        }),
+    });
+    h.periods.push(Period {
+        topic: ORDERED,
+        sub: S1,
+        add_start: Some(t(10)),
+        add_end: Some(t(10)),
+        replay: Some(ReplayCover {
+            since: t(4),
+            retained: BTreeSet::from([7]),
+            read_at: t(10),
+            finished: true,
+        }),
+        removal: None,
+    });
+    let d7 = b.copy(7, ORDERED, DEFAULT, true, false);
+    b.apply(d7, 7, ORDERED, DEFAULT, Some(2), 5);
+    let d8 = b.copy(8, ORDERED, DEFAULT, true, false);
+    b.apply(d8, 8, ORDERED, DEFAULT, Some(3), 7);
+    let s8 = b.copy(8, ORDERED, S1, true, false);
+    b.apply(s8, 8, ORDERED, S1, Some(3), 8);
+    let s7 = b.copy(7, ORDERED, S1, false, true);
+    b.dead_letter(
+        s7,
+        7,
+        S1,
+        "QStash gave up after 1 attempt(s); last status 489; out of order: event has sequence 2 for key \"k1\"",
+        true,
+    );
+    b.world.dead.last_mut().unwrap().created_at = t(12);
+    assert!(kinds(&h, &b.world).is_empty(), "{:?}", kinds(&h, &b.world));
+    // Sequence 3 applied after the re-add instead: live copies overtook the replayed one (seed 111's defect).
+    b.world.applied.last_mut().unwrap().applied_at = t(11);
+    assert!(
+        kinds(&h, &b.world).contains(&"dead letter without a cause"),
+        "{:?}",
+        kinds(&h, &b.world)
+    );
+}

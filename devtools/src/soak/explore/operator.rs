@@ -326,6 +326,16 @@ impl Operator {
                     );
                 }
                 Err(SubscriberError::ReAdd { .. }) if !again => again = true,
+                // An earlier try committed before its connection went (Postgres crashed under it, and the look
+                // whether it had committed failed too): the subscriber is added; its replay is finished as after
+                // any interrupted addition.
+                Err(SubscriberError::Exists { .. }) if tries > 0 => {
+                    break (
+                        true,
+                        false,
+                        Outcome::Failed("database error after the add committed".into()),
+                    );
+                }
                 Err(e @ SubscriberError::OldTransactions { .. }) => {
                     break (true, false, Outcome::Failed(e.to_string()));
                 }
