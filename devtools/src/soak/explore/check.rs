@@ -245,7 +245,8 @@ fn owed(e: &Written, periods: &[&Period]) -> Owed {
 /// applied within the same subscription does not count: that would be the relay letting live copies overtake
 /// replayed ones (seed 111's defect).
 fn refused_in_order(d: &DeadRow, n: u64, e: &Written, ps: &[&Period], world: &World) -> bool {
-    if !d.error.contains("out of order") {
+    // The consumer's refusal, in its words when the dead letter kept them, or by its status (489: not to be retried).
+    if !(d.error.contains("out of order") || d.error.contains("last status 489")) {
         return false;
     }
     let topic = TOPICS[e.topic].name();
