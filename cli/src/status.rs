@@ -200,13 +200,26 @@ fn shown(total: i64, listed: usize) -> String {
 
 /// The table for people.
 pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::Result<()> {
-    let at = s.at;
     writeln!(
         out,
         "outbox status at {} UTC",
-        at.format("%Y-%m-%d %H:%M:%S")
+        s.at.format("%Y-%m-%d %H:%M:%S")
     )?;
 
+    write_backlog(s, out)?;
+    write_outage(s, out)?;
+    write_database(&s.database, out)?;
+    write_subscribers(&s.subscribers, out)?;
+
+    write_in_flight(s, out)?;
+    write_ordered_keys(s, out)?;
+    write_dead_letters(s, out)?;
+    write_hints(s, warn_age, out)
+}
+
+/// Backlog, flapping events, throughput and stuck leases.
+fn write_backlog(s: &Status, out: &mut dyn Write) -> std::io::Result<()> {
+    let at = s.at;
     writeln!(out, "\nBacklog (events neither dispatched nor dead)")?;
     writeln!(out, "  pending                {}", s.backlog.pending)?;
     writeln!(
@@ -276,7 +289,11 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
             e.attempts
         )?;
     }
+    Ok(())
+}
 
+/// The QStash outage, if any.
+fn write_outage(s: &Status, out: &mut dyn Write) -> std::io::Result<()> {
     let o = &s.qstash_outage;
     writeln!(
         out,
@@ -308,10 +325,11 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
             )?;
         }
     }
+    Ok(())
+}
 
-    write_database(&s.database, out)?;
-    write_subscribers(&s.subscribers, out)?;
-
+/// In flight and the reconciler's counts.
+fn write_in_flight(s: &Status, out: &mut dyn Write) -> std::io::Result<()> {
     let f = &s.in_flight;
     writeln!(
         out,
@@ -356,7 +374,12 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
             .map(|e| format!("; last error: {}", util::one_line(e, 150)))
             .unwrap_or_default()
     )?;
+    Ok(())
+}
 
+/// Ordered keys: awaiting evidence, blocked.
+fn write_ordered_keys(s: &Status, out: &mut dyn Write) -> std::io::Result<()> {
+    let at = s.at;
     writeln!(out, "\nOrdered keys")?;
     writeln!(
         out,
@@ -391,7 +414,12 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
         s.awaiting_evidence.count,
         age(s.awaiting_evidence.oldest_secs)
     )?;
+    Ok(())
+}
 
+/// Dead letters by topic and source.
+fn write_dead_letters(s: &Status, out: &mut dyn Write) -> std::io::Result<()> {
+    let at = s.at;
     writeln!(out, "\nDead letters")?;
     if s.dead_letters.is_empty() {
         writeln!(out, "  none")?;
@@ -417,7 +445,11 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
             )?;
         }
     }
+    Ok(())
+}
 
+/// What to do next, from the figures.
+fn write_hints(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::Result<()> {
     let mut hints = Vec::new();
     if s.backlog.oldest_pending_age_secs > warn_age {
         hints.push(format!(
