@@ -115,9 +115,17 @@ where
     Ok(total)
 }
 
-/// `outbox prune`.
-pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneReport> {
-    // The relay's own settings (same variables, same defaults) unless the flags say otherwise.
+/// How old rows must be to go, from the flags or the relay's own settings.
+struct Ttls {
+    outbox_hours: f64,
+    processed_hours: f64,
+    outbox_ttl: Duration,
+    processed_ttl: Duration,
+    dead_ttl: Duration,
+}
+
+/// The relay's own settings (same variables, same defaults) unless the flags say otherwise.
+fn ttls(args: &PruneArgs) -> anyhow::Result<Ttls> {
     let env = ProcessEnv;
     let vars = Vars::new(&env);
     let relay = RelayConfig::from_vars(&vars, vars.ranged_or("QSTASH_RETRIES", 5, 0, 100)?)
@@ -139,6 +147,24 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
         );
     }
     let dead_ttl = Duration::from_secs_f64(args.dead_letters_days * 86_400.0);
+    Ok(Ttls {
+        outbox_hours,
+        processed_hours,
+        outbox_ttl,
+        processed_ttl,
+        dead_ttl,
+    })
+}
+
+/// `outbox prune`.
+pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneReport> {
+    let Ttls {
+        outbox_hours,
+        processed_hours,
+        outbox_ttl,
+        processed_ttl,
+        dead_ttl,
+    } = ttls(&args)?;
     // Run against Postgres directly (like `outbox migrate`): named statements.
     let db = Db::new(args.db.connect().await?, Statements::Prepared);
     let b = args.batch;
@@ -146,42 +172,7 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
     let p = &db;
     // Whole partitions first (decision record 0067), so row retention does not delete rows one by one that a drop
     // removes at once.
-    let parts = outbox::relay::partitions::maintain(
-        &db,
-        outbox::relay::partitions::PartitionSettings::new(outbox_ttl, Duration::from_secs(3600)),
-    )
-    .await;
-    if let Some(e) = &parts.error {
-        bail!("outbox partitions: {e}");
-    }
-    if j {
-        writeln!(
-            out,
-            "{}",
-            serde_json::json!({"step": "outbox_partitions", "dropped": parts.dropped, "survivors_moved": parts.survivors_moved, "created": parts.created, "busy": parts.busy, "held": parts.held})
-        )?;
-    } else {
-        writeln!(
-            out,
-            "outbox_partitions: {} dropped ({} rows not done moved to DEFAULT), {} made ahead{}{}",
-            parts.dropped,
-            parts.survivors_moved,
-            parts.created,
-            if parts.busy > 0 {
-                ", some busy (a transaction held the outbox): run again later"
-            } else {
-                ""
-            },
-            if parts.held > 0 {
-                format!(
-                    ", {} kept for a replay under way (outbox subscribers list)",
-                    parts.held
-                )
-            } else {
-                String::new()
-            }
-        )?;
-    }
+    let parts = partitions_step(&db, outbox_ttl, j, out).await?;
     let mut r = PruneReport {
         outbox_partitions: parts.dropped,
         outbox: step(
@@ -241,6 +232,58 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
         housekeeping::release_idle_keys(p, b)
     })
     .await?;
+    write_totals(&r, j, out)?;
+    Ok(r)
+}
+
+/// The partition maintenance (`outbox::relay::partitions::maintain`), reported as a step.
+async fn partitions_step(
+    db: &Db,
+    outbox_ttl: Duration,
+    j: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<outbox::relay::partitions::PartitionReport> {
+    let parts = outbox::relay::partitions::maintain(
+        db,
+        outbox::relay::partitions::PartitionSettings::new(outbox_ttl, Duration::from_secs(3600)),
+    )
+    .await;
+    if let Some(e) = &parts.error {
+        bail!("outbox partitions: {e}");
+    }
+    if j {
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({"step": "outbox_partitions", "dropped": parts.dropped, "survivors_moved": parts.survivors_moved, "created": parts.created, "busy": parts.busy, "held": parts.held})
+        )?;
+    } else {
+        writeln!(
+            out,
+            "outbox_partitions: {} dropped ({} rows not done moved to DEFAULT), {} made ahead{}{}",
+            parts.dropped,
+            parts.survivors_moved,
+            parts.created,
+            if parts.busy > 0 {
+                ", some busy (a transaction held the outbox): run again later"
+            } else {
+                ""
+            },
+            if parts.held > 0 {
+                format!(
+                    ", {} kept for a replay under way (outbox subscribers list)",
+                    parts.held
+                )
+            } else {
+                String::new()
+            }
+        )?;
+    }
+    Ok(parts)
+}
+
+/// The totals, as JSON or words.
+fn write_totals(r: &PruneReport, j: bool, out: &mut dyn Write) -> anyhow::Result<()> {
     if j {
         writeln!(out, "{}", serde_json::json!({"totals": r}))?;
     } else {
@@ -261,5 +304,5 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
             "unhandled dead letters are never pruned: `outbox status` counts them; redrive or purge them"
         )?;
     }
-    Ok(r)
+    Ok(())
 }
