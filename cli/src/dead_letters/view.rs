@@ -113,6 +113,17 @@ pub(super) async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()>
         )?;
         return Ok(());
     }
+    write_fields(&d, out)?;
+    write_stored(&d, out)?;
+    write_event(&d, event.as_ref(), out)?;
+    if d.state() == "unhandled" && d.outbox_id.is_some() {
+        writeln!(out, "redrive: outbox dead-letters redrive {}", d.id)?;
+    }
+    Ok(())
+}
+
+/// The dead letter's own fields.
+fn write_fields(d: &dead_letters::DeadLetter, out: &mut dyn Write) -> anyhow::Result<()> {
     writeln!(out, "dead letter #{}  ({})", d.id, d.state())?;
     writeln!(out, "  recorded      {} UTC", time(d.created_at))?;
     writeln!(
@@ -163,6 +174,11 @@ pub(super) async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()>
         };
         writeln!(out, "  resolved at   {} UTC ({how})", time(t))?;
     }
+    Ok(())
+}
+
+/// What it kept of the delivery: the response, the payload or body, headers, a parse error, the raw callback.
+fn write_stored(d: &dead_letters::DeadLetter, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(r) = &d.response_body {
         writeln!(out, "  response      {}", util::one_line(r, 2000))?;
     }
@@ -194,7 +210,16 @@ pub(super) async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()>
             util::one_line(&String::from_utf8_lossy(raw), 2000)
         )?;
     }
-    match (d.outbox_id, &event) {
+    Ok(())
+}
+
+/// Its event now, or why it has none.
+fn write_event(
+    d: &dead_letters::DeadLetter,
+    event: Option<&dead_letters::EventState>,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    match (d.outbox_id, event) {
         (None, _) => writeln!(
             out,
             "\nnot linked to an outbox event: it cannot be redriven (republish by hand if needed, then purge it)"
@@ -228,9 +253,6 @@ pub(super) async fn show(a: ShowArgs, out: &mut dyn Write) -> anyhow::Result<()>
                 )?;
             }
         }
-    }
-    if d.state() == "unhandled" && d.outbox_id.is_some() {
-        writeln!(out, "redrive: outbox dead-letters redrive {}", d.id)?;
     }
     Ok(())
 }
