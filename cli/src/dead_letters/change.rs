@@ -113,40 +113,7 @@ pub(super) async fn redrive(
         let line = if json {
             serde_json::to_string(o).unwrap_or_default()
         } else {
-            match o {
-                BulkOutcome::Redriven(r) => format!(
-                    "[{done}/{n}] #{} redriven: event #{} ({}/{}) dedup id {}{}",
-                    r.dead_letter_id,
-                    r.outbox_id,
-                    util::printable(&r.topic),
-                    util::printable(&r.partition_key),
-                    util::printable(&r.dedup_id),
-                    match r.order {
-                        RedriveOrder::OutOfOrder { former_seq } =>
-                            format!(" — OUT OF ORDER (was seq {former_seq}), now unordered"),
-                        RedriveOrder::InOrder {
-                            key_unblocked: true,
-                            ..
-                        } => " — key unblocked".into(),
-                        _ => String::new(),
-                    }
-                ),
-                BulkOutcome::Skipped {
-                    dead_letter_id,
-                    reason,
-                    ..
-                } => format!(
-                    "[{done}/{n}] #{dead_letter_id} skipped: {}",
-                    util::printable(reason)
-                ),
-                BulkOutcome::Failed {
-                    dead_letter_id,
-                    error,
-                } => format!(
-                    "[{done}/{n}] #{dead_letter_id} FAILED: {}",
-                    util::printable(error)
-                ),
-            }
+            outcome_line(o, done, n)
         };
         if let Err(e) = writeln!(out, "{line}")
             && write_err.is_none()
@@ -158,6 +125,57 @@ pub(super) async fn redrive(
     if let Some(e) = write_err {
         return Err(e.into());
     }
+    write_redrive_totals(&report, json, out)?;
+    if report.failed > 0 {
+        bail!("{} redrive(s) failed", report.failed);
+    }
+    Ok(())
+}
+
+/// One bulk redrive outcome, `[done/n]` first.
+fn outcome_line(o: &BulkOutcome, done: u64, n: i64) -> String {
+    match o {
+        BulkOutcome::Redriven(r) => format!(
+            "[{done}/{n}] #{} redriven: event #{} ({}/{}) dedup id {}{}",
+            r.dead_letter_id,
+            r.outbox_id,
+            util::printable(&r.topic),
+            util::printable(&r.partition_key),
+            util::printable(&r.dedup_id),
+            match r.order {
+                RedriveOrder::OutOfOrder { former_seq } =>
+                    format!(" — OUT OF ORDER (was seq {former_seq}), now unordered"),
+                RedriveOrder::InOrder {
+                    key_unblocked: true,
+                    ..
+                } => " — key unblocked".into(),
+                _ => String::new(),
+            }
+        ),
+        BulkOutcome::Skipped {
+            dead_letter_id,
+            reason,
+            ..
+        } => format!(
+            "[{done}/{n}] #{dead_letter_id} skipped: {}",
+            util::printable(reason)
+        ),
+        BulkOutcome::Failed {
+            dead_letter_id,
+            error,
+        } => format!(
+            "[{done}/{n}] #{dead_letter_id} FAILED: {}",
+            util::printable(error)
+        ),
+    }
+}
+
+/// A bulk redrive's totals, as JSON or words with what to do next.
+fn write_redrive_totals(
+    report: &dead_letters::BulkReport,
+    json: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
     if json {
         writeln!(out, "{}", serde_json::json!({"totals": report}))?;
     } else {
@@ -181,9 +199,6 @@ pub(super) async fn redrive(
                  again)"
             )?;
         }
-    }
-    if report.failed > 0 {
-        bail!("{} redrive(s) failed", report.failed);
     }
     Ok(())
 }
@@ -258,8 +273,17 @@ pub(super) async fn purge(
     if let Some(e) = write_err {
         return Err(e.into());
     }
+    write_purged(&done, json, out)
+}
+
+/// What a purge did, as JSON or words.
+fn write_purged(
+    done: &dead_letters::PurgeCounts,
+    json: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
     if json {
-        writeln!(out, "{}", serde_json::to_string(&done)?)?;
+        writeln!(out, "{}", serde_json::to_string(done)?)?;
     } else {
         writeln!(
             out,

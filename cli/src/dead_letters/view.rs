@@ -54,22 +54,7 @@ pub(super) async fn list(a: ListArgs, out: &mut dyn Write) -> anyhow::Result<()>
         "STATE"
     )?;
     for d in &page.items {
-        writeln!(
-            out,
-            "{:>7}  {:<19}  {:<6}  {:<16}  {:<12}  {:<18}  {:>5}  {:>8}  {:>4}  {:>6}  {:<9}  {}",
-            d.id,
-            time(d.created_at),
-            util::one_line(&d.source, 6),
-            util::one_line(d.topic.as_deref().unwrap_or("?"), 16),
-            util::one_line(outbox::subscribers::label(&d.subscriber), 12),
-            util::one_line(d.partition_key.as_deref().unwrap_or("?"), 18),
-            opt(d.seq),
-            opt(d.outbox_id),
-            opt(d.attempts),
-            opt(d.status),
-            d.state(),
-            util::one_line(&d.error, 80)
-        )?;
+        write_row(d, out)?;
     }
     match page.next_after {
         Some(next) => writeln!(
@@ -88,6 +73,27 @@ pub(super) async fn list(a: ListArgs, out: &mut dyn Write) -> anyhow::Result<()>
     writeln!(
         out,
         "details: outbox dead-letters show <ID>    redrive: outbox dead-letters redrive <ID>"
+    )?;
+    Ok(())
+}
+
+/// One dead letter as a line of the list.
+fn write_row(d: &dead_letters::DeadLetterSummary, out: &mut dyn Write) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "{:>7}  {:<19}  {:<6}  {:<16}  {:<12}  {:<18}  {:>5}  {:>8}  {:>4}  {:>6}  {:<9}  {}",
+        d.id,
+        time(d.created_at),
+        util::one_line(&d.source, 6),
+        util::one_line(d.topic.as_deref().unwrap_or("?"), 16),
+        util::one_line(outbox::subscribers::label(&d.subscriber), 12),
+        util::one_line(d.partition_key.as_deref().unwrap_or("?"), 18),
+        opt(d.seq),
+        opt(d.outbox_id),
+        opt(d.attempts),
+        opt(d.status),
+        d.state(),
+        util::one_line(&d.error, 80)
     )?;
     Ok(())
 }
