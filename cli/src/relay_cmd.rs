@@ -34,7 +34,10 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<()> {
         let started = Instant::now();
         let summary = state
             .relay
-            .drain_with(started + Duration::from_secs(args.timeout_secs), true)
+            .drain_with(
+                started + Duration::from_secs(args.timeout_secs),
+                outbox::relay::Until::Empty,
+            )
             .await
             .context("relay drain")?;
         let elapsed = started.elapsed();

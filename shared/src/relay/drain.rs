@@ -49,6 +49,16 @@ pub struct DrainSummary {
     pub stopped: &'static str,
 }
 
+/// When a drain ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// At its deadline (an invocation of the Lambda).
+    Deadline,
+    /// At its deadline, or earlier once nothing is pending or awaiting delivery evidence (`outbox relay
+    /// --until-empty`, the benchmarks).
+    Empty,
+}
+
 impl Relay {
     /// Runs cycles (`RELAY_CONCURRENCY` at once) until `deadline`: again at once while claims come back full,
     /// otherwise after the poll interval (or a `NOTIFY`, when enabled). Never claims with less time left than
@@ -58,17 +68,16 @@ impl Relay {
     /// the probe got through; a cycle that finds QStash out stops every worker, and the drain goes back to
     /// waiting for the probe while the deadline allows (decision record 0012).
     pub async fn drain(&self, deadline: Instant) -> Result<DrainSummary, RelayError> {
-        self.drain_with(deadline, false).await
+        self.drain_with(deadline, Until::Deadline).await
     }
 
-    /// [`Relay::drain`], optionally stopping early once nothing is pending or awaiting delivery evidence (the
-    /// CLI's `outbox relay --until-empty` and the benchmarks).
+    /// [`Relay::drain`], ending as [`Until`] says.
     pub async fn drain_with(
         &self,
         deadline: Instant,
-        stop_when_empty: bool,
+        until: Until,
     ) -> Result<DrainSummary, RelayError> {
-        let st = DrainState::new(deadline, stop_when_empty);
+        let st = DrainState::new(deadline, until);
         // Rounds: the outage gate, then the workers until the deadline (or empty, or stopped). A round whose cycle
         // found QStash out goes back to the gate, which waits for the next probe while the deadline allows.
         let mut gate_empty = false;
@@ -120,7 +129,7 @@ impl Relay {
     }
 
     /// One worker: cycles until the deadline (less a lease), a stop, an outage, three database errors in a row, or
-    /// (with `stop_when_empty`) nothing left; after a cycle that was not full it naps for the poll interval.
+    /// (with [`Until::Empty`]) nothing left; after a cycle that was not full it naps for the poll interval.
     async fn worker(&self, st: &DrainState, n: u32) {
         let mut consecutive_errors = 0u32;
         // Stagger workers a little so their claims do not collide on the same index pages.
@@ -187,7 +196,7 @@ impl Relay {
         if r.full {
             return Next::Again;
         }
-        if !st.stop_when_empty || r.claimed > 0 {
+        if st.until == Until::Deadline || r.claimed > 0 {
             return Next::Nap;
         }
         if st.empty.load(AtomicOrdering::Relaxed) {
@@ -210,10 +219,10 @@ impl Relay {
     /// claim after it can still be settled), wait for it — re-reading the outage row every poll interval, so
     /// another relay's successful probe ends the wait, interrupted by the [`StopHandle`] — and take it then; a
     /// relay that loses the probe, or whose probe fails, waits again while time allows. Otherwise
-    /// [`Gate::Closed`]: publish nothing this invocation. With `stop_when_empty` (the CLI) a wait ends as
+    /// [`Gate::Closed`]: publish nothing this invocation. With [`Until::Empty`] (the CLI) a wait ends as
     /// [`Gate::Empty`] once nothing is pending or awaiting evidence.
     async fn outage_gate(&self, st: &DrainState) -> Result<Gate, RelayError> {
-        let (deadline, stop_when_empty) = (st.deadline, st.stop_when_empty);
+        let (deadline, until) = (st.deadline, st.until);
         let mut announced = false;
         loop {
             let state = outage::load(&self.db).await.map_err(db("read outage"))?;
@@ -236,7 +245,7 @@ impl Relay {
                 log_waiting(&state, why);
                 return Ok(Gate::Closed);
             }
-            if stop_when_empty && self.is_empty().await? {
+            if until == Until::Empty && self.is_empty().await? {
                 return Ok(Gate::Empty);
             }
             if state.waiting() {
@@ -396,7 +405,7 @@ enum Next {
 /// What the workers (and the outage gate) of one drain share.
 struct DrainState {
     deadline: Instant,
-    stop_when_empty: bool,
+    until: Until,
     /// Notified on `NOTIFY outbox_new`.
     wake: Arc<Notify>,
     totals: Totals,
@@ -414,10 +423,10 @@ struct DrainState {
 }
 
 impl DrainState {
-    fn new(deadline: Instant, stop_when_empty: bool) -> Self {
+    fn new(deadline: Instant, until: Until) -> Self {
         DrainState {
             deadline,
-            stop_when_empty,
+            until,
             wake: Arc::new(Notify::new()),
             totals: Totals::default(),
             latencies: Mutex::new(Vec::new()),
@@ -481,7 +490,7 @@ impl DrainState {
             claim_p99_ms: percentile_ms(&claim, 0.99),
             stopped: if out {
                 "outage"
-            } else if gate_empty || (self.stop_when_empty && Instant::now() < self.deadline) {
+            } else if gate_empty || (self.until == Until::Empty && Instant::now() < self.deadline) {
                 "empty"
             } else {
                 "deadline"

@@ -84,7 +84,7 @@ use backoff::Backoff;
 use claim::{ClaimStatements, ClaimedEvent};
 use decide::Decider;
 use drain::StopSignal;
-pub use drain::{DrainSummary, StopHandle};
+pub use drain::{DrainSummary, StopHandle, Until};
 use forming::Forming;
 pub use forming::{Formed, Outgoing};
 pub use publish::{Published, PublishedEvent, Reach};

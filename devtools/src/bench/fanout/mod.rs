@@ -433,7 +433,7 @@ async fn running_relay(
         relay
             .drain_with(
                 tokio::time::Instant::now().into_std() + Duration::from_secs(3_600),
-                false,
+                outbox::relay::Until::Deadline,
             )
             .await
     });
