@@ -641,9 +641,14 @@ async fn keys_page_by_key_and_dead_letters_group_by_error(pool: PgPool) {
             ids.push(dead_letter(&pool, "relay", Some(e), &set).await);
         }
     }
-    let (groups, total) = dead_letters::error_groups(&mut conn, &Filter::default(), false, 10)
-        .await
-        .unwrap();
+    let (groups, total) = dead_letters::error_groups(
+        &mut conn,
+        &Filter::default(),
+        dead_letters::Listing::Unhandled,
+        10,
+    )
+    .await
+    .unwrap();
     assert_eq!(total, 5);
     let summary: Vec<(&str, i64)> = groups
         .iter()

@@ -11,7 +11,8 @@ use std::time::Duration;
 use outbox::config::{QstashConfig, RelayConfig, Vars};
 use outbox::db::{Db, Statements};
 use outbox::dead_letters::{
-    self, Filter, ListQuery, PurgeError, RedriveError, RedriveOptions, RedriveOrder, Source,
+    self, Filter, ListQuery, Listing, PurgeError, RedriveError, RedriveOptions, RedriveOrder,
+    Source,
 };
 use outbox::qstash::QstashClient;
 use outbox::relay::Relay;
@@ -824,30 +825,30 @@ async fn list_pages_by_cursor_and_hides_handled_ones(pool: PgPool) {
     .await;
     let other = dead_letter(&pool, "qstash", None, "topic = 'billing'").await;
     let mut conn = pool.acquire().await.unwrap();
-    let q = |after, include_handled| ListQuery {
+    let q = |after, listing| ListQuery {
         filter: Filter {
             topic: Some("audit".into()),
             ..Default::default()
         },
-        include_handled,
+        listing,
         after,
         limit: 2,
     };
-    let p1 = dead_letters::list(&mut conn, &q(None, false))
+    let p1 = dead_letters::list(&mut conn, &q(None, Listing::Unhandled))
         .await
         .unwrap();
     assert_eq!(p1.items.iter().map(|d| d.id).collect::<Vec<_>>(), ids[0..2]);
     assert_eq!(p1.next_after, Some(ids[1]));
-    let p2 = dead_letters::list(&mut conn, &q(p1.next_after, false))
+    let p2 = dead_letters::list(&mut conn, &q(p1.next_after, Listing::Unhandled))
         .await
         .unwrap();
     assert_eq!(p2.items.iter().map(|d| d.id).collect::<Vec<_>>(), ids[2..4]);
-    let p3 = dead_letters::list(&mut conn, &q(p2.next_after, false))
+    let p3 = dead_letters::list(&mut conn, &q(p2.next_after, Listing::Unhandled))
         .await
         .unwrap();
     assert_eq!(p3.items.iter().map(|d| d.id).collect::<Vec<_>>(), ids[4..5]);
     assert_eq!(p3.next_after, None, "last page");
-    let all = dead_letters::list(&mut conn, &q(p2.next_after, true))
+    let all = dead_letters::list(&mut conn, &q(p2.next_after, Listing::All))
         .await
         .unwrap();
     assert_eq!(

@@ -9,7 +9,11 @@ pub(super) async fn list(a: ListArgs, out: &mut dyn Write) -> anyhow::Result<()>
         &mut conn,
         &ListQuery {
             filter: a.filter.filter(),
-            include_handled: a.include_redriven,
+            listing: if a.include_redriven {
+                dead_letters::Listing::All
+            } else {
+                dead_letters::Listing::Unhandled
+            },
             after: a.after,
             limit: a.limit,
         },

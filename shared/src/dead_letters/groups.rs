@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, Row};
 
+use super::query::Listing;
 use super::{FILTER_SQL, Filter, UNHANDLED_SQL, bind_filter};
 
 /// Dead letters sharing one normalised error.
@@ -23,14 +24,14 @@ pub struct ErrorGroup {
     pub last_at: Option<DateTime<Utc>>,
 }
 
-/// The groups of the dead letters `filter` matches (unhandled ones only unless `include_handled`), the largest
+/// The groups of the dead letters `filter` matches (the unhandled ones, or all: `listing`), the largest
 /// first, at most `limit` of them; and how many dead letters matched in total. Without other filters the counts
 /// come from `dead_letters_group_idx` alone (no table read); the first and last dead letter of each group shown are
 /// then read by id.
 pub async fn error_groups(
     conn: &mut PgConnection,
     filter: &Filter,
-    include_handled: bool,
+    listing: Listing,
     limit: u32,
 ) -> Result<(Vec<ErrorGroup>, i64), sqlx::Error> {
     let schema = crate::schema::current().quoted();
@@ -40,7 +41,7 @@ pub async fn error_groups(
          GROUP BY d.error_group ORDER BY count(*) DESC, d.error_group LIMIT $11"
     );
     let rows = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), filter)
-        .bind(include_handled)
+        .bind(listing == Listing::All)
         .bind(i64::from(limit.clamp(1, 1000)))
         .fetch_all(&mut *conn)
         .await?;

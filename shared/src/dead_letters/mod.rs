@@ -36,8 +36,8 @@ use serde::{Deserialize, Serialize};
 pub use groups::{ErrorGroup, error_groups, max_id};
 pub use purge::{PurgeCounts, PurgeError, PurgeScope, count_purge, purge};
 pub use query::{
-    DeadLetter, DeadLetterSummary, EventState, ListQuery, Page, count_unhandled, event_headers_of,
-    event_state, get, list,
+    DeadLetter, DeadLetterSummary, EventState, ListQuery, Listing, Page, count_unhandled,
+    event_headers_of, event_state, get, list,
 };
 pub use record::{
     BatchFailureRecorded, BatchMember, FailureRecorded, QstashFailure, applied_ids,

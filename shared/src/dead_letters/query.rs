@@ -71,12 +71,22 @@ fn state_of(
     }
 }
 
+/// Which of the dead letters a filter matches a listing shows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Listing {
+    /// The unhandled ones only (neither redriven nor resolved).
+    #[default]
+    Unhandled,
+    /// All of them, handled ones too.
+    All,
+}
+
 /// A page request for [`list`].
 #[derive(Debug, Clone, Default)]
 pub struct ListQuery {
     pub filter: Filter,
-    /// Also list dead letters already redriven or resolved.
-    pub include_handled: bool,
+    /// The unhandled dead letters only, or all.
+    pub listing: Listing,
     /// Only ids greater than this (the cursor of the previous page).
     pub after: Option<i64>,
     /// Page size.
@@ -104,7 +114,7 @@ pub async fn list(conn: &mut PgConnection, q: &ListQuery) -> Result<Page, sqlx::
         limit + 1
     );
     let rows = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), &q.filter)
-        .bind(q.include_handled)
+        .bind(q.listing == Listing::All)
         .bind(q.after.unwrap_or(0))
         .fetch_all(&mut *conn)
         .await?;

@@ -6,7 +6,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use outbox::dead_letters::{
-    self, BulkOutcome, BulkReport, DeadLetterSummary, Filter, ListQuery, PurgeScope, RedriveOptions,
+    self, BulkOutcome, BulkReport, DeadLetterSummary, Filter, ListQuery, Listing, PurgeScope,
+    RedriveOptions,
 };
 use outbox::ops::actions;
 use serde_json::json;
@@ -91,7 +92,11 @@ async fn counted(
         &mut *conn,
         &ListQuery {
             filter: filter.clone(),
-            include_handled: action == "purge" && scope != PurgeScope::Unhandled,
+            listing: if action == "purge" && scope != PurgeScope::Unhandled {
+                Listing::All
+            } else {
+                Listing::Unhandled
+            },
             after: None,
             limit: 10,
         },

@@ -4,7 +4,9 @@ use axum::Extension;
 use axum::extract::State;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
-use outbox::dead_letters::{self, DeadLetterSummary, ErrorGroup, Filter, ListQuery, PurgeScope};
+use outbox::dead_letters::{
+    self, DeadLetterSummary, ErrorGroup, Filter, ListQuery, Listing, PurgeScope,
+};
 
 use super::filter::{bad_request, describe, filter_form, filter_of, pairs, params_of};
 use crate::console::context::{self, Ctx, S};
@@ -31,12 +33,17 @@ pub async fn list(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Re
         Ok(c) => c,
         Err(stop) => return stop.into_response(),
     };
-    let groups = dead_letters::error_groups(&mut conn, &filter, include_handled, GROUPS).await;
+    let listing = if include_handled {
+        Listing::All
+    } else {
+        Listing::Unhandled
+    };
+    let groups = dead_letters::error_groups(&mut conn, &filter, listing, GROUPS).await;
     let page = dead_letters::list(
         &mut conn,
         &ListQuery {
             filter: filter.clone(),
-            include_handled,
+            listing,
             after,
             limit: PAGE,
         },
