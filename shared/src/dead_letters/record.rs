@@ -150,18 +150,8 @@ pub async fn record_qstash_failure(
         .await?;
     let natural_id = failure.natural_id();
     if let Some(outbox_id) = failure.outbox_id {
-        // The event's row first, locked as the update below will: a removal deleting this copy concurrently has
-        // either committed (the statements below see no row: a withdrawn copy) or waits for this transaction (and
-        // then keeps the copy, dead-lettered). Without it, the insert below could see the row the removal was
-        // deleting and leave an open dead letter for a copy that no longer exists.
-        statements
-            .query(crate::schema::q(
-                "SELECT 1 FROM {schema}.outbox WHERE id = $1 FOR NO KEY UPDATE",
-            ))
-            .bind(outbox_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        match merge_into_open(
+        lock_event_row(&mut tx, outbox_id, statements).await?;
+        let merge = merge_into_open(
             &mut tx,
             outbox_id,
             &natural_id,
@@ -169,28 +159,63 @@ pub async fn record_qstash_failure(
             consumer,
             statements,
         )
-        .await?
-        {
-            Merge::Seen => {
-                tx.commit().await?;
-                return Ok(FailureRecorded::Duplicate);
-            }
-            Merge::Into(dead_letter_id) => {
-                tx.commit().await?;
-                return Ok(FailureRecorded::Merged {
-                    dead_letter_id,
-                    outbox_id,
-                });
-            }
-            Merge::None => {}
+        .await?;
+        if let Some(recorded) = merge.recorded(outbox_id) {
+            tx.commit().await?;
+            return Ok(recorded);
         }
     }
-    let body_json: Option<Value> = failure
-        .source_body
-        .as_deref()
-        .and_then(|b| serde_json::from_slice(b).ok());
-    let row = statements.query(
-        crate::schema::q(r#"
+    let Some(inserted) =
+        insert_dead_letter(&mut tx, &natural_id, failure, consumer, statements).await?
+    else {
+        tx.commit().await?;
+        return Ok(FailureRecorded::Duplicate);
+    };
+    match (inserted.outbox_id, inserted.resolution.as_deref()) {
+        // Applied: done, as if its delivery evidence had come (marks it delivered, moves an ordered key on).
+        (Some(id), Some("applied")) => {
+            ordering::record_delivery(&mut tx, id, statements).await?;
+        }
+        (Some(id), None) => {
+            let error = failure.error_text();
+            mark_dead(&mut tx, id, &error, statements).await?;
+            if let (Some(topic), Some(_)) = (inserted.topic, inserted.seq) {
+                let policy = policy_for_topic(&topic);
+                ordering::apply_dead_head(&mut tx, id, policy, &error, statements).await?;
+            }
+        }
+        _ => {}
+    }
+    tx.commit().await?;
+    Ok(FailureRecorded::Recorded {
+        dead_letter_id: inserted.id,
+        outbox_id: inserted.outbox_id,
+    })
+}
+
+/// Locks the event's row as the dead-lettering update will. A removal deleting this copy concurrently has then
+/// either committed (the statements that follow see no row: a withdrawn copy) or waits for this transaction (and
+/// then keeps the copy, dead-lettered). Without it, the insert could see the row the removal was deleting and
+/// leave an open dead letter for a copy that no longer exists.
+async fn lock_event_row(
+    tx: &mut PgConnection,
+    outbox_id: OutboxId,
+    statements: Statements,
+) -> Result<(), sqlx::Error> {
+    statements
+        .query(crate::schema::q(
+            "SELECT 1 FROM {schema}.outbox WHERE id = $1 FOR NO KEY UPDATE",
+        ))
+        .bind(outbox_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// The dead letter of a QStash failure, from the outbox row when it is still there (else from what the callback
+/// said), stored already resolved when the event turns out delivered, applied (a dedupe row of `$16`, or of the
+/// copy's subscriber) or withdrawn; nothing when the natural id was recorded before.
+const INSERT_SQL: &str = r#"
         INSERT INTO {schema}.dead_letters (source, natural_id, outbox_id, topic, partition_key, subscriber, seq,
                                   payload, body, headers,
                                   error, status, response_body, attempts, qstash_message_id, dlq_id,
@@ -220,70 +245,83 @@ pub async fn record_qstash_failure(
         ) withdrawn
         ON CONFLICT (source, natural_id) DO NOTHING
         RETURNING id, outbox_id, topic, seq, resolution
-        "#),
-    )
-    .bind(&natural_id)
-    .bind(body_json)
-    .bind(failure.source_body.as_deref())
-    .bind(failure.source_headers.as_ref())
-    .bind(failure.error_text())
-    .bind(failure.status)
-    .bind(failure.response_body.as_deref())
-    .bind(failure.attempts)
-    .bind(failure.source_message_id.as_deref())
-    .bind(failure.dlq_id.as_deref())
-    .bind(failure.raw_callback.as_deref())
-    .bind(failure.parse_error.as_deref())
-    .bind(failure.outbox_id)
-    .bind(failure.topic.as_deref())
-    .bind(failure.partition_key.as_deref())
-    .bind(consumer)
-    .bind(failure.subscriber.as_deref())
-    .bind(failure.event_id)
-    .fetch_optional(&mut *tx)
-    .await?;
+        "#;
+
+/// What [`insert_dead_letter`] wrote.
+struct Inserted {
+    /// The new dead letter's id.
+    id: i64,
+    /// The event it belongs to, if known.
+    outbox_id: Option<OutboxId>,
+    topic: Option<String>,
+    /// The event's sequence (an ordered head).
+    seq: Option<i64>,
+    /// Why it was stored resolved (`delivered`, `applied`, `withdrawn`); `None`: open.
+    resolution: Option<String>,
+}
+
+/// Inserts the dead letter of `failure` under `natural_id` ([`INSERT_SQL`]); `None` when it was recorded before.
+async fn insert_dead_letter(
+    tx: &mut PgConnection,
+    natural_id: &str,
+    failure: &QstashFailure,
+    consumer: &str,
+    statements: Statements,
+) -> Result<Option<Inserted>, sqlx::Error> {
+    let body_json: Option<Value> = failure
+        .source_body
+        .as_deref()
+        .and_then(|b| serde_json::from_slice(b).ok());
+    let row = statements
+        .query(crate::schema::q(INSERT_SQL))
+        .bind(natural_id)
+        .bind(body_json)
+        .bind(failure.source_body.as_deref())
+        .bind(failure.source_headers.as_ref())
+        .bind(failure.error_text())
+        .bind(failure.status)
+        .bind(failure.response_body.as_deref())
+        .bind(failure.attempts)
+        .bind(failure.source_message_id.as_deref())
+        .bind(failure.dlq_id.as_deref())
+        .bind(failure.raw_callback.as_deref())
+        .bind(failure.parse_error.as_deref())
+        .bind(failure.outbox_id)
+        .bind(failure.topic.as_deref())
+        .bind(failure.partition_key.as_deref())
+        .bind(consumer)
+        .bind(failure.subscriber.as_deref())
+        .bind(failure.event_id)
+        .fetch_optional(&mut *tx)
+        .await?;
     let Some(row) = row else {
-        tx.commit().await?;
-        return Ok(FailureRecorded::Duplicate);
+        return Ok(None);
     };
-    let dead_letter_id: i64 = row.try_get("id")?;
-    let outbox_id: Option<OutboxId> = row.try_get("outbox_id")?;
-    let topic: Option<String> = row.try_get("topic")?;
-    let seq: Option<i64> = row.try_get("seq")?;
-    let resolution: Option<String> = row.try_get("resolution")?;
-    match (outbox_id, resolution.as_deref()) {
-        // Applied: done, as if its delivery evidence had come (marks it delivered, moves an ordered key on).
-        (Some(id), Some("applied")) => {
-            ordering::record_delivery(&mut tx, id, statements).await?;
-        }
-        (Some(id), None) => {
-            let error = failure.error_text();
-            statements.query(
-                crate::schema::q("UPDATE {schema}.outbox SET dead_lettered_at = now(), last_error = left($2, 2000), locked_until = NULL \
-                 WHERE id = $1 AND delivered_at IS NULL"),
-            )
-            .bind(id)
-            .bind(&error)
-            .execute(&mut *tx)
-            .await?;
-            if let (Some(topic), Some(_)) = (topic, seq) {
-                ordering::apply_dead_head(
-                    &mut tx,
-                    id,
-                    policy_for_topic(&topic),
-                    &error,
-                    statements,
-                )
-                .await?;
-            }
-        }
-        _ => {}
-    }
-    tx.commit().await?;
-    Ok(FailureRecorded::Recorded {
-        dead_letter_id,
-        outbox_id,
-    })
+    Ok(Some(Inserted {
+        id: row.try_get("id")?,
+        outbox_id: row.try_get("outbox_id")?,
+        topic: row.try_get("topic")?,
+        seq: row.try_get("seq")?,
+        resolution: row.try_get("resolution")?,
+    }))
+}
+
+/// Marks the outbox event dead with `error` (unless it was delivered meanwhile) and ends its lease.
+async fn mark_dead(
+    tx: &mut PgConnection,
+    id: OutboxId,
+    error: &str,
+    statements: Statements,
+) -> Result<(), sqlx::Error> {
+    statements.query(
+        crate::schema::q("UPDATE {schema}.outbox SET dead_lettered_at = now(), last_error = left($2, 2000), locked_until = NULL \
+         WHERE id = $1 AND delivered_at IS NULL"),
+    )
+    .bind(id)
+    .bind(error)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 /// What [`merge_into_open`] found.
@@ -294,6 +332,20 @@ enum Merge {
     Into(i64),
     /// No open dead letter to merge into (or the event is done after all): record a dead letter of its own.
     None,
+}
+
+impl Merge {
+    /// What recording ends with when the failure was merged (or seen merged before); `None`: record it.
+    fn recorded(self, outbox_id: OutboxId) -> Option<FailureRecorded> {
+        match self {
+            Merge::Seen => Some(FailureRecorded::Duplicate),
+            Merge::Into(dead_letter_id) => Some(FailureRecorded::Merged {
+                dead_letter_id,
+                outbox_id,
+            }),
+            Merge::None => None,
+        }
+    }
 }
 
 /// One unresolved dead letter per event (decision record 0015): a failure of an event that already has one
