@@ -19,7 +19,7 @@ use outbox_cli::console::{Console, ConsoleArgs, DEFAULT_STATEMENT_TIMEOUT_SECS};
 use reqwest::header;
 
 use super::history::History;
-use super::operator::Failure;
+use super::retry::Failure;
 use super::schedule::{Selection, TOPICS, label};
 
 /// Which bulk action.

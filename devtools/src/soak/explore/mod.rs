@@ -25,6 +25,7 @@ mod faults;
 pub mod history;
 pub mod kept;
 mod operator;
+mod retry;
 pub mod schedule;
 mod traffic;
 
