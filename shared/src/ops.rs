@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::db::Statements;
 use crate::ids::{OutboxId, PartitionKey, TopicName};
@@ -193,7 +193,40 @@ pub async fn status(pool: &PgPool) -> Result<Status, sqlx::Error> {
 /// [`status`], counting in-flight events older than `horizon` (`RELAY_RECONCILE_AFTER_SECS`) as unaccounted.
 pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Status, sqlx::Error> {
     let mut conn = pool.acquire().await?;
-    // (1) Backlog depth, oldest pending age and flapping rows, on the partial index of pending rows.
+    let (at, backlog) = backlog(&mut conn).await?;
+    let throughput = throughput(&mut conn, at).await?;
+    let stuck_leases = stuck_leases(&mut conn).await?;
+    let (blocked_keys, awaiting_evidence) = ordered_keys(&mut conn).await?;
+    let dead_letters = dead_letter_counts(&mut conn).await?;
+    let qstash_outage = sqlx::query_as(crate::schema::q(crate::relay::outage::SELECT))
+        .fetch_one(&mut *conn)
+        .await?;
+    let in_flight = crate::accounting::in_flight(&mut conn, horizon, Statements::Prepared).await?;
+    let reconciler = crate::accounting::totals(&mut conn, Statements::Prepared).await?;
+    let subscribers = subscribers::read(&mut conn, Statements::Prepared).await?;
+    drop(conn);
+    let database =
+        crate::health::read(&crate::db::Db::new(pool.clone(), Statements::Prepared)).await?;
+
+    Ok(Status {
+        subscribers,
+        database,
+        in_flight,
+        reconciler,
+        qstash_outage,
+        at,
+        backlog,
+        throughput,
+        stuck_leases,
+        blocked_keys,
+        awaiting_evidence,
+        dead_letters,
+    })
+}
+
+/// (1) Backlog depth, oldest pending age and flapping rows, on the partial index of pending rows; with the
+/// database clock's now.
+async fn backlog(conn: &mut PgConnection) -> Result<(DateTime<Utc>, PendingEvents), sqlx::Error> {
     let (at, pending, oldest, flapping): (DateTime<Utc>, i64, f64, i64) = sqlx::query_as(
         crate::schema::q("SELECT now(), count(*), coalesce(extract(epoch FROM max(now() - created_at))::float8, 0), \
                 count(*) FILTER (WHERE attempts > $1) \
@@ -211,8 +244,17 @@ pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Sta
     .bind(LIST_LIMIT)
     .fetch_all(&mut *conn)
     .await?;
+    let backlog = PendingEvents {
+        pending,
+        oldest_pending_age_secs: oldest.max(0.0),
+        flapping,
+        flapping_rows,
+    };
+    Ok((at, backlog))
+}
 
-    // (2) Dispatched per minute, last hour (BRIN on dispatched_at).
+/// (2) Dispatched per minute over the hour up to `at` (BRIN on dispatched_at).
+async fn throughput(conn: &mut PgConnection, at: DateTime<Utc>) -> Result<Throughput, sqlx::Error> {
     let start = (at - TimeDelta::minutes(59))
         .duration_trunc(TimeDelta::minutes(1))
         .unwrap_or(at);
@@ -234,15 +276,21 @@ pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Sta
         })
         .collect();
     let last_hour = per_minute.iter().map(|m| m.dispatched).sum();
+    Ok(Throughput {
+        last_hour,
+        per_minute,
+    })
+}
 
-    // (3) Stuck leases, oldest first.
-    let stuck_count: i64 = sqlx::query_scalar(crate::schema::q(
+/// (3) Stuck leases, oldest first.
+async fn stuck_leases(conn: &mut PgConnection) -> Result<StuckLeases, sqlx::Error> {
+    let count: i64 = sqlx::query_scalar(crate::schema::q(
         "SELECT count(*) FROM {schema}.outbox \
          WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND locked_until < now()",
     ))
     .fetch_one(&mut *conn)
     .await?;
-    let stuck: Vec<EventLine> = sqlx::query_as(
+    let oldest: Vec<EventLine> = sqlx::query_as(
         crate::schema::q("SELECT id, topic, partition_key, subscriber, attempts, created_at, locked_until, last_error FROM {schema}.outbox \
          WHERE dispatched_at IS NULL AND dead_lettered_at IS NULL AND locked_until < now() \
          ORDER BY locked_until, id LIMIT $1"),
@@ -250,8 +298,13 @@ pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Sta
     .bind(LIST_LIMIT)
     .fetch_all(&mut *conn)
     .await?;
+    Ok(StuckLeases { count, oldest })
+}
 
-    // Ordered keys (one small row per active key).
+/// Ordered keys (one small row per active key): the blocked ones, and the heads awaiting delivery evidence.
+async fn ordered_keys(
+    conn: &mut PgConnection,
+) -> Result<(BlockedKeys, AwaitingEvidence), sqlx::Error> {
     let (blocked_count, awaiting, awaiting_oldest): (i64, i64, f64) = sqlx::query_as(
         crate::schema::q("SELECT count(*) FILTER (WHERE blocked_at IS NOT NULL), count(*) FILTER (WHERE inflight_id IS NOT NULL), \
                 coalesce(extract(epoch FROM now() - min(inflight_since))::float8, 0) \
@@ -271,8 +324,20 @@ pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Sta
     .bind(LIST_LIMIT)
     .fetch_all(&mut *conn)
     .await?;
+    let blocked_keys = BlockedKeys {
+        count: blocked_count,
+        keys: blocked,
+    };
+    let awaiting_evidence = AwaitingEvidence {
+        count: awaiting,
+        oldest_secs: awaiting_oldest.max(0.0),
+    };
+    Ok((blocked_keys, awaiting_evidence))
+}
 
-    let dead_letters: Vec<DeadLetterCounts> = sqlx::query_as(
+/// Dead letters by topic and source, the topics with the most unresolved first.
+async fn dead_letter_counts(conn: &mut PgConnection) -> Result<Vec<DeadLetterCounts>, sqlx::Error> {
+    sqlx::query_as(
         crate::schema::q("SELECT topic, source, \
                 count(*) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NULL) AS unresolved, \
                 count(*) FILTER (WHERE redriven_at IS NOT NULL) AS redriven, \
@@ -284,47 +349,5 @@ pub async fn status_with_horizon(pool: &PgPool, horizon: Duration) -> Result<Sta
          ORDER BY count(*) FILTER (WHERE redriven_at IS NULL AND resolved_at IS NULL) DESC, topic NULLS LAST, source"),
     )
     .fetch_all(&mut *conn)
-    .await?;
-
-    let qstash_outage = sqlx::query_as(crate::schema::q(crate::relay::outage::SELECT))
-        .fetch_one(&mut *conn)
-        .await?;
-    let in_flight = crate::accounting::in_flight(&mut conn, horizon, Statements::Prepared).await?;
-    let reconciler = crate::accounting::totals(&mut conn, Statements::Prepared).await?;
-    let subscribers = subscribers::read(&mut conn, Statements::Prepared).await?;
-    drop(conn);
-    let database =
-        crate::health::read(&crate::db::Db::new(pool.clone(), Statements::Prepared)).await?;
-
-    Ok(Status {
-        subscribers,
-        database,
-        in_flight,
-        reconciler,
-        qstash_outage,
-        at,
-        backlog: PendingEvents {
-            pending,
-            oldest_pending_age_secs: oldest.max(0.0),
-            flapping,
-            flapping_rows,
-        },
-        throughput: Throughput {
-            last_hour,
-            per_minute,
-        },
-        stuck_leases: StuckLeases {
-            count: stuck_count,
-            oldest: stuck,
-        },
-        blocked_keys: BlockedKeys {
-            count: blocked_count,
-            keys: blocked,
-        },
-        awaiting_evidence: AwaitingEvidence {
-            count: awaiting,
-            oldest_secs: awaiting_oldest.max(0.0),
-        },
-        dead_letters,
-    })
+    .await
 }
