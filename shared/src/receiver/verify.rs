@@ -10,7 +10,8 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::{B64URL, ISSUER, MAX_TOKEN_BYTES, SigningKeys};
+use super::signing_keys::SigningKeys;
+use super::{B64URL, ISSUER, MAX_TOKEN_BYTES};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -227,116 +228,18 @@ pub fn verify(
     keys: &SigningKeys,
     opts: VerifyOptions,
 ) -> Result<Claims, VerifyError> {
-    let token = token.trim();
-    if token.is_empty() {
-        return Err(VerifyError::MissingHeader);
-    }
-    if token.len() > MAX_TOKEN_BYTES {
-        return Err(VerifyError::Malformed(format!(
-            "token is {} bytes, more than {MAX_TOKEN_BYTES}",
-            token.len()
-        )));
-    }
-    let mut parts = token.split('.');
-    let (Some(h64), Some(p64), Some(s64), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(VerifyError::Malformed(
-            "expected three dot-separated base64url segments".into(),
-        ));
-    };
-
-    // 1–2. Header: only HS256.
-    let header = B64URL
-        .decode(h64)
-        .map_err(|_| VerifyError::Malformed("header is not base64url".into()))?;
-    let header: Map<String, Value> = serde_json::from_slice(&header)
-        .map_err(|_| VerifyError::Malformed("header is not a JSON object".into()))?;
-    match header.get("alg") {
-        Some(Value::String(alg)) if alg == "HS256" => {}
-        Some(Value::String(alg)) => return Err(VerifyError::Algorithm(truncated(alg, 20))),
-        _ => return Err(VerifyError::Algorithm("(missing)".into())),
-    }
-
+    // 1–2. Three segments; the header: only HS256.
+    let segments = Segments::split(token)?;
+    check_header(segments.header)?;
     // 3. Signature under the current key, else the next key (constant-time compares).
-    let sig = B64URL
-        .decode(s64)
-        .map_err(|_| VerifyError::Malformed("signature is not base64url".into()))?;
-    if sig.len() != 32 {
-        return Err(VerifyError::Malformed(format!(
-            "signature is {} bytes, HS256 needs 32",
-            sig.len()
-        )));
-    }
-    let signing_input = &token.as_bytes()[..h64.len() + 1 + p64.len()];
-    let key = if bool::from(hmac_tag(&keys.current, signing_input).ct_eq(&sig[..])) {
-        KeyUsed::Current
-    } else if keys
-        .next
-        .as_ref()
-        .is_some_and(|next| bool::from(hmac_tag(next, signing_input).ct_eq(&sig[..])))
-    {
-        KeyUsed::Next
-    } else {
-        return Err(VerifyError::Signature);
-    };
-
+    let key = check_signature(&segments, keys)?;
     // 4–8. Claims (only parsed once the signature holds).
-    let payload = B64URL
-        .decode(p64)
-        .map_err(|_| VerifyError::Malformed("payload is not base64url".into()))?;
-    let claims: Map<String, Value> = serde_json::from_slice(&payload)
-        .map_err(|_| VerifyError::Malformed("payload is not a JSON object".into()))?;
-
-    let iss = claim_str(&claims, "iss")?.ok_or(VerifyError::Claim {
-        claim: "iss",
-        problem: "is missing",
-    })?;
-    if iss != ISSUER {
-        return Err(VerifyError::Issuer(truncated(iss, 40)));
-    }
-    let tolerance = opts.clock_tolerance_secs.max(0);
-    let now = opts.now;
-    let exp = claim_i64(&claims, "exp")?.ok_or(VerifyError::Claim {
-        claim: "exp",
-        problem: "is missing",
-    })?;
-    if exp <= now.saturating_sub(tolerance) {
-        return Err(VerifyError::Expired {
-            exp,
-            now,
-            tolerance,
-        });
-    }
-    let nbf = claim_i64(&claims, "nbf")?;
-    if let Some(nbf) = nbf
-        && nbf > now.saturating_add(tolerance)
-    {
-        return Err(VerifyError::NotYetValid {
-            nbf,
-            now,
-            tolerance,
-        });
-    }
+    let claims = decode_claims(segments.payload)?;
+    let iss = check_issuer(&claims)?;
+    let (exp, nbf) = check_validity(&claims, opts)?;
     let iat = claim_i64(&claims, "iat")?;
-    let sub = claim_str(&claims, "sub")?.ok_or(VerifyError::Claim {
-        claim: "sub",
-        problem: "is missing",
-    })?;
-    if !ct_eq_str(sub, url) {
-        return Err(VerifyError::Subject {
-            got: truncated(sub, 300),
-            want: truncated(url, 300),
-        });
-    }
-    let body_claim = claim_str(&claims, "body")?.ok_or(VerifyError::Claim {
-        claim: "body",
-        problem: "is missing",
-    })?;
-    let computed = body_hash(body);
-    if !ct_eq_str(body_claim.trim_end_matches('='), &computed) {
-        return Err(VerifyError::BodyHash);
-    }
+    let sub = check_subject(&claims, url)?;
+    let body_claim = check_body(&claims, body)?;
     Ok(Claims {
         iss: iss.to_owned(),
         sub: sub.to_owned(),
@@ -347,6 +250,160 @@ pub fn verify(
         body: body_claim.to_owned(),
         key,
     })
+}
+
+/// The three base64url segments of a compact JWS, and the bytes its signature covers.
+struct Segments<'t> {
+    header: &'t str,
+    payload: &'t str,
+    signature: &'t str,
+    /// `header.payload`, as sent.
+    signing_input: &'t [u8],
+}
+
+impl<'t> Segments<'t> {
+    /// Check 1: splits a token (trimmed; not empty, at most [`MAX_TOKEN_BYTES`]) into its three segments.
+    fn split(token: &'t str) -> Result<Self, VerifyError> {
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(VerifyError::MissingHeader);
+        }
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(VerifyError::Malformed(format!(
+                "token is {} bytes, more than {MAX_TOKEN_BYTES}",
+                token.len()
+            )));
+        }
+        let mut parts = token.split('.');
+        let (Some(header), Some(payload), Some(signature), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(VerifyError::Malformed(
+                "expected three dot-separated base64url segments".into(),
+            ));
+        };
+        Ok(Segments {
+            header,
+            payload,
+            signature,
+            signing_input: &token.as_bytes()[..header.len() + 1 + payload.len()],
+        })
+    }
+}
+
+/// Check 2: the header is a JSON object whose `alg` is HS256.
+fn check_header(h64: &str) -> Result<(), VerifyError> {
+    let header = B64URL
+        .decode(h64)
+        .map_err(|_| VerifyError::Malformed("header is not base64url".into()))?;
+    let header: Map<String, Value> = serde_json::from_slice(&header)
+        .map_err(|_| VerifyError::Malformed("header is not a JSON object".into()))?;
+    match header.get("alg") {
+        Some(Value::String(alg)) if alg == "HS256" => Ok(()),
+        Some(Value::String(alg)) => Err(VerifyError::Algorithm(truncated(alg, 20))),
+        _ => Err(VerifyError::Algorithm("(missing)".into())),
+    }
+}
+
+/// Check 3: which key's HMAC the signature is, the current key's or else the next key's (constant-time compares).
+fn check_signature(segments: &Segments<'_>, keys: &SigningKeys) -> Result<KeyUsed, VerifyError> {
+    let sig = B64URL
+        .decode(segments.signature)
+        .map_err(|_| VerifyError::Malformed("signature is not base64url".into()))?;
+    if sig.len() != 32 {
+        return Err(VerifyError::Malformed(format!(
+            "signature is {} bytes, HS256 needs 32",
+            sig.len()
+        )));
+    }
+    let signing_input = segments.signing_input;
+    if bool::from(hmac_tag(&keys.current, signing_input).ct_eq(&sig[..])) {
+        Ok(KeyUsed::Current)
+    } else if keys
+        .next
+        .as_ref()
+        .is_some_and(|next| bool::from(hmac_tag(next, signing_input).ct_eq(&sig[..])))
+    {
+        Ok(KeyUsed::Next)
+    } else {
+        Err(VerifyError::Signature)
+    }
+}
+
+/// The payload's claims: a JSON object.
+fn decode_claims(p64: &str) -> Result<Map<String, Value>, VerifyError> {
+    let payload = B64URL
+        .decode(p64)
+        .map_err(|_| VerifyError::Malformed("payload is not base64url".into()))?;
+    serde_json::from_slice(&payload)
+        .map_err(|_| VerifyError::Malformed("payload is not a JSON object".into()))
+}
+
+/// The error of a required claim that is absent.
+fn missing(claim: &'static str) -> VerifyError {
+    VerifyError::Claim {
+        claim,
+        problem: "is missing",
+    }
+}
+
+/// Check 4: `iss` is `Upstash`.
+fn check_issuer(claims: &Map<String, Value>) -> Result<&str, VerifyError> {
+    let iss = claim_str(claims, "iss")?.ok_or(missing("iss"))?;
+    if iss != ISSUER {
+        return Err(VerifyError::Issuer(truncated(iss, 40)));
+    }
+    Ok(iss)
+}
+
+/// Checks 5–6: `exp` has not passed and `nbf` (if any) has come, within the clock tolerance; `(exp, nbf)`.
+fn check_validity(
+    claims: &Map<String, Value>,
+    opts: VerifyOptions,
+) -> Result<(i64, Option<i64>), VerifyError> {
+    let tolerance = opts.clock_tolerance_secs.max(0);
+    let now = opts.now;
+    let exp = claim_i64(claims, "exp")?.ok_or(missing("exp"))?;
+    if exp <= now.saturating_sub(tolerance) {
+        return Err(VerifyError::Expired {
+            exp,
+            now,
+            tolerance,
+        });
+    }
+    let nbf = claim_i64(claims, "nbf")?;
+    if let Some(nbf) = nbf
+        && nbf > now.saturating_add(tolerance)
+    {
+        return Err(VerifyError::NotYetValid {
+            nbf,
+            now,
+            tolerance,
+        });
+    }
+    Ok((exp, nbf))
+}
+
+/// Check 7: `sub` is the URL this request was sent to.
+fn check_subject<'c>(claims: &'c Map<String, Value>, url: &str) -> Result<&'c str, VerifyError> {
+    let sub = claim_str(claims, "sub")?.ok_or(missing("sub"))?;
+    if !ct_eq_str(sub, url) {
+        return Err(VerifyError::Subject {
+            got: truncated(sub, 300),
+            want: truncated(url, 300),
+        });
+    }
+    Ok(sub)
+}
+
+/// Check 8: the `body` claim is the body's hash (padded or not).
+fn check_body<'c>(claims: &'c Map<String, Value>, body: &[u8]) -> Result<&'c str, VerifyError> {
+    let body_claim = claim_str(claims, "body")?.ok_or(missing("body"))?;
+    let computed = body_hash(body);
+    if !ct_eq_str(body_claim.trim_end_matches('='), &computed) {
+        return Err(VerifyError::BodyHash);
+    }
+    Ok(body_claim)
 }
 
 #[cfg(test)]
