@@ -3,6 +3,8 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use sqlx::postgres::PgRow;
 
 use crate::db::Db;
 
@@ -112,6 +114,9 @@ async fn readd_figures(
     .await
 }
 
+/// [`add`], [`add_again`] and [`ensure`]: checks the names, finishes an unfinished removal, then adds the
+/// subscriber (or, removed, again) from `start`, and fixes where its replay ends. `again`: whether a removed
+/// subscriber may come back with its history.
 async fn add_with(
     db: &Db,
     topic: &str,
@@ -121,80 +126,25 @@ async fn add_with(
     wait: Duration,
     again: ReAdd,
 ) -> Result<Added, SubscriberError> {
-    crate::producer::validate_topic(topic)
-        .map_err(|_| SubscriberError::InvalidTopic(topic.to_owned()))?;
-    check_stored_name(name)?;
-    let url = match (name, url) {
-        (DEFAULT, Some(_)) => return Err(SubscriberError::DefaultUrl),
-        (DEFAULT, None) => None,
-        (n, None) => return Err(SubscriberError::MissingUrl(n.to_owned())),
-        (n, Some(u)) => Some(check_url(n, u)?),
-    };
+    let url = checked_target(topic, name, url)?;
     // A removal that has not finished (it was waiting for older transactions when it stopped) left the subscriber's
     // unfinished copies and ordered lanes behind. Adding it again on top of them would keep those lanes as they
     // were — open, not waiting for the replay — so live copies of later sequences could overtake the replayed ones
     // and the consumer would refuse these as late. The removal is finished first (its wait included).
-    let leftovers: bool = sqlx::query_scalar(crate::schema::q(
-        "SELECT EXISTS (SELECT 1 FROM {schema}.outbox_subscribers                         WHERE topic = $1 AND name = $2 AND removed_at IS NOT NULL)             AND (EXISTS (SELECT 1 FROM {schema}.outbox_keys WHERE topic = $1 AND subscriber = $2)                  OR EXISTS (SELECT 1 FROM {schema}.outbox WHERE topic = $1 AND subscriber = $2                               AND delivered_at IS NULL AND dead_lettered_at IS NULL))",
-    ))
-    .bind(topic)
-    .bind(name)
-    .fetch_one(db.pool())
-    .await?;
-    if leftovers {
-        match delete_copies(db, topic, name, wait).await {
-            Ok(_) => {}
-            Err(SubscriberError::OldTransactions { waited, pids }) => {
-                return Err(SubscriberError::RemovalUnfinished {
-                    topic: topic.to_owned(),
-                    name: label(name).to_owned(),
-                    waited,
-                    pids,
-                });
-            }
-            Err(e) => return Err(e),
-        }
+    if has_leftovers(db, topic, name).await? {
+        delete_copies(db, topic, name, wait)
+            .await
+            .map_err(|e| unfinished_removal(e, topic, name))?;
     }
     let mut tx = db.pool().begin().await?;
     check_namespace(&mut tx, name).await?;
     let from: Option<i64> = match start {
         Start::Now => None,
         Start::FromId(id) => Some(id),
-        Start::Since(at) => {
-            // The events' own times: a first copy (`event_id IS NULL`) is written by the producer with its event,
-            // where a copy made by another subscriber's replay has the time of that replay.
-            let first: Option<i64> = sqlx::query_scalar(crate::schema::q(
-                "SELECT min(id) FROM {schema}.outbox \
-                 WHERE topic = $1 AND created_at >= $2 AND event_id IS NULL",
-            ))
-            .bind(topic)
-            .bind(at)
-            .fetch_one(&mut *tx)
-            .await?;
-            Some(first.ok_or_else(|| SubscriberError::NothingSince {
-                topic: topic.to_owned(),
-                at,
-            })?)
-        }
+        Start::Since(at) => Some(first_event_since(&mut tx, topic, at).await?),
     };
-    let existing: Option<Option<DateTime<Utc>>> = sqlx::query_scalar(crate::schema::q(
-        "SELECT removed_at FROM {schema}.outbox_subscribers WHERE topic = $1 AND name = $2 FOR UPDATE",
-    ))
-    .bind(topic)
-    .bind(name)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let live = match existing {
-        Some(removed) => removed.is_none(),
-        // The default subscriber exists without a row until it is removed.
-        None => name == DEFAULT,
-    };
-    if live {
-        return Err(SubscriberError::Exists {
-            topic: topic.to_owned(),
-            name: label(name).to_owned(),
-        });
-    }
+    let existing = lock_existing(&mut tx, topic, name).await?;
+    check_not_live(existing, topic, name)?;
     if let (Some(Some(removed_at)), Some(from), ReAdd::Refuse) = (existing, from, again) {
         let (to_replay, delivered, dead) = readd_figures(&mut tx, topic, name, from).await?;
         return Err(SubscriberError::ReAdd {
@@ -207,20 +157,7 @@ async fn add_with(
             dead,
         });
     }
-    let sql = crate::schema::sql(&format!(
-        "INSERT INTO {{schema}}.outbox_subscribers (topic, name, url, replay_from) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (topic, name) DO UPDATE SET url = excluded.url, added_at = now(), removed_at = NULL, \
-             replay_from = excluded.replay_from, replay_to = NULL, replayed_to = NULL, replayed = 0, \
-             replay_done_at = NULL \
-         RETURNING {COLUMNS}"
-    ));
-    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(topic)
-        .bind(name)
-        .bind(&url)
-        .bind(from)
-        .fetch_one(&mut *tx)
-        .await?;
+    let row = upsert(&mut tx, topic, name, url.as_deref(), from).await?;
     tx.commit().await?;
     let mut subscriber = subscriber_of(&row)?;
     let Some(from) = from else {
@@ -235,6 +172,128 @@ async fn add_with(
         subscriber,
         to_replay: Some(to_replay),
     })
+}
+
+/// Checks the topic and the name, and the URL: none for the default subscriber, a valid one for a named one.
+fn checked_target(
+    topic: &str,
+    name: &str,
+    url: Option<&str>,
+) -> Result<Option<String>, SubscriberError> {
+    crate::producer::validate_topic(topic)
+        .map_err(|_| SubscriberError::InvalidTopic(topic.to_owned()))?;
+    check_stored_name(name)?;
+    match (name, url) {
+        (DEFAULT, Some(_)) => Err(SubscriberError::DefaultUrl),
+        (DEFAULT, None) => Ok(None),
+        (n, None) => Err(SubscriberError::MissingUrl(n.to_owned())),
+        (n, Some(u)) => Ok(Some(check_url(n, u)?)),
+    }
+}
+
+/// Whether a removal of the subscriber has not finished: it is removed, and lanes or unfinished copies of it remain.
+async fn has_leftovers(db: &Db, topic: &str, name: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(crate::schema::q(
+        "SELECT EXISTS (SELECT 1 FROM {schema}.outbox_subscribers                         WHERE topic = $1 AND name = $2 AND removed_at IS NOT NULL)             AND (EXISTS (SELECT 1 FROM {schema}.outbox_keys WHERE topic = $1 AND subscriber = $2)                  OR EXISTS (SELECT 1 FROM {schema}.outbox WHERE topic = $1 AND subscriber = $2                               AND delivered_at IS NULL AND dead_lettered_at IS NULL))",
+    ))
+    .bind(topic)
+    .bind(name)
+    .fetch_one(db.pool())
+    .await
+}
+
+/// A removal that could not finish for older transactions is [`SubscriberError::RemovalUnfinished`].
+fn unfinished_removal(e: SubscriberError, topic: &str, name: &str) -> SubscriberError {
+    match e {
+        SubscriberError::OldTransactions { waited, pids } => SubscriberError::RemovalUnfinished {
+            topic: topic.to_owned(),
+            name: label(name).to_owned(),
+            waited,
+            pids,
+        },
+        e => e,
+    }
+}
+
+/// The first event of `topic` written at or after `at`, by the events' own times: a first copy (`event_id IS
+/// NULL`) is written by the producer with its event, where a copy made by another subscriber's replay has the time
+/// of that replay.
+async fn first_event_since(
+    tx: &mut PgConnection,
+    topic: &str,
+    at: DateTime<Utc>,
+) -> Result<i64, SubscriberError> {
+    let first: Option<i64> = sqlx::query_scalar(crate::schema::q(
+        "SELECT min(id) FROM {schema}.outbox \
+         WHERE topic = $1 AND created_at >= $2 AND event_id IS NULL",
+    ))
+    .bind(topic)
+    .bind(at)
+    .fetch_one(&mut *tx)
+    .await?;
+    first.ok_or_else(|| SubscriberError::NothingSince {
+        topic: topic.to_owned(),
+        at,
+    })
+}
+
+/// The subscriber's row, locked: `None` when it has none, else when it was removed (`None`: live).
+async fn lock_existing(
+    tx: &mut PgConnection,
+    topic: &str,
+    name: &str,
+) -> Result<Option<Option<DateTime<Utc>>>, sqlx::Error> {
+    sqlx::query_scalar(crate::schema::q(
+        "SELECT removed_at FROM {schema}.outbox_subscribers WHERE topic = $1 AND name = $2 FOR UPDATE",
+    ))
+    .bind(topic)
+    .bind(name)
+    .fetch_optional(&mut *tx)
+    .await
+}
+
+/// Refuses to add a subscriber that is live ([`SubscriberError::Exists`]), by its locked row ([`lock_existing`]).
+fn check_not_live(
+    existing: Option<Option<DateTime<Utc>>>,
+    topic: &str,
+    name: &str,
+) -> Result<(), SubscriberError> {
+    let live = match existing {
+        Some(removed) => removed.is_none(),
+        // The default subscriber exists without a row until it is removed.
+        None => name == DEFAULT,
+    };
+    if live {
+        return Err(SubscriberError::Exists {
+            topic: topic.to_owned(),
+            name: label(name).to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Writes the subscriber's row: new, or a removed one's afresh (added now, its replay from `from`).
+async fn upsert(
+    tx: &mut PgConnection,
+    topic: &str,
+    name: &str,
+    url: Option<&str>,
+    from: Option<i64>,
+) -> Result<PgRow, sqlx::Error> {
+    let sql = crate::schema::sql(&format!(
+        "INSERT INTO {{schema}}.outbox_subscribers (topic, name, url, replay_from) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (topic, name) DO UPDATE SET url = excluded.url, added_at = now(), removed_at = NULL, \
+             replay_from = excluded.replay_from, replay_to = NULL, replayed_to = NULL, replayed = 0, \
+             replay_done_at = NULL \
+         RETURNING {COLUMNS}"
+    ));
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(topic)
+        .bind(name)
+        .bind(url)
+        .bind(from)
+        .fetch_one(&mut *tx)
+        .await
 }
 
 /// What [`ensure`] did.
