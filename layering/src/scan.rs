@@ -79,6 +79,9 @@ const ITEM_KEYWORDS: [&str; 8] = [
 /// What an open brace belongs to.
 enum Brace {
     Module,
+    /// A `#[cfg(test)]` inline module: test code, outside the graph (a unit test may use a test helper of a
+    /// sibling that itself uses the file under test).
+    TestModule,
     Block,
 }
 
@@ -94,8 +97,34 @@ pub fn scan(text: &str) -> Scan {
     let (mut scope, mut braces): (Vec<String>, Vec<Brace>) = (Vec::new(), Vec::new());
     let in_block = |braces: &[Brace]| matches!(braces.last(), Some(Brace::Block));
     let after_quote = |i: usize| i > 0 && is(i - 1, Tok::Punct('\''));
+    // `#[cfg(test)]` just before token `i`.
+    let cfg_test = |i: usize| {
+        let attr = ["#", "[", "cfg", "(", "test", ")", "]"];
+        i >= attr.len()
+            && attr
+                .iter()
+                .enumerate()
+                .all(|(k, a)| match &toks[i - attr.len() + k].0 {
+                    Tok::Ident(s) => s == a,
+                    Tok::Punct(c) => a.len() == 1 && a.starts_with(*c),
+                    Tok::Sep => false,
+                })
+    };
     let mut i = 0;
     while i < toks.len() {
+        if braces.iter().any(|b| matches!(b, Brace::TestModule)) {
+            match toks[i].0 {
+                Tok::Punct('{') => braces.push(Brace::Block),
+                Tok::Punct('}') => {
+                    if let Some(Brace::TestModule) = braces.pop() {
+                        scope.pop();
+                    }
+                }
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
         let line = toks[i].1;
         let word = ident(i);
         let after_sep = i > 0 && is(i - 1, Tok::Sep);
@@ -103,14 +132,21 @@ pub fn scan(text: &str) -> Scan {
             Some("mod") if !in_block(&braces) => {
                 if let Some(name) = ident(i + 1) {
                     if is(i + 2, Tok::Punct(';')) {
-                        out.file_modules.push((scope.clone(), name.to_string()));
+                        // A `#[cfg(test)] mod x;` file is test code, like an inline one.
+                        if !cfg_test(i) {
+                            out.file_modules.push((scope.clone(), name.to_string()));
+                        }
                         i += 3;
                         continue;
                     }
                     if is(i + 2, Tok::Punct('{')) {
                         scope.push(name.to_string());
                         out.inline_modules.push(scope.clone());
-                        braces.push(Brace::Module);
+                        braces.push(if cfg_test(i) {
+                            Brace::TestModule
+                        } else {
+                            Brace::Module
+                        });
                         i += 3;
                         continue;
                     }
@@ -177,7 +213,7 @@ pub fn scan(text: &str) -> Scan {
         match toks[i].0 {
             Tok::Punct('{') => braces.push(Brace::Block),
             Tok::Punct('}') => {
-                if let Some(Brace::Module) = braces.pop() {
+                if let Some(Brace::Module | Brace::TestModule) = braces.pop() {
                     scope.pop();
                 }
             }
@@ -290,7 +326,7 @@ mod tests {
     #[test]
     fn modules_items_and_paths_have_their_scope_and_line() {
         let s = scan(
-            "mod a;\npub mod b {\n  pub fn f() { let x = crate::c::D::new(); }\n  struct S;\n}\n\
+            "mod a;\n#[cfg(test)]\nmod t;\npub mod b {\n  pub fn f() { let x = crate::c::D::new(); }\n  struct S;\n}\n\
              impl T { fn m() {} }\nconst fn g() {}\n#[cfg(test)]\nmod tests { use super::*; }\n",
         );
         assert_eq!(s.file_modules, [(vec![], "a".to_string())]);
@@ -304,9 +340,12 @@ mod tests {
         assert_eq!(s.paths[0].segments, ["crate", "c", "D", "new"]);
         assert_eq!(
             (s.paths[0].scope.clone(), s.paths[0].line),
-            (vec!["b".to_string()], 3)
+            (vec!["b".to_string()], 5)
         );
-        assert_eq!(s.uses[0].path.scope, ["tests"]);
+        // A `#[cfg(test)]` module is test code: nothing in it is drawn.
+        assert!(s.uses.is_empty(), "{:?}", s.uses);
+        let s = scan("mod inline { use super::*; }\n");
+        assert_eq!(s.uses[0].path.scope, ["inline"]);
         assert!(!s.uses[0].in_block);
     }
 }

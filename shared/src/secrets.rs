@@ -311,7 +311,7 @@ impl SecretSource {
 
     /// A Secrets Manager source. The SDK uses rustls with ring (the same TLS stack as the rest of the crate).
     pub async fn secrets_manager(secret_id: &str, options: SecretsManagerOptions) -> SecretSource {
-        crate::install_crypto_provider();
+        crate::tls::install_crypto_provider();
         let http = aws_smithy_http_client::Builder::new()
             .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
                 aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,

@@ -13,6 +13,7 @@ mod consumer;
 mod fixtures;
 mod health;
 mod housekeeping;
+mod layering;
 mod ordering_keys;
 mod partitions;
 mod pool;

@@ -39,6 +39,7 @@
 //! | `trust.rs` | per-subscriber trust: a callback about a subscriber's copy is believed only with its signature ([`crate::subscriber_keys`]) |
 //! | `outcome.rs` | how a request ended → status, body, log line and EMF record (the table above, one variant a row) |
 
+mod checks;
 mod delivered;
 mod failure;
 mod outcome;
@@ -50,11 +51,12 @@ use lambda_http::{Body, Request, Response};
 use tracing::field::Empty;
 
 use crate::contract;
-use crate::ids::OutboxId;
 use crate::receiver::ReceiverState;
 use crate::receiver::http::{request_path, respond};
 use crate::receiver::verify_request;
 
+pub use checks::{ATTEMPT_BODY_CHARS, MAX_RESPONSE_BODY_CHARS};
+use checks::{check_id_copy, check_ids_copy};
 pub use delivered::attempt_description;
 use delivered::delivered;
 use failure::failure;
@@ -65,39 +67,6 @@ pub use parse::{
     CallbackBody, ParsedCallback, SourceEvent, consumer_verdicts, parse_callback, source_event,
     source_events, source_header,
 };
-
-/// Longest response body kept in a dead letter or an attempt description.
-pub const MAX_RESPONSE_BODY_CHARS: usize = 65_536;
-/// How much of the response body goes into a failed attempt's description.
-pub const ATTEMPT_BODY_CHARS: usize = 500;
-
-/// Refuses a callback request whose `x-outbox-id` header (relays before the signed contract forwarded one)
-/// disagrees with the outbox id of its signed body. When the signed body names no event (a garbage or truncated
-/// failure callback) the header is ignored, never used: the callback is still stored, unlinked.
-fn check_id_copy(req: &Request, signed: Option<OutboxId>) -> Result<(), String> {
-    check_ids_copy(req, &signed.into_iter().collect::<Vec<_>>())
-}
-
-/// [`check_id_copy`] for a message of several events: the copy is their ids joined by `,` (decision record 0027).
-fn check_ids_copy(req: &Request, signed: &[OutboxId]) -> Result<(), String> {
-    let Some(copy) = req.headers().get(contract::OUTBOX_ID) else {
-        return Ok(());
-    };
-    if signed.is_empty() {
-        return Ok(());
-    }
-    let copy = copy.to_str().unwrap_or("(not visible ASCII)").trim();
-    let signed = contract::id_copy(signed.iter().copied());
-    if signed == copy {
-        Ok(())
-    } else {
-        Err(format!(
-            "header x-outbox-id is {:?} but the signed callback body names event(s) {signed}: the request was \
-             altered after QStash signed it",
-            copy.chars().take(40).collect::<String>(),
-        ))
-    }
-}
 
 /// Which callback a path is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,6 +13,7 @@
 
 mod consumer;
 mod env;
+mod policy;
 mod relay;
 
 /// The Postgres URL the local tools default to when `DATABASE_URL` is not set (the operator CLI's
@@ -24,30 +25,9 @@ pub use consumer::{
     ConsumerConfig, LegacyDeliveries, MAX_CLOCK_TOLERANCE, MIN_SECRET_REFRESH_INTERVAL,
 };
 pub use env::{ConfigError, EnvSource, ProcessEnv, Vars};
+pub use policy::DeadHeadPolicy;
 pub use relay::{
     AccountingConfig, DEDUPE_MARGIN, DEFAULT_DELIVERY_BATCH, DeclaredSubscriber, DeliveryBatching,
     EvidenceMode, MAX_DELIVERY_BATCH, OutcomeSource, QstashConfig, RelayConfig, delivery_window,
     qstash_retry_horizon, reconcile_horizon,
 };
-
-/// What happens to the later events of an ordered key whose head is dead.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeadHeadPolicy {
-    /// The key stops until an operator redrives or discards the head (default).
-    Block,
-    /// The head is recorded as a dead letter and the key moves on.
-    Skip,
-}
-
-impl DeadHeadPolicy {
-    /// The policy for `topic`: [`DeadHeadPolicy::Skip`] when it is one of `skip_topics`
-    /// (`RELAY_SKIP_DEAD_HEAD_TOPICS`), else [`DeadHeadPolicy::Block`]. The relay and the callback function
-    /// decide alike ([`RelayConfig::dead_head_policy`], [`ConsumerConfig::dead_head_policy`]).
-    pub fn for_topic(skip_topics: &[String], topic: &str) -> Self {
-        if skip_topics.iter().any(|t| t == topic) {
-            DeadHeadPolicy::Skip
-        } else {
-            DeadHeadPolicy::Block
-        }
-    }
-}

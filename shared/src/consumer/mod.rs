@@ -34,8 +34,7 @@ mod delivery;
 mod http;
 mod outcome;
 mod registry;
-
-use crate::config::ConfigError;
+mod state;
 
 // Shared by both receivers, so they live in `crate::receiver`; re-exported where they used to be.
 pub use crate::receiver::{NONRETRYABLE_HEADER, Receiver, ReceiverState, STATUS_NONRETRYABLE};
@@ -45,27 +44,4 @@ pub use outcome::Outcome;
 pub use registry::{
     DEFAULT_SCHEMA_VERSION, Event, EventMeta, Handler, HandlerError, Registry, TopicRoute,
 };
-
-/// The consumer function's state: the receiver state plus the topic handlers.
-#[derive(Debug)]
-pub struct ConsumerState {
-    /// Pool, keys, config.
-    pub receiver: ReceiverState,
-    /// The topic handlers.
-    pub registry: Registry,
-}
-
-impl ConsumerState {
-    /// Combines the parts.
-    pub fn new(receiver: ReceiverState, registry: Registry) -> Self {
-        ConsumerState { receiver, registry }
-    }
-
-    /// [`ReceiverState::from_env`] for [`Receiver::Consumer`], plus `registry`.
-    pub async fn from_env(registry: Registry) -> Result<Self, ConfigError> {
-        Ok(ConsumerState {
-            receiver: ReceiverState::from_env(Receiver::Consumer).await?,
-            registry,
-        })
-    }
-}
+pub use state::ConsumerState;

@@ -24,11 +24,6 @@ use super::{QstashClient, retry_after};
 /// The most message ids one DLQ request filters on (QStash's page size is at most 100).
 pub const DLQ_IDS_PER_REQUEST: usize = 100;
 
-/// The most bytes of one management API answer read by default: one DLQ entry of the largest message QStash
-/// takes (10 MB on its paid plans, the body possibly escaped or base64-encoded, plus the last response) fits, so
-/// asking about one message at a time always gets an answer.
-pub const MAX_ANSWER_BYTES: usize = 32 * 1024 * 1024;
-
 /// A management API call that did not give an answer.
 #[derive(Debug, thiserror::Error)]
 pub enum ManageError {

@@ -1,78 +1,12 @@
-//! The signing keys: [`SigningKeys`] (current and next, `Debug` redacted) and the [`KeyRing`] a running function
-//! holds, which re-reads the secret when a token matches neither key, so a key rotation needs no redeploy.
+//! The [`KeyRing`] a running function holds (its [`SigningKeys`], current and next, are in `signing_keys.rs`),
+//! which re-reads the secret when a token matches neither key, so a key rotation needs no redeploy.
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use secrecy::{ExposeSecret, SecretString};
-use subtle::ConstantTimeEq;
-
+use super::signing_keys::SigningKeys;
 use super::verify::{Claims, VerifyError, VerifyOptions, verify};
-use crate::config::ConfigError;
-use crate::secrets::{SecretField, SecretSource, Secrets};
-
-/// The current and next signing keys. `Debug` is redacted.
-#[derive(Clone)]
-pub struct SigningKeys {
-    pub(super) current: SecretString,
-    pub(super) next: Option<SecretString>,
-}
-
-impl std::fmt::Debug for SigningKeys {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SigningKeys")
-            .field("current", &"[redacted]")
-            .field("next", &self.next.as_ref().map(|_| "[redacted]"))
-            .finish()
-    }
-}
-
-impl SigningKeys {
-    /// Keys from explicit values.
-    pub fn new(current: impl Into<String>, next: Option<String>) -> Self {
-        SigningKeys {
-            current: SecretString::from(current.into()),
-            next: next.filter(|n| !n.is_empty()).map(SecretString::from),
-        }
-    }
-
-    /// The keys from loaded secrets (`QSTASH_CURRENT_SIGNING_KEY` required, `QSTASH_NEXT_SIGNING_KEY` optional
-    /// here; the functions require both at startup).
-    pub fn from_secrets(secrets: &Secrets) -> Result<Self, ConfigError> {
-        Ok(SigningKeys {
-            current: secrets.get(SecretField::CurrentSigningKey)?.clone(),
-            next: secrets.get(SecretField::NextSigningKey).ok().cloned(),
-        })
-    }
-
-    /// Whether either key is one of the QStash dev server's public keys ([`crate::secrets::DEV_CURRENT_SIGNING_KEY`],
-    /// [`crate::secrets::DEV_NEXT_SIGNING_KEY`]): with them anyone can sign deliveries the receiver accepts.
-    pub fn holds_dev_key(&self) -> bool {
-        let public = [
-            crate::secrets::DEV_CURRENT_SIGNING_KEY,
-            crate::secrets::DEV_NEXT_SIGNING_KEY,
-        ];
-        std::iter::once(&self.current)
-            .chain(&self.next)
-            .any(|k| public.contains(&k.expose_secret().trim()))
-    }
-
-    fn same_as(&self, other: &SigningKeys) -> bool {
-        let eq = |a: &SecretString, b: &SecretString| -> bool {
-            bool::from(
-                a.expose_secret()
-                    .as_bytes()
-                    .ct_eq(b.expose_secret().as_bytes()),
-            )
-        };
-        eq(&self.current, &other.current)
-            && match (&self.next, &other.next) {
-                (Some(a), Some(b)) => eq(a, b),
-                (None, None) => true,
-                _ => false,
-            }
-    }
-}
+use crate::secrets::{SecretField, SecretSource};
 
 /// The signing keys of a running function, re-read from the secret when a token matches neither key (QStash
 /// rotated them), at most once per refresh interval, so a key rotation needs no redeploy.

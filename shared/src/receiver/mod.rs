@@ -37,54 +37,27 @@
 //! | `http.rs` | what both receivers answer with: JSON, QStash's 489 "do not retry" ([`STATUS_NONRETRYABLE`]) |
 //! | `testing.rs` | feature `testing` only: `sign` like QStash, the dev keys, re-signing `events/` fixtures |
 //!
-//! [`verify_request`], here, puts them together for one request.
+//! `request.rs`: [`verify_request`] puts them together for one request.
 
 pub(crate) mod http;
 mod keys;
+mod request;
+mod signing_keys;
 mod state;
 #[cfg(any(test, feature = "testing"))]
 mod testing;
+mod token;
 mod url;
 mod verify;
 
-use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
-
 pub use http::{NONRETRYABLE_HEADER, STATUS_NONRETRYABLE};
-pub use keys::{KeyRing, RECEIVER_SECRETS, SigningKeys};
+pub use keys::{KeyRing, RECEIVER_SECRETS};
+pub use request::verify_request;
+pub use signing_keys::SigningKeys;
 pub use state::{Receiver, ReceiverState};
 #[cfg(any(test, feature = "testing"))]
 pub use testing::{DEV_SIGNING_KEYS, decode_unverified, resign_function_url_event, sign};
+use token::B64URL;
+pub use token::{ISSUER, MAX_TOKEN_BYTES, SIGNATURE_HEADER};
 pub use url::{UrlSource, request_url};
 pub use verify::{Claims, Clock, KeyUsed, VerifyError, VerifyOptions, body_hash, verify};
-
-/// The request header carrying the token (header names are case-insensitive).
-pub const SIGNATURE_HEADER: &str = "upstash-signature";
-/// The only issuer accepted.
-pub const ISSUER: &str = "Upstash";
-/// Tokens longer than this are refused without further work (real ones are ~450 bytes).
-pub const MAX_TOKEN_BYTES: usize = 4096;
-
-/// base64url, no padding written; padding tolerated when reading.
-const B64URL: GeneralPurpose = GeneralPurpose::new(
-    &base64::alphabet::URL_SAFE,
-    GeneralPurposeConfig::new()
-        .with_encode_padding(false)
-        .with_decode_padding_mode(DecodePaddingMode::Indifferent),
-);
-
-/// Reads the `Upstash-Signature` header of `req` and verifies it against the body and [`request_url`].
-pub async fn verify_request(
-    keys: &KeyRing,
-    req: &lambda_http::Request,
-    source: UrlSource<'_>,
-    opts: VerifyOptions,
-) -> Result<Claims, VerifyError> {
-    let token = match req.headers().get(SIGNATURE_HEADER) {
-        None => return Err(VerifyError::MissingHeader),
-        Some(v) => v.to_str().map_err(|_| {
-            VerifyError::Malformed("Upstash-Signature header is not visible ASCII".into())
-        })?,
-    };
-    let url = request_url(req, source);
-    keys.verify(token, req.body().as_ref(), &url, opts).await
-}

@@ -119,7 +119,7 @@ impl ReceiverState {
         receiver: Receiver,
         env: Arc<dyn EnvSource>,
     ) -> Result<Self, ConfigError> {
-        crate::install_crypto_provider();
+        crate::tls::install_crypto_provider();
         let vars = Vars::new(env.as_ref());
         let config = ConsumerConfig::from_vars(&vars)?;
         let db = receiver.db_config(&vars)?;

@@ -20,7 +20,7 @@ use crate::qstash::PublishOutcome;
 
 use super::backoff::Backoff;
 use super::claim::ClaimedEvent;
-use super::publish::Published;
+use super::published::Published;
 use super::settle::{SettleItem, Settlement};
 use super::triage::Triage;
 
@@ -252,7 +252,7 @@ mod tests {
 
     use super::*;
     use crate::config::Vars;
-    use crate::relay::publish::{PublishedEvent, Reach};
+    use crate::relay::published::{PublishedEvent, Reach};
 
     fn config() -> RelayConfig {
         let env: HashMap<&'static str, &'static str> = [

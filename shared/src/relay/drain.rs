@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::Notify;
 
+use super::cycle::{CycleReport, Relay};
+use super::error::{RelayError, db};
 use super::outage::{self, OutageState};
-use super::{CycleReport, Relay, RelayError, db};
 
 /// What one invocation's drain did.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -347,36 +348,6 @@ impl Relay {
                 _ = stop.notified() => return,
             }
         }
-    }
-}
-
-/// The flag behind [`StopHandle`], shared by the relay and its handles.
-#[derive(Default)]
-pub(super) struct StopSignal {
-    flag: std::sync::atomic::AtomicBool,
-    notify: Notify,
-}
-
-impl StopSignal {
-    fn requested(&self) -> bool {
-        self.flag.load(AtomicOrdering::SeqCst)
-    }
-}
-
-/// Asks a [`Relay`]'s drains to stop after their current cycle.
-#[derive(Clone)]
-pub struct StopHandle(pub(super) Arc<StopSignal>);
-
-impl StopHandle {
-    /// Requests the stop (idempotent).
-    pub fn stop(&self) {
-        self.0.flag.store(true, AtomicOrdering::SeqCst);
-        self.0.notify.notify_waiters();
-    }
-
-    /// Whether a stop was requested.
-    pub fn is_stopped(&self) -> bool {
-        self.0.requested()
     }
 }
 

@@ -22,7 +22,7 @@ use crate::qstash::Message;
 use super::claim::ClaimedEvent;
 use super::decide::log_dead_letters;
 use super::forming::{Formed, Outgoing};
-use super::publish::{Published, PublishedEvent};
+use super::published::{Published, PublishedEvent};
 use super::settle::{SettleCounts, SettleItem, Settlement};
 use super::triage::Triage;
 use super::{Relay, RelayError};

@@ -1,0 +1,24 @@
+//! The library is layered as the Layout list of `src/lib.rs` says, by the workspace's one checker
+//! (`outbox-layering`): no arrow against the list, no arrow from a file up to its `mod.rs` or the crate root, no
+//! circle between files.
+
+use std::path::Path;
+
+#[test]
+fn the_library_is_layered_as_its_layout_says() {
+    let report = outbox_layering::assert_layered(Path::new(env!("CARGO_MANIFEST_DIR")));
+    // The scan saw what it must (a checker that reads nothing passes everything).
+    for (from, to) in [
+        ("src/relay/cycle.rs", "src/relay/claim.rs"),
+        ("src/relay/drain.rs", "src/relay/cycle.rs"),
+        ("src/consumer/batch.rs", "src/consumer/registry.rs"),
+        ("src/relay/claim.rs", "src/db.rs"),
+    ] {
+        assert!(
+            report.uses(from, to),
+            "the checker did not see {from} use {to}: {} arrows in {} files",
+            report.arrows.len(),
+            report.files.len()
+        );
+    }
+}
