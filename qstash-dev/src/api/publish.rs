@@ -12,7 +12,7 @@ use serde::de::{MapAccess, Visitor};
 use serde_json::{Value, json};
 
 use super::{S, json_response, read_body};
-use crate::core::{Accepted, Core, Counters, Effects, NewMessage};
+use crate::core::{Accepted, Counters, Effects, NewMessage, message_identity};
 use crate::draw::Fingerprint;
 use crate::error::ApiError;
 use crate::options::{OptionsBuilder, PublishOptions, check_url, split_query};
@@ -177,7 +177,7 @@ fn finish_message(
             ));
         }
     }
-    let identity = Core::message_identity(&url, &body, &opts);
+    let identity = message_identity(&url, &body, &opts);
     Ok(NewMessage {
         url,
         body,

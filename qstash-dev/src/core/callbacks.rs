@@ -9,10 +9,12 @@ use bytes::Bytes;
 use http::HeaderValue;
 use serde_json::{Map, Value, json};
 
-use super::{
-    Core, Counters, Effects, MAX_WAIT, MsgData, Outcome, header_multimap, headermap_multimap,
-    now_ms,
-};
+use super::clock::{MAX_WAIT, now_ms};
+use super::counters::Counters;
+use super::headers::{header_multimap, headermap_multimap};
+use super::machine::Core;
+use super::message::{Effects, MsgData};
+use super::outcome::Outcome;
 use crate::config::TimestampFormat;
 use crate::draw::Fingerprint;
 use crate::options::CallbackSpec;

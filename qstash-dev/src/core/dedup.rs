@@ -7,7 +7,6 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-use super::Core;
 use crate::draw::Fingerprint;
 use crate::options::PublishOptions;
 
@@ -62,44 +61,42 @@ impl Dedup {
     }
 }
 
-impl Core {
-    /// Content-based deduplication id: SHA-256 over destination, body, Content-Type and forwarded headers.
-    pub(super) fn content_dedup_key(url: &str, body: &[u8], opts: &PublishOptions) -> Vec<u8> {
-        let mut h = Sha256::new();
-        h.update(url.as_bytes());
-        h.update([0]);
-        h.update(body);
-        h.update([0]);
-        if let Some(ct) = &opts.content_type {
-            h.update(ct.as_bytes());
-        }
-        for (k, v) in &opts.forward {
-            h.update([0]);
-            h.update(k.as_str().as_bytes());
-            h.update([b':']);
-            h.update(v.as_bytes());
-        }
-        h.finalize().to_vec()
+/// Content-based deduplication id: SHA-256 over destination, body, Content-Type and forwarded headers.
+pub(super) fn content_dedup_key(url: &str, body: &[u8], opts: &PublishOptions) -> Vec<u8> {
+    let mut h = Sha256::new();
+    h.update(url.as_bytes());
+    h.update([0]);
+    h.update(body);
+    h.update([0]);
+    if let Some(ct) = &opts.content_type {
+        h.update(ct.as_bytes());
     }
+    for (k, v) in &opts.forward {
+        h.update([0]);
+        h.update(k.as_str().as_bytes());
+        h.update([b':']);
+        h.update(v.as_bytes());
+    }
+    h.finalize().to_vec()
+}
 
-    /// A published message's identity for fault draws (decision record 0114): its deduplication id if it has
-    /// one, else what content-based deduplication hashes (destination, body, Content-Type, forwarded headers).
-    /// Never the message id, which is random and assigned in arrival order.
-    pub(crate) fn message_identity(url: &str, body: &[u8], opts: &PublishOptions) -> u64 {
-        if let Some(id) = &opts.dedup_id {
-            return Fingerprint::new(b"dedup-id").bytes(id.as_bytes()).finish();
-        }
-        let mut f = Fingerprint::new(b"content")
-            .bytes(url.as_bytes())
-            .bytes(body)
-            .bytes(
-                opts.content_type
-                    .as_ref()
-                    .map_or(&b""[..], |c| c.as_bytes()),
-            );
-        for (k, v) in &opts.forward {
-            f = f.bytes(k.as_str().as_bytes()).bytes(v.as_bytes());
-        }
-        f.finish()
+/// A published message's identity for fault draws (decision record 0114): its deduplication id if it has
+/// one, else what content-based deduplication hashes (destination, body, Content-Type, forwarded headers).
+/// Never the message id, which is random and assigned in arrival order.
+pub(crate) fn message_identity(url: &str, body: &[u8], opts: &PublishOptions) -> u64 {
+    if let Some(id) = &opts.dedup_id {
+        return Fingerprint::new(b"dedup-id").bytes(id.as_bytes()).finish();
     }
+    let mut f = Fingerprint::new(b"content")
+        .bytes(url.as_bytes())
+        .bytes(body)
+        .bytes(
+            opts.content_type
+                .as_ref()
+                .map_or(&b""[..], |c| c.as_bytes()),
+        );
+    for (k, v) in &opts.forward {
+        f = f.bytes(k.as_str().as_bytes()).bytes(v.as_bytes());
+    }
+    f.finish()
 }

@@ -1,48 +1,18 @@
-//! The dead-letter queue: entries keyed by `(unix ms, n)`, retention, and retrying an entry as a new message.
+//! The dead-letter queue: moving a message there (entries keyed by `(unix ms, n)`), retention, and retrying an
+//! entry as a new message.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-
-use super::{Core, Counters, Effects, MsgData, Outcome, now_ms};
+use super::clock::now_ms;
+use super::counters::Counters;
+use super::dlq_entry::DlqEntry;
+use super::machine::Core;
+use super::message::{Effects, MsgData};
+use super::outcome::Outcome;
 use crate::draw::Fingerprint;
 use crate::options::PublishOptions;
 use crate::types::{AttemptKind, DlqEntryInfo};
-
-pub(crate) struct DlqEntry {
-    pub dlq_id: String,
-    pub data: Arc<MsgData>,
-    pub retried: u32,
-    pub max_retries: u32,
-    pub status: Option<u16>,
-    pub resp_headers: http::HeaderMap,
-    pub resp_body: Bytes,
-    pub error: Option<String>,
-    pub created_ms: u64,
-}
-
-impl DlqEntry {
-    pub fn info(&self) -> DlqEntryInfo {
-        DlqEntryInfo {
-            dlq_id: self.dlq_id.clone(),
-            message_id: self.data.id.to_string(),
-            kind: self.data.kind,
-            url: self.data.url.clone(),
-            method: self.data.method.to_string(),
-            body: self.data.body.to_vec(),
-            retried: self.retried,
-            max_retries: self.max_retries,
-            response_status: self.status,
-            response_body: self.resp_body.to_vec(),
-            error: self.error.clone(),
-            created_at_unix_ms: self.created_ms,
-            queue_name: self.data.queue.clone(),
-            flow_control_key: self.data.flow.as_ref().map(|f| f.key.clone()),
-            labels: self.data.labels.clone(),
-        }
-    }
-}
 
 impl Core {
     fn next_dlq_key(&mut self) -> (u64, u64) {
@@ -171,10 +141,4 @@ impl Core {
     pub fn dlq_infos(&self) -> Vec<DlqEntryInfo> {
         self.dlq.values().map(DlqEntry::info).collect()
     }
-}
-
-/// Parses a DLQ id `"<ms>-<n>"` into its ordering key.
-pub(crate) fn parse_dlq_id(s: &str) -> Option<(u64, u64)> {
-    let (a, b) = s.split_once('-')?;
-    Some((a.parse().ok()?, b.parse().ok()?))
 }

@@ -1,15 +1,12 @@
-//! Flow control: per-key parallelism and rate limits, with a waitlist of messages waiting for a slot.
+//! Flow control: per-key parallelism and rate limits, with a waitlist of messages waiting for a slot. Moving
+//! messages through the waitlist is [`Core`](super::machine::Core)'s (`waitlists.rs`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::Rng;
 use tokio::time::Instant;
 
-use super::timers::TimerKind;
-use super::{Core, Effects, MsgState, now_ms};
-use crate::config::WaitlistOrder;
 use crate::options::FlowSpec;
 
 pub(crate) struct Flow {
@@ -130,67 +127,6 @@ impl Flow {
             }
         }
         best.map(|(r, p)| (r, Duration::from_millis(p)))
-    }
-}
-
-impl Core {
-    pub fn pump_flow(&mut self, key: &str, fx: &mut Effects) {
-        let order = self.settings.waitlist_order;
-        loop {
-            let Some(flow) = self.flows.get_mut(key) else {
-                return;
-            };
-            if flow.paused || flow.waitlist.is_empty() {
-                return;
-            }
-            if let Some(p) = flow.effective_parallelism()
-                && flow.active >= p
-            {
-                return;
-            }
-            let rate = flow.effective_rate();
-            if let Some((limit, period)) = rate {
-                let period = self.settings.scaled(period);
-                let now = Instant::now();
-                let expired = match flow.window_start {
-                    None => true,
-                    Some(start) => now >= start + period,
-                };
-                if expired {
-                    flow.window_start = Some(now);
-                    flow.window_start_ms = now_ms();
-                    flow.window_count = 0;
-                }
-                if flow.window_count >= limit {
-                    if !flow.window_armed {
-                        flow.window_armed = true;
-                        let at = flow.window_start.unwrap_or(now) + period;
-                        let k = key.to_string();
-                        self.add_timer(at, TimerKind::FlowWindow(k), fx);
-                    }
-                    return;
-                }
-            }
-            let Some(flow) = self.flows.get_mut(key) else {
-                return;
-            };
-            let idx = match order {
-                WaitlistOrder::Fifo => 0,
-                WaitlistOrder::Shuffled => self.rng.random_range(0..flow.waitlist.len()),
-            };
-            let Some(id) = flow.waitlist.remove(idx) else {
-                return;
-            };
-            let Some(msg) = self.msgs.get_mut(&id) else {
-                continue;
-            };
-            flow.active += 1;
-            if rate.is_some() {
-                flow.window_count += 1;
-            }
-            msg.state = MsgState::Ready;
-            fx.jobs.push(msg.job());
-        }
     }
 }
 

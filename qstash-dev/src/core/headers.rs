@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use super::MsgData;
+use super::message::MsgData;
 
 /// Go-style canonical header name (`content-type` → `Content-Type`).
 pub(crate) fn canonical_header(name: &str) -> String {

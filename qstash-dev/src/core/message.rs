@@ -99,7 +99,7 @@ pub(crate) struct NewMessage {
     pub opts: PublishOptions,
     pub queue: Option<String>,
     pub caller_ip: Arc<str>,
-    /// [`Core::message_identity`](super::Core::message_identity) of the message (its publish request's fault
+    /// [`message_identity`](super::dedup::message_identity) of the message (its publish request's fault
     /// key, and the root of its `fault_id`).
     pub identity: u64,
 }

@@ -7,8 +7,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use super::counters::Counters;
+use super::machine::Core;
+use super::message::{Effects, Job, MsgState};
 use super::timers::TimerKind;
-use super::{Core, Counters, Effects, Job, MsgState};
 use crate::expr::RetryDelayExpr;
 use crate::types::AttemptKind;
 
