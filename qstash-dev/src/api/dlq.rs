@@ -6,7 +6,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::messages::{Filters, MessageFilter};
-use super::{S, json_response, ok_json, read_body};
+use super::request::{S, read_body};
+use super::response::{json_response, ok_json};
 use crate::core::{DlqEntry, parse_dlq_id};
 use crate::error::ApiError;
 use crate::options::{OptionsBuilder, PublishOptions};

@@ -7,7 +7,8 @@ use axum::extract::{Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::{S, empty_ok, ok_json, query_pairs};
+use super::request::{S, query_pairs};
+use super::response::{empty_ok, ok_json};
 use crate::error::ApiError;
 
 fn flow_json(f: &crate::core::Flow) -> Value {

@@ -9,7 +9,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 
-use super::{S, query_pairs};
+use super::request::{S, query_pairs};
 use crate::error::ApiError;
 use crate::state::{ConnCtx, Shared};
 

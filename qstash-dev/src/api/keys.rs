@@ -4,7 +4,8 @@ use axum::extract::State;
 use axum::response::Response;
 use serde_json::json;
 
-use super::{S, ok_json};
+use super::request::S;
+use super::response::ok_json;
 
 pub(super) async fn get_keys(State(s): S) -> Response {
     let k = s.signing_keys();

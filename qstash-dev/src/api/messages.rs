@@ -6,7 +6,8 @@ use axum::extract::{Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::{S, ok_json, query_pairs, read_body};
+use super::request::{S, query_pairs, read_body};
+use super::response::ok_json;
 use crate::core::MsgData;
 use crate::error::ApiError;
 use crate::view::message_json;

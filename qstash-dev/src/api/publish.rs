@@ -11,7 +11,8 @@ use serde::Deserialize;
 use serde::de::{MapAccess, Visitor};
 use serde_json::{Value, json};
 
-use super::{S, json_response, read_body};
+use super::request::{S, read_body};
+use super::response::json_response;
 use crate::core::{Accepted, Counters, Effects, NewMessage, message_identity};
 use crate::draw::Fingerprint;
 use crate::error::ApiError;

@@ -7,7 +7,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::publish::valid_queue_name;
-use super::{S, empty_ok, ok_json};
+use super::request::S;
+use super::response::{empty_ok, ok_json};
 use crate::core::now_ms;
 use crate::error::ApiError;
 use crate::state::Shared;
