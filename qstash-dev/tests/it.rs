@@ -17,6 +17,8 @@ mod api;
 mod delivery;
 #[path = "fault_replay.rs"]
 mod fault_replay;
+#[path = "layering.rs"]
+mod layering;
 #[path = "local_safety.rs"]
 mod local_safety;
 #[path = "sdk_compat.rs"]

@@ -1,0 +1,20 @@
+//! The dev server's modules are layered as the Layout list of its crate documentation (`src/lib.rs`) says,
+//! checked by the workspace's one checker (`outbox-layering`): each top-level module uses only the modules its
+//! entry names, no file uses what its `mod.rs` (or `lib.rs`) itself defines, and no files use each other in a
+//! circle.
+
+use std::path::Path;
+
+#[test]
+fn the_dev_server_is_layered_as_its_layout_says() {
+    let report = outbox_layering::assert_layered(Path::new(env!("CARGO_MANIFEST_DIR")));
+    // Arrows the scan must have seen, so that the test cannot pass on a scan that found nothing.
+    for (from, to) in [
+        ("src/server.rs", "src/api/mod.rs"),
+        // Through `core/mod.rs`'s re-export, to the file that defines `Core`.
+        ("src/state/mod.rs", "src/core/machine.rs"),
+        ("src/api/guard.rs", "src/api/request.rs"),
+    ] {
+        assert!(report.uses(from, to), "the scan saw no arrow {from} → {to}");
+    }
+}
