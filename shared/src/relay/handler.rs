@@ -298,35 +298,12 @@ pub async fn handle(
 ) -> Result<InvocationSummary, RelayError> {
     let started = Instant::now();
     let (payload, context) = event.into_parts();
-    let now_ms = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
-    let deadline_ms =
-        effective_deadline_ms(context.deadline, now_ms, state.budget_without_deadline);
-    if deadline_ms != context.deadline {
-        tracing::warn!(
-            context_deadline_ms = context.deadline,
-            budget_secs = state.budget_without_deadline.as_secs_f64(),
-            "the runtime sent no usable deadline (a local emulator): draining for RELAY_EMULATOR_TIMEOUT_SECS"
-        );
-    }
+    let deadline_ms = checked_deadline_ms(state, context.deadline)?;
     let relay = &state.relay;
     let cfg = relay.config();
-    // A timeout that cannot hold a lease plus the margin would end every invocation at once with nothing
-    // claimed, reported as success: refuse instead, naming both values.
-    cfg.check_invocation_budget(
-        Duration::from_millis(deadline_ms.saturating_sub(now_ms)),
-        "the Lambda invocation's time to its deadline (the function's timeout)",
-    )?;
     relay.declare_subscribers().await?;
     let deadline = deadline_from(deadline_ms, state.margin);
-    let retention = Retention {
-        outbox: cfg.retention,
-        processed: cfg.processed_ttl,
-        batch: cfg.housekeeping_batch,
-        time_budget: Duration::from_secs(2),
-    };
+    let retention = retention_of(cfg);
     let pruned = housekeeping::run(relay.db(), retention)
         .await
         .map_err(|source| RelayError::Database {
@@ -358,16 +335,7 @@ pub async fn handle(
         )
     );
     let drain = drain?;
-    let (accounting, accounting_error) = match accounting {
-        Ok(r) => (r, None),
-        Err(e) => {
-            tracing::error!(error = %e, cause = ?std::error::Error::source(&e), "accounting pass failed");
-            (
-                AccountingReport::default(),
-                Some(crate::telemetry::error_chain(&e)),
-            )
-        }
-    };
+    let (accounting, accounting_error) = accounting_outcome(accounting);
     let backlog = housekeeping::backlog(relay.db(), cfg.accounting.horizon)
         .await
         .map_err(|source| RelayError::Database {
@@ -388,14 +356,71 @@ pub async fn handle(
         subscribers_error,
         duration_ms: started.elapsed().as_millis() as u64,
     };
-    tracing::info!(summary = %serde_json::to_string(&summary).unwrap_or_default(), "relay invocation done");
+    report(state, &summary);
+    Ok(summary)
+}
+
+/// The deadline to drain to, epoch ms ([`effective_deadline_ms`]; a warning when the runtime sent no usable one),
+/// refused when the time to it cannot hold a lease plus the margin.
+fn checked_deadline_ms(state: &RelayState, context_deadline_ms: u64) -> Result<u64, ConfigError> {
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let deadline_ms =
+        effective_deadline_ms(context_deadline_ms, now_ms, state.budget_without_deadline);
+    if deadline_ms != context_deadline_ms {
+        tracing::warn!(
+            context_deadline_ms,
+            budget_secs = state.budget_without_deadline.as_secs_f64(),
+            "the runtime sent no usable deadline (a local emulator): draining for RELAY_EMULATOR_TIMEOUT_SECS"
+        );
+    }
+    // A timeout that cannot hold a lease plus the margin would end every invocation at once with nothing
+    // claimed, reported as success: refuse instead, naming both values.
+    state.relay.config().check_invocation_budget(
+        Duration::from_millis(deadline_ms.saturating_sub(now_ms)),
+        "the Lambda invocation's time to its deadline (the function's timeout)",
+    )?;
+    Ok(deadline_ms)
+}
+
+/// What housekeeping may delete in one invocation, and how long one pass may take.
+fn retention_of(cfg: &RelayConfig) -> Retention {
+    Retention {
+        outbox: cfg.retention,
+        processed: cfg.processed_ttl,
+        batch: cfg.housekeeping_batch,
+        time_budget: Duration::from_secs(2),
+    }
+}
+
+/// The accounting pass's report; when it failed, an empty one and why (logged): the drain's figures stand.
+fn accounting_outcome(
+    result: Result<AccountingReport, RelayError>,
+) -> (AccountingReport, Option<String>) {
+    match result {
+        Ok(r) => (r, None),
+        Err(e) => {
+            tracing::error!(error = %e, cause = ?std::error::Error::source(&e), "accounting pass failed");
+            (
+                AccountingReport::default(),
+                Some(crate::telemetry::error_chain(&e)),
+            )
+        }
+    }
+}
+
+/// Logs the invocation's summary, and emits its EMF line ([`emf`]) and one per subscriber ([`subscriber_emf`])
+/// unless metrics are off.
+fn report(state: &RelayState, summary: &InvocationSummary) {
+    tracing::info!(summary = %serde_json::to_string(summary).unwrap_or_default(), "relay invocation done");
     if state.emit_metrics {
-        emf(&state.function_name, &summary).emit();
-        for record in subscriber_emf(&state.function_name, &summary) {
+        emf(&state.function_name, summary).emit();
+        for record in subscriber_emf(&state.function_name, summary) {
             record.emit();
         }
     }
-    Ok(summary)
 }
 
 /// The EMF records of an invocation's per-subscriber figures: one per (topic, subscriber) of
@@ -440,88 +465,84 @@ pub fn subscriber_emf(function: &str, s: &InvocationSummary) -> Vec<EmfRecord> {
 
 /// The EMF record of an invocation (the alarms read `OldestPendingAge`, `DeadLettered` and `QStashOutage`).
 pub fn emf(function: &str, s: &InvocationSummary) -> EmfRecord {
-    let record = EmfRecord::new(function)
-        .metric("Claimed", Unit::Count, s.drain.claimed as f64)
-        .metric("Dispatched", Unit::Count, s.drain.dispatched as f64)
-        .metric("Retried", Unit::Count, s.drain.retried as f64)
-        .metric("DeadLettered", Unit::Count, s.drain.dead_lettered as f64)
-        .metric("Fenced", Unit::Count, s.drain.fenced as f64)
-        .metric(
-            "ConfigProblems",
-            Unit::Count,
-            s.drain.config_problems as f64,
-        )
-        .metric("Released", Unit::Count, s.drain.released as f64)
+    let record = EmfRecord::new(function);
+    let record = drain_metrics(record, &s.drain);
+    let record = backlog_metrics(record, &s.backlog);
+    let record = accounting_metrics(record, &s.accounting);
+    let record = latency_metrics(record, &s.drain).property("requestId", s.request_id.clone());
+    match &s.database {
+        Some(h) => health_metrics(record, h),
+        None => record,
+    }
+}
+
+/// The drain's counts: claimed, dispatched, retried, dead-lettered…, and the QStash outage.
+fn drain_metrics(record: EmfRecord, d: &DrainSummary) -> EmfRecord {
+    record
+        .metric("Claimed", Unit::Count, d.claimed as f64)
+        .metric("Dispatched", Unit::Count, d.dispatched as f64)
+        .metric("Retried", Unit::Count, d.retried as f64)
+        .metric("DeadLettered", Unit::Count, d.dead_lettered as f64)
+        .metric("Fenced", Unit::Count, d.fenced as f64)
+        .metric("ConfigProblems", Unit::Count, d.config_problems as f64)
+        .metric("Released", Unit::Count, d.released as f64)
         .metric(
             "QStashOutage",
             Unit::Count,
-            if s.drain.qstash_outage { 1.0 } else { 0.0 },
+            if d.qstash_outage { 1.0 } else { 0.0 },
         )
-        .metric("OutageSeconds", Unit::Seconds, s.drain.outage_secs)
-        .metric("Pending", Unit::Count, s.backlog.pending as f64)
-        .metric(
-            "OldestPendingAge",
-            Unit::Seconds,
-            s.backlog.oldest_pending_age_secs,
-        )
-        .metric("BlockedKeys", Unit::Count, s.backlog.blocked_keys as f64)
-        .metric(
-            "AwaitingEvidence",
-            Unit::Count,
-            s.backlog.awaiting_evidence as f64,
-        )
+        .metric("OutageSeconds", Unit::Seconds, d.outage_secs)
+}
+
+/// The backlog at the end: pending, blocked keys, awaiting evidence, in flight.
+fn backlog_metrics(record: EmfRecord, b: &BacklogGauges) -> EmfRecord {
+    record
+        .metric("Pending", Unit::Count, b.pending as f64)
+        .metric("OldestPendingAge", Unit::Seconds, b.oldest_pending_age_secs)
+        .metric("BlockedKeys", Unit::Count, b.blocked_keys as f64)
+        .metric("AwaitingEvidence", Unit::Count, b.awaiting_evidence as f64)
         .metric(
             "OldestAwaitingEvidenceAge",
             Unit::Seconds,
-            s.backlog.oldest_awaiting_evidence_secs,
+            b.oldest_awaiting_evidence_secs,
         )
-        .metric("InFlight", Unit::Count, s.backlog.in_flight as f64)
-        .metric(
-            "UnaccountedEvents",
-            Unit::Count,
-            s.backlog.unaccounted as f64,
-        )
-        .metric(
-            "ReconciledFromDlq",
-            Unit::Count,
-            s.accounting.recorded_from_dlq as f64,
-        )
-        .metric("Republished", Unit::Count, s.accounting.republished as f64)
-        .metric(
-            "StillRetrying",
-            Unit::Count,
-            s.accounting.still_retrying as f64,
-        )
+        .metric("InFlight", Unit::Count, b.in_flight as f64)
+        .metric("UnaccountedEvents", Unit::Count, b.unaccounted as f64)
+}
+
+/// What the accounting pass did.
+fn accounting_metrics(record: EmfRecord, a: &AccountingReport) -> EmfRecord {
+    record
+        .metric("ReconciledFromDlq", Unit::Count, a.recorded_from_dlq as f64)
+        .metric("Republished", Unit::Count, a.republished as f64)
+        .metric("StillRetrying", Unit::Count, a.still_retrying as f64)
         .metric(
             "UnaccountedDeadLettered",
             Unit::Count,
-            s.accounting.unaccounted_dead as f64,
+            a.unaccounted_dead as f64,
         )
+}
+
+/// The drain's publish and claim latencies.
+fn latency_metrics(record: EmfRecord, d: &DrainSummary) -> EmfRecord {
+    record
+        .metric("PublishLatencyP50", Unit::Milliseconds, d.publish_p50_ms)
+        .metric("PublishLatencyP99", Unit::Milliseconds, d.publish_p99_ms)
+        .metric("ClaimLatencyP50", Unit::Milliseconds, d.claim_p50_ms)
+        .metric("ClaimLatencyP99", Unit::Milliseconds, d.claim_p99_ms)
+}
+
+/// The database's health: the xmin horizon, dead tuples, the outbox table's size.
+fn health_metrics(record: EmfRecord, h: &HealthGauges) -> EmfRecord {
+    record
         .metric(
-            "PublishLatencyP50",
-            Unit::Milliseconds,
-            s.drain.publish_p50_ms,
+            "OldestTransactionAge",
+            Unit::Seconds,
+            h.oldest_transaction_age_secs,
         )
-        .metric(
-            "PublishLatencyP99",
-            Unit::Milliseconds,
-            s.drain.publish_p99_ms,
-        )
-        .metric("ClaimLatencyP50", Unit::Milliseconds, s.drain.claim_p50_ms)
-        .metric("ClaimLatencyP99", Unit::Milliseconds, s.drain.claim_p99_ms)
-        .property("requestId", s.request_id.clone());
-    match &s.database {
-        Some(h) => record
-            .metric(
-                "OldestTransactionAge",
-                Unit::Seconds,
-                h.oldest_transaction_age_secs,
-            )
-            .metric("XminHorizonAge", Unit::Count, h.horizon_age_xids as f64)
-            .metric("DeadTuplePercent", Unit::Percent, h.dead_tuple_percent)
-            .metric("OutboxTableBytes", Unit::Bytes, h.outbox_bytes as f64),
-        None => record,
-    }
+        .metric("XminHorizonAge", Unit::Count, h.horizon_age_xids as f64)
+        .metric("DeadTuplePercent", Unit::Percent, h.dead_tuple_percent)
+        .metric("OutboxTableBytes", Unit::Bytes, h.outbox_bytes as f64)
 }
 
 #[cfg(test)]
