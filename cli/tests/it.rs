@@ -22,6 +22,7 @@ mod control_chars;
 #[path = "dead_letters.rs"]
 mod dead_letters;
 mod help;
+mod layering;
 mod observability;
 #[path = "prune.rs"]
 mod prune;

@@ -1,8 +1,6 @@
 //! Each rule of the checker on a small crate made for it: the arrow it must see, and the problem it must report.
 
-mod common;
-
-use common::krate;
+use crate::common::krate;
 use outbox_layering::check;
 
 const ORDERED_LIB: &str = "//! A crate.\n//!\n//! # Layout\n//!\n//! - `low`: the bottom.\n//! - `high`: the top.\n\n\

@@ -1,7 +1,13 @@
 //! `outbox dead-letters redrive` and `purge`: the commands that change something, each behind a filter and a
 //! confirmation.
 
-use super::*;
+use std::io::Write;
+
+use anyhow::bail;
+use outbox::dead_letters::{self, BulkOutcome, RedriveOptions, RedriveOrder, Redriven};
+
+use super::args::*;
+use crate::util;
 
 fn describe_redriven(r: &Redriven) -> String {
     let mut s = format!(

@@ -1,6 +1,12 @@
 //! `outbox dead-letters list` and `show`: reading dead letters, nothing changes.
 
-use super::*;
+use std::io::Write;
+
+use anyhow::{Context, bail};
+use outbox::dead_letters::{self, ListQuery};
+
+use super::args::*;
+use crate::util;
 
 pub(super) async fn list(a: ListArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let pool = a.db.connect().await?;

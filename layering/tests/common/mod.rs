@@ -1,6 +1,6 @@
 //! Crates written into a directory of their own under the system's temporary directory, for the checker to read.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A crate directory that is removed when dropped.
@@ -32,5 +32,25 @@ pub fn krate(files: &[(&str, &str)]) -> Crate {
         std::fs::create_dir_all(path.parent().expect("a file in a directory")).expect("mkdir");
         std::fs::write(&path, text).expect("writing a source file");
     }
+    Crate(dir)
+}
+
+/// A copy of the `src/` tree of the workspace crate in directory `name` (`shared`, `cli`, `qstash-dev`).
+pub fn copy_of(name: &str) -> Crate {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).expect("mkdir");
+        for entry in std::fs::read_dir(from).expect("listing a source directory") {
+            let entry = entry.expect("a directory entry");
+            let target = to.join(entry.file_name());
+            if entry.path().is_dir() {
+                copy(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).expect("copying a source file");
+            }
+        }
+    }
+    let dir = fresh_dir();
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    copy(&workspace.join(name).join("src"), &dir.join("src"));
     Crate(dir)
 }
