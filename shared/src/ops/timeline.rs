@@ -218,63 +218,17 @@ pub async fn timeline(
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(&mut *conn)
         .await?;
-    let event: Option<EventRow> = sqlx::query_as(crate::schema::q(
-        "SELECT id, topic, partition_key, subscriber, event_id, seq, payload, headers, created_at, available_at, dispatched_at, \
-                delivered_at, dead_lettered_at, attempts, locked_until, lease_token, last_error, qstash_message_id, \
-                redrive_count, republish_count, reconciled_at \
-         FROM {schema}.outbox WHERE id = $1",
-    ))
-    .bind(outbox_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let dead_ids: Vec<i64> = sqlx::query_scalar(crate::schema::q(
-        "SELECT id FROM {schema}.dead_letters WHERE outbox_id = $1 ORDER BY id LIMIT 100",
-    ))
-    .bind(outbox_id)
-    .fetch_all(&mut *conn)
-    .await?;
-    let mut dead_letters = Vec::with_capacity(dead_ids.len());
-    for id in dead_ids {
-        if let Some(d) = crate::dead_letters::get(conn, id).await? {
-            dead_letters.push(d);
-        }
-    }
+    let event = event_row(conn, outbox_id).await?;
+    let dead_letters = dead_letters_of(conn, outbox_id).await?;
     if event.is_none() && dead_letters.is_empty() {
         return Ok(None);
     }
     let key = match &event {
-        Some(e) if e.seq.is_some() => {
-            sqlx::query_as(crate::schema::q(
-                "SELECT k.done_seq, s.last_seq, k.inflight_id, k.blocked_id, k.blocked_reason \
-                 FROM {schema}.outbox_keys k LEFT JOIN {schema}.outbox_sequences s \
-                   ON s.topic = k.topic AND s.partition_key = k.partition_key \
-                 WHERE k.topic = $1 AND k.partition_key = $2 AND k.subscriber = $3",
-            ))
-            .bind(&e.topic)
-            .bind(&e.partition_key)
-            .bind(&e.subscriber)
-            .fetch_optional(&mut *conn)
-            .await?
-        }
+        Some(e) if e.seq.is_some() => key_position(conn, e).await?,
         _ => None,
     };
-    let mut namespaces = consumers.to_vec();
-    if let Some(e) = event.as_ref().filter(|e| !e.subscriber.is_empty())
-        && !namespaces.contains(&e.subscriber)
-    {
-        namespaces.push(e.subscriber.clone());
-    }
-    let applied: Vec<Applied> = sqlx::query_as(crate::schema::q(
-        "SELECT consumer, processed_at FROM {schema}.processed_messages \
-         WHERE consumer = ANY ($1) \
-           AND message_id IN ($2, (SELECT coalesce(event_id, id)::text FROM {schema}.outbox WHERE id = $3)) \
-         ORDER BY processed_at",
-    ))
-    .bind(&namespaces)
-    .bind(outbox_id.to_string())
-    .bind(outbox_id)
-    .fetch_all(&mut *conn)
-    .await?;
+    let namespaces = namespaces(consumers, event.as_ref());
+    let applied = applied(conn, outbox_id, &namespaces).await?;
     let event_id = event.as_ref().and_then(|e| e.event_id).unwrap_or(outbox_id);
     let topic = match (&event, dead_letters.iter().find_map(|d| d.topic.as_ref())) {
         (Some(e), _) => Some(&e.topic),
@@ -298,6 +252,90 @@ pub async fn timeline(
         actions,
         steps,
     }))
+}
+
+/// The outbox row, every column; `None` when it is gone.
+async fn event_row(
+    conn: &mut PgConnection,
+    outbox_id: OutboxId,
+) -> Result<Option<EventRow>, sqlx::Error> {
+    sqlx::query_as(crate::schema::q(
+        "SELECT id, topic, partition_key, subscriber, event_id, seq, payload, headers, created_at, available_at, dispatched_at, \
+                delivered_at, dead_lettered_at, attempts, locked_until, lease_token, last_error, qstash_message_id, \
+                redrive_count, republish_count, reconciled_at \
+         FROM {schema}.outbox WHERE id = $1",
+    ))
+    .bind(outbox_id)
+    .fetch_optional(&mut *conn)
+    .await
+}
+
+/// The event's dead letters (the first 100), oldest first.
+async fn dead_letters_of(
+    conn: &mut PgConnection,
+    outbox_id: OutboxId,
+) -> Result<Vec<DeadLetter>, sqlx::Error> {
+    let dead_ids: Vec<i64> = sqlx::query_scalar(crate::schema::q(
+        "SELECT id FROM {schema}.dead_letters WHERE outbox_id = $1 ORDER BY id LIMIT 100",
+    ))
+    .bind(outbox_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut dead_letters = Vec::with_capacity(dead_ids.len());
+    for id in dead_ids {
+        if let Some(d) = crate::dead_letters::get(conn, id).await? {
+            dead_letters.push(d);
+        }
+    }
+    Ok(dead_letters)
+}
+
+/// The relay's state of the ordered event's lane, while it has work.
+async fn key_position(
+    conn: &mut PgConnection,
+    e: &EventRow,
+) -> Result<Option<KeyPosition>, sqlx::Error> {
+    sqlx::query_as(crate::schema::q(
+        "SELECT k.done_seq, s.last_seq, k.inflight_id, k.blocked_id, k.blocked_reason \
+                 FROM {schema}.outbox_keys k LEFT JOIN {schema}.outbox_sequences s \
+                   ON s.topic = k.topic AND s.partition_key = k.partition_key \
+                 WHERE k.topic = $1 AND k.partition_key = $2 AND k.subscriber = $3",
+    ))
+    .bind(&e.topic)
+    .bind(&e.partition_key)
+    .bind(&e.subscriber)
+    .fetch_optional(&mut *conn)
+    .await
+}
+
+/// The dedupe namespaces to look in: `consumers`, and a named subscriber's copy's subscriber.
+fn namespaces(consumers: &[String], event: Option<&EventRow>) -> Vec<String> {
+    let mut namespaces = consumers.to_vec();
+    if let Some(e) = event.filter(|e| !e.subscriber.is_empty())
+        && !namespaces.contains(&e.subscriber)
+    {
+        namespaces.push(e.subscriber.clone());
+    }
+    namespaces
+}
+
+/// The dedupe rows in `namespaces` of the row or of its event: who applied it, and when.
+async fn applied(
+    conn: &mut PgConnection,
+    outbox_id: OutboxId,
+    namespaces: &[String],
+) -> Result<Vec<Applied>, sqlx::Error> {
+    sqlx::query_as(crate::schema::q(
+        "SELECT consumer, processed_at FROM {schema}.processed_messages \
+         WHERE consumer = ANY ($1) \
+           AND message_id IN ($2, (SELECT coalesce(event_id, id)::text FROM {schema}.outbox WHERE id = $3)) \
+         ORDER BY processed_at",
+    ))
+    .bind(namespaces)
+    .bind(outbox_id.to_string())
+    .bind(outbox_id)
+    .fetch_all(&mut *conn)
+    .await
 }
 
 /// Every copy of `event_id` of `topic` (on `outbox_event_idx`), with its lane, its newest unhandled dead letter
@@ -338,100 +376,114 @@ fn steps(
     actions: &[Action],
 ) -> Vec<Step> {
     let mut steps = Vec::new();
-    let mut push = |at: DateTime<Utc>, what: StepKind| steps.push(Step { at, what });
     if let Some(e) = event {
-        push(e.created_at, StepKind::Created);
-        if e.available_at > e.created_at
-            && e.dispatched_at.is_none()
-            && e.dead_lettered_at.is_none()
-        {
-            push(
-                e.available_at,
-                StepKind::Due {
-                    attempts: e.attempts,
-                },
-            );
-        }
-        if let Some(t) = e.locked_until {
-            push(
-                t,
-                StepKind::LeaseEnds {
-                    attempts: e.attempts,
-                    lease_token: e.lease_token,
-                },
-            );
-        }
-        if let Some(t) = e.dispatched_at {
-            push(
-                t,
-                StepKind::Dispatched {
-                    qstash_message_id: e.qstash_message_id.clone(),
-                },
-            );
-        }
-        if let Some(t) = e.reconciled_at {
-            push(t, StepKind::Reconciled);
-        }
-        if let Some(t) = e.delivered_at {
-            push(t, StepKind::Delivered);
-        }
-        if let Some(t) = e.dead_lettered_at {
-            push(
-                t,
-                StepKind::DeadLettered {
-                    last_error: e.last_error.clone(),
-                },
-            );
-        }
+        event_steps(e, &mut steps);
     }
-    for a in applied {
-        push(
-            a.processed_at,
-            StepKind::Applied {
-                consumer: a.consumer.clone(),
-            },
-        );
-    }
+    steps.extend(applied.iter().map(applied_step));
     for d in dead_letters {
-        push(
-            d.created_at,
-            StepKind::DeadLetterRecorded {
-                dead_letter_id: d.id,
-                source: d.source.clone(),
-                error: d.error.clone(),
-                status: d.status,
-            },
-        );
-        if let Some(t) = d.redriven_at {
-            push(
-                t,
-                StepKind::Redriven {
-                    dead_letter_id: d.id,
-                },
-            );
-        }
-        if let Some(t) = d.resolved_at {
-            push(
-                t,
-                StepKind::Resolved {
-                    dead_letter_id: d.id,
-                    resolution: d.resolution.clone(),
-                },
-            );
-        }
+        dead_letter_steps(d, &mut steps);
     }
-    for a in actions {
-        push(
-            a.at,
-            StepKind::ConsoleAction {
-                action_id: a.id,
-                actor: a.actor.clone(),
-                action: a.action.clone(),
-                finished: a.finished_at.is_some(),
-            },
-        );
-    }
+    steps.extend(actions.iter().map(action_step));
     // Stable: for equal times the order above (the order things happen) stays.
     steps.sort_by_key(|s| s.at);
     steps
+}
+
+/// The outbox row's steps, in the order things happen: created, due, lease, dispatched, reconciled, delivered, dead.
+fn event_steps(e: &EventRow, steps: &mut Vec<Step>) {
+    let mut push = |at: DateTime<Utc>, what: StepKind| steps.push(Step { at, what });
+    push(e.created_at, StepKind::Created);
+    if e.available_at > e.created_at && e.dispatched_at.is_none() && e.dead_lettered_at.is_none() {
+        push(
+            e.available_at,
+            StepKind::Due {
+                attempts: e.attempts,
+            },
+        );
+    }
+    if let Some(t) = e.locked_until {
+        push(
+            t,
+            StepKind::LeaseEnds {
+                attempts: e.attempts,
+                lease_token: e.lease_token,
+            },
+        );
+    }
+    if let Some(t) = e.dispatched_at {
+        push(
+            t,
+            StepKind::Dispatched {
+                qstash_message_id: e.qstash_message_id.clone(),
+            },
+        );
+    }
+    if let Some(t) = e.reconciled_at {
+        push(t, StepKind::Reconciled);
+    }
+    if let Some(t) = e.delivered_at {
+        push(t, StepKind::Delivered);
+    }
+    if let Some(t) = e.dead_lettered_at {
+        push(
+            t,
+            StepKind::DeadLettered {
+                last_error: e.last_error.clone(),
+            },
+        );
+    }
+}
+
+/// A consumer's dedupe row as a step.
+fn applied_step(a: &Applied) -> Step {
+    Step {
+        at: a.processed_at,
+        what: StepKind::Applied {
+            consumer: a.consumer.clone(),
+        },
+    }
+}
+
+/// A dead letter's steps: recorded, then redriven or resolved.
+fn dead_letter_steps(d: &DeadLetter, steps: &mut Vec<Step>) {
+    let mut push = |at: DateTime<Utc>, what: StepKind| steps.push(Step { at, what });
+    push(
+        d.created_at,
+        StepKind::DeadLetterRecorded {
+            dead_letter_id: d.id,
+            source: d.source.clone(),
+            error: d.error.clone(),
+            status: d.status,
+        },
+    );
+    if let Some(t) = d.redriven_at {
+        push(
+            t,
+            StepKind::Redriven {
+                dead_letter_id: d.id,
+            },
+        );
+    }
+    if let Some(t) = d.resolved_at {
+        push(
+            t,
+            StepKind::Resolved {
+                dead_letter_id: d.id,
+                resolution: d.resolution.clone(),
+            },
+        );
+    }
+}
+
+/// A console action as a step.
+fn action_step(a: &Action) -> Step {
+    Step {
+        at: a.at,
+        what: StepKind::ConsoleAction {
+            action_id: a.id,
+            actor: a.actor.clone(),
+            action: a.action.clone(),
+            finished: a.finished_at.is_some(),
+        },
+    }
 }
