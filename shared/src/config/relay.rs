@@ -495,57 +495,75 @@ pub fn qstash_retry_horizon(retries: u32) -> Duration {
     Duration::from_secs_f64(secs)
 }
 
+/// `RELAY_LEASE_SECS` (default 15 s): at least a second.
+fn lease_of(v: &Vars<'_>) -> Result<Duration, ConfigError> {
+    let lease = v.duration_or("RELAY_LEASE_SECS", Duration::from_secs(15))?;
+    if lease < Duration::from_secs(1) {
+        return Err(ConfigError::InvalidVar {
+            name: "RELAY_LEASE_SECS",
+            value: format!("{}", lease.as_secs_f64()),
+            reason: "must be at least 1 second".into(),
+        });
+    }
+    Ok(lease)
+}
+
+/// A positive number of hours (`name`, default `default`).
+fn hours_or(v: &Vars<'_>, name: &'static str, default: f64) -> Result<Duration, ConfigError> {
+    let h: f64 = v.parse_or(name, default)?;
+    if !h.is_finite() || h <= 0.0 {
+        return Err(ConfigError::InvalidVar {
+            name,
+            value: h.to_string(),
+            reason: "must be a positive number of hours".into(),
+        });
+    }
+    Ok(Duration::from_secs_f64(h * 3600.0))
+}
+
+/// The first and the longest wait before probing QStash after an outage (`RELAY_OUTAGE_PROBE_BASE_MS`,
+/// `RELAY_OUTAGE_PROBE_CAP_SECS`).
+fn outage_probes_of(v: &Vars<'_>) -> Result<(Duration, Duration), ConfigError> {
+    let base = v.duration_within(
+        "RELAY_OUTAGE_PROBE_BASE_MS",
+        Duration::from_secs(2),
+        Duration::from_millis(100),
+        Duration::from_secs(60),
+        "the first wait before probing QStash after an outage",
+    )?;
+    let cap = v.duration_within(
+        "RELAY_OUTAGE_PROBE_CAP_SECS",
+        Duration::from_secs(300),
+        base,
+        Duration::from_secs(3600),
+        "the longest wait between probes, and so how long a recovered QStash may go unused",
+    )?;
+    Ok((base, cap))
+}
+
+/// `RELAY_ORDERED_EVIDENCE`: `callback` (the default) or `consumer`.
+fn ordered_evidence_of(v: &Vars<'_>) -> Result<EvidenceMode, ConfigError> {
+    match v
+        .raw("RELAY_ORDERED_EVIDENCE")
+        .map(|m| m.trim().to_ascii_lowercase())
+    {
+        None => Ok(EvidenceMode::Callback),
+        Some(m) if m == "callback" => Ok(EvidenceMode::Callback),
+        Some(m) if m == "consumer" => Ok(EvidenceMode::Consumer),
+        Some(m) => Err(ConfigError::InvalidVar {
+            name: "RELAY_ORDERED_EVIDENCE",
+            value: m,
+            reason: "expected callback or consumer".into(),
+        }),
+    }
+}
+
 impl RelayConfig {
     /// Reads the `RELAY_*` variables; `qstash_retries` sets the default evidence timeout.
     pub fn from_vars(v: &Vars<'_>, qstash_retries: u32) -> Result<Self, ConfigError> {
-        let lease = v.duration_or("RELAY_LEASE_SECS", Duration::from_secs(15))?;
-        if lease < Duration::from_secs(1) {
-            return Err(ConfigError::InvalidVar {
-                name: "RELAY_LEASE_SECS",
-                value: format!("{}", lease.as_secs_f64()),
-                reason: "must be at least 1 second".into(),
-            });
-        }
-        let hours = |name: &'static str, default: f64| -> Result<Duration, ConfigError> {
-            let h: f64 = v.parse_or(name, default)?;
-            if !h.is_finite() || h <= 0.0 {
-                return Err(ConfigError::InvalidVar {
-                    name,
-                    value: h.to_string(),
-                    reason: "must be a positive number of hours".into(),
-                });
-            }
-            Ok(Duration::from_secs_f64(h * 3600.0))
-        };
-        let outage_probe_base = v.duration_within(
-            "RELAY_OUTAGE_PROBE_BASE_MS",
-            Duration::from_secs(2),
-            Duration::from_millis(100),
-            Duration::from_secs(60),
-            "the first wait before probing QStash after an outage",
-        )?;
-        let outage_probe_cap = v.duration_within(
-            "RELAY_OUTAGE_PROBE_CAP_SECS",
-            Duration::from_secs(300),
-            outage_probe_base,
-            Duration::from_secs(3600),
-            "the longest wait between probes, and so how long a recovered QStash may go unused",
-        )?;
-        let ordered_evidence = match v
-            .raw("RELAY_ORDERED_EVIDENCE")
-            .map(|m| m.trim().to_ascii_lowercase())
-        {
-            None => EvidenceMode::Callback,
-            Some(m) if m == "callback" => EvidenceMode::Callback,
-            Some(m) if m == "consumer" => EvidenceMode::Consumer,
-            Some(m) => {
-                return Err(ConfigError::InvalidVar {
-                    name: "RELAY_ORDERED_EVIDENCE",
-                    value: m,
-                    reason: "expected callback or consumer".into(),
-                });
-            }
-        };
+        let lease = lease_of(v)?;
+        let (outage_probe_base, outage_probe_cap) = outage_probes_of(v)?;
+        let ordered_evidence = ordered_evidence_of(v)?;
         let delivery_timeout = match v.raw("QSTASH_DELIVERY_TIMEOUT_SECS") {
             Some(_) => Some(v.duration_or("QSTASH_DELIVERY_TIMEOUT_SECS", Duration::ZERO)?),
             None => None,
@@ -574,11 +592,12 @@ impl RelayConfig {
                 "RELAY_EVIDENCE_TIMEOUT_SECS",
                 qstash_retry_horizon(qstash_retries) + Duration::from_secs(3600),
             )?,
-            retention: hours(
+            retention: hours_or(
+                v,
                 "OUTBOX_RETENTION_HOURS",
                 (qstash_retry_horizon(qstash_retries).as_secs_f64() / 3600.0 + 24.0).ceil(),
             )?,
-            processed_ttl: hours("PROCESSED_TTL_HOURS", 168.0)?,
+            processed_ttl: hours_or(v, "PROCESSED_TTL_HOURS", 168.0)?,
             housekeeping_batch: v.ranged_or("RELAY_HOUSEKEEPING_BATCH", 1000, 1, 100_000)?,
             listen_notify: v.bool_or("RELAY_LISTEN_NOTIFY", false)?,
         };
