@@ -110,6 +110,27 @@ pub(super) fn current_delivery<'b>(
     consumer_name: &str,
 ) -> Result<Vec<Delivery<'b>>, Outcome> {
     let env = contract::parse_envelope(req.body().as_ref()).map_err(Outcome::Permanent)?;
+    check_addressee(&env, topic, consumer_name)?;
+    check_current_copies(req, topic, &env)?;
+    let (message_id, retried) = qstash_info(req);
+    let consumer_evidence = env.evidence == Some(contract::Evidence::Consumer);
+    Ok(env
+        .events
+        .iter()
+        .map(|ev| Delivery {
+            meta: event_meta(ev, topic, message_id.as_deref(), retried),
+            payload: ev.payload.get().as_bytes(),
+            record_evidence: ev.seq.is_some() && consumer_evidence,
+        })
+        .collect())
+}
+
+/// The envelope is for this URL's topic, and (a named subscriber's copy) for this consumer's `CONSUMER_NAME`.
+fn check_addressee(
+    env: &contract::Envelope<'_>,
+    topic: &str,
+    consumer_name: &str,
+) -> Result<(), Outcome> {
     if env.topic != topic {
         return Err(Outcome::Permanent(format!(
             "the envelope's topic {:?} differs from the URL's topic {topic:?}",
@@ -129,6 +150,15 @@ pub(super) fn current_delivery<'b>(
             s.chars().take(100).collect::<String>(),
         )));
     }
+    Ok(())
+}
+
+/// The header copies of a current delivery agree with its signed envelope.
+fn check_current_copies(
+    req: &Request,
+    topic: &str,
+    env: &contract::Envelope<'_>,
+) -> Result<(), Outcome> {
     let single = match env.events.as_slice() {
         [ev] => Some(ev),
         _ => None,
@@ -163,30 +193,30 @@ pub(super) fn current_delivery<'b>(
             .as_deref(),
         eq,
     )?;
-    let (message_id, retried) = qstash_info(req);
-    let consumer_evidence = env.evidence == Some(contract::Evidence::Consumer);
-    Ok(env
-        .events
-        .iter()
-        .map(|ev| Delivery {
-            meta: EventMeta {
-                event_id: ev.event.unwrap_or(ev.id),
-                outbox_id: ev.id,
-                topic: TopicName::from(topic),
-                key: Some(ev.key.clone()),
-                seq: ev.seq,
-                schema_version: ev.schema_version.unwrap_or(DEFAULT_SCHEMA_VERSION),
-                created_at: ev.created_at,
-                traceparent: ev.headers.get(contract::TRACEPARENT).cloned(),
-                correlation_id: ev.headers.get(contract::CORRELATION_ID).cloned(),
-                headers: crate::headers::user_headers_of(&ev.headers),
-                message_id: message_id.clone(),
-                retried,
-            },
-            payload: ev.payload.get().as_bytes(),
-            record_evidence: ev.seq.is_some() && consumer_evidence,
-        })
-        .collect())
+    Ok(())
+}
+
+/// What the envelope says about one of its events, with QStash's message id and retry count.
+fn event_meta(
+    ev: &contract::EnvelopeEvent<'_>,
+    topic: &str,
+    message_id: Option<&str>,
+    retried: u32,
+) -> EventMeta {
+    EventMeta {
+        event_id: ev.event.unwrap_or(ev.id),
+        outbox_id: ev.id,
+        topic: TopicName::from(topic),
+        key: Some(ev.key.clone()),
+        seq: ev.seq,
+        schema_version: ev.schema_version.unwrap_or(DEFAULT_SCHEMA_VERSION),
+        created_at: ev.created_at,
+        traceparent: ev.headers.get(contract::TRACEPARENT).cloned(),
+        correlation_id: ev.headers.get(contract::CORRELATION_ID).cloned(),
+        headers: crate::headers::user_headers_of(&ev.headers),
+        message_id: message_id.map(str::to_owned),
+        retried,
+    }
 }
 
 /// The outbox row a legacy delivery names, checked against its body (`$2`), and whether the event may be applied
