@@ -218,6 +218,9 @@ fn dead_members(callback: &CallbackBody, events: &[SourceEvent]) -> Vec<(bool, O
     }
 }
 
+/// Records QStash's failure of a batched message (decision record 0027): its `x-outbox-id` copy checked, one
+/// [`BatchMember`] per event, the dead head picked from the dedupe rows when an ordered message has no readable
+/// verdict, then [`record_qstash_batch_failure`].
 async fn batch_failure(
     rec: &FailureRecorder<'_>,
     req: Option<&Request>,
@@ -232,41 +235,10 @@ async fn batch_failure(
     {
         return CallbackOutcome::Tampered(e);
     }
-    span.record("outbox_id", contract::id_copy(ids.iter().copied()));
-    if let Some(t) = events.first().and_then(|e| e.topic.as_deref()) {
-        span.record("topic", t);
-    }
-    record_message(
-        &span,
-        callback.source_message_id.as_deref(),
-        callback.dlq_id.as_deref(),
-        callback.status,
-    );
+    record_batch_on_span(&span, callback, &events, &ids);
     let ordered = events.first().is_some_and(|e| e.seq.is_some());
     let verdict_readable = consumer_verdicts(callback).is_some();
-    let dead = dead_members(callback, &events);
-    // The message as a whole (status, attempts, response body, URL): shared by every event's dead letter.
-    let base = failure_from_callback(raw);
-    let mut members: Vec<BatchMember> = events
-        .into_iter()
-        .zip(dead)
-        .map(|(e, (dead, event_error))| BatchMember {
-            failure: QstashFailure {
-                outbox_id: e.outbox_id,
-                topic: e.topic,
-                partition_key: e.partition_key,
-                source_body: e.payload,
-                source_headers: with_event_headers(callback.source_header.clone(), &e.headers),
-                subscriber: e.subscriber,
-                event_id: e.event_id,
-                batch_member: true,
-                event_error,
-                ..base.clone()
-            },
-            ordered: e.seq.is_some(),
-            dead,
-        })
-        .collect();
+    let mut members = batch_members(raw, callback, events);
     let mut conn = match rec.db.pool().acquire().await {
         Ok(c) => c,
         Err(e) => return CallbackOutcome::Database(format!("database unavailable: {e}")),
@@ -299,6 +271,57 @@ async fn batch_failure(
         Ok(r) => CallbackOutcome::BatchDeadLetters(r),
         Err(e) => CallbackOutcome::Database(format!("could not record the dead letters: {e}")),
     }
+}
+
+/// Records on the callback's span the batch's outbox ids, its topic and what QStash says of the message.
+fn record_batch_on_span(
+    span: &tracing::Span,
+    callback: &CallbackBody,
+    events: &[SourceEvent],
+    ids: &[OutboxId],
+) {
+    span.record("outbox_id", contract::id_copy(ids.iter().copied()));
+    if let Some(t) = events.first().and_then(|e| e.topic.as_deref()) {
+        span.record("topic", t);
+    }
+    record_message(
+        span,
+        callback.source_message_id.as_deref(),
+        callback.dlq_id.as_deref(),
+        callback.status,
+    );
+}
+
+/// One [`BatchMember`] per event of the message: its own failure (the message's, with the event's identity,
+/// payload and headers and the consumer's word on it), whether it is ordered, whether it dies ([`dead_members`]).
+fn batch_members(
+    raw: &[u8],
+    callback: &CallbackBody,
+    events: Vec<SourceEvent>,
+) -> Vec<BatchMember> {
+    let dead = dead_members(callback, &events);
+    // The message as a whole (status, attempts, response body, URL): shared by every event's dead letter.
+    let base = failure_from_callback(raw);
+    events
+        .into_iter()
+        .zip(dead)
+        .map(|(e, (dead, event_error))| BatchMember {
+            failure: QstashFailure {
+                outbox_id: e.outbox_id,
+                topic: e.topic,
+                partition_key: e.partition_key,
+                source_body: e.payload,
+                source_headers: with_event_headers(callback.source_header.clone(), &e.headers),
+                subscriber: e.subscriber,
+                event_id: e.event_id,
+                batch_member: true,
+                event_error,
+                ..base.clone()
+            },
+            ordered: e.seq.is_some(),
+            dead,
+        })
+        .collect()
 }
 
 /// An ordered message without a readable verdict: the first event the consumer has not applied is the dead
