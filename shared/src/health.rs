@@ -98,85 +98,92 @@ impl DatabaseHealth {
     }
 }
 
+/// What holds the xmin horizon back the most: a session (`pid …`), a prepared transaction or a replication slot
+/// of this database, with its age in transactions and, for a transaction, in seconds.
+const HOLDER_SQL: &str = "SELECT who, xids, secs FROM (\
+        SELECT format('pid %s (%s, %s)', pid, \
+                   coalesce(nullif(application_name, ''), usename::text, 'unknown'), \
+                   coalesce(state, 'unknown')) AS who, \
+               greatest(age(backend_xmin), age(backend_xid))::int8 AS xids, \
+               coalesce(extract(epoch FROM now() - xact_start), 0)::float8 AS secs \
+        FROM pg_stat_activity \
+        WHERE pid <> pg_backend_pid() AND datname = current_database() \
+          AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) \
+        UNION ALL \
+        SELECT format('prepared transaction %L', gid), age(transaction)::int8, \
+               extract(epoch FROM now() - prepared)::float8 \
+        FROM pg_prepared_xacts WHERE database = current_database() \
+        UNION ALL \
+        SELECT format('replication slot %L', slot_name), \
+               greatest(age(xmin), age(catalog_xmin))::int8, 0::float8 \
+        FROM pg_replication_slots \
+        WHERE (xmin IS NOT NULL OR catalog_xmin IS NOT NULL) \
+          AND (database IS NULL OR database = current_database())\
+     ) h ORDER BY xids DESC NULLS LAST, secs DESC LIMIT 1";
+
+/// The oldest open transaction's age in seconds (a session's or a prepared one), and whether the role sees every
+/// session's (superuser, `pg_read_all_stats`).
+const OLDEST_SQL: &str = "SELECT coalesce((SELECT max(extract(epoch FROM now() - ts))::float8 FROM (\
+                SELECT xact_start AS ts FROM pg_stat_activity \
+                WHERE pid <> pg_backend_pid() AND datname = current_database() \
+                  AND xact_start IS NOT NULL \
+                  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) \
+                UNION ALL \
+                SELECT prepared FROM pg_prepared_xacts WHERE database = current_database()) t), 0), \
+            (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) \
+              OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')";
+
+/// The watched tables' (`$2`, in the schema `$1`) size and dead tuples, a partitioned table's summed over its
+/// partitions, in `$2`'s order.
+const TABLES_SQL: &str = "SELECT c.relname::text AS table, \
+            sum(coalesce(s.n_live_tup, 0))::int8 AS live_tuples, \
+            sum(coalesce(s.n_dead_tup, 0))::int8 AS dead_tuples, \
+            sum(pg_total_relation_size(l.relid))::int8 AS total_bytes, \
+            sum(pg_indexes_size(l.relid))::int8 AS index_bytes, \
+            max(s.last_autovacuum) AS last_autovacuum, \
+            sum(coalesce(s.autovacuum_count, 0))::int8 AS autovacuum_count \
+     FROM pg_class c \
+     JOIN pg_namespace n ON n.oid = c.relnamespace \
+     CROSS JOIN LATERAL (SELECT c.oid AS relid WHERE c.relkind = 'r' \
+                         UNION ALL SELECT relid FROM pg_partition_tree(c.oid) \
+                         WHERE isleaf AND c.relkind = 'p') l \
+     LEFT JOIN pg_stat_all_tables s ON s.relid = l.relid \
+     WHERE n.nspname = $1 AND c.relname = ANY($2) AND c.relkind IN ('r', 'p') \
+     GROUP BY c.relname \
+     ORDER BY array_position($2, c.relname::text)";
+
 /// Reads the horizon and the watched tables' figures (catalog and statistics views only: no table is scanned).
 pub async fn read(db: &Db) -> Result<DatabaseHealth, sqlx::Error> {
     let schema = crate::schema::current().name().to_owned();
     db.run(async |c| {
-        let holder: Option<(String, i64, f64)> = db
-            .query_as(
-                "SELECT who, xids, secs FROM (\
-                    SELECT format('pid %s (%s, %s)', pid, \
-                               coalesce(nullif(application_name, ''), usename::text, 'unknown'), \
-                               coalesce(state, 'unknown')) AS who, \
-                           greatest(age(backend_xmin), age(backend_xid))::int8 AS xids, \
-                           coalesce(extract(epoch FROM now() - xact_start), 0)::float8 AS secs \
-                    FROM pg_stat_activity \
-                    WHERE pid <> pg_backend_pid() AND datname = current_database() \
-                      AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) \
-                    UNION ALL \
-                    SELECT format('prepared transaction %L', gid), age(transaction)::int8, \
-                           extract(epoch FROM now() - prepared)::float8 \
-                    FROM pg_prepared_xacts WHERE database = current_database() \
-                    UNION ALL \
-                    SELECT format('replication slot %L', slot_name), \
-                           greatest(age(xmin), age(catalog_xmin))::int8, 0::float8 \
-                    FROM pg_replication_slots \
-                    WHERE (xmin IS NOT NULL OR catalog_xmin IS NOT NULL) \
-                      AND (database IS NULL OR database = current_database())\
-                 ) h ORDER BY xids DESC NULLS LAST, secs DESC LIMIT 1",
-            )
-            .fetch_optional(&mut *c)
-            .await?;
-        let (oldest_secs, sees_all): (f64, bool) = db
-            .query_as(
-                "SELECT coalesce((SELECT max(extract(epoch FROM now() - ts))::float8 FROM (\
-                            SELECT xact_start AS ts FROM pg_stat_activity \
-                            WHERE pid <> pg_backend_pid() AND datname = current_database() \
-                              AND xact_start IS NOT NULL \
-                              AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) \
-                            UNION ALL \
-                            SELECT prepared FROM pg_prepared_xacts WHERE database = current_database()) t), 0), \
-                        (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) \
-                          OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')",
-            )
-            .fetch_one(&mut *c)
-            .await?;
+        let holder: Option<(String, i64, f64)> =
+            db.query_as(HOLDER_SQL).fetch_optional(&mut *c).await?;
+        let (oldest_secs, sees_all): (f64, bool) =
+            db.query_as(OLDEST_SQL).fetch_one(&mut *c).await?;
         let tables: Vec<TableHealth> = db
-            .query_as(
-                "SELECT c.relname::text AS table, \
-                        sum(coalesce(s.n_live_tup, 0))::int8 AS live_tuples, \
-                        sum(coalesce(s.n_dead_tup, 0))::int8 AS dead_tuples, \
-                        sum(pg_total_relation_size(l.relid))::int8 AS total_bytes, \
-                        sum(pg_indexes_size(l.relid))::int8 AS index_bytes, \
-                        max(s.last_autovacuum) AS last_autovacuum, \
-                        sum(coalesce(s.autovacuum_count, 0))::int8 AS autovacuum_count \
-                 FROM pg_class c \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 CROSS JOIN LATERAL (SELECT c.oid AS relid WHERE c.relkind = 'r' \
-                                     UNION ALL SELECT relid FROM pg_partition_tree(c.oid) \
-                                     WHERE isleaf AND c.relkind = 'p') l \
-                 LEFT JOIN pg_stat_all_tables s ON s.relid = l.relid \
-                 WHERE n.nspname = $1 AND c.relname = ANY($2) AND c.relkind IN ('r', 'p') \
-                 GROUP BY c.relname \
-                 ORDER BY array_position($2, c.relname::text)",
-            )
+            .query_as(TABLES_SQL)
             .bind(&schema)
             .bind(&WATCHED_TABLES[..])
             .fetch_all(&mut *c)
             .await?;
-        let (held_by, horizon_age_xids) = match holder {
-            Some((who, xids, _)) => (Some(who), xids.max(0)),
-            None => (None, 0),
-        };
         Ok(DatabaseHealth {
-            horizon: XminHorizon {
-                oldest_transaction_age_secs: oldest_secs.max(0.0),
-                horizon_age_xids,
-                held_by,
-                sees_all_sessions: sees_all,
-            },
+            horizon: horizon_of(holder, oldest_secs, sees_all),
             tables,
         })
     })
     .await
+}
+
+/// The [`XminHorizon`] of what [`HOLDER_SQL`] and [`OLDEST_SQL`] read.
+fn horizon_of(holder: Option<(String, i64, f64)>, oldest_secs: f64, sees_all: bool) -> XminHorizon {
+    let (held_by, horizon_age_xids) = match holder {
+        Some((who, xids, _)) => (Some(who), xids.max(0)),
+        None => (None, 0),
+    };
+    XminHorizon {
+        oldest_transaction_age_secs: oldest_secs.max(0.0),
+        horizon_age_xids,
+        held_by,
+        sees_all_sessions: sees_all,
+    }
 }
