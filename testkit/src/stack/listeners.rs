@@ -51,7 +51,9 @@ pub(super) fn serve_consumer(
 
 /// Serves the failure and delivery callback handler on `listener` until `shutdown` turns true. While `down` is
 /// set, every request is answered 503 without reaching the handler: the callback function throttled, or erroring
-/// because its database is unreachable ([`LocalStack::set_callbacks_down`](crate::stack::LocalStack::set_callbacks_down)).
+/// because its database is unreachable ([`LocalStack::set_callbacks_down`]).
+///
+/// [`LocalStack::set_callbacks_down`]: crate::stack::LocalStack::set_callbacks_down
 pub(super) fn serve_callbacks(
     listener: tokio::net::TcpListener,
     state: Arc<ReceiverState>,

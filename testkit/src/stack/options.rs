@@ -38,8 +38,10 @@ pub struct StackOptions {
     /// prepared statements): [`Statements::Unnamed`] behind PgBouncer in transaction mode or RDS Proxy.
     pub statements: Statements,
     /// Keep a copy of every request the consumer and the callback receiver get, with the status they answered
-    /// ([`LocalStack::recorded_requests`](crate::stack::LocalStack::recorded_requests)): tests replay real signed deliveries from it. Off by default (it
+    /// ([`LocalStack::recorded_requests`]): tests replay real signed deliveries from it. Off by default (it
     /// keeps every body in memory).
+    ///
+    /// [`LocalStack::recorded_requests`]: crate::stack::LocalStack::recorded_requests
     pub record_requests: bool,
     /// Named subscribers served beside the default consumer, each by a consumer of its own (its name is its
     /// `CONSUMER_NAME`) on a port of its own, and made live for its topics at start ([`outbox::subscribers`]).

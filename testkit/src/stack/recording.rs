@@ -12,7 +12,9 @@ pub enum Receiver {
     Callbacks,
 }
 
-/// A request a local receiver got, as it arrived, and the status it answered ([`StackOptions::record_requests`](crate::stack::StackOptions::record_requests)).
+/// A request a local receiver got, as it arrived, and the status it answered ([`StackOptions::record_requests`]).
+///
+/// [`StackOptions::record_requests`]: crate::stack::StackOptions::record_requests
 #[derive(Debug, Clone)]
 pub struct RecordedRequest {
     pub receiver: Receiver,

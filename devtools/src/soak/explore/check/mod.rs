@@ -14,6 +14,8 @@
 //! server's DLQ; its message was lost by the dev server; or "no destination" while the subscriber was not on the
 //! topic); poison is applied only after it was cured; no operator action changed a row outside its selection;
 //! the pipeline drained.
+//!
+//! [`History`]: crate::soak::explore::history::History
 
 mod names;
 mod owed;

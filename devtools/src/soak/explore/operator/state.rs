@@ -40,7 +40,9 @@ pub struct Operator {
     pub(super) follow_ups: BTreeSet<FollowUp>,
     /// Replays stopped on purpose, waiting for their resume.
     pub(super) interrupted: BTreeSet<(usize, usize)>,
-    /// Crashes Postgres in the middle of an action ([`Op::CrashDuring`](crate::soak::explore::schedule::Op::CrashDuring)).
+    /// Crashes Postgres in the middle of an action ([`Op::CrashDuring`]).
+    ///
+    /// [`Op::CrashDuring`]: crate::soak::explore::schedule::Op::CrashDuring
     pub(super) crasher: Arc<Crasher>,
     /// A crash to cause after the first chunk of the next replay: (step, what, down).
     pub(super) crash_mid_replay: Option<(usize, String, Duration)>,
