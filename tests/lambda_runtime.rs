@@ -22,7 +22,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use orders_example::{AuditEntry, LineItem, OrderEvent, OrderPlaced, audit_event, order_event};
-use outbox::receiver::{DEV_SIGNING_KEYS, resign_function_url_event};
+use outbox::internals::receiver::{DEV_SIGNING_KEYS, resign_function_url_event};
 use outbox_testkit::db::url_of;
 use outbox_testkit::ports::{NotStarted, listening_ports, retry_when_taken_async};
 use outbox_testkit::repo_root;
@@ -457,26 +457,32 @@ async fn functions_run_under_cargo_lambda_watch_and_invoke(pool: PgPool) {
     let post = |signed_for: String| {
         let mut req = http.post(format!(
             "{base}/lambda-url/consumer/events/orders?{}",
-            outbox::contract::CONTRACT_QUERY
+            outbox::internals::contract::CONTRACT_QUERY
         ));
         for (k, v) in event["headers"].as_object().unwrap() {
             if !["host", "upstash-signature", "content-length"].contains(&k.as_str()) {
                 req = req.header(k.as_str(), v.as_str().unwrap());
             }
         }
-        let token = outbox::receiver::sign(&keys.current, &signed_for, body.as_bytes(), now, 300);
+        let token = outbox::internals::receiver::sign(
+            &keys.current,
+            &signed_for,
+            body.as_bytes(),
+            now,
+            300,
+        );
         req.header("upstash-signature", token)
             .body(body.clone())
             .send()
     };
-    let called = post(outbox::contract::destination(
+    let called = post(outbox::internals::contract::destination(
         &format!("{base}/lambda-url/consumer"),
         "orders",
     ))
     .await
     .unwrap();
     assert_eq!(called.status().as_u16(), 401, "{:?}", called.text().await);
-    let seen = post(outbox::contract::destination(&base, "orders"))
+    let seen = post(outbox::internals::contract::destination(&base, "orders"))
         .await
         .unwrap();
     let status = seen.status().as_u16();

@@ -12,17 +12,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use outbox::callbacks::handle_callback;
+use outbox::ReceiverState;
 use outbox::config::{
     ConfigError, ConsumerConfig, MAX_CLOCK_TOLERANCE, MIN_SECRET_REFRESH_INTERVAL, QstashConfig,
     RelayConfig, Vars,
 };
-use outbox::consumer::{ConsumerState, ReceiverState, handle_event};
+use outbox::consumer::{ConsumerState, handle_event};
 use outbox::db::{Db, DbConfig, Statements};
+use outbox::internals::callbacks::handle_callback;
+use outbox::internals::handler::{InvocationSummary, emf, subscriber_emf};
+use outbox::internals::receiver::{DEV_SIGNING_KEYS, KeyRing, RECEIVER_SECRETS, SigningKeys};
+use outbox::internals::secrets::{SECRET_ID_VAR, SecretField};
 use outbox::ops::subscribers::SubscriberStatus;
-use outbox::receiver::{DEV_SIGNING_KEYS, KeyRing, RECEIVER_SECRETS, SigningKeys};
-use outbox::relay::handler::{InvocationSummary, emf, subscriber_emf};
-use outbox::secrets::{SECRET_ID_VAR, SecretField};
 use outbox_testkit::repo_root;
 use outbox_testkit::sam::{
     FunctionDimension, MetricId, alarm_reads, dashboard_alarms, dashboard_body, dashboard_widgets,
@@ -55,8 +56,8 @@ const RELAY_SECRETS: [SecretField; 3] = [
 
 /// The fields the two receivers load, together: the consumer's and the failure callback's.
 fn receiver_secrets() -> Vec<SecretField> {
-    let mut fields = outbox::receiver::Receiver::Consumer.secret_fields();
-    for f in outbox::receiver::Receiver::Callbacks.secret_fields() {
+    let mut fields = outbox::internals::receiver::Receiver::Consumer.secret_fields();
+    for f in outbox::internals::receiver::Receiver::Callbacks.secret_fields() {
         if !fields.contains(&f) {
             fields.push(f);
         }
@@ -149,10 +150,10 @@ fn cfn_lint_accepts_the_template_and_the_generated_cloudformation() {
 fn the_template_never_allows_the_dev_servers_public_keys() {
     let text = std::fs::read_to_string(repo_root().join("template.yaml")).unwrap();
     for needle in [
-        outbox::secrets::ALLOW_DEV_KEYS_VAR,
-        outbox::secrets::DEV_QSTASH_TOKEN,
-        outbox::secrets::DEV_CURRENT_SIGNING_KEY,
-        outbox::secrets::DEV_NEXT_SIGNING_KEY,
+        outbox::internals::secrets::ALLOW_DEV_KEYS_VAR,
+        outbox::internals::secrets::DEV_QSTASH_TOKEN,
+        outbox::internals::secrets::DEV_CURRENT_SIGNING_KEY,
+        outbox::internals::secrets::DEV_NEXT_SIGNING_KEY,
     ] {
         assert!(!text.contains(needle), "template.yaml contains {needle}");
     }
@@ -724,7 +725,7 @@ fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
             .unwrap();
         for (name, value) in vars {
             if name == SECRET_ID_VAR {
-                continue; // read by outbox::secrets (checked above)
+                continue; // read by outbox::internals::secrets (checked above)
             }
             // The template's default gives the code's default...
             let default = match value.get("Ref").and_then(Value::as_str) {
@@ -1043,17 +1044,17 @@ fn outputs_give_the_urls_for_qstash() {
     }
     let text = cfn["Outputs"]["FailureCallbackEndpoint"].to_string();
     assert!(
-        text.contains(outbox::contract::FAILURE_PATH.trim_start_matches('/')),
+        text.contains(outbox::internals::contract::FAILURE_PATH.trim_start_matches('/')),
         "{text}"
     );
     let text = cfn["Outputs"]["DeliveryCallbackEndpoint"].to_string();
     assert!(
-        text.contains(outbox::contract::DELIVERED_PATH.trim_start_matches('/')),
+        text.contains(outbox::internals::contract::DELIVERED_PATH.trim_start_matches('/')),
         "{text}"
     );
     let text = cfn["Outputs"]["EventsDestination"].to_string();
     assert!(
-        text.contains(outbox::contract::EVENTS_PATH.trim_matches('/')),
+        text.contains(outbox::internals::contract::EVENTS_PATH.trim_matches('/')),
         "{text}"
     );
 }
@@ -1331,7 +1332,7 @@ fn dashboard_problems(cfn: &Value, printed: &BTreeSet<MetricId>) -> Vec<String> 
         for m in &w.metrics {
             shown.insert(m.metric.clone());
             match m.metric.namespace.as_str() {
-                outbox::metrics::NAMESPACE => {
+                outbox::internals::metrics::NAMESPACE => {
                     if !printed.contains(&m.metric) {
                         let same_name: Vec<String> = printed
                             .iter()

@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use outbox::config::{ProcessEnv, RelayConfig, Vars};
 use outbox::db::{Db, Statements};
-use outbox::relay::housekeeping;
+use outbox::relay;
 use serde::Serialize;
 
 use crate::util::DbArgs;
@@ -181,7 +181,7 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
             "outbox",
             &format!("dispatched outbox rows older than {outbox_hours}h"),
             b,
-            || housekeeping::prune_outbox_batch(p, outbox_ttl, b),
+            || relay::prune_outbox_batch(p, outbox_ttl, b),
         )
         .await?,
         ..Default::default()
@@ -192,7 +192,7 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
         "processed_messages",
         &format!("consumer dedupe rows older than {processed_hours}h"),
         b,
-        || housekeeping::prune_processed_batch(p, processed_ttl, b),
+        || relay::prune_processed_batch(p, processed_ttl, b),
     )
     .await?;
     r.consumer_sequences = step(
@@ -201,7 +201,7 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
         "consumer_sequences",
         &format!("consumer sequence rows idle for {processed_hours}h"),
         b,
-        || housekeeping::prune_consumer_sequences_batch(p, processed_ttl, b),
+        || relay::prune_consumer_sequences_batch(p, processed_ttl, b),
     )
     .await?;
     r.dead_letters = step(
@@ -213,7 +213,7 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
             args.dead_letters_days
         ),
         b,
-        || housekeeping::prune_dead_letters_batch(p, dead_ttl, b),
+        || relay::prune_dead_letters_batch(p, dead_ttl, b),
     )
     .await?;
     r.dead_events = step(
@@ -225,27 +225,27 @@ pub async fn run(args: PruneArgs, out: &mut dyn Write) -> anyhow::Result<PruneRe
             args.dead_letters_days
         ),
         b,
-        || housekeeping::prune_dead_events_batch(p, dead_ttl, b),
+        || relay::prune_dead_events_batch(p, dead_ttl, b),
     )
     .await?;
     r.idle_keys = step(out, j, "idle_keys", "idle ordered keys", b, || {
-        housekeeping::release_idle_keys(p, b)
+        relay::release_idle_keys(p, b)
     })
     .await?;
     write_totals(&r, j, out)?;
     Ok(r)
 }
 
-/// The partition maintenance (`outbox::relay::partitions::maintain`), reported as a step.
+/// The partition maintenance (`outbox::relay::maintain`), reported as a step.
 async fn partitions_step(
     db: &Db,
     outbox_ttl: Duration,
     j: bool,
     out: &mut dyn Write,
-) -> anyhow::Result<outbox::relay::partitions::PartitionReport> {
-    let parts = outbox::relay::partitions::maintain(
+) -> anyhow::Result<outbox::relay::PartitionReport> {
+    let parts = outbox::relay::maintain(
         db,
-        outbox::relay::partitions::PartitionSettings::new(outbox_ttl, Duration::from_secs(3600)),
+        outbox::relay::PartitionSettings::new(outbox_ttl, Duration::from_secs(3600)),
     )
     .await;
     if let Some(e) = &parts.error {

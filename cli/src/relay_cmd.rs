@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use clap::Args;
 use lambda_runtime::{Context as LambdaContext, LambdaEvent};
-use outbox::relay::handler::{RelayState, handle};
+use outbox::relay::{RelayState, handle};
 use serde_json::json;
 
 #[derive(Args, Debug)]

@@ -119,7 +119,7 @@ fn write_subscribers(
 }
 
 /// The "Database" section: the xmin horizon and the watched tables.
-fn write_database(d: &outbox::health::DatabaseHealth, out: &mut dyn Write) -> std::io::Result<()> {
+fn write_database(d: &outbox::DatabaseHealth, out: &mut dyn Write) -> std::io::Result<()> {
     let h = &d.horizon;
     writeln!(
         out,

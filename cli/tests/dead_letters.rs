@@ -14,7 +14,7 @@ use outbox::dead_letters::{
     self, Filter, ListQuery, Listing, PurgeError, RedriveError, RedriveOptions, RedriveOrder,
     Source,
 };
-use outbox::qstash::QstashClient;
+use outbox::internals::qstash::QstashClient;
 use outbox::relay::Relay;
 use outbox_cli::dead_letters::{
     Confirm, DeadLettersCommand, FilterArgs, ListArgs, PurgeArgs, RedriveArgs, ShowArgs, run,
@@ -199,7 +199,7 @@ async fn redriving_a_blocking_head_unblocks_its_key_in_order(pool: PgPool) {
         msg.options.deduplication_id.as_deref(),
         Some(format!("outbox-{head}-r1").as_str())
     );
-    let env = outbox::contract::parse_envelope(msg.body.as_bytes()).unwrap();
+    let env = outbox::internals::contract::parse_envelope(msg.body.as_bytes()).unwrap();
     assert_eq!(
         (env.events[0].id.get(), env.events[0].seq),
         (head, Some(1)),
@@ -323,7 +323,7 @@ async fn a_middle_event_is_refused_unless_out_of_order_and_then_goes_unordered(p
     let claimed = relay.claim().await.unwrap();
     assert_eq!(claimed.iter().map(|c| c.id).collect::<Vec<_>>(), vec![mid]);
     let msg = relay.message_for(&claimed[0]);
-    let env = outbox::contract::parse_envelope(msg.body.as_bytes()).unwrap();
+    let env = outbox::internals::contract::parse_envelope(msg.body.as_bytes()).unwrap();
     assert_eq!(
         (env.events[0].id.get(), env.events[0].seq, env.evidence),
         (mid, None, None),

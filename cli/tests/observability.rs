@@ -173,7 +173,7 @@ async fn child_runs_the_stack() {
         consumer_url: "http://127.0.0.1:9".into(),
         callback_url: "http://127.0.0.1:9".into(),
     };
-    let client = outbox::qstash::QstashClient::new(
+    let client = outbox::internals::qstash::QstashClient::new(
         &refuser_url,
         secrecy::SecretString::from(TOKEN.to_owned()),
         Duration::from_secs(1),

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use outbox::db::{Db, Statements};
-use outbox::relay::housekeeping;
+use outbox::internals::housekeeping;
 use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::watch;

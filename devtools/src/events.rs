@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Every `*.json` with an `upstash-signature` header is re-signed in place (the rest of the file byte for byte,
-//! by `outbox::receiver::resign_function_url_event`); other files are left alone. The tests do not need this
+//! by `outbox::internals::receiver::resign_function_url_event`); other files are left alone. The tests do not need this
 //! (they verify the committed tokens at the time they were issued, and re-sign in memory); it is for
 //! `cargo lambda invoke --data-file events/…` against a function running with the dev keys.
 
@@ -17,7 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use outbox::receiver::{DEV_SIGNING_KEYS, resign_function_url_event};
+use outbox::internals::receiver::{DEV_SIGNING_KEYS, resign_function_url_event};
 
 /// `outbox-dev events …`: the sample function-URL events in `events/`.
 #[derive(Subcommand, Debug)]
@@ -109,7 +109,7 @@ pub fn run(cmd: EventsCommand) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox::receiver::decode_unverified;
+    use outbox::internals::receiver::decode_unverified;
 
     /// The signature header's value in an event file.
     fn token_of(text: &str) -> Option<String> {

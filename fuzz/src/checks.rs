@@ -6,13 +6,13 @@ use std::sync::Once;
 use std::time::Duration;
 
 use lambda_http::http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
-use outbox::callbacks::{parse_callback, source_event};
-use outbox::contract::{WireEvent, parse_envelope, write_envelope};
-use outbox::local::{AdapterError, lambda_request};
-use outbox::receiver::{
+use outbox::internals::callbacks::{parse_callback, source_event};
+use outbox::internals::contract::{WireEvent, parse_envelope, write_envelope};
+use outbox::internals::receiver::{
     Claims, SigningKeys, UrlSource, VerifyOptions, body_hash, request_url, sign,
     verify as verify_token,
 };
+use outbox::local::{AdapterError, lambda_request};
 use qstash_dev::expr::RetryDelayExpr;
 
 const CURRENT: &str = "sig_fuzz_current_key";
@@ -36,7 +36,7 @@ fn accepted(claims: &Claims, body: &[u8]) {
     );
 }
 
-/// The signature verifier (`outbox::receiver::verify`). The first byte chooses the mode and the clock tolerance.
+/// The signature verifier (`outbox::internals::receiver::verify`). The first byte chooses the mode and the clock tolerance.
 /// Mode "as given": the rest is a token and a body separated by the first NUL byte. Mode "tampered": a body is
 /// signed with the current or the next key, then up to seven fuzzer-chosen bytes of the token are overwritten.
 /// The verifier never panics; whatever it accepts names this URL and this body; an untouched token verifies.
@@ -81,7 +81,7 @@ pub fn verify(data: &[u8]) {
     }
 }
 
-/// The failure/delivery callback body parser (`outbox::callbacks::parse_callback`) and what the callback
+/// The failure/delivery callback body parser (`outbox::internals::callbacks::parse_callback`) and what the callback
 /// function reads from it (`source_event`): never panics; an event it names has a positive id.
 pub fn callback(data: &[u8]) {
     let Ok(parsed) = parse_callback(data) else {

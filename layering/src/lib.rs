@@ -16,6 +16,7 @@
 //!
 //! The Layout's two forms (ordered, explicit) are in [`layout`].
 
+mod api;
 mod graph;
 pub mod layout;
 mod lexer;
@@ -26,6 +27,7 @@ mod tree;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+pub use api::{ApiItem, public_api};
 use layout::Layout;
 use resolve::Resolver;
 use tree::Tree;

@@ -22,6 +22,26 @@ pub struct Use {
     pub in_block: bool,
 }
 
+/// A declaration visible outside the crate when its module is (`pub`, not `pub(crate)` or `pub(super)`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Public {
+    /// Inline modules between the file's module and the declaration.
+    pub scope: Vec<String>,
+    pub what: Declared,
+    pub line: usize,
+}
+
+/// What a public declaration is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Declared {
+    /// `pub mod name` (a file or inline).
+    Module(String),
+    /// `pub fn name`, `pub struct name`, …: the keyword and the name.
+    Item(&'static str, String),
+    /// `pub use path` (one leaf): the name it binds, `None` for a glob.
+    Use(Vec<String>, Option<String>),
+}
+
 /// What a file holds, as far as the checker cares.
 #[derive(Debug, Default)]
 pub struct Scan {
@@ -34,6 +54,8 @@ pub struct Scan {
     pub uses: Vec<Use>,
     /// Paths outside `use` declarations that start with `crate`, `super` or `self`.
     pub paths: Vec<Path>,
+    /// The `pub` declarations at module level.
+    pub public: Vec<Public>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -97,6 +119,19 @@ pub fn scan(text: &str) -> Scan {
     let (mut scope, mut braces): (Vec<String>, Vec<Brace>) = (Vec::new(), Vec::new());
     let in_block = |braces: &[Brace]| matches!(braces.last(), Some(Brace::Block));
     let after_quote = |i: usize| i > 0 && is(i - 1, Tok::Punct('\''));
+    // `pub` (unrestricted) before the declaration keyword at `i`, over `async`, `const`, `unsafe`, `extern`.
+    let is_pub = |i: usize| {
+        let mut j = i;
+        while j > 0 {
+            j -= 1;
+            match &toks[j].0 {
+                Tok::Ident(s) if ["async", "const", "unsafe", "extern"].contains(&s.as_str()) => {}
+                Tok::Ident(s) => return s == "pub",
+                _ => return false,
+            }
+        }
+        false
+    };
     // `#[cfg(test)]` just before token `i`.
     let cfg_test = |i: usize| {
         let attr = ["#", "[", "cfg", "(", "test", ")", "]"];
@@ -135,11 +170,25 @@ pub fn scan(text: &str) -> Scan {
                         // A `#[cfg(test)] mod x;` file is test code, like an inline one.
                         if !cfg_test(i) {
                             out.file_modules.push((scope.clone(), name.to_string()));
+                            if is_pub(i) {
+                                out.public.push(Public {
+                                    scope: scope.clone(),
+                                    what: Declared::Module(name.to_string()),
+                                    line,
+                                });
+                            }
                         }
                         i += 3;
                         continue;
                     }
                     if is(i + 2, Tok::Punct('{')) {
+                        if is_pub(i) && !cfg_test(i) {
+                            out.public.push(Public {
+                                scope: scope.clone(),
+                                what: Declared::Module(name.to_string()),
+                                line,
+                            });
+                        }
                         scope.push(name.to_string());
                         out.inline_modules.push(scope.clone());
                         braces.push(if cfg_test(i) {
@@ -156,7 +205,15 @@ pub fn scan(text: &str) -> Scan {
                 let end = (i..toks.len())
                     .find(|&j| is(j, Tok::Punct(';')))
                     .unwrap_or(toks.len());
+                let public = is_pub(i) && !in_block(&braces);
                 for (segments, name) in use_tree(&toks[i + 1..end]) {
+                    if public {
+                        out.public.push(Public {
+                            scope: scope.clone(),
+                            what: Declared::Use(segments.clone(), name.clone()),
+                            line,
+                        });
+                    }
                     out.uses.push(Use {
                         path: Path {
                             scope: scope.clone(),
@@ -186,6 +243,18 @@ pub fn scan(text: &str) -> Scan {
                 if let Some(name) = ident(i + 1).filter(|n| !ITEM_KEYWORDS.contains(n) && *n != "_")
                 {
                     out.items.push((scope.clone(), name.to_string()));
+                    if is_pub(i) {
+                        let kind = ITEM_KEYWORDS
+                            .iter()
+                            .find(|kw| **kw == k)
+                            .copied()
+                            .unwrap_or("item");
+                        out.public.push(Public {
+                            scope: scope.clone(),
+                            what: Declared::Item(kind, name.to_string()),
+                            line,
+                        });
+                    }
                 }
             }
             Some(root @ ("crate" | "$crate" | "super" | "self"))

@@ -58,11 +58,11 @@ use serde_json::value::RawValue;
 use crate::ids::{OutboxId, PartitionKey, TopicName};
 
 /// The contract version this relay writes and this consumer reads.
-pub const CONTRACT_VERSION: u32 = 2;
+pub(crate) const CONTRACT_VERSION: u32 = 2;
 /// The most events one envelope may hold (the relay's `RELAY_DELIVERY_BATCH` range ends here).
-pub const MAX_BATCH_EVENTS: usize = 1000;
+pub(crate) const MAX_BATCH_EVENTS: usize = 1000;
 /// The destination query parameter that carries the contract version (covered by the token's `sub`).
-pub const CONTRACT_PARAM: &str = "contract";
+pub(crate) const CONTRACT_PARAM: &str = "contract";
 /// The query the relay appends to every destination.
 pub const CONTRACT_QUERY: &str = "contract=2";
 
@@ -71,7 +71,7 @@ pub const OUTBOX_ID: &str = "x-outbox-id";
 /// W3C trace context of the producer (request header copy and envelope header).
 pub const TRACEPARENT: &str = "traceparent";
 /// Correlation id (envelope header).
-pub const CORRELATION_ID: &str = "x-correlation-id";
+pub(crate) const CORRELATION_ID: &str = "x-correlation-id";
 
 /// The request headers of the previous contract (identity in unsigned headers). Read only on the legacy path,
 /// where every value is checked against the outbox row; on a current delivery a copy that disagrees with the
@@ -80,17 +80,15 @@ pub mod legacy {
     /// Outbox id.
     pub const OUTBOX_ID: &str = "x-outbox-id";
     /// Topic.
-    pub const OUTBOX_TOPIC: &str = "x-outbox-topic";
+    pub(crate) const OUTBOX_TOPIC: &str = "x-outbox-topic";
     /// Partition key, percent-encoded.
-    pub const OUTBOX_KEY: &str = "x-outbox-key";
+    pub(crate) const OUTBOX_KEY: &str = "x-outbox-key";
     /// Per-key sequence.
-    pub const OUTBOX_SEQ: &str = "x-outbox-seq";
-    /// Creation time.
-    pub const OUTBOX_CREATED_AT: &str = "x-outbox-created-at";
+    pub(crate) const OUTBOX_SEQ: &str = "x-outbox-seq";
     /// `consumer` when the consumer was asked to record delivery evidence.
-    pub const OUTBOX_EVIDENCE: &str = "x-outbox-evidence";
+    pub(crate) const OUTBOX_EVIDENCE: &str = "x-outbox-evidence";
     /// Payload schema version.
-    pub const SCHEMA_VERSION: &str = "x-schema-version";
+    pub(crate) const SCHEMA_VERSION: &str = "x-schema-version";
 }
 
 /// Path (under `CALLBACK_URL`) of QStash failure callbacks.
@@ -114,7 +112,7 @@ pub fn destination(consumer_url: &str, topic: &str) -> String {
 
 /// Which contract a delivery follows, read from its (signed) URL query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Contract {
+pub(crate) enum Contract {
     /// No `contract` parameter: published by a relay of the previous version.
     Legacy,
     /// [`CONTRACT_VERSION`]: the signed envelope.
@@ -125,7 +123,7 @@ pub enum Contract {
 
 /// The contract of a delivery from its raw query string. `Err` for a query that names no valid version, or
 /// names one twice.
-pub fn contract_of_query(query: Option<&str>) -> Result<Contract, String> {
+pub(crate) fn contract_of_query(query: Option<&str>) -> Result<Contract, String> {
     let mut found: Option<&str> = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -443,7 +441,7 @@ pub fn dedup_id(outbox_id: OutboxId, generation: i32) -> String {
 /// SHA-256 over "id:generation," of every event in order>`, so the same composition formed again (after a
 /// crash between publish and settle) gets the same id and QStash drops the copy, while a different composition
 /// gets a different id (the consumer's per-event dedupe absorbs the overlap). Never contains `:`.
-pub fn batch_dedup_id(events: &[(OutboxId, i32)]) -> String {
+pub(crate) fn batch_dedup_id(events: &[(OutboxId, i32)]) -> String {
     use sha2::{Digest, Sha256};
     match events {
         [] => String::new(),
@@ -474,7 +472,7 @@ pub fn encode_key(key: &str) -> String {
 }
 
 /// Decodes [`encode_key`]; `None` for malformed input or non-UTF-8 results.
-pub fn decode_key(encoded: &str) -> Option<String> {
+pub(crate) fn decode_key(encoded: &str) -> Option<String> {
     let bytes = encoded.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -166,7 +166,7 @@ pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 /// within a second under load skips the extra round trip (one of the consumer's five per event). A connection
 /// that dies within that second fails its statement instead: the caller answers 5xx (consumer) or retries on
 /// its next cycle (relay), like any database error.
-pub fn ping_when_idle(options: PgPoolOptions) -> PgPoolOptions {
+pub(crate) fn ping_when_idle(options: PgPoolOptions) -> PgPoolOptions {
     options
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {

@@ -20,13 +20,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Most user headers on one event.
-pub const MAX_HEADERS: usize = 32;
+pub(crate) const MAX_HEADERS: usize = 32;
 /// Longest header name, in bytes.
-pub const MAX_NAME_BYTES: usize = 64;
+pub(crate) const MAX_NAME_BYTES: usize = 64;
 /// Longest header value, in bytes.
-pub const MAX_VALUE_BYTES: usize = 1024;
+pub(crate) const MAX_VALUE_BYTES: usize = 1024;
 /// Most bytes of names plus values on one event (they travel in every delivery and every dead letter).
-pub const MAX_TOTAL_BYTES: usize = 8192;
+pub(crate) const MAX_TOTAL_BYTES: usize = 8192;
 
 /// Why an event was rejected before anything was written (by [`crate::producer`]: its topic, key, payload,
 /// delay, or a user header that breaks a rule of this module). Re-exported as `outbox::InvalidEvent` and
@@ -102,7 +102,7 @@ pub enum InvalidEvent {
 /// `x-correlation-id` and `x-schema-version` have their own setters on [`crate::NewEvent`]; `tracestate` and
 /// `baggage` belong to trace propagation; the rest are transport headers a proxy, QStash or the Lambda front end
 /// set or strip, which would be confusing to see in a handler.
-pub const RESERVED_NAMES: &[&str] = &[
+pub(crate) const RESERVED_NAMES: &[&str] = &[
     "traceparent",
     "tracestate",
     "baggage",
@@ -130,7 +130,7 @@ pub const RESERVED_NAMES: &[&str] = &[
 
 /// Name prefixes refused as user headers: the outbox's own (`x-outbox-`), QStash's (`upstash-`), AWS's
 /// (`x-amz-`, `x-amzn-`) and proxies' (`x-forwarded-`, `proxy-`).
-pub const RESERVED_PREFIXES: &[&str] = &[
+pub(crate) const RESERVED_PREFIXES: &[&str] = &[
     "x-outbox-",
     "upstash-",
     "x-amz-",
@@ -181,7 +181,7 @@ pub enum HeaderRule {
 }
 
 /// Whether `name` (lower case) is reserved for the pipeline or HTTP.
-pub fn is_reserved(name: &str) -> bool {
+pub(crate) fn is_reserved(name: &str) -> bool {
     RESERVED_NAMES.contains(&name) || RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
@@ -207,7 +207,7 @@ fn is_token(b: u8) -> bool {
 }
 
 /// Checks a name and returns it lower-cased.
-pub fn normalize_name(name: &str) -> Result<String, HeaderRule> {
+pub(crate) fn normalize_name(name: &str) -> Result<String, HeaderRule> {
     if name.is_empty() {
         return Err(HeaderRule::EmptyName);
     }
@@ -228,7 +228,7 @@ pub fn normalize_name(name: &str) -> Result<String, HeaderRule> {
 }
 
 /// Checks a value.
-pub fn check_value(value: &str) -> Result<(), HeaderRule> {
+pub(crate) fn check_value(value: &str) -> Result<(), HeaderRule> {
     if value.len() > MAX_VALUE_BYTES {
         return Err(HeaderRule::ValueTooLong {
             len: value.len(),
@@ -285,7 +285,9 @@ pub fn validate(headers: &[(String, String)]) -> Result<BTreeMap<String, String>
 /// The user headers among an envelope event's headers: every name the pipeline does not own (the envelope's
 /// `headers` also carries `traceparent` and `x-correlation-id`, which the handler reads from
 /// [`crate::consumer::EventMeta`]).
-pub fn user_headers_of(envelope_headers: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+pub(crate) fn user_headers_of(
+    envelope_headers: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
     envelope_headers
         .iter()
         .filter(|(name, _)| !is_reserved(name))

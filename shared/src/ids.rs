@@ -179,7 +179,7 @@ pub struct KeyLease {
 /// Whether `name` may name a subscriber (as stored, other than the default subscriber's `''`): 1 to 63 lower-case
 /// letters, digits, `_`, `.` or `-`, starting with a letter or digit. It is the subscriber's consumer's
 /// `CONSUMER_NAME`, and appears in flow-control keys and metric dimensions.
-pub fn is_subscriber_name(name: &str) -> bool {
+pub(crate) fn is_subscriber_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
         && name

@@ -64,41 +64,50 @@
 //! - `health`: the database's own state as it bears on the outbox tables: the xmin horizon and bloat.
 //! - `relay`: the outbox to QStash, with its housekeeping.
 //! - `ops`: the operator figures of `outbox status`.
+//! - `internals`: the seam for the workspace's benchmarks and tests (feature `internals`; not the API).
 //! - `local`: a local HTTP server in front of the Lambda handlers (feature `local`).
 
 pub mod accounting;
-pub mod callbacks;
+pub(crate) mod callbacks;
 pub mod config;
 pub mod consumer;
-pub mod contract;
+pub(crate) mod contract;
 pub mod db;
 pub mod dead_letters;
 pub mod headers;
-pub mod health;
+pub(crate) mod health;
 pub mod ids;
+#[cfg(feature = "internals")]
+pub mod internals;
 #[cfg(feature = "local")]
 pub mod local;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod once;
 pub mod ops;
-pub mod ordering;
+pub(crate) mod ordering;
 pub mod producer;
-pub mod qstash;
-pub mod receiver;
+pub(crate) mod qstash;
+pub(crate) mod receiver;
 pub mod relay;
 pub mod schema;
-pub mod secrets;
-pub mod subscriber_keys;
+pub(crate) mod secrets;
+pub(crate) mod subscriber_keys;
 pub mod subscribers;
 pub mod telemetry;
 mod tls;
 
+pub use callbacks::handle_callback;
 pub use headers::InvalidEvent;
-pub use ids::{KeyLease, OutboxId, PartitionKey, TopicName};
-pub use producer::{
-    EnqueueError, EnqueuedEvent, NewEvent, Producer, Topic, TopicOrdering, enqueue, enqueue_batch,
-};
+pub use health::DatabaseHealth;
+pub use ids::KeyLease;
+pub use ids::OutboxId;
+pub use producer::EnqueuedEvent;
+pub use receiver::{Receiver, ReceiverState};
 pub use tls::install_crypto_provider;
+pub use {
+    producer::EnqueueError, producer::NewEvent, producer::Producer, producer::Topic,
+    producer::TopicOrdering, producer::enqueue, producer::enqueue_batch,
+};
 
 /// The embedded schema migrations of the outbox's own tables (what the relay and the receivers expect). Run by
 /// the CLI (`outbox migrate`) and the tests.

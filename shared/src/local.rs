@@ -17,7 +17,7 @@ use lambda_http::{Body, Request, Response};
 use serde_json::{Map, Value, json};
 
 /// Largest request body the adapter accepts (function URLs accept 6 MB).
-pub const MAX_REQUEST_BYTES: usize = 6 * 1024 * 1024;
+pub(crate) const MAX_REQUEST_BYTES: usize = 6 * 1024 * 1024;
 
 static REQUEST_IDS: AtomicU64 = AtomicU64::new(1);
 
@@ -134,7 +134,7 @@ pub fn lambda_request(
 }
 
 /// Converts the handler's response to an HTTP response (status, headers, body bytes).
-pub fn into_http(resp: Response<Body>) -> AxumResponse {
+pub(crate) fn into_http(resp: Response<Body>) -> AxumResponse {
     let (parts, body) = resp.into_parts();
     let bytes: Vec<u8> = match body {
         Body::Empty => Vec::new(),

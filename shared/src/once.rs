@@ -149,7 +149,7 @@ pub(crate) use applied_sql;
 /// of it (decision record 0070), and the copy's own outbox id, the key of rows written before that decision (kept
 /// `PROCESSED_TTL_HOURS`, so a copy applied under its own id before an upgrade is still recognised after it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DedupeKey {
+pub(crate) struct DedupeKey {
     /// The event: the dedupe row's `message_id`.
     pub event: OutboxId,
     /// The copy delivered (equal to `event` for the event's first copy).
@@ -163,7 +163,7 @@ pub struct DedupeKey {
 /// two transactions claiming overlapping batches wait for each other instead of deadlocking; a concurrent
 /// duplicate blocks until the other transaction ends, as in step 2. Rows of events that end up not applied must
 /// be removed with [`forget`] before the commit.
-pub async fn claim_all(
+pub(crate) async fn claim_all(
     conn: &mut PgConnection,
     consumer: &str,
     keys: &[DedupeKey],
@@ -215,7 +215,7 @@ pub async fn claim_all(
 
 /// Removes dedupe rows [`claim_all`] inserted in this transaction for events that were not applied (failed, not
 /// attempted), so that their next delivery applies them.
-pub async fn forget(
+pub(crate) async fn forget(
     conn: &mut PgConnection,
     consumer: &str,
     events: &[OutboxId],

@@ -29,7 +29,7 @@ use crate::db::Statements;
 use crate::ids::{OutboxId, PartitionKey, TopicName};
 
 /// How many rows each list shows.
-pub const LIST_LIMIT: i64 = 10;
+pub(crate) const LIST_LIMIT: i64 = 10;
 
 /// Attempts above which a pending row counts as "flapping": it keeps failing transiently and coming back after
 /// backoff, which a healthy backlog does not (glossary: `docs/glossary.md`).

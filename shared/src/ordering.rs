@@ -70,7 +70,7 @@ keys AS (
 /// update); the key row carries the lease that matters. A head that is delayed pushes its key to the head's time. Keys without a visible head (a producer is still
 /// open, or the key went idle) are pushed back by a second so they cannot fill every claim; idle ones are
 /// deleted by [`release_idle_key`] and housekeeping.
-pub const CLAIM_HEADS_SQL: &str = concat!(
+pub(crate) const CLAIM_HEADS_SQL: &str = concat!(
     claim_keys_sql!(),
     r#"
 UPDATE {schema}.outbox o
@@ -292,7 +292,7 @@ pub async fn record_delivery_batch(
 /// while holding the key's `outbox_sequences` row lock (`SKIP LOCKED`: a producer that holds it is about to add
 /// an event, so the key stays active); a producer that later re-creates the row knows every earlier event is
 /// finished. Returns whether the row was deleted.
-pub async fn release_idle_key(
+pub(crate) async fn release_idle_key(
     conn: &mut PgConnection,
     topic: &TopicName,
     key: &PartitionKey,
@@ -328,7 +328,7 @@ pub async fn release_idle_key(
 /// Applies the topic's dead-head policy after an ordered event died (relay budget, permanent publish error, or
 /// QStash gave up): `Block` stops the key until an operator acts; `Skip` moves the key past the event. Only acts
 /// if the event is its key's current head. Returns whether the key changed.
-pub async fn apply_dead_head(
+pub(crate) async fn apply_dead_head(
     conn: &mut PgConnection,
     outbox_id: OutboxId,
     policy: DeadHeadPolicy,
@@ -371,7 +371,7 @@ pub async fn apply_dead_head(
 
 /// The consumer's view of an event's place in its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SequenceCheck {
+pub(crate) enum SequenceCheck {
     /// Newer than anything applied for the key: apply it.
     InOrder,
     /// Older than (or equal to) an event already applied for the key: refuse.
@@ -383,7 +383,7 @@ pub enum SequenceCheck {
 
 /// Records `seq` as the last applied sequence of `(consumer, topic, key)` if it is newer; must run in the same
 /// transaction as the dedupe row and the side effects (so a rollback forgets it too).
-pub async fn check_consumer_sequence(
+pub(crate) async fn check_consumer_sequence(
     conn: &mut PgConnection,
     consumer: &str,
     topic: &TopicName,
@@ -433,7 +433,7 @@ pub async fn check_consumer_sequence(
 /// events up to `seq`. For the later events of a batch: the first event of the key went through
 /// [`check_consumer_sequence`], which locked the key's row for the rest of the transaction, and the consumer
 /// compared the following events' sequences with it; this records the last one applied.
-pub async fn advance_consumer_sequence(
+pub(crate) async fn advance_consumer_sequence(
     conn: &mut PgConnection,
     consumer: &str,
     topic: &TopicName,

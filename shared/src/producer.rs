@@ -37,16 +37,16 @@ use crate::db::Statements;
 use crate::ids::OutboxId;
 
 // Lives with the header rules it names, so that `headers` need not know the producer; re-exported here.
-pub use crate::headers::InvalidEvent;
+use crate::headers::InvalidEvent;
 
 /// Payload limit by default: QStash's smallest plan accepts 1 MB messages.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1_000_000;
 /// Longest partition key accepted (it becomes part of HTTP headers and a flow-control key).
-pub const MAX_KEY_BYTES: usize = 512;
+pub(crate) const MAX_KEY_BYTES: usize = 512;
 /// Longest topic name (it becomes part of the consumer URL path).
-pub const MAX_TOPIC_CHARS: usize = 100;
+pub(crate) const MAX_TOPIC_CHARS: usize = 100;
 /// Longest delay accepted.
-pub const MAX_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Whether a topic keeps per-key order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +101,7 @@ impl Topic {
 }
 
 /// Checks a topic name: 1–100 characters of `A-Z a-z 0-9 . _ -` (it becomes a URL path segment).
-pub fn validate_topic(name: &str) -> Result<(), InvalidEvent> {
+pub(crate) fn validate_topic(name: &str) -> Result<(), InvalidEvent> {
     if name.is_empty() {
         return Err(InvalidEvent::EmptyTopic);
     }
@@ -163,7 +163,7 @@ impl EventHeaders {
 }
 
 /// `00-<trace id>-<parent id>-<flags>`, lower-case hex, non-zero ids.
-pub fn is_traceparent(s: &str) -> bool {
+pub(crate) fn is_traceparent(s: &str) -> bool {
     let parts: Vec<&str> = s.split('-').collect();
     let hex = |p: &str, n: usize| {
         p.len() == n
@@ -390,7 +390,7 @@ impl Default for Producer {
 }
 
 /// The channel of the optional wake-up hint (off by default; `docs/configuration.md` says why).
-pub const NOTIFY_CHANNEL: &str = "outbox_new";
+pub(crate) const NOTIFY_CHANNEL: &str = "outbox_new";
 
 const ENQUEUE_SQL: &str = r#"
 WITH input AS (

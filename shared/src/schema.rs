@@ -20,10 +20,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The placeholder the library's SQL templates use for the schema.
-pub const PLACEHOLDER: &str = "{schema}";
+pub(crate) const PLACEHOLDER: &str = "{schema}";
 
 /// The environment variable naming the schema.
-pub const ENV_VAR: &str = "OUTBOX_SCHEMA";
+pub(crate) const ENV_VAR: &str = "OUTBOX_SCHEMA";
 
 /// A schema name that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -405,7 +405,7 @@ pub const ALLOW_DEV_KEYS_VAR: &str = "OUTBOX_ALLOW_DEV_KEYS";
 /// `vars`: with those, anyone can sign deliveries a receiver accepts, or publish as the relay. The error names the
 /// field and the setting, never a value. Checks only the fields that were loaded (a receiver never keeps the
 /// token). With the opt-in set and a public value in use, logs one warning.
-pub fn refuse_dev_values(secrets: &Secrets, vars: &Vars<'_>) -> Result<(), ConfigError> {
+pub(crate) fn refuse_dev_values(secrets: &Secrets, vars: &Vars<'_>) -> Result<(), ConfigError> {
     let public = [
         DEV_QSTASH_TOKEN,
         DEV_CURRENT_SIGNING_KEY,

@@ -33,9 +33,9 @@ use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 /// The destination query parameter that carries the subscriber signature (covered by the token's `sub`).
-pub const SIGNATURE_PARAM: &str = "sig";
+pub(crate) const SIGNATURE_PARAM: &str = "sig";
 /// The fewest characters a subscriber key may have.
-pub const MIN_KEY_CHARS: usize = 32;
+pub(crate) const MIN_KEY_CHARS: usize = 32;
 /// Bound into every signature, so a subscriber key signs nothing else by accident.
 const CONTEXT: &[u8] = b"outbox-subscriber-signature-v1\n";
 /// How the default subscriber is named in `SUBSCRIBER_SIGNING_KEYS`.
@@ -271,12 +271,12 @@ impl OwnKey {
 }
 
 /// How a stored subscriber name is shown: `default` for the default subscriber (`''`).
-pub fn display_name(name: &str) -> &str {
+pub(crate) fn display_name(name: &str) -> &str {
     if name.is_empty() { DEFAULT_NAME } else { name }
 }
 
 /// The `sig` parameter of a destination's raw query, if any. `Err` when it is given twice.
-pub fn signature_of_query(query: Option<&str>) -> Result<Option<&str>, String> {
+pub(crate) fn signature_of_query(query: Option<&str>) -> Result<Option<&str>, String> {
     let mut found = None;
     for pair in query.unwrap_or("").split('&') {
         if let Some(v) = pair

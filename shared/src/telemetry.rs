@@ -16,7 +16,7 @@ pub enum LogFormat {
 /// Targets that would write request contents at some level, capped below it whatever `RUST_LOG` says.
 /// `lambda_runtime` logs every raw invocation event at TRACE (`raw JSON event received from Lambda`): for the
 /// receivers that is the whole function-URL request, its `Upstash-Signature` token and its body.
-pub const CAPPED_TARGETS: [&str; 1] = ["lambda_runtime::layers::api_response=debug"];
+pub(crate) const CAPPED_TARGETS: [&str; 1] = ["lambda_runtime::layers::api_response=debug"];
 
 fn filter(default_level: &str) -> EnvFilter {
     filter_from(
@@ -73,7 +73,7 @@ pub fn init(format: LogFormat) {
 }
 
 /// Like [`init`], with another default level when neither `AWS_LAMBDA_LOG_LEVEL` nor `RUST_LOG` is set.
-pub fn init_with_default(format: LogFormat, default_level: &str) {
+pub(crate) fn init_with_default(format: LogFormat, default_level: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter(default_level))
         .with_target(false);
@@ -102,7 +102,7 @@ pub fn init_from_env() {
 
 /// An error and its causes, `outer: inner: innermost`: for a summary field or a stored error text, where a log
 /// line's structured `cause` field is not available.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

@@ -128,7 +128,7 @@ fn delivery_of(r: &Row) -> Delivery {
 
 /// The previous relay's delivery of `r`: payload as body, identity in headers, no contract version in the URL.
 fn legacy_delivery_of(r: &Row, extra: &[(&str, &str)]) -> Request {
-    let key = outbox::contract::encode_key(&r.key);
+    let key = outbox::internals::contract::encode_key(&r.key);
     let seq = r.seq.map(|s| s.to_string());
     let version = r.schema_version.map(|v| v.to_string());
     let mut h: Vec<(&str, &str)> = vec![("x-outbox-key", &key)];

@@ -1,4 +1,4 @@
-//! The callback function (`outbox::callbacks::handle_callback`) on real Postgres: failure callbacks become
+//! The callback function (`outbox::internals::callbacks::handle_callback`) on real Postgres: failure callbacks become
 //! dead letters (well-formed, missing fields, string times, garbage — never dropped), delivery callbacks become
 //! delivery evidence or a noted failed attempt, anything unsigned or elsewhere is refused. The event a callback
 //! is about comes from its signed body only (the envelope in `sourceBody` of a current message, `sourceHeader`
@@ -7,9 +7,9 @@
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use orders_example::{self as example, LineItem, OrderEvent, OrderPlaced};
-use outbox::callbacks::{handle_callback, parse_callback};
+use outbox::ReceiverState;
 use outbox::config::ConsumerConfig;
-use outbox::consumer::ReceiverState;
+use outbox::internals::callbacks::{handle_callback, parse_callback};
 use outbox::producer::{NewEvent, Topic, enqueue};
 use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
@@ -1186,7 +1186,7 @@ async fn a_callback_about_a_subscribers_copy_needs_that_subscribers_signature(po
         copy_of("shipping").await.unwrap(),
     );
     let st = state(&pool).with_subscriber_keys(
-        outbox::subscriber_keys::SubscriberKeys::parse(&format!(
+        outbox::internals::subscriber_keys::SubscriberKeys::parse(&format!(
             "billing:{BILLING},shipping:{SHIPPING}"
         ))
         .unwrap(),

@@ -3,7 +3,7 @@
 //! large pending backlog and history.
 
 use outbox::db::Statements;
-use outbox::relay::claim::ClaimStatements;
+use outbox::internals::claim::ClaimStatements;
 use sqlx::PgPool;
 
 fn plan_nodes(plan: &serde_json::Value, out: &mut Vec<(String, Option<String>)>) {
@@ -72,9 +72,9 @@ async fn generic_plan(pool: &PgPool, sql: &str, args: &str) -> Vec<(String, Opti
 async fn claims_use_their_partial_indexes_under_a_generic_plan(pool: PgPool) {
     // A range partition made ahead (it takes the first 10,000 events), DEFAULT the rest.
     let db = outbox::db::Db::new(pool.clone(), Statements::Prepared);
-    let made = outbox::relay::partitions::maintain(
+    let made = outbox::internals::partitions::maintain(
         &db,
-        outbox::relay::partitions::PartitionSettings::new(
+        outbox::internals::partitions::PartitionSettings::new(
             std::time::Duration::from_secs(3600),
             std::time::Duration::from_secs(10),
         ),
@@ -174,7 +174,7 @@ async fn claims_use_their_partial_indexes_under_a_generic_plan(pool: PgPool) {
 /// sustained` measures by how much); they must never turn a claim into a table scan or a sort.
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn claims_keep_their_plans_under_retention_churn(pool: PgPool) {
-    use outbox::relay::housekeeping::{self, Retention};
+    use outbox::internals::housekeeping::{self, Retention};
     use std::time::Duration;
     let db = outbox::db::Db::new(pool.clone(), Statements::Prepared);
     let retention = Retention {

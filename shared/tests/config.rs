@@ -10,9 +10,9 @@ use outbox::config::{
     ConfigError, ConsumerConfig, DeadHeadPolicy, LegacyDeliveries, QstashConfig, RelayConfig, Vars,
 };
 use outbox::db::DbConfig;
-use outbox::receiver::{RECEIVER_SECRETS, Receiver, ReceiverState};
-use outbox::relay::handler::RelayState;
-use outbox::secrets::{
+use outbox::internals::handler::RelayState;
+use outbox::internals::receiver::{RECEIVER_SECRETS, Receiver, ReceiverState};
+use outbox::internals::secrets::{
     ALLOW_DEV_KEYS_VAR, DEV_CURRENT_SIGNING_KEY, DEV_NEXT_SIGNING_KEY, DEV_QSTASH_TOKEN,
     SecretField, SecretSource, SecretsManagerOptions, WITHHELD_TOKEN_WARNING,
 };

@@ -844,7 +844,7 @@ async fn a_duplicate_asking_for_consumer_evidence_records_it(pool: PgPool) {
 #[test]
 fn outcome_mapping_is_one_table() {
     use outbox::consumer::Outcome;
-    use outbox::receiver::VerifyError;
+    use outbox::internals::receiver::VerifyError;
     let cases = [
         (
             Outcome::Processed {
@@ -955,7 +955,7 @@ async fn a_subscribers_consumer_applies_only_deliveries_signed_with_its_own_key(
     const SHIPPING: &str = "shipping-key-0123456789abcdefghijklmno";
     let mut config = outbox::config::ConsumerConfig::defaults();
     config.name = "billing".into();
-    let own = outbox::subscriber_keys::OwnKey::new(
+    let own = outbox::internals::subscriber_keys::OwnKey::new(
         BILLING.to_owned().into(),
         Some(BILLING_NEXT.to_owned().into()),
     )

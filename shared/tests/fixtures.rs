@@ -10,10 +10,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use orders_example as example;
-use outbox::callbacks::handle_callback;
 use outbox::config::ConsumerConfig;
 use outbox::consumer::{ConsumerState, handle_event};
-use outbox::receiver::{
+use outbox::internals::callbacks::handle_callback;
+use outbox::internals::receiver::{
     Clock, DEV_SIGNING_KEYS, KeyRing, SigningKeys, VerifyOptions, decode_unverified,
     resign_function_url_event,
 };
@@ -33,7 +33,7 @@ fn issued_at(event: &str) -> i64 {
     decode_unverified(token).unwrap()["iat"].as_i64().unwrap()
 }
 
-/// The single event of a contract-2 envelope, read with plain serde_json (not `outbox::contract`).
+/// The single event of a contract-2 envelope, read with plain serde_json (not `outbox::internals::contract`).
 fn envelope_event(body: &[u8], topic: &str) -> Value {
     let v: Value = serde_json::from_slice(body).expect("envelope is JSON");
     assert_eq!(v["contract"], 2, "{v}");
@@ -83,7 +83,10 @@ async fn fixtures_are_function_url_events_signed_with_the_dev_key() {
         );
         assert_eq!(
             claims["sub"].as_str().unwrap(),
-            outbox::receiver::request_url(&req, outbox::receiver::UrlSource::FunctionUrl),
+            outbox::internals::receiver::request_url(
+                &req,
+                outbox::internals::receiver::UrlSource::FunctionUrl
+            ),
             "{name}: sub is the URL rebuilt from the event"
         );
         // The committed token verifies (body hash included) at the time it was issued.

@@ -1,10 +1,10 @@
-//! `outbox::health`: the xmin horizon names the transaction that holds it and lets go when it ends; dead tuples
+//! `outbox::internals::health`: the xmin horizon names the transaction that holds it and lets go when it ends; dead tuples
 //! left by a retention-sized `DELETE` show as bloat until vacuum cleans them.
 
 use std::time::{Duration, Instant};
 
 use outbox::db::{Db, Statements};
-use outbox::health::{self, DEAD_PERCENT_FLOOR_ROWS, TableHealth, WATCHED_TABLES};
+use outbox::internals::health::{self, DEAD_PERCENT_FLOOR_ROWS, TableHealth, WATCHED_TABLES};
 use sqlx::{Connection, PgConnection, PgPool};
 
 fn db(pool: &PgPool) -> Db {
@@ -101,7 +101,7 @@ async fn rows_deleted_by_retention_are_dead_tuples_until_vacuum(pool: PgPool) {
     .execute(&mut *conn)
     .await
     .unwrap();
-    let deleted = outbox::relay::housekeeping::prune_processed_batch(
+    let deleted = outbox::internals::housekeeping::prune_processed_batch(
         &db(&pool),
         Duration::from_secs(3600),
         rows as u32,

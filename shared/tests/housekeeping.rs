@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use outbox::db::{Db, Statements};
-use outbox::relay::housekeeping::{self, Retention};
+use outbox::internals::housekeeping::{self, Retention};
 use sqlx::PgPool;
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]

@@ -18,6 +18,7 @@ mod ordering_keys;
 mod partitions;
 mod pool;
 mod producer;
+mod public_api;
 mod reconciler;
 mod relay;
 mod relay_batches;

@@ -4,9 +4,9 @@
 
 use outbox::OutboxId;
 use outbox::db::Statements;
-use outbox::ordering::{DeliveryRecorded, record_delivery};
+use outbox::internals::claim::ClaimStatements;
+use outbox::internals::ordering::{DeliveryRecorded, record_delivery};
 use outbox::producer::{NewEvent, Topic, enqueue};
-use outbox::relay::claim::ClaimStatements;
 use serde_json::json;
 use sqlx::PgPool;
 

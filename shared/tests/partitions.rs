@@ -1,4 +1,4 @@
-//! Retention by partition (`outbox::relay::partitions`, decision record 0067): partitions are made ahead of the id
+//! Retention by partition (`outbox::internals::partitions`, decision record 0067): partitions are made ahead of the id
 //! sequence, a partition whose rows are done is dropped whole, and every row that is not done (pending, leased, in
 //! flight, dead-lettered, within the window) survives the drop unchanged. A transaction holding the outbox makes
 //! maintenance wait for the next pass, never the producers.
@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use outbox::db::{Db, Statements};
-use outbox::relay::partitions::{self, PartitionSettings};
+use outbox::internals::partitions::{self, PartitionSettings};
 use outbox::subscribers::{self, Start};
 use sqlx::PgPool;
 
@@ -281,7 +281,7 @@ async fn a_bloated_default_partition_is_recycled_keeping_what_is_not_done(pool: 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn claims_take_exactly_the_rows_they_selected_across_partitions(pool: PgPool) {
     use outbox::config::DeliveryBatching;
-    use outbox::relay::claim::ClaimStatements;
+    use outbox::internals::claim::ClaimStatements;
     let db = Db::new(pool.clone(), Statements::Prepared);
     let made = partitions::maintain(&db, settings(1000)).await;
     assert_eq!((made.created, made.error), (1, None));
@@ -423,7 +423,7 @@ async fn an_existing_outbox_with_events_in_flight_becomes_the_first_partition_un
     .unwrap();
     assert_eq!(next, old_rows.last().unwrap().0 + 1);
     let mut conn = pool.acquire().await.unwrap();
-    let claimed = outbox::relay::claim::ClaimStatements::new(500, Statements::Prepared)
+    let claimed = outbox::internals::claim::ClaimStatements::new(500, Statements::Prepared)
         .claim_unordered(&mut conn, 60.0)
         .await
         .unwrap();
@@ -594,7 +594,7 @@ async fn row_retention_keeps_what_an_interrupted_replay_has_still_to_read(pool: 
     let first = ordered_history(&pool).await;
     add_billing_and_stop_its_replay_after_one_chunk(&db, first).await;
     let deleted =
-        outbox::relay::housekeeping::prune_outbox_batch(&db, Duration::from_secs(3600), 1000)
+        outbox::internals::housekeeping::prune_outbox_batch(&db, Duration::from_secs(3600), 1000)
             .await
             .unwrap();
     assert_eq!(deleted, 10, "only the events the replay has read go");
@@ -603,7 +603,7 @@ async fn row_retention_keeps_what_an_interrupted_replay_has_still_to_read(pool: 
     assert_eq!((done, open), (0, true));
     // Finished, the replay holds nothing: the other 20 default copies go too.
     let deleted =
-        outbox::relay::housekeeping::prune_outbox_batch(&db, Duration::from_secs(3600), 1000)
+        outbox::internals::housekeeping::prune_outbox_batch(&db, Duration::from_secs(3600), 1000)
             .await
             .unwrap();
     assert_eq!(deleted, 20);

@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
+use outbox::InvalidEvent;
 use outbox::producer::{
-    DEFAULT_MAX_PAYLOAD_BYTES, EnqueueError, InvalidEvent, NewEvent, Producer, Topic, enqueue,
-    enqueue_batch,
+    DEFAULT_MAX_PAYLOAD_BYTES, EnqueueError, NewEvent, Producer, Topic, enqueue, enqueue_batch,
 };
 use rand::Rng;
 use serde_json::json;

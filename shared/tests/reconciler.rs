@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use outbox::config::{AccountingConfig, OutcomeSource, QstashConfig, RelayConfig};
 use outbox::dead_letters::{RedriveOptions, redrive};
+use outbox::internals::qstash::QstashClient;
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
-use outbox::qstash::QstashClient;
 use outbox::relay::Relay;
 use outbox_testkit::relaying::{RelayEnv, relay_config};
 use qstash_dev::{AttemptKind, Config as DevConfig, Faults};
@@ -390,7 +390,7 @@ async fn a_management_answer_over_the_bound_is_refused_without_reading_it(pool: 
     let err = client.dlq_page(&ids, None).await.unwrap_err();
     let text = err.to_string();
     assert!(
-        matches!(err, outbox::qstash::ManageError::TooLarge { .. }),
+        matches!(err, outbox::internals::qstash::ManageError::TooLarge { .. }),
         "{text}"
     );
     assert!(
@@ -511,9 +511,10 @@ async fn a_dead_lettered_copy_the_consumer_applied_is_resolved_by_the_sweep(pool
     .unwrap();
 
     let db = outbox::db::Db::new(pool.clone(), outbox::db::Statements::Prepared);
-    let marked = outbox::accounting::sweep_applied(&db, "orders-app", Duration::ZERO, PASS)
-        .await
-        .unwrap();
+    let marked =
+        outbox::internals::accounting::sweep_applied(&db, "orders-app", Duration::ZERO, PASS)
+            .await
+            .unwrap();
     assert_eq!(marked, 2);
     let resolved: Vec<(i64, Option<String>, bool, bool)> = sqlx::query_as(
         "SELECT d.outbox_id, d.resolution, o.delivered_at IS NOT NULL, o.dead_lettered_at IS NOT NULL \

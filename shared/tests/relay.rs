@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use outbox::db::Statements;
+use outbox::internals::claim::ClaimStatements;
+use outbox::internals::settle::{SettleItem, Settlement, settle};
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
-use outbox::relay::claim::ClaimStatements;
-use outbox::relay::settle::{SettleItem, Settlement, settle};
 use outbox_testkit::relaying::{RelayEnv, relay_config};
 use qstash_dev::{Config as DevConfig, Faults, WaitlistOrder};
 use serde_json::json;
@@ -97,15 +97,16 @@ async fn a_stale_relays_settle_changes_nothing(pool: PgPool) {
     fresh.extend(claims.claim_ordered(&mut conn, 30.0).await.unwrap());
     assert_eq!(fresh.len(), 10);
 
-    let as_items = |evs: &[outbox::relay::claim::ClaimedEvent], s: Settlement| -> Vec<SettleItem> {
-        evs.iter()
-            .map(|e| SettleItem {
-                id: e.id,
-                lease_token: e.lease_token,
-                settlement: s.clone(),
-            })
-            .collect()
-    };
+    let as_items =
+        |evs: &[outbox::internals::claim::ClaimedEvent], s: Settlement| -> Vec<SettleItem> {
+            evs.iter()
+                .map(|e| SettleItem {
+                    id: e.id,
+                    lease_token: e.lease_token,
+                    settlement: s.clone(),
+                })
+                .collect()
+        };
     // The zombie tries every kind of write: none lands.
     for s in [
         Settlement::Dispatched {
@@ -188,7 +189,7 @@ async fn transient_failures_back_off_within_bounds_then_dead_letter_with_the_las
     let mut cfg = relay_config();
     cfg.max_attempts = 3;
     let relay = e.relay_with(cfg);
-    let item_5xx = || outbox::qstash::PublishOutcome::Transient {
+    let item_5xx = || outbox::internals::qstash::PublishOutcome::Transient {
         status: Some(500),
         retry_after: None,
         error: "QStash answered 500: item failed".into(),
@@ -393,11 +394,10 @@ async fn a_relay_killed_after_claim_or_after_publish_loses_nothing(pool: PgPool)
     let claimed = relay.claim().await.unwrap();
     assert_eq!(claimed.len(), 9, "every expired lease is claimed again");
     let (outcomes, _) = relay.publish(&claimed).await;
-    assert!(
-        outcomes
-            .iter()
-            .all(|o| matches!(o, outbox::qstash::PublishOutcome::Accepted { .. }))
-    );
+    assert!(outcomes.iter().all(|o| matches!(
+        o,
+        outbox::internals::qstash::PublishOutcome::Accepted { .. }
+    )));
     drop(claimed);
     tokio::time::sleep(Duration::from_millis(1100)).await;
 

@@ -11,8 +11,8 @@ use std::time::Duration;
 use outbox::OutboxId;
 use outbox::config::{DeliveryBatching, EvidenceMode, RelayConfig};
 use outbox::db::Statements;
+use outbox::internals::qstash::flow_control_key;
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
-use outbox::qstash::flow_control_key;
 use outbox::relay::Relay;
 use outbox_testkit::relaying::{self, RelayEnv};
 use qstash_dev::Config as DevConfig;
@@ -77,7 +77,7 @@ async fn delivered(e: &RelayEnv) -> Vec<(Vec<i64>, String)> {
 async fn evidence(e: &RelayEnv, ids: &[i64]) {
     let mut tx = e.pool.begin().await.unwrap();
     for id in ids {
-        outbox::ordering::record_delivery(&mut tx, OutboxId(*id), Statements::Prepared)
+        outbox::internals::ordering::record_delivery(&mut tx, OutboxId(*id), Statements::Prepared)
             .await
             .unwrap();
     }
@@ -273,12 +273,10 @@ async fn dedup_ids_follow_the_composition_and_a_crash_reforms_the_same_message(p
         "{dedup}"
     );
     let published = relay.publish_classified(&claimed).await;
-    assert!(
-        published
-            .events
-            .iter()
-            .all(|e| matches!(e.outcome, outbox::qstash::PublishOutcome::Accepted { .. }))
-    );
+    assert!(published.events.iter().all(|e| matches!(
+        e.outcome,
+        outbox::internals::qstash::PublishOutcome::Accepted { .. }
+    )));
     drop(claimed);
     expire_leases(&e).await;
     // The reclaim forms the same message: same id, and QStash drops the copy.
@@ -421,7 +419,7 @@ async fn without_batching_every_event_is_its_own_message_as_before(pool: PgPool)
         assert_eq!(m.message.body, single.body);
         assert_eq!(
             m.message.options.deduplication_id,
-            Some(outbox::contract::dedup_id(ev.id, 0))
+            Some(outbox::internals::contract::dedup_id(ev.id, 0))
         );
         let fc = m.message.options.flow_control.as_ref().unwrap();
         assert_eq!(
@@ -551,7 +549,7 @@ async fn a_run_is_settled_and_its_evidence_recorded_while_the_rest_of_its_claim_
     let mut conn = pool.acquire().await.unwrap();
     let recorded = tokio::time::timeout(
         Duration::from_secs(5),
-        outbox::ordering::record_delivery_batch(
+        outbox::internals::ordering::record_delivery_batch(
             &mut conn,
             &[OutboxId(quick[0]), OutboxId(quick[1])],
             Statements::Prepared,

@@ -5,10 +5,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lambda_runtime::{Context, LambdaEvent};
 use outbox::config::{QstashConfig, RelayConfig};
 use outbox::db::{Db, Statements};
+use outbox::internals::handler::{RelayState, handle};
+use outbox::internals::qstash::QstashClient;
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
-use outbox::qstash::QstashClient;
 use outbox::relay::Relay;
-use outbox::relay::handler::{RelayState, handle};
 use outbox_testkit::sink::Sink;
 use qstash_dev::{Config as DevConfig, DevServer};
 use secrecy::SecretString;
@@ -117,7 +117,7 @@ async fn handler_runs_from_the_scheduled_event_fixtures(pool: PgPool) {
                 leased, 0,
                 "{name}: returned with a claim unsettled: {summary:?}"
             );
-            let line = outbox::relay::handler::emf("relay", &summary).to_json();
+            let line = outbox::internals::handler::emf("relay", &summary).to_json();
             let v: Value = serde_json::from_str(&line).unwrap();
             assert_eq!(v["Dispatched"], json!(summary.drain.dispatched as f64));
             dispatched += summary.drain.dispatched;
@@ -126,7 +126,7 @@ async fn handler_runs_from_the_scheduled_event_fixtures(pool: PgPool) {
             }
         };
         assert_eq!(dispatched, n, "{name}: {summary:?}");
-        let line = outbox::relay::handler::emf("relay", &summary).to_json();
+        let line = outbox::internals::handler::emf("relay", &summary).to_json();
         let v: Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["OldestPendingAge"], json!(0.0));
         // The database's health figures are read and emitted on every invocation.

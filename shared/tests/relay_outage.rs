@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use outbox::config::RelayConfig;
 use outbox::db::{Db, Statements};
+use outbox::internals::outage;
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
-use outbox::relay::{DrainSummary, Relay, outage};
+use outbox::relay::{DrainSummary, Relay};
 use outbox_testkit::relaying;
 use outbox_testkit::sink::Sink;
 use qstash_dev::{Config as DevConfig, DevServer, Faults};

@@ -14,11 +14,11 @@ use lambda_http::Request;
 use outbox::config::{ConsumerConfig, EnvSource};
 use outbox::consumer::{ConsumerState, handle_event};
 use outbox::db::{Db, Statements};
-use outbox::receiver::{
+use outbox::internals::receiver::{
     Clock, KeyRing, KeyUsed, SigningKeys, UrlSource, VerifyError, VerifyOptions, request_url,
     verify,
 };
-use outbox::secrets::SecretSource;
+use outbox::internals::secrets::SecretSource;
 use outbox_testkit::receiving::*;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -1405,7 +1405,7 @@ async fn flood_child() {
         .connect_lazy("postgres://postgres@127.0.0.1:1/nowhere")
         .unwrap();
     let receiver = || {
-        outbox::receiver::ReceiverState::new(
+        outbox::internals::receiver::ReceiverState::new(
             ConsumerConfig::defaults(),
             Db::new(pool.clone(), Statements::Prepared),
             KeyRing::fixed(SigningKeys::new(KEY, Some(NEXT.into()))),
@@ -1423,7 +1423,8 @@ async fn flood_child() {
             parts(&r)
         );
         let path = if i % 2 == 0 { "/failure" } else { "/delivered" };
-        let r = outbox::callbacks::handle_callback(&callbacks, forged(path, "", i)).await;
+        let r =
+            outbox::internals::callbacks::handle_callback(&callbacks, forged(path, "", i)).await;
         assert_eq!(
             parts(&r).0,
             401,
@@ -1536,7 +1537,7 @@ fn a_flood_of_bad_signatures_does_no_database_work_logs_no_warn_per_request_and_
 /// `OUTBOX_ALLOW_DEV_KEYS=true` (the ring built with it) the re-read takes them.
 #[tokio::test]
 async fn a_key_refresh_refuses_the_dev_servers_public_keys_as_startup_does() {
-    use outbox::secrets::{DEV_CURRENT_SIGNING_KEY, DEV_NEXT_SIGNING_KEY};
+    use outbox::internals::secrets::{DEV_CURRENT_SIGNING_KEY, DEV_NEXT_SIGNING_KEY};
     let env = Arc::new(RotatingEnv::default());
     env.set_keys(K3, K4);
     let ring = KeyRing::loaded(

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use outbox::db::{Db, Statements};
-use outbox::ordering::{self, DeliveryRecorded};
-use outbox::relay::claim::ClaimStatements;
+use outbox::internals::claim::ClaimStatements;
+use outbox::internals::ordering::{self, DeliveryRecorded};
 use outbox::subscribers::{self, Ensured, Start, SubscriberError};
 use outbox::{NewEvent, OutboxId, Topic};
 use sqlx::PgPool;

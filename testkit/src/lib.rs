@@ -4,7 +4,7 @@
 //! * [`stack`]: the local pipeline — the dev server in process, the relay through its Lambda handler, the
 //!   consumer and callback handlers served through `outbox::local` — that `outbox-dev dev` and the whole-system
 //!   tests run;
-//! * [`receiving`]: QStash-like tokens signed independently of `outbox::receiver`, function-URL requests,
+//! * [`receiving`]: QStash-like tokens signed independently of `outbox::internals::receiver`, function-URL requests,
 //!   the envelope [`receiving::Delivery`] builder, receiver and consumer states on a fixed clock;
 //! * [`sink`]: a stand-in consumer and callback endpoint that records what the dev server delivers;
 //! * [`relaying`]: a relay wired to the dev server and a sink, with the relay tests' settings;

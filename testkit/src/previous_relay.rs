@@ -4,7 +4,7 @@
 //! the callbacks, the destination `{CONSUMER_URL}/events/{topic}` without a contract version.
 //!
 //! The upgrade tests publish such messages straight to the dev server, header for header as that relay did
-//! (`Relay::message_for` at commit 6a2d738 and the option → header mapping of `outbox::qstash`).
+//! (`Relay::message_for` at commit 6a2d738 and the option → header mapping of `outbox::internals::qstash`).
 
 use anyhow::{Context, bail};
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -59,7 +59,7 @@ impl OldEvent {
     }
 
     /// The request headers of the previous relay's message for this event (`Upstash-*` options and forwarded
-    /// headers, as `outbox::qstash` mapped them).
+    /// headers, as `outbox::internals::qstash` mapped them).
     pub fn publish_headers(
         &self,
         callback_url: &str,
@@ -86,7 +86,7 @@ impl OldEvent {
         put("Upstash-Forward-X-Outbox-Topic", self.topic.clone());
         put(
             "Upstash-Forward-X-Outbox-Key",
-            outbox::contract::encode_key(&self.key),
+            outbox::internals::contract::encode_key(&self.key),
         );
         put(
             "Upstash-Forward-X-Outbox-Created-At",
@@ -109,7 +109,7 @@ impl OldEvent {
         }
         put(
             "Upstash-Flow-Control-Key",
-            outbox::qstash::flow_control_key(&format!("{}.{}", self.topic, self.key)),
+            outbox::internals::qstash::flow_control_key(&format!("{}.{}", self.topic, self.key)),
         );
         put("Upstash-Flow-Control-Value", "parallelism=10".into());
         put("Upstash-Label", self.topic.clone());

@@ -1,24 +1,25 @@
 //! Helpers for the receiving-side tests (consumer, callbacks, signatures, fixtures, the template's handlers).
 //!
-//! The token signer here is deliberately independent of `outbox::receiver` (its own HMAC, hashing and
+//! The token signer here is deliberately independent of `outbox::internals::receiver` (its own HMAC, hashing and
 //! encoding), so a bug in the receiver cannot be mirrored by the code that makes the test tokens. Keep it so:
-//! nothing here may call `outbox::receiver::sign` or `outbox::contract::write_envelope`.
+//! nothing here may call `outbox::internals::receiver::sign` or `outbox::internals::contract::write_envelope`.
 
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE, URL_SAFE_NO_PAD};
 use hmac::{Hmac, Mac};
 use lambda_http::{Body, Request, Response};
+use outbox::ReceiverState;
 use outbox::config::ConsumerConfig;
-use outbox::consumer::{ConsumerState, ReceiverState, Registry};
+use outbox::consumer::{ConsumerState, Registry};
 use outbox::db::{Db, Statements};
-use outbox::receiver::{Clock, KeyRing, SigningKeys};
+use outbox::internals::receiver::{Clock, KeyRing, SigningKeys};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
 /// QStash's documented dev-server signing keys (current, next).
-pub const KEY: &str = outbox::secrets::DEV_CURRENT_SIGNING_KEY;
-pub const NEXT: &str = outbox::secrets::DEV_NEXT_SIGNING_KEY;
+pub const KEY: &str = outbox::internals::secrets::DEV_CURRENT_SIGNING_KEY;
+pub const NEXT: &str = outbox::internals::secrets::DEV_NEXT_SIGNING_KEY;
 /// The "now" every test state uses.
 pub const NOW: i64 = 1_790_000_000;
 /// The function URL host of the test consumer.
@@ -166,7 +167,7 @@ pub const CONTRACT_QUERY: &str = "contract=2";
 pub const CREATED_AT: &str = "2026-11-30T12:00:00.000000Z";
 
 /// A delivery in the current wire contract (decision record 0025), written here independently of
-/// `outbox::contract::write_envelope` (so a bug in the relay's writer is not mirrored by the tests): a JSON
+/// `outbox::internals::contract::write_envelope` (so a bug in the relay's writer is not mirrored by the tests): a JSON
 /// envelope body POSTed to `/events/{topic}?contract=2`, signed for that URL (query included).
 ///
 /// ```ignore
@@ -200,7 +201,7 @@ pub struct Delivery {
 }
 
 /// The relay's subscriber signature of `body` with `key`, as decision record 0028 specifies it, written here
-/// independently of `outbox::subscriber_keys`: base64url without padding of HMAC-SHA256 over
+/// independently of `outbox::internals::subscriber_keys`: base64url without padding of HMAC-SHA256 over
 /// `outbox-subscriber-signature-v1\n` followed by the body.
 pub fn subscriber_signature(key: &str, body: &[u8]) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(key.as_bytes()).expect("HMAC takes any key");

@@ -12,7 +12,7 @@ use outbox::config::{
     AccountingConfig, DeliveryBatching, EvidenceMode, OutcomeSource, QstashConfig, RelayConfig,
 };
 use outbox::db::{Db, Statements};
-use outbox::qstash::QstashClient;
+use outbox::internals::qstash::QstashClient;
 use outbox::relay::Relay;
 use qstash_dev::{Config as DevConfig, DevServer};
 use secrecy::SecretString;

@@ -1,11 +1,11 @@
 //! A stand-in consumer and callback endpoint for relay tests: records every delivery the dev server makes and
 //! answers with a configurable policy; the callback routes record delivery evidence and QStash failures
-//! through the library's real SQL (`outbox::ordering`, `outbox::dead_letters`). Signature verification is
+//! through the library's real SQL (`outbox::internals::ordering`, `outbox::dead_letters`). Signature verification is
 //! not done here (the whole-system tests in `tests/` use the real receivers).
 //!
 //! Like the real receivers it reads an event's identity from signed data only: a delivery's from its envelope
 //! body (decision record 0025), a callback's from the envelope in its `sourceBody`. The parsing here is its own
-//! (plain `serde_json`), not `outbox::contract`'s.
+//! (plain `serde_json`), not `outbox::internals::contract`'s.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -205,11 +205,11 @@ async fn delivered(State(s): State<Inner>, body: Bytes) -> StatusCode {
     let status = v.get("status").and_then(|s| s.as_u64()).unwrap_or(0);
     let mut conn = s.pool.acquire().await.unwrap();
     if (200..300).contains(&status) {
-        outbox::ordering::record_delivery(&mut conn, id, Statements::Prepared)
+        outbox::internals::ordering::record_delivery(&mut conn, id, Statements::Prepared)
             .await
             .unwrap();
     } else {
-        outbox::ordering::record_failed_attempt(
+        outbox::internals::ordering::record_failed_attempt(
             &mut conn,
             id,
             &format!("delivery attempt returned {status}"),

@@ -1,7 +1,8 @@
 //! `outbox-dev bench accounting`: what knowing every unordered event's outcome costs (decision record 0015).
 //!
 //! The relay learns that an in-flight unordered event was applied from the consumer's dedupe row
-//! ([`outbox::accounting::sweep_applied`]: a page scan of the in-flight index, a primary-key probe per event and
+//! ([`outbox::internals::accounting::sweep_applied`]: a page scan of the in-flight index, a primary-key probe
+//! per event and
 //! the delivery-evidence update of the applied ones). Measured here on `--events` dispatched events whose dedupe
 //! rows exist, beside a same-run baseline: the relay's own dispatch settle of the same number of rows (one
 //! `UPDATE … WHERE id = ANY(…)` per 2,000 ids), which every event pays already. The alternative, delivery
@@ -74,7 +75,7 @@ async fn round(db: &ScratchDb, events: u64) -> anyhow::Result<(f64, f64, u64)> {
         .execute(&db.pool)
         .await?;
     let t = Instant::now();
-    let marked = outbox::accounting::sweep_applied(
+    let marked = outbox::internals::accounting::sweep_applied(
         &Db::new(db.pool.clone(), Statements::Prepared),
         "consumer",
         Duration::from_secs(30),

@@ -17,13 +17,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use lambda_http::{Body, Request, RequestExt};
+use outbox::ReceiverState;
 use outbox::config::ConsumerConfig;
-use outbox::consumer::{
-    ConsumerState, Event, Handler, HandlerError, ReceiverState, Registry, handle_event,
-};
-use outbox::contract::{CONTRACT_QUERY, OUTBOX_ID, WireEvent, destination, write_envelope};
+use outbox::consumer::{ConsumerState, Event, Handler, HandlerError, Registry, handle_event};
 use outbox::db::{Db, Statements};
-use outbox::receiver::{Clock, KeyRing, SigningKeys};
+use outbox::internals::contract::{
+    CONTRACT_QUERY, OUTBOX_ID, WireEvent, destination, write_envelope,
+};
+use outbox::internals::receiver::{Clock, KeyRing, SigningKeys};
 use outbox_testkit::{median, percentile};
 use sqlx::PgConnection;
 use sqlx::postgres::PgPoolOptions;

@@ -41,9 +41,9 @@ impl Handler<Value> for Stamp {
 async fn consumer_endpoint(
     db_url: &str,
 ) -> anyhow::Result<(String, tokio::sync::watch::Sender<bool>, Arc<AtomicU64>)> {
+    use outbox::ReceiverState;
     use outbox::config::{ConsumerConfig, Vars};
-    use outbox::consumer::ReceiverState;
-    use outbox::receiver::{KeyRing, SigningKeys};
+    use outbox::internals::receiver::{KeyRing, SigningKeys};
     let (tx, rx) = tokio::sync::watch::channel(false);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);

@@ -288,7 +288,7 @@ pub async fn in_process_relay(
     for (k, v) in extra {
         env.insert((*k).to_owned(), v.clone());
     }
-    let state = outbox::relay::handler::RelayState::from_env(std::sync::Arc::new(env))
+    let state = outbox::internals::handler::RelayState::from_env(std::sync::Arc::new(env))
         .await
         .context("relay configuration")?;
     Ok(state.relay)

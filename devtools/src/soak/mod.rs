@@ -198,7 +198,7 @@ fn drain_bound(spawner: &Spawner, time_scale: f64) -> anyhow::Result<Duration> {
     let qstash = outbox::config::qstash_retry_horizon(retries).mul_f64(2.0 * time_scale);
     let reconciler =
         Duration::from_secs(var("RELAY_RECONCILE_AFTER_SECS")? + spawner.relay_invocation_secs)
-            + outbox::relay::handler::ACCOUNTING_BUDGET;
+            + outbox::internals::handler::ACCOUNTING_BUDGET;
     Ok(qstash.max(reconciler) + Duration::from_secs(60))
 }
 

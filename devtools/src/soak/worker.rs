@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Subcommand;
-use outbox::callbacks::handle_callback;
 use outbox::consumer::{ConsumerState, handle_event};
-use outbox::receiver::{Receiver, ReceiverState};
+use outbox::internals::callbacks::handle_callback;
+use outbox::internals::receiver::{Receiver, ReceiverState};
 use outbox_cli::relay_cmd::{self, RelayArgs};
 
 /// One worker process of the soak.

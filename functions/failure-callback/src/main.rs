@@ -10,8 +10,8 @@ compile_error!(
 );
 
 use lambda_http::{Error, Request, run, service_fn};
-use outbox::callbacks::handle_callback;
-use outbox::receiver::{Receiver, ReceiverState};
+use outbox::handle_callback;
+use outbox::{Receiver, ReceiverState};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {

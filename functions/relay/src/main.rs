@@ -14,7 +14,7 @@ compile_error!(
 );
 
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
-use outbox::relay::handler::{RelayState, handle};
+use outbox::relay::{RelayState, handle};
 use serde_json::Value;
 
 #[tokio::main]

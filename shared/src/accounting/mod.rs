@@ -34,9 +34,9 @@
 //! Everything it does is counted: per invocation in the relay's summary and EMF line, summed in `outbox_accounting`
 //! for `outbox status`.
 
-mod reconcile;
+pub(crate) mod reconcile;
 mod report;
-mod sweep;
+pub(crate) mod sweep;
 
 use std::time::Duration;
 
@@ -46,9 +46,9 @@ use sqlx::PgConnection;
 
 use crate::db::Statements;
 
-pub use reconcile::{Reconciler, reconcile};
+pub(crate) use reconcile::{Reconciler, reconcile};
 pub use report::AccountingReport;
-pub use sweep::sweep_applied;
+use sweep::sweep_applied;
 
 /// In-flight events by age, from `outbox_inflight_idx` (what `outbox status` shows).
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]

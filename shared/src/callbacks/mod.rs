@@ -55,22 +55,22 @@ use crate::receiver::ReceiverState;
 use crate::receiver::http::{request_path, respond};
 use crate::receiver::verify_request;
 
-pub use checks::{ATTEMPT_BODY_CHARS, MAX_RESPONSE_BODY_CHARS};
 use checks::{check_id_copy, check_ids_copy};
-pub use delivered::attempt_description;
 use delivered::delivered;
 use failure::failure;
 pub(crate) use failure::record_failure;
-pub use failure::{FailureRecorder, failure_from_callback};
+
 pub(crate) use outcome::CallbackOutcome;
-pub use parse::{
-    CallbackBody, ParsedCallback, SourceEvent, consumer_verdicts, parse_callback, source_event,
-    source_events, source_header,
-};
+
+pub(crate) use {checks::ATTEMPT_BODY_CHARS, checks::MAX_RESPONSE_BODY_CHARS};
+
+pub(crate) use failure::FailureRecorder;
+pub use parse::{CallbackBody, ParsedCallback, SourceEvent};
+pub use {parse::parse_callback, parse::source_event, parse::source_header};
 
 /// Which callback a path is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallbackKind {
+pub(crate) enum CallbackKind {
     /// `/failure`.
     Failure,
     /// `/delivered`.
@@ -78,7 +78,7 @@ pub enum CallbackKind {
 }
 
 /// The callback kind of a path (a prefix in front is allowed), `None` for any other path.
-pub fn callback_kind(path: &str) -> Option<CallbackKind> {
+pub(crate) fn callback_kind(path: &str) -> Option<CallbackKind> {
     let path = path.trim_end_matches('/');
     if path.ends_with(contract::FAILURE_PATH) {
         Some(CallbackKind::Failure)

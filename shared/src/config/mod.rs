@@ -26,8 +26,8 @@ pub use consumer::{
 };
 pub use env::{ConfigError, EnvSource, ProcessEnv, Vars};
 pub use policy::DeadHeadPolicy;
-pub use relay::{
-    AccountingConfig, DEDUPE_MARGIN, DEFAULT_DELIVERY_BATCH, DeclaredSubscriber, DeliveryBatching,
-    EvidenceMode, MAX_DELIVERY_BATCH, OutcomeSource, QstashConfig, RelayConfig, delivery_window,
-    qstash_retry_horizon, reconcile_horizon,
+pub use {
+    relay::AccountingConfig, relay::DEFAULT_DELIVERY_BATCH, relay::DeclaredSubscriber,
+    relay::DeliveryBatching, relay::EvidenceMode, relay::OutcomeSource, relay::QstashConfig,
+    relay::RelayConfig, relay::qstash_retry_horizon, relay::reconcile_horizon,
 };

@@ -10,12 +10,12 @@ use lambda_http::Request;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
-use super::ReceiverState;
 use super::outcome::Outcome;
 use super::registry::{DEFAULT_SCHEMA_VERSION, EventMeta};
 use crate::config::LegacyDeliveries;
 use crate::contract::{self, legacy};
 use crate::ids::{OutboxId, PartitionKey, TopicName};
+use crate::receiver::ReceiverState;
 use crate::subscriber_keys::{SignatureProblem, signature_of_query};
 
 fn header<'r>(req: &'r Request, name: &'static str) -> Result<Option<&'r str>, String> {

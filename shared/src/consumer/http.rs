@@ -8,14 +8,15 @@ use lambda_http::{Body, Request, Response};
 use serde_json::json;
 use tracing::field::Empty;
 
+use super::ConsumerState;
 use super::batch::{self, EventResult};
 use super::delivery::{Delivery, check_own_key, current_delivery, legacy_delivery};
 use super::outcome::Outcome;
 use super::registry::{EventMeta, Route};
-use super::{ConsumerState, ReceiverState};
 use crate::contract::{self, Contract};
 use crate::ids::OutboxId;
 use crate::metrics::{EmfRecord, Unit};
+use crate::receiver::ReceiverState;
 use crate::receiver::http::{RequestOutcome, log_signature_rejected, request_path, respond};
 use crate::receiver::verify_request;
 

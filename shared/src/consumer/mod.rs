@@ -37,11 +37,11 @@ mod registry;
 mod state;
 
 // Shared by both receivers, so they live in `crate::receiver`; re-exported where they used to be.
-pub use crate::receiver::{NONRETRYABLE_HEADER, Receiver, ReceiverState, STATUS_NONRETRYABLE};
-pub use batch::EventResult;
 pub use http::handle_event;
 pub use outcome::Outcome;
-pub use registry::{
-    DEFAULT_SCHEMA_VERSION, Event, EventMeta, Handler, HandlerError, Registry, TopicRoute,
-};
+pub use registry::EventMeta;
 pub use state::ConsumerState;
+pub use {
+    registry::Event, registry::Handler, registry::HandlerError, registry::Registry,
+    registry::TopicRoute,
+};

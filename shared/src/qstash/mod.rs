@@ -28,10 +28,14 @@ mod client;
 mod manage;
 mod options;
 
+pub use client::BatchResponse;
+pub(crate) use client::request_level_failure;
 use client::retry_after;
-pub use client::{
-    BatchResponse, MAX_ANSWER_BYTES, Message, PublishOutcome, QstashClient, QstashClientError,
-    request_level_failure,
-};
-pub use manage::{DLQ_IDS_PER_REQUEST, DlqPage, ManageError};
-pub use options::{FlowControl, HeaderName, HeadersJson, PublishOptions, flow_control_key};
+pub(crate) use manage::DLQ_IDS_PER_REQUEST;
+pub use manage::DlqPage;
+pub use manage::ManageError;
+pub use options::HeadersJson;
+pub use {client::Message, client::QstashClientError};
+pub use {client::PublishOutcome, client::QstashClient};
+pub use {options::FlowControl, options::PublishOptions};
+pub use {options::HeaderName, options::flow_control_key};

@@ -50,14 +50,14 @@ mod token;
 mod url;
 mod verify;
 
-pub use http::{NONRETRYABLE_HEADER, STATUS_NONRETRYABLE};
 pub use keys::{KeyRing, RECEIVER_SECRETS};
-pub use request::verify_request;
+pub(crate) use request::verify_request;
+
 pub use signing_keys::SigningKeys;
 pub use state::{Receiver, ReceiverState};
 #[cfg(any(test, feature = "testing"))]
 pub use testing::{DEV_SIGNING_KEYS, decode_unverified, resign_function_url_event, sign};
 use token::B64URL;
-pub use token::{ISSUER, MAX_TOKEN_BYTES, SIGNATURE_HEADER};
 pub use url::{UrlSource, request_url};
 pub use verify::{Claims, Clock, KeyUsed, VerifyError, VerifyOptions, body_hash, verify};
+pub(crate) use {token::ISSUER, token::MAX_TOKEN_BYTES, token::SIGNATURE_HEADER};

@@ -57,28 +57,31 @@
 //!
 //! *Lease*, *fencing token* and *dead letter* are defined in the repository's `docs/glossary.md`.
 
-pub mod backoff;
-pub mod claim;
+mod backoff;
+pub(crate) mod claim;
 mod cycle;
 mod decide;
 mod drain;
 mod error;
-pub mod forming;
-pub mod handler;
-pub mod housekeeping;
-pub mod outage;
-pub mod partitions;
-mod pipeline;
-pub mod publish;
-mod published;
-pub mod settle;
+pub(crate) mod forming;
+pub(crate) mod handler;
+pub(crate) mod housekeeping;
+pub(crate) mod outage;
+pub(crate) mod partitions;
+pub(crate) mod pipeline;
+mod publish;
+pub(crate) mod published;
+pub(crate) mod settle;
 mod stop;
-pub mod triage;
-
-pub use cycle::{CycleReport, Relay};
+mod triage;
+pub use cycle::CycleReport;
+pub use cycle::Relay;
 pub use drain::{DrainSummary, Until};
 pub use error::RelayError;
-pub use forming::{Formed, Outgoing};
-pub use pipeline::{SETTLE_PIECE_ROWS, pieces};
-pub use published::{Published, PublishedEvent, Reach};
+pub use handler::{InvocationSummary, RelayState, StartupError, handle};
+pub use housekeeping::{
+    HousekeepingReport, Retention, prune_consumer_sequences_batch, prune_dead_events_batch,
+    prune_dead_letters_batch, prune_outbox_batch, prune_processed_batch, release_idle_keys,
+};
+pub use partitions::{PartitionReport, PartitionSettings, maintain};
 pub use stop::StopHandle;

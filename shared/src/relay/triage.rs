@@ -94,8 +94,10 @@ enum Fate {
 }
 
 impl Triage {
-    /// Every event, in the order the relay settles them: published, exhausted, held back.
-    pub fn in_settle_order(&self) -> impl Iterator<Item = &ClaimedEvent> {
+    /// Every event, in the order the relay settles them: published, exhausted, held back (what the settle's
+    /// statements follow; the tests check it).
+    #[cfg(test)]
+    pub(crate) fn in_settle_order(&self) -> impl Iterator<Item = &ClaimedEvent> {
         self.publish
             .iter()
             .chain(&self.exhausted)

@@ -5,8 +5,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use outbox::callbacks::handle_callback;
-use outbox::consumer::{ConsumerState, ReceiverState, handle_event};
+use outbox::ReceiverState;
+use outbox::consumer::{ConsumerState, handle_event};
+use outbox::internals::callbacks::handle_callback;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 

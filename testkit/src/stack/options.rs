@@ -46,7 +46,7 @@ pub struct StackOptions {
     /// Named subscribers served beside the default consumer, each by a consumer of its own (its name is its
     /// `CONSUMER_NAME`) on a port of its own, and made live for its topics at start ([`outbox::subscribers`]).
     pub subscribers: Vec<SubscriberOptions>,
-    /// Give each named subscriber a key of its own ([`outbox::subscriber_keys`], decision record 0028): the relay
+    /// Give each named subscriber a key of its own ([`outbox::internals::subscriber_keys`], decision record 0028): the relay
     /// signs its messages with it, its consumer accepts only those, the callback receiver checks callbacks about
     /// its copies with it. On by default; the default consumer has none (the single-subscriber setup).
     pub subscriber_keys: bool,

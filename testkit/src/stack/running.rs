@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use outbox::relay::handler::{InvocationSummary, RelayState};
+use outbox::relay::{InvocationSummary, RelayState};
 use outbox::relay::{Relay, StopHandle};
 use qstash_dev::DevServer;
 use sqlx::PgPool;

@@ -192,7 +192,7 @@ pub(crate) async fn seed_ordered(pool: &PgPool, keys: u64, per_key: u64) -> anyh
 }
 
 /// A claimed event settled as dispatched, as the SQL-only cycles settle every event they claim.
-fn dispatched(e: &outbox::relay::claim::ClaimedEvent) -> SettleItem {
+fn dispatched(e: &outbox::internals::claim::ClaimedEvent) -> SettleItem {
     SettleItem {
         id: e.id,
         lease_token: e.lease_token,
@@ -203,7 +203,7 @@ fn dispatched(e: &outbox::relay::claim::ClaimedEvent) -> SettleItem {
 }
 
 /// The ordered SQL-only cycle, the relay's protocol without HTTP: claim runs of up to `delivery_batch` events per
-/// key with the relay's own claim statement (key heads alone at 1, [`outbox::ordering::CLAIM_RUNS_SQL`] above),
+/// key with the relay's own claim statement (key heads alone at 1, [`outbox::internals::ordering::CLAIM_RUNS_SQL`] above),
 /// settle them dispatched with the relay's settle statement in pieces of whole runs of at most 500 rows as the
 /// relay does, and record each run's delivery evidence with the statement the consumer runs
 /// (`record_delivery_batch`, one per run) once its piece is settled; a claim's pieces run side by side (on up
@@ -254,7 +254,7 @@ pub(crate) async fn sql_only_ordered(
                 }
                 idle_rounds = 0;
                 // One run per key (the claim returns a key's rows together, in sequence order).
-                let mut runs: Vec<Vec<&outbox::relay::claim::ClaimedEvent>> = Vec::new();
+                let mut runs: Vec<Vec<&outbox::internals::claim::ClaimedEvent>> = Vec::new();
                 for (i, e) in evs.iter().enumerate() {
                     let same_key = i > 0
                         && evs[i - 1].topic == e.topic
@@ -269,11 +269,14 @@ pub(crate) async fn sql_only_ordered(
                 // pieces side by side.
                 let sizes: Vec<usize> = runs.iter().map(Vec::len).collect();
                 let mut runs = runs.into_iter();
-                let pieces: Vec<Vec<Vec<&outbox::relay::claim::ClaimedEvent>>> =
-                    outbox::relay::pieces(&sizes, outbox::relay::SETTLE_PIECE_ROWS)
-                        .into_iter()
-                        .map(|n| runs.by_ref().take(n).collect())
-                        .collect();
+                let pieces: Vec<Vec<Vec<&outbox::internals::claim::ClaimedEvent>>> =
+                    outbox::internals::cycle::pieces(
+                        &sizes,
+                        outbox::internals::cycle::SETTLE_PIECE_ROWS,
+                    )
+                    .into_iter()
+                    .map(|n| runs.by_ref().take(n).collect())
+                    .collect();
                 let work = pieces.into_iter().map(|piece| {
                     let pool = pool.clone();
                     async move {
@@ -289,7 +292,7 @@ pub(crate) async fn sql_only_ordered(
                         .await?;
                         for run in piece {
                             let ids: Vec<outbox::OutboxId> = run.iter().map(|e| e.id).collect();
-                            outbox::ordering::record_delivery_batch(
+                            outbox::internals::ordering::record_delivery_batch(
                                 &mut conn,
                                 &ids,
                                 Statements::Prepared,
@@ -336,9 +339,9 @@ pub(crate) async fn ordered_endpoints(
     tokio::sync::watch::Sender<bool>,
     std::sync::Arc<std::sync::atomic::AtomicU64>,
 )> {
+    use outbox::ReceiverState;
     use outbox::config::{ConsumerConfig, Vars};
-    use outbox::consumer::ReceiverState;
-    use outbox::receiver::{KeyRing, SigningKeys};
+    use outbox::internals::receiver::{KeyRing, SigningKeys};
     let (tx, rx) = tokio::sync::watch::channel(false);
     let cb = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let cb_url = format!("http://{}", cb.local_addr()?);
@@ -366,7 +369,7 @@ pub(crate) async fn ordered_endpoints(
         cb,
         move |req| {
             let s = state.clone();
-            async move { outbox::callbacks::handle_callback(&s, req).await }
+            async move { outbox::internals::callbacks::handle_callback(&s, req).await }
         },
         async move {
             let _ = rx2.wait_for(|s| *s).await;
@@ -397,9 +400,9 @@ pub(crate) async fn switchable_consumer_endpoint(
     rx: tokio::sync::watch::Receiver<bool>,
     down: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> anyhow::Result<(String, std::sync::Arc<std::sync::atomic::AtomicU64>)> {
+    use outbox::ReceiverState;
     use outbox::config::{ConsumerConfig, Vars};
-    use outbox::consumer::ReceiverState;
-    use outbox::receiver::{KeyRing, SigningKeys};
+    use outbox::internals::receiver::{KeyRing, SigningKeys};
     // The real consumer (signature, dedupe row, per-key sequence check, a no-op handler, evidence in the same
     // transaction when asked), synchronous commits like the consumer Lambda.
     let cl = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

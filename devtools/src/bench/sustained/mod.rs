@@ -19,7 +19,7 @@
 //! applied; the relays' claim p50/p99 (from the `ClaimLatencyP50/P99` metrics of the invocations that ended in the
 //! minute, read from their EMF lines as CloudWatch would); commit → applied p50/p99 (the consumer's transaction
 //! start minus the producer's, both Postgres clocks); size, index size, live and dead tuples and autovacuum runs
-//! of `outbox`, `processed_messages`, `outbox_keys` and `dead_letters` ([`outbox::health::read`]); the oldest
+//! of `outbox`, `processed_messages`, `outbox_keys` and `dead_letters` ([`outbox::internals::health::read`]); the oldest
 //! transaction's age; the CPU of the relays, the consumer, the callback receiver, Postgres and this process.
 //!
 //! `--long-transaction-at M` opens a `REPEATABLE READ` transaction at minute M that holds its snapshot (the xmin
@@ -283,7 +283,10 @@ pub async fn run_and_judge(args: SustainedArgs) -> anyhow::Result<Value> {
         // JSON logs whatever the caller's environment says: the sampler reads the relays' summary lines.
         ("LOG_FORMAT".into(), "json".into()),
         // Warnings, and the relay's one summary line per invocation (its housekeeping figures).
-        ("RUST_LOG".into(), "warn,outbox::relay::handler=info".into()),
+        (
+            "RUST_LOG".into(),
+            "warn,outbox::internals::handler=info".into(),
+        ),
     ];
     let spawner = Spawner::new(
         args.worker_exe.as_ref(),

@@ -6,7 +6,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use outbox::health::{DatabaseHealth, TableHealth};
+use outbox::internals::health::{DatabaseHealth, TableHealth};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
@@ -279,7 +279,7 @@ impl Sampler {
             .bind(self.last_ord)
             .fetch_one(&self.pool)
             .await?;
-        let health: DatabaseHealth = outbox::health::read(&self.db).await?;
+        let health: DatabaseHealth = outbox::internals::health::read(&self.db).await?;
         let cpu = self.cpu();
         let period = secs - self.last_secs;
         let pct = |kind: &str| -> f64 {

@@ -25,14 +25,14 @@ impl Operator {
         let retention = Duration::from_secs(retention_secs.into());
         let outcome = attempt(|| async {
             let r: anyhow::Result<String> = if partitions_only {
-                let settings = outbox::relay::partitions::PartitionSettings {
+                let settings = outbox::internals::partitions::PartitionSettings {
                     min_rows: 200,
-                    ..outbox::relay::partitions::PartitionSettings::new(
+                    ..outbox::internals::partitions::PartitionSettings::new(
                         retention,
                         Duration::from_secs(10),
                     )
                 };
-                let rep = outbox::relay::partitions::maintain(&self.odb, settings).await;
+                let rep = outbox::internals::partitions::maintain(&self.odb, settings).await;
                 match rep.error {
                     Some(e) => Err(anyhow::anyhow!(e)),
                     None => Ok(format!(
