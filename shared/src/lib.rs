@@ -8,28 +8,38 @@
 //! | **No event lost** in transit (lease, fencing, retries, dead letters) | [`relay`] |
 //! | **No side effect applied twice** (dedupe row + work in one transaction) | [`once`] |
 //! | **Every subscriber gets every event, once, in its own order** (fan-out: a copy per subscriber written with the event; its own lanes, retries and dead letters; a dedupe namespace per subscriber) | [`subscribers`] |
-//! | **Per-key order** (sequence under a lock, one event per key in flight, delivery evidence) | [`ordering`] |
+//! | **Per-key order** (sequence under a lock, one event per key in flight, delivery evidence) | `ordering` |
 //! | **Nothing fails silently** (one queryable dead-letter table) | [`dead_letters`] |
 //! | **Every event accounted for** (pending, in flight, applied or dead letter; a reconciler for lost callbacks) | [`accounting`] |
 //!
-//! The receiving side: [`receiver`] (the `Upstash-Signature` check, and what both receiver functions share: their
-//! state and the skeleton of a request), [`consumer`] (typed handlers per topic and the consumer function's HTTP
-//! handler), [`callbacks`] (QStash failure and delivery callbacks). An application brings its own topics, handlers
-//! and tables: see the repository's `examples/` (the consumer Lambda ships with one of them).
+//! `ordering` is below the API: the producer and the relay keep it; an application sees it as a topic's
+//! [`TopicOrdering`].
 //!
-//! Operating it: [`ops`] (the figures behind `outbox status`) and the operator half of [`dead_letters`] (list,
-//! show, redrive, purge).
+//! # The public API
 //!
-//! An application's own metadata on an event (a tenant, a causation id) travels as user headers: [`headers`].
+//! What an application, the three Lambda functions and the operator CLI use, and nothing else (listed in
+//! `shared/public-api.txt`, which a test compares with the code; decision record 0073):
 //!
-//! Everything else is plumbing: [`config`], [`secrets`], [`db`].
+//! - writing events: [`enqueue`], [`Producer`], [`NewEvent`], [`Topic`] (re-exported here from [`producer`]),
+//!   with user headers ([`headers`]) and typed ids ([`ids`]);
+//! - applying them: [`consumer`] (typed handlers per topic, the consumer function's HTTP handler) and [`once`];
+//!   the failure-callback function's handler is [`handle_callback`]; both functions build a [`ReceiverState`];
+//! - relaying them: [`relay`] ([`relay::RelayState`] and [`relay::handle`] for the Lambda function, retention
+//!   and partitions as `outbox prune` runs them);
+//! - operating it: [`ops`] (the figures behind `outbox status` and the console), [`dead_letters`] (list, show,
+//!   redrive, purge), [`subscribers`] (add, remove, replay), [`accounting`];
+//! - plumbing: [`config`], [`db`], [`schema`], [`telemetry`], [`MIGRATOR`] and [`migrate`].
+//!
+//! The wire contract, the signature check, the QStash client, callbacks' parsing, secrets, per-subscriber keys,
+//! metrics and the database health readings are internal; the workspace's benchmarks and tests reach them and the
+//! relay's single steps through `internals` (feature `internals`, never enabled by the functions or the CLI).
 //!
 //! The terms used throughout (head, dead head, middle event, delivery evidence, lease, fencing token, flapping,
 //! dead letter, redrive, dedupe row, signed contract) are defined in the repository's `docs/glossary.md`.
 //!
-//! Cargo features, both off by default: `local` (a local HTTP server in front of the Lambda handlers, for the local
-//! pipeline and tests) and `testing` (a QStash-compatible token signer and the dev signing keys in [`receiver`],
-//! for fixtures and tests; the Lambda binaries never enable it).
+//! Cargo features, all off by default: `local` (a local HTTP server in front of the Lambda handlers, for the local
+//! pipeline and tests), `testing` (a QStash-compatible token signer and the dev signing keys, for fixtures and
+//! tests) and `internals` (the seam above); the Lambda binaries enable none of them.
 //!
 //! # Layout
 //!
