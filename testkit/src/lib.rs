@@ -27,7 +27,6 @@
 // query depth.
 #![recursion_limit = "256"]
 
-use std::path::PathBuf;
 use std::sync::LazyLock;
 
 use sqlx::migrate::Migrator;
@@ -41,9 +40,12 @@ pub mod ports;
 pub mod previous_relay;
 pub mod receiving;
 pub mod relaying;
+mod repo;
 pub mod sam;
 pub mod sink;
 pub mod stack;
+
+pub use repo::repo_root;
 
 /// Both migration sets, `outbox::MIGRATOR` and `orders_example::MIGRATOR`, as one migrator: for tests whose
 /// database needs the example application's tables too (`#[sqlx::test(migrator = "outbox_testkit::MIGRATOR")]`).
@@ -59,14 +61,6 @@ pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
     m.set_ignore_missing(true);
     m
 });
-
-/// The repository root (the workspace directory).
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the test kit lives in the repository")
-        .to_path_buf()
-}
 
 /// Percentile by nearest rank (`p` in 0..=1) on a sorted copy of `v`; 0 for an empty slice.
 pub fn percentile(v: &[f64], p: f64) -> f64 {

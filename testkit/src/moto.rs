@@ -5,7 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::ports::wait_listening_blocking;
-use crate::repo_root;
+use crate::repo::repo_root;
 
 /// A local AWS Secrets Manager (moto_server), killed on drop.
 pub struct Moto {

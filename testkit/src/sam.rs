@@ -3,16 +3,18 @@
 //! metrics, and the dashboard that shows them; their Metrics Insights queries are read by [`insights`].
 
 pub mod insights;
+mod metric;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use crate::repo_root;
+use crate::repo::repo_root;
+
+pub use metric::{FunctionDimension, MetricId, dimension_value, ref_placeholder};
 
 /// A tool installed into `./.venv/bin` by `scripts/test-deps`; panics with that hint when it is missing.
 pub fn venv_tool(name: &str) -> PathBuf {
@@ -98,16 +100,6 @@ fn cached_translation() -> Result<Value, String> {
     Ok(value)
 }
 
-/// Which function an alarm's `Function` dimension names (or, generally, the value of a metric's dimension).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum FunctionDimension {
-    /// `!Ref <LogicalId>` of a function: its deployed name (what the relay reports, from
-    /// `AWS_LAMBDA_FUNCTION_NAME`).
-    FunctionRef(String),
-    /// A literal value (the receivers report fixed names).
-    Literal(String),
-}
-
 /// One metric an alarm reads in the `Outbox` namespace (the functions' EMF lines).
 #[derive(Debug, Clone)]
 pub struct OutboxAlarmMetric {
@@ -156,20 +148,6 @@ pub fn outbox_alarm_metrics(cfn: &Value) -> Vec<OutboxAlarmMetric> {
     out
 }
 
-/// How `!Ref <logical id>` is written where a test must put it into text: an EMF line's dimension value (the relay
-/// reports `AWS_LAMBDA_FUNCTION_NAME`, which is what `!Ref RelayFunction` returns) or a substituted `Fn::Sub`.
-pub fn ref_placeholder(id: &str) -> String {
-    format!("@ref:{id}@")
-}
-
-/// A dimension value written as text: [`ref_placeholder`] text is the reference, anything else a literal.
-pub fn dimension_value(text: &str) -> FunctionDimension {
-    match text.strip_prefix("@ref:").and_then(|s| s.strip_suffix('@')) {
-        Some(id) => FunctionDimension::FunctionRef(id.to_owned()),
-        None => FunctionDimension::Literal(text.to_owned()),
-    }
-}
-
 /// The value of a dimension in the template: a literal or `!Ref <logical id>`.
 fn template_dimension_value(v: &Value) -> Option<FunctionDimension> {
     match v {
@@ -177,31 +155,6 @@ fn template_dimension_value(v: &Value) -> Option<FunctionDimension> {
         v => v["Ref"]
             .as_str()
             .map(|r| FunctionDimension::FunctionRef(r.to_owned())),
-    }
-}
-
-/// One CloudWatch metric: namespace, name and its whole dimension set. CloudWatch treats two metrics as the same
-/// only when all three are equal: `Pending` with the dimension `Function` is not `Pending` without it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct MetricId {
-    pub namespace: String,
-    /// The metric name.
-    pub name: String,
-    /// Every dimension, name → value.
-    pub dimensions: BTreeMap<String, FunctionDimension>,
-}
-
-impl fmt::Display for MetricId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{} {{", self.namespace, self.name)?;
-        for (i, (k, v)) in self.dimensions.iter().enumerate() {
-            let sep = if i == 0 { "" } else { ", " };
-            match v {
-                FunctionDimension::FunctionRef(id) => write!(f, "{sep}{k}=!Ref {id}")?,
-                FunctionDimension::Literal(s) => write!(f, "{sep}{k}={s:?}")?,
-            }
-        }
-        write!(f, "}}")
     }
 }
 

@@ -14,7 +14,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use super::{FunctionDimension, MetricId, dimension_value};
+use super::metric::{FunctionDimension, MetricId, dimension_value};
 
 /// The aggregation functions Metrics Insights knows (`SELECT` and `ORDER BY`).
 pub const FUNCTIONS: [&str; 5] = ["AVG", "COUNT", "MAX", "MIN", "SUM"];
