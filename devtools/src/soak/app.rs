@@ -12,7 +12,7 @@ use outbox::consumer::{Event, Handler, HandlerError, Registry};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 
-use super::{ORDERED, POISON_REASON, UNORDERED};
+use super::topics::{ORDERED, POISON_REASON, UNORDERED};
 
 /// A soak event's payload.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -8,7 +8,7 @@ use rand::Rng;
 use rand::rngs::StdRng;
 use sqlx::PgPool;
 
-use super::Counts;
+use super::counts::Counts;
 use super::supervisor::{Kind, Spawner, Worker, kill};
 
 pub(super) fn chaos_pause(rng: &mut StdRng, mean_ms: u64) -> Duration {

@@ -23,271 +23,47 @@
 //! letters are out of their bound ([`SoakReport::judge`]).
 
 mod app;
+mod args;
 mod chaos;
+mod counts;
+mod dev_server;
 pub mod explore;
+mod pool;
 mod produce;
 mod report;
 pub(crate) mod supervisor;
+mod topics;
 pub(crate) mod verdict;
 pub mod worker;
+mod worker_env;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::{Args, Parser};
-use outbox::Topic;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use outbox_cli::util::{DbArgs, connect};
+use outbox_cli::util::connect;
 use outbox_testkit::db::with_database;
 
 pub use app::{Apply, SoakPayload, create_table, registry};
+pub use args::{ScheduleKind, SoakArgs};
 pub use report::{LINE_REASONS, REASON_CHARS, Reason, SoakReport, reason_of};
+pub use topics::{ORDERED, POISON_REASON, UNORDERED};
 pub use verdict::{explained_dead_letters, verdict};
 
 use chaos::{chaos, chaos_pause};
+use counts::Counts;
+use dev_server::{TIME_SCALE, dev_server_config};
+use pool::pool;
 use produce::produce;
 use supervisor::{
-    Kind, Spawner, Worker, default_env, default_log_dir, kill, reserve_port, supervise,
-    wait_listening,
+    Kind, Spawner, Worker, default_log_dir, kill, reserve_port, supervise, wait_listening,
 };
 use verdict::{account, busy, progress};
-
-/// The soak's ordered topic (dead heads are skipped: `RELAY_SKIP_DEAD_HEAD_TOPICS`).
-pub const ORDERED: Topic = Topic::ordered("soak_ordered");
-/// The soak's unordered topic.
-pub const UNORDERED: Topic = Topic::unordered("soak_unordered");
-/// What the consumer's handler answers a poison event (the dead letter's recognisable reason).
-pub const POISON_REASON: &str = "soak poison event";
-
-/// Arguments of `outbox-dev soak`.
-#[derive(Args, Debug, Clone)]
-pub struct SoakArgs {
-    /// The Postgres server; the soak runs in a fresh database (--database) on it.
-    #[command(flatten)]
-    pub db: DbArgs,
-    /// Name of the soak's database on DATABASE_URL's server (dropped first if it exists, then created).
-    #[arg(long, default_value = "outbox_soak")]
-    pub database: String,
-    /// Events to write (half to the ordered topic, half to the unordered one).
-    #[arg(long, default_value_t = 20_000)]
-    pub events: u64,
-    /// Partition keys.
-    #[arg(long, default_value_t = 500)]
-    pub keys: u64,
-    /// One event in N is poison (dead-lettered by the consumer); 0 disables.
-    #[arg(long, default_value_t = 50)]
-    pub poison_every: u64,
-    /// Events per second, all producers together.
-    #[arg(long, default_value_t = 150.0)]
-    pub rate: f64,
-    /// Concurrent producer tasks.
-    #[arg(long, default_value_t = 4)]
-    pub producers: usize,
-    /// Relay processes.
-    #[arg(long, default_value_t = 2)]
-    pub relays: usize,
-    /// Mean time between two chaos actions (a SIGKILL of a relay, the consumer or the callback receiver, or a
-    /// pg_terminate_backend); each waits a random 0.5x to 1.5x of it. 0 disables the chaos.
-    #[arg(long, default_value_t = 2000)]
-    pub kill_every_ms: u64,
-    /// A QStash outage: the dev server fails every publish (500) for this many seconds, from --outage-at-secs.
-    #[arg(long, default_value_t = 0)]
-    pub outage_secs: u64,
-    /// When the outage starts, seconds after the producers start.
-    #[arg(long, default_value_t = 10)]
-    pub outage_at_secs: u64,
-    /// A shell command that restarts Postgres, run once when half the events are written (e.g.
-    /// "pg_ctlcluster --skip-systemctl-redirect 15 main restart"). Never in a shared test run.
-    #[arg(long)]
-    pub pg_restart_cmd: Option<String>,
-    /// Seed of the chaos, the producers' choices and the dev server's faults.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Give up (and fail) when the pipeline has not drained this long after the producers and the outage end.
-    #[arg(long, default_value_t = 300)]
-    pub drain_timeout_secs: u64,
-    /// Also write the figures as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Directory for the workers' logs [default: target/outbox-dev/soak-{UTC time}-{pid}].
-    #[arg(long)]
-    pub log_dir: Option<PathBuf>,
-    /// Seconds between two progress lines on stderr.
-    #[arg(long, default_value_t = 10)]
-    pub progress_secs: u64,
-    /// The executable to run the workers with [default: this one]; tests pass the `outbox-dev` binary.
-    #[arg(long, hide = true)]
-    pub worker_exe: Option<PathBuf>,
-    /// `steady`: the scenario the flags above describe. `random`: the schedule explorer — a timeline of traffic,
-    /// faults (a Postgres crash among them) and operator actions drawn from --seed over --minutes, run on a
-    /// Postgres cluster of its own (DATABASE_URL and --database are not used), then checked per event and
-    /// subscriber; a violation prints the seed, the schedule and the events' histories.
-    #[arg(long, value_enum, default_value_t = ScheduleKind::Steady)]
-    pub schedule: ScheduleKind,
-    /// Length of a random schedule in minutes (the drain comes after).
-    #[arg(long, default_value_t = 2.0)]
-    pub minutes: f64,
-    /// Print the random schedule of --seed and --minutes, and exit.
-    #[arg(long)]
-    pub print_schedule: bool,
-}
-
-/// Which schedule a soak runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ScheduleKind {
-    /// Steady producers, kills, the dev server's faults, one subscriber (`--events`, `--kill-every-ms`, …).
-    Steady,
-    /// A seeded random timeline of traffic, faults and operator actions (`--seed`, `--minutes`).
-    Random,
-}
-
-#[derive(Parser)]
-struct Wrapper {
-    #[command(flatten)]
-    args: SoakArgs,
-}
-
-impl SoakArgs {
-    /// The arguments as the command line `outbox-dev soak ARGS…` would give them (defaults for the rest).
-    pub fn parse(args: &[&str]) -> anyhow::Result<SoakArgs> {
-        let argv = std::iter::once("soak").chain(args.iter().copied());
-        Ok(Wrapper::try_parse_from(argv)?.args)
-    }
-}
-
-/// Counters shared by the chaos loop and the report.
-#[derive(Default)]
-pub(crate) struct Counts {
-    pub(crate) relay_kills: AtomicU64,
-    pub(crate) consumer_kills: AtomicU64,
-    pub(crate) callback_kills: AtomicU64,
-    pub(crate) backend_kills: AtomicU64,
-    pub(crate) restarts: AtomicU64,
-    pub(crate) worker_exits: AtomicU64,
-    pub(crate) pg_restarts: AtomicU64,
-    pub(crate) written: AtomicU64,
-}
-
-/// A pool that survives Postgres restarts and terminated backends (connections are checked before use).
-/// The dev server's clock: QStash's retry delays ×0.05.
-const TIME_SCALE: f64 = 0.05;
-
-/// The longest the drain can legitimately take once the chaos is off, from the workers' settings: a message's
-/// retries then its failure callback's (each QStash's retry delays at the dev server's scale), or, when that
-/// callback never reached a receiver, the reconciler's horizon plus one relay invocation and its accounting
-/// pass; and a minute for the rest (backoff, the applied sweep, the last delivery). The soak waits at least this
-/// long, whatever `--drain-timeout-secs` says.
-fn drain_bound(spawner: &Spawner, time_scale: f64) -> anyhow::Result<Duration> {
-    let var = |name: &str| -> anyhow::Result<u64> {
-        let v = spawner
-            .env
-            .iter()
-            .find(|(k, _)| k == name)
-            .with_context(|| format!("{name} is not set for the workers"))?;
-        v.1.parse()
-            .with_context(|| format!("{name}={:?} is not a whole number", v.1))
-    };
-    let retries = u32::try_from(var("QSTASH_RETRIES")?)?;
-    let qstash = outbox::config::qstash_retry_horizon(retries).mul_f64(2.0 * time_scale);
-    let reconciler =
-        Duration::from_secs(var("RELAY_RECONCILE_AFTER_SECS")? + spawner.relay_invocation_secs)
-            + outbox::internals::handler::ACCOUNTING_BUDGET;
-    Ok(qstash.max(reconciler) + Duration::from_secs(60))
-}
-
-/// The dev server's configuration for a soak (seeded; QStash's clock at [`TIME_SCALE`]) and the faults it runs
-/// with: 10 % of publishes fail, 5 % lose their response, 10 % of deliveries come twice, 5 % fail in the network.
-pub(crate) fn dev_server_config(seed: u64) -> (qstash_dev::Config, qstash_dev::Faults) {
-    let faults = qstash_dev::Faults {
-        publish_5xx_rate: 0.10,
-        publish_drop_response_rate: 0.05,
-        duplicate_delivery_rate: 0.10,
-        delivery_network_error_rate: 0.05,
-        ..Default::default()
-    };
-    let cfg = qstash_dev::Config {
-        port: 0,
-        seed,
-        time_scale: TIME_SCALE,
-        waitlist_order: qstash_dev::WaitlistOrder::Shuffled,
-        // Shorter than the relays' evidence timeout (20 s below): when an ordered head's delivery callback is
-        // lost, the relay republishes it after that timeout with the same deduplication id, and within the
-        // window QStash would swallow the republish — the key would wait out the whole window (10 min).
-        dedup_window: Duration::from_secs(10),
-        faults: faults.clone(),
-        ..qstash_dev::Config::default()
-    };
-    (cfg, faults)
-}
-
-/// The workers' environment: the functions' variables for database `url`, the dev server, the default consumer
-/// and the callback receiver, the dead heads of the topics `skip_dead_heads` skipped, and laptop-scale relay
-/// settings (unless the caller's environment sets them).
-pub(crate) fn worker_env(
-    url: &str,
-    dev: &qstash_dev::DevServer,
-    consumer_url: &str,
-    callback_url: &str,
-    skip_dead_heads: &[&str],
-) -> Vec<(String, String)> {
-    let keys = dev.signing_keys();
-    let mut env: Vec<(String, String)> = vec![
-        ("DATABASE_URL".into(), url.to_owned()),
-        ("QSTASH_URL".into(), dev.url()),
-        ("QSTASH_TOKEN".into(), dev.token().to_owned()),
-        ("QSTASH_CURRENT_SIGNING_KEY".into(), keys.current.clone()),
-        ("QSTASH_NEXT_SIGNING_KEY".into(), keys.next.clone()),
-        // The dev server's public keys and token: the workers (the functions' own setup) refuse them without it.
-        ("OUTBOX_ALLOW_DEV_KEYS".into(), "true".into()),
-        ("CONSUMER_URL".into(), consumer_url.to_owned()),
-        ("CALLBACK_URL".into(), callback_url.to_owned()),
-        ("CONSUMER_NAME".into(), "soak".into()),
-        (
-            "RELAY_SKIP_DEAD_HEAD_TOPICS".into(),
-            skip_dead_heads.join(","),
-        ),
-    ];
-    // Laptop-scale relay settings (like the local stack's), unless the environment sets them.
-    for (k, v) in [
-        ("RELAY_LEASE_SECS", "5"),
-        ("RELAY_POLL_INTERVAL_MS", "100"),
-        ("RELAY_DEADLINE_MARGIN_MS", "500"),
-        ("RELAY_CONCURRENCY", "2"),
-        // Short, so that a delivery callback lost with a killed callback receiver costs seconds, not the
-        // production default (QStash's retry horizon + 1 h): the relay republishes the head, the consumer dedupes.
-        ("RELAY_EVIDENCE_TIMEOUT_SECS", "20"),
-        // Short for the same reason: an event whose failure callback never arrived (the callback receiver was
-        // killed through all of the callback's retries) is looked up at QStash after this, not after the
-        // production horizon (hours), so it ends as a dead letter within the drain. At least
-        // RELAY_APPLIED_GRACE_SECS (30), so the applied sweep comes first.
-        ("RELAY_RECONCILE_AFTER_SECS", "30"),
-        ("RELAY_BACKOFF_BASE_SECS", "0.5"),
-        ("RELAY_BACKOFF_CAP_SECS", "10"),
-        ("RELAY_OUTAGE_PROBE_BASE_MS", "200"),
-        ("RELAY_OUTAGE_PROBE_CAP_SECS", "2"),
-        ("QSTASH_RETRIES", "3"),
-        ("RUST_LOG", "warn"),
-    ] {
-        default_env(&mut env, k, v);
-    }
-    env
-}
-
-fn pool(url: &str, name: &str, max: u32) -> anyhow::Result<PgPool> {
-    let opts: PgConnectOptions = url.parse().context("DATABASE_URL")?;
-    Ok(PgPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(Duration::from_secs(10))
-        .test_before_acquire(true)
-        .connect_lazy_with(opts.application_name(name)))
-}
+use worker_env::{drain_bound, worker_env};
 
 /// Runs a soak; the report says whether it passed (the caller decides the exit status).
 pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {

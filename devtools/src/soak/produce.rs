@@ -10,7 +10,9 @@ use rand::{Rng, SeedableRng};
 use sqlx::PgPool;
 
 use super::app::SoakPayload;
-use super::{Counts, ORDERED, SoakArgs, UNORDERED};
+use super::args::SoakArgs;
+use super::counts::Counts;
+use super::topics::{ORDERED, UNORDERED};
 
 /// A producer task: takes the next event numbers, writes 1 to 3 events per transaction through the library's
 /// producer API, paced to its share of `--rate`. A failed transaction is retried (a commit whose answer was lost

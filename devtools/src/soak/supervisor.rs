@@ -10,7 +10,7 @@ use anyhow::Context;
 use outbox_testkit::ports::ReservedPort;
 use tokio::process::{Child, Command};
 
-use super::Counts;
+use super::counts::Counts;
 
 /// What a worker process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

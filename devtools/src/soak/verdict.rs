@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
-use super::Counts;
+use super::counts::Counts;
 use super::report::{Reason, SoakReport, reason_of};
 
 /// Whether any event has no outcome yet: pending, leased, or accepted by QStash with neither delivery evidence

@@ -11,7 +11,7 @@ use sqlx::{Connection, PgPool};
 
 use super::history::{History, Outcome, Record, Written};
 use super::schedule::{DevFault, KEYS, Op, SUBSCRIBERS, TOPICS, Target};
-use crate::soak::Counts;
+use crate::soak::counts::Counts;
 use crate::soak::supervisor::{Kind, Spawner, Worker, kill};
 
 /// Crashes the explorer's Postgres cluster, one crash at a time (the faults' and the operator's).

@@ -38,10 +38,15 @@ use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::app::create_table;
+use super::args::SoakArgs;
+use super::counts::Counts;
+use super::dev_server::{TIME_SCALE, dev_server_config};
+use super::pool::pool;
 use super::supervisor::{
     Kind, Spawner, Worker, default_log_dir, kill, reserve_port, supervise, wait_listening,
 };
-use super::{Counts, SoakArgs, create_table, dev_server_config, drain_bound, pool, worker_env};
+use super::worker_env::{drain_bound, worker_env};
 use check::{Checked, World};
 use history::History;
 use schedule::{INITIAL, Op, RELAYS, SKIP_DEAD_HEADS, SUBSCRIBERS, Schedule, TOPICS};
@@ -411,7 +416,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<ExploreReport> {
     // Drained: nothing with work left (but what waits behind a dead head), the dev server idle, three times in a
     // row. Not drained: the bound from the workers' settings ran out, or nothing moved for longer than any of
     // the relays' own timers (evidence 20 s, reconciler 30 s plus an invocation) while the dev server was idle.
-    let bound = drain_bound(&spawner, super::TIME_SCALE)?;
+    let bound = drain_bound(&spawner, TIME_SCALE)?;
     let until = Instant::now() + bound;
     let mut quiet = 0;
     let mut last_state = None;
