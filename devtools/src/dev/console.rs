@@ -11,7 +11,7 @@
 use std::io::Write;
 
 use super::dead_letters::{CauseCount, DeadLetter};
-use super::{DevSummary, Progress};
+use super::figures::{DevSummary, Progress};
 
 /// How progress is printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
