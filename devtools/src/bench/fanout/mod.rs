@@ -26,33 +26,27 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Args;
-use outbox::db::{Db, Statements};
-use outbox::subscribers::{self, Start};
-use outbox::{NewEvent, Topic};
 use outbox_cli::util::DbArgs;
-use outbox_testkit::median;
 use serde_json::{Value, json};
-use sqlx::PgPool;
 
 use super::relay;
-use super::support::{DevServerProcess, Knobs, ScratchDb, in_process_relay, load_average};
+use super::support::{DevServerProcess, Knobs, ScratchDb, load_average};
 
+mod figures;
 mod outage;
+mod plan;
 mod producer;
 mod replay;
 pub mod report;
+mod rig;
+mod traffic;
 
-const ORDERED: Topic = Topic::ordered("bench_ordered");
-const UNORDERED: Topic = Topic::unordered("bench");
-/// The live subscriber's topic in the replay scenario (the bench consumers handle `bench`).
-const LIVE: Topic = UNORDERED;
-/// The named subscribers (the default one is `consumer`).
-const NAMED: [&str; 2] = ["billing", "search"];
-const REPLAYED: &str = "ledger";
-/// Events per QStash message.
-const DELIVERY_BATCH: u32 = 50;
+use figures::median_at;
+use plan::Plan;
+use rig::{DELIVERY_BATCH, Rig, reset, rig};
+use traffic::{ordered_events, produce, unordered_events};
 
 /// `outbox-dev bench fanout`.
 #[derive(Args, Debug)]
@@ -85,171 +79,6 @@ pub enum Part {
     Outage,
     /// The producer's statement with 1 and with 3 subscribers (a copy each).
     Producer,
-}
-
-struct Plan {
-    keys: u64,
-    per_key: u64,
-    unordered: u64,
-    replay_keys: u64,
-    replay_per_key: u64,
-    live_rate: u64,
-    baseline_secs: f64,
-    outage_rate: u64,
-    outage_keys: u64,
-    outage_before_secs: f64,
-    outage_down_secs: f64,
-    outage_after_secs: f64,
-    producer_events: u64,
-}
-
-impl Plan {
-    fn new(quick: bool) -> Plan {
-        if quick {
-            Plan {
-                keys: 50,
-                per_key: 4,
-                unordered: 500,
-                replay_keys: 50,
-                replay_per_key: 20,
-                live_rate: 50,
-                baseline_secs: 2.0,
-                outage_rate: 50,
-                outage_keys: 20,
-                outage_before_secs: 2.0,
-                outage_down_secs: 5.0,
-                outage_after_secs: 2.0,
-                producer_events: 400,
-            }
-        } else {
-            Plan {
-                keys: 1_000,
-                per_key: 20,
-                unordered: 20_000,
-                replay_keys: 1_000,
-                replay_per_key: 100,
-                live_rate: 100,
-                baseline_secs: 10.0,
-                outage_rate: 100,
-                outage_keys: 100,
-                outage_before_secs: 10.0,
-                outage_down_secs: 60.0,
-                outage_after_secs: 5.0,
-                producer_events: 8_000,
-            }
-        }
-    }
-}
-
-/// The consumers: the default one first, then the named ones.
-struct Rig {
-    callback_url: String,
-    consumers: Vec<(String, String)>,
-    /// Takes the first named subscriber ([`NAMED`]`[0]`, "B") down: it answers 503 while true.
-    b_down: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    stop: tokio::sync::watch::Sender<bool>,
-}
-
-impl Rig {
-    /// The relay's variables for these consumers: the default one's URL, the callback receiver, consumer
-    /// evidence, [`DELIVERY_BATCH`] events per message.
-    fn relay_env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("CONSUMER_URL", self.consumers[0].1.clone()),
-            ("CALLBACK_URL", self.callback_url.clone()),
-            ("QSTASH_RETRIES", "3".into()),
-            ("RELAY_ORDERED_EVIDENCE", "consumer".into()),
-            ("RELAY_DELIVERY_BATCH", DELIVERY_BATCH.to_string()),
-        ]
-    }
-}
-
-async fn rig(db: &ScratchDb) -> anyhow::Result<Rig> {
-    let (stop, rx) = tokio::sync::watch::channel(false);
-    let (default_url, callback_url, stop_default, _) = relay::ordered_endpoints(&db.url).await?;
-    let mut consumers = vec![("consumer".to_owned(), default_url)];
-    let b_down = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for (i, name) in NAMED.iter().chain([&REPLAYED]).enumerate() {
-        let (url, _) = if i == 0 {
-            relay::switchable_consumer_endpoint(&db.url, name, rx.clone(), b_down.clone()).await?
-        } else {
-            relay::consumer_endpoint(&db.url, name, rx.clone()).await?
-        };
-        consumers.push(((*name).to_owned(), url));
-    }
-    // One switch for all.
-    let mut rx2 = rx.clone();
-    tokio::spawn(async move {
-        let _ = rx2.wait_for(|s| *s).await;
-        let _ = stop_default.send(true);
-    });
-    Ok(Rig {
-        callback_url,
-        consumers,
-        b_down,
-        stop,
-    })
-}
-
-/// Empties every table the drains use, and makes the first `subs - 1` named subscribers live for both topics.
-async fn reset(db: &ScratchDb, rig: &Rig, subs: usize) -> anyhow::Result<()> {
-    sqlx::query(
-        "TRUNCATE outbox, outbox_keys, outbox_sequences, dead_letters, processed_messages, consumer_sequences, \
-         outbox_subscribers",
-    )
-    .execute(&db.pool)
-    .await?;
-    let h = Db::new(db.pool.clone(), Statements::Prepared);
-    for (name, url) in rig.consumers.iter().skip(1).take(subs - 1) {
-        for topic in [ORDERED.name(), UNORDERED.name()] {
-            subscribers::add(
-                &h,
-                topic,
-                name,
-                Some(url),
-                Start::Now,
-                Duration::from_secs(30),
-            )
-            .await?;
-        }
-    }
-    Ok(())
-}
-
-/// Writes events through the producer's statement, 1,000 per transaction.
-async fn produce(pool: &PgPool, events: Vec<NewEvent>) -> anyhow::Result<()> {
-    for chunk in events.chunks(1_000) {
-        let mut tx = pool.begin().await?;
-        outbox::enqueue_batch(&mut tx, chunk).await?;
-        tx.commit().await?;
-    }
-    Ok(())
-}
-
-fn ordered_events(keys: u64, per_key: u64) -> anyhow::Result<Vec<NewEvent>> {
-    let mut out = Vec::with_capacity((keys * per_key) as usize);
-    for s in 1..=per_key {
-        for k in 1..=keys {
-            out.push(NewEvent::new(
-                &ORDERED,
-                format!("key-{k}"),
-                &json!({"k": k, "s": s, "pad": "x".repeat(170)}),
-            )?);
-        }
-    }
-    Ok(out)
-}
-
-fn unordered_events(n: u64) -> anyhow::Result<Vec<NewEvent>> {
-    (0..n)
-        .map(|i| {
-            Ok(NewEvent::new(
-                &UNORDERED,
-                format!("k{}", i % 1000),
-                &json!({"i": i, "pad": "x".repeat(170)}),
-            )?)
-        })
-        .collect()
 }
 
 /// One drain: events/s per subscriber (relay start → its last dedupe row), messages per event per subscriber,
@@ -321,15 +150,6 @@ async fn drain(
     }))
 }
 
-/// The median over `runs` of the number at `path` (keys into each run's JSON); NaN when no run has one.
-fn median_at(runs: &[Value], path: &[&str]) -> f64 {
-    let values: Vec<f64> = runs
-        .iter()
-        .filter_map(|r| path.iter().fold(r, |v, k| &v[*k]).as_f64())
-        .collect();
-    median(&values)
-}
-
 /// The medians of one (kind, subscribers) point over its rounds.
 fn point(runs: &[Value]) -> Value {
     let m = |k: &str| median_at(runs, &[k]);
@@ -342,130 +162,6 @@ fn point(runs: &[Value]) -> Value {
         "relay_cpu_us_per_copy": m("relay_cpu_us_per_copy"),
         "rounds": runs,
     })
-}
-
-/// The live subscriber's latency over the live topic's events applied by `consumer` between `from` and `to`
-/// (database clock).
-struct LiveLatency {
-    events: i64,
-    /// Commit → applied, ms.
-    p50_ms: f64,
-    p99_ms: f64,
-    /// Commit → accepted by QStash (the part spent in the outbox and the relay), ms.
-    relay_p50_ms: f64,
-    relay_p99_ms: f64,
-}
-
-impl LiveLatency {
-    fn json(&self) -> Value {
-        json!({
-            "events": self.events,
-            "p50_ms": self.p50_ms,
-            "p99_ms": self.p99_ms,
-            "relay_p50_ms": self.relay_p50_ms,
-            "relay_p99_ms": self.relay_p99_ms,
-        })
-    }
-}
-
-/// Commit → applied (and commit → accepted by QStash) of `topic`'s events written between `from` and `to`
-/// (database clock) and applied by the default subscriber `consumer`.
-async fn latency(
-    pool: &PgPool,
-    topic: &str,
-    consumer: &str,
-    from: chrono::DateTime<chrono::Utc>,
-    to: chrono::DateTime<chrono::Utc>,
-) -> anyhow::Result<LiveLatency> {
-    let r: (i64, Option<f64>, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
-        "WITH l AS (SELECT extract(epoch FROM p.processed_at - o.created_at) * 1000 AS applied, \
-                           extract(epoch FROM o.dispatched_at - o.created_at) * 1000 AS relayed \
-                    FROM processed_messages p JOIN outbox o ON o.id = p.message_id::bigint \
-                    WHERE p.consumer = $4 AND o.topic = $1 AND o.created_at >= $2 AND o.created_at < $3) \
-         SELECT count(*), \
-                percentile_cont(0.5) WITHIN GROUP (ORDER BY applied)::float8, \
-                percentile_cont(0.99) WITHIN GROUP (ORDER BY applied)::float8, \
-                percentile_cont(0.5) WITHIN GROUP (ORDER BY relayed)::float8, \
-                percentile_cont(0.99) WITHIN GROUP (ORDER BY relayed)::float8 \
-         FROM l",
-    )
-    .bind(topic)
-    .bind(from)
-    .bind(to)
-    .bind(consumer)
-    .fetch_one(pool)
-    .await?;
-    let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
-    Ok(LiveLatency {
-        events: r.0,
-        p50_ms: nan(r.1),
-        p99_ms: nan(r.2),
-        relay_p50_ms: nan(r.3),
-        relay_p99_ms: nan(r.4),
-    })
-}
-
-/// The database's clock now (the producers' `created_at` and the consumers' `processed_at` are on it).
-async fn clock(pool: &PgPool) -> Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
-    sqlx::query_scalar("SELECT clock_timestamp()")
-        .fetch_one(pool)
-        .await
-}
-
-/// A relay in this process (the rig's settings, dedupe-row outcomes for unordered events, and `extra`), draining
-/// until its stop handle is used: the handle and the drain's task.
-async fn running_relay(
-    db: &ScratchDb,
-    dev: &DevServerProcess,
-    rig: &Rig,
-    knobs: Knobs,
-    extra: &[(&'static str, String)],
-) -> anyhow::Result<(
-    outbox::relay::StopHandle,
-    tokio::task::JoinHandle<Result<outbox::relay::DrainSummary, outbox::relay::RelayError>>,
-)> {
-    let mut env = rig.relay_env();
-    env.push(("RELAY_UNORDERED_EVIDENCE", "dedupe".into()));
-    env.extend(extra.iter().cloned());
-    let relay = std::sync::Arc::new(in_process_relay(&db.url, &dev.url, knobs, &env).await?);
-    let stop = relay.stop_handle();
-    let draining = tokio::spawn(async move {
-        relay
-            .drain_with(
-                tokio::time::Instant::now().into_std() + Duration::from_secs(3_600),
-                outbox::relay::Until::Deadline,
-            )
-            .await
-    });
-    Ok((stop, draining))
-}
-
-/// A live producer: one event of `topic` per 1/`rate` s over `keys` keys, each in its own transaction, until the
-/// returned sender says stop; its task returns how many it wrote.
-fn steady_producer(
-    pool: &PgPool,
-    topic: Topic,
-    rate: u64,
-    keys: u64,
-) -> (
-    tokio::sync::watch::Sender<bool>,
-    tokio::task::JoinHandle<anyhow::Result<u64>>,
-) {
-    let (stop, rx) = tokio::sync::watch::channel(false);
-    let pool = pool.clone();
-    let task = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
-        let mut n = 0u64;
-        while !*rx.borrow() {
-            tick.tick().await;
-            let e = NewEvent::new(&topic, format!("k{}", n % keys), &json!({"n": n}))?;
-            let mut conn = pool.acquire().await?;
-            outbox::enqueue(&mut conn, e).await?;
-            n += 1;
-        }
-        anyhow::Ok(n)
-    });
-    (stop, task)
 }
 
 /// `outbox-dev bench fanout`: prints each drain as it ends, the medians, and one `BENCH_JSON` line.

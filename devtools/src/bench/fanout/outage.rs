@@ -6,7 +6,11 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::{Value, json};
 
-use super::*;
+use super::figures::{clock, latency, median_at};
+use super::plan::Plan;
+use super::rig::{NAMED, ORDERED, Rig, reset, running_relay};
+use super::traffic::steady_producer;
+use crate::bench::support::{DevServerProcess, Knobs, ScratchDb};
 
 /// Two B-healthy and two B-down runs, alternating, on a dev server of its own; medians and ratios.
 pub(super) async fn part(

@@ -5,7 +5,13 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use super::*;
+use outbox::NewEvent;
+
+use super::figures::median_at;
+use super::plan::Plan;
+use super::rig::{Rig, reset};
+use super::traffic::{ordered_events, unordered_events};
+use crate::bench::support::ScratchDb;
 
 /// `rounds` of each point, alternating; medians.
 pub(super) async fn part(

@@ -3,9 +3,17 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::{Context, bail};
+use outbox::db::{Db, Statements};
+use outbox::subscribers::{self, Start};
 use serde_json::{Value, json};
+use sqlx::PgPool;
 
-use super::*;
+use super::figures::{LiveLatency, clock, latency};
+use super::plan::Plan;
+use super::rig::{LIVE, ORDERED, Rig, reset, running_relay};
+use super::traffic::{ordered_events, produce, steady_producer};
+use crate::bench::support::{DevServerProcess, Knobs, ScratchDb};
 
 /// Both runs (unpaced, then at the default parallelism, in this process), with their keys in the figures.
 pub(super) async fn part(

@@ -1,8 +1,21 @@
 //! The measuring steps every relay scenario and the report share: seeding scratch databases, the SQL-only
 //! baselines, the relay as a child process, claim latency, and the ordered rig (dev server + real consumer).
 
-use super::*;
-use outbox::db::Statements;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use outbox::db::{DbConfig, Statements};
+use outbox::internals::claim::ClaimStatements;
+use outbox::internals::settle::{SettleItem, Settlement, settle};
+use outbox_testkit::{median, percentile};
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio::process::Command;
+
+use crate::bench::support::{
+    DevServerProcess, Knobs, ScratchDb, cpu_secs, reaped_children_cpu_secs, sibling,
+};
 
 pub(crate) const SEED_SQL: &str = "INSERT INTO outbox (topic, partition_key, payload) \
     SELECT 'bench', 'k' || (g % 1000), jsonb_build_object('i', g, 'pad', repeat('x', 176)) \

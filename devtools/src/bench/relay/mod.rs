@@ -2,24 +2,15 @@
 //! claim+settle cycle on the same schema in the same run; claim latency with a large backlog and history; the
 //! relay's peak RSS (the relay runs as its own process: the operator CLI's `outbox relay --until-empty`).
 
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{Context, bail};
 use clap::Args;
-use outbox::db::DbConfig;
-use outbox::internals::claim::ClaimStatements;
-use outbox::internals::settle::{SettleItem, Settlement, settle};
 use serde_json::{Value, json};
-use sqlx::PgPool;
-use tokio::process::Command;
 
 use outbox_cli::util::DbArgs;
-use outbox_testkit::{median, percentile};
+use outbox_testkit::median;
 
-use super::support::{
-    DevServerProcess, Knobs, ScratchDb, cpu_secs, reaped_children_cpu_secs, sibling,
-};
+use super::support::{DevServerProcess, Knobs, ScratchDb};
 
 mod measure;
 

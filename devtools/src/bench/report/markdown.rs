@@ -1,6 +1,12 @@
 //! The report's Markdown: the machine, then one section per scenario with its plot and table.
 
-use super::*;
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use super::figures::{cpu_ceiling, f, in_flight};
+use super::plan::Plan;
+use crate::bench::batched;
 
 /// A rate for a page: `22.6k` from 10,000 up, else whole numbers; `n/a` when not finite.
 pub(super) fn k(v: f64) -> String {
@@ -155,7 +161,7 @@ pub(super) fn markdown(fig: &Value, plan: &Plan) -> String {
             v["events"],
             v["qstash_batch"],
             if key.ends_with("batch") {
-                super::in_flight(&v["concurrency"])
+                in_flight(&v["concurrency"])
             } else {
                 format!("{} rows per claim", v["batch"])
             },
@@ -183,7 +189,7 @@ pub(super) fn markdown(fig: &Value, plan: &Plan) -> String {
                 k(f(&p["sql_only_median"])),
                 pct(f(&p["relay_vs_sql_only"])),
                 rounds.join(", "),
-                pct(super::cpu_ceiling(p, cores)),
+                pct(cpu_ceiling(p, cores)),
                 f(&p["relay_cpu_us_per_event"]),
                 f(&p["dev_server_cpu_us_per_event"]),
                 f(&p["relay_peak_rss_mb"]),

@@ -5,113 +5,30 @@
 //! are read at run time and written next to the figures. The figures README.md quotes are rewritten from the
 //! same figures ([`readme`]).
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use clap::Args;
-use outbox_cli::util::DbArgs;
 use outbox_testkit::median;
 use serde_json::{Value, json};
 
-use super::batched::{self, BatchedPlan};
+use super::batched;
 use super::plot::{self, Series, XScale};
 use super::relay;
 use super::support::{DevServerProcess, Knobs, Machine, ScratchDb, load_average};
 use super::{consumer, steady, xmin};
 
+mod args;
+mod figures;
 mod markdown;
+mod plan;
 pub mod readme;
 
+pub use args::ReportArgs;
+pub use figures::{cpu_ceiling, in_flight, unordered_targets};
+
 use markdown::markdown;
-
-#[derive(Args, Debug)]
-pub struct ReportArgs {
-    /// Small sizes and one round per point (about two minutes in a release build): CI, a quick look. The
-    /// figures are for checking the command, not for quoting.
-    #[arg(long)]
-    quick: bool,
-    /// Directory for `benchmarks.md`; plots and `figures.json` go to its `benchmarks/` subdirectory.
-    #[arg(long, default_value = "docs")]
-    out: PathBuf,
-    /// Rounds per measured point (default 3; 1 with --quick).
-    #[arg(long)]
-    rounds: Option<usize>,
-    /// Events per phase of the xmin-pin scenario (default 100000; 10000 with --quick).
-    #[arg(long)]
-    xmin_events: Option<u64>,
-    /// Events per QStash message (`RELAY_DELIVERY_BATCH`) the batched-deliveries scenarios compare,
-    /// comma-separated; the smallest is the baseline the others are compared with. Default: 1 and the relay's
-    /// default.
-    #[arg(long, value_delimiter = ',', default_values_t = batched::default_ns())]
-    delivery_batch: Vec<u32>,
-    /// The page whose figures block (between `<!-- figures:begin -->` and `<!-- figures:end -->`) is rewritten
-    /// from the new figures [default: README.md in the parent directory of --out]. A page that is missing or has
-    /// no block is left alone.
-    #[arg(long)]
-    readme: Option<PathBuf>,
-    #[command(flatten)]
-    db: DbArgs,
-}
-
-/// Sizes of one report run.
-struct Plan {
-    quick: bool,
-    rounds: usize,
-    unordered_events: u64,
-    batches: Vec<u32>,
-    concurrencies: Vec<u32>,
-    base: Knobs,
-    /// (keys, events per key).
-    ordered: Vec<(u64, u64)>,
-    consumer_secs: f64,
-    steady_rate: u32,
-    steady_secs: f64,
-    xmin_events: u64,
-    batched: BatchedPlan,
-}
-
-impl Plan {
-    fn from(args: &ReportArgs) -> Plan {
-        let base = Knobs {
-            batch: 500,
-            concurrency: 8,
-            qstash_batch: 250,
-        };
-        if args.quick {
-            Plan {
-                quick: true,
-                rounds: args.rounds.unwrap_or(1),
-                unordered_events: 5_000,
-                batches: vec![100, 500],
-                concurrencies: vec![2, 8],
-                base,
-                ordered: vec![(10, 10), (100, 4)],
-                consumer_secs: 1.0,
-                steady_rate: 50,
-                steady_secs: 3.0,
-                xmin_events: args.xmin_events.unwrap_or(10_000),
-                batched: BatchedPlan::new(&args.delivery_batch, true, args.rounds.unwrap_or(1)),
-            }
-        } else {
-            Plan {
-                quick: false,
-                rounds: args.rounds.unwrap_or(3),
-                unordered_events: 50_000,
-                batches: vec![50, 100, 250, 500, 1000],
-                concurrencies: vec![1, 2, 4, 8, 16],
-                base,
-                ordered: vec![(10, 50), (100, 20), (1000, 10)],
-                consumer_secs: 3.0,
-                steady_rate: 200,
-                steady_secs: 20.0,
-                xmin_events: args.xmin_events.unwrap_or(100_000),
-                batched: BatchedPlan::new(&args.delivery_batch, false, args.rounds.unwrap_or(3)),
-            }
-        }
-    }
-}
+use plan::Plan;
 
 /// The scenario keys of `figures.json`, in report order.
 pub const SCENARIOS: [&str; 7] = [
@@ -170,44 +87,6 @@ async fn unordered_point(
         "relay_peak_rss_mb": rss.iter().cloned().fold(0.0, f64::max),
         "relay_cpu_us_per_event": median(&cpu_relay), "dev_server_cpu_us_per_event": median(&cpu_dev),
     }))
-}
-
-/// The share of the SQL-only cycle the relay can reach at most when the SQL-only cycle keeps every core busy
-/// and each relayed event also costs `relay_us + dev_us` µs of CPU on the same cores (the relay's own process
-/// and the dev server standing in for QStash): `1 / (1 + (relay_us + dev_us) · sql_rate / (cores · 10⁶))`.
-pub fn cpu_ceiling(point: &Value, cores: f64) -> f64 {
-    let extra_us = f(&point["relay_cpu_us_per_event"]) + f(&point["dev_server_cpu_us_per_event"]);
-    1.0 / (1.0 + extra_us * f(&point["sql_only_median"]) / (cores * 1e6))
-}
-
-/// The unordered target of issue 25: the relay at ≥ 80 % of the SQL-only cycle at every claim size and
-/// concurrency of the report (`{what, measured, target, unit, met}` per point, as [`batched::targets`]).
-/// `1 cycle in flight`, `8 cycles in flight`.
-pub fn in_flight(concurrency: &Value) -> String {
-    if concurrency.as_u64() == Some(1) {
-        "1 cycle in flight".into()
-    } else {
-        format!("{concurrency} cycles in flight")
-    }
-}
-
-pub fn unordered_targets(by_batch: &Value, by_conc: &Value) -> Vec<Value> {
-    let mut out = Vec::new();
-    for v in [by_batch, by_conc] {
-        for p in v["points"].as_array().into_iter().flatten() {
-            let m = f(&p["relay_vs_sql_only"]);
-            let what = format!(
-                "unordered relay / SQL-only cycle, {} rows per claim, {}",
-                p["batch"],
-                in_flight(&p["concurrency"])
-            );
-            if out.iter().any(|t: &Value| t["what"] == what.as_str()) {
-                continue;
-            }
-            out.push(json!({ "what": what, "measured": m, "target": 0.8, "unit": "share", "met": m >= 0.8 }));
-        }
-    }
-    out
 }
 
 /// Unordered relay throughput by batch size and by concurrency (one database and dev server for all points;
@@ -318,10 +197,6 @@ fn points(v: &Value, x: &str, y: &str) -> Vec<(f64, f64)> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn f(v: &Value) -> f64 {
-    v.as_f64().unwrap_or(f64::NAN)
 }
 
 /// Runs every scenario and writes the report.

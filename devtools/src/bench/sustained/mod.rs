@@ -32,17 +32,16 @@
 //! it. `--report DIR` adds the run to `DIR/benchmarks.md` (the sustained-load section), `DIR/benchmarks/*.svg`
 //! and `DIR/benchmarks/figures.json` (`sustained`).
 
+mod args;
 pub mod report;
 pub mod sample;
 pub mod verdict;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::Args;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -52,114 +51,13 @@ use tokio::io::AsyncWriteExt;
 
 use crate::soak::supervisor::{Kind, Spawner, Worker, kill, reserve_port, wait_listening};
 use crate::soak::{ORDERED, SoakPayload, UNORDERED, create_table};
-use outbox_cli::util::{DbArgs, connect};
+use outbox_cli::util::connect;
 use outbox_testkit::db::with_database;
 
 use super::support::{Machine, load_average};
 use sample::{Minute, Sampler};
 
-/// Arguments of `outbox-dev bench sustained`.
-#[derive(Args, Debug, Clone)]
-pub struct SustainedArgs {
-    /// The Postgres server; the run uses a fresh database (--database) on it. Run it on a server with autovacuum
-    /// on, as every production Postgres runs: the report records the server's settings.
-    #[command(flatten)]
-    pub db: DbArgs,
-    /// Name of the run's database (dropped first if it exists; kept afterwards for inspection).
-    #[arg(long, default_value = "outbox_sustained")]
-    pub database: String,
-    /// Events per second, all producers together.
-    #[arg(long, default_value_t = 1000.0)]
-    pub rate: f64,
-    /// Minutes to produce for.
-    #[arg(long, default_value_t = 60)]
-    pub minutes: u32,
-    /// Seconds per minute of the run (the sampling period; the retention window and the long transaction are
-    /// counted in these minutes). Shorter only for checking the command.
-    #[arg(long, default_value_t = 60)]
-    pub minute_secs: u64,
-    /// How long dispatched events (`OUTBOX_RETENTION_HOURS`) and dedupe rows (`PROCESSED_TTL_HOURS`) are kept,
-    /// in minutes of the run.
-    #[arg(long, default_value_t = 10.0)]
-    pub retention_minutes: f64,
-    /// Share of the events written to the ordered topic.
-    #[arg(long, default_value_t = 0.2)]
-    pub ordered_share: f64,
-    /// Keys of the ordered topic.
-    #[arg(long, default_value_t = 200)]
-    pub ordered_keys: u64,
-    /// Keys of the unordered topic.
-    #[arg(long, default_value_t = 10_000)]
-    pub unordered_keys: u64,
-    /// Producer tasks.
-    #[arg(long, default_value_t = 4)]
-    pub producers: usize,
-    /// Relay processes (the template's reserved concurrency is 2: one scheduled run overlapping the next).
-    #[arg(long, default_value_t = 2)]
-    pub relays: usize,
-    /// Length of each simulated relay invocation (the template's `RelayTimeoutSeconds`).
-    #[arg(long, default_value_t = 75)]
-    pub invocation_secs: u64,
-    /// Open a long transaction (a `REPEATABLE READ` snapshot pinning the xmin horizon) at this minute.
-    #[arg(long)]
-    pub long_transaction_at: Option<u32>,
-    /// How many minutes the long transaction stays open.
-    #[arg(long, default_value_t = 10)]
-    pub long_transaction_minutes: u32,
-    /// Give up (and fail) when the pipeline has not drained this long after the producers stop.
-    #[arg(long, default_value_t = 300)]
-    pub drain_timeout_secs: u64,
-    /// Seed of the producers' choices.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Check the command: 4 minutes of 10 s at 200 events/s, retention 1 minute, 30 s invocations.
-    #[arg(long)]
-    pub quick: bool,
-    /// Directory for `minutes.jsonl`, `sustained.json` and the workers' logs.
-    #[arg(long, default_value = "target/outbox-dev/sustained")]
-    pub out: PathBuf,
-    /// Add the run to `DIR/benchmarks.md`, `DIR/benchmarks/*.svg` and `DIR/benchmarks/figures.json` (e.g. docs).
-    #[arg(long)]
-    pub report: Option<PathBuf>,
-    /// The executable to run the workers with [default: this one]; tests pass the `outbox-dev` binary.
-    #[arg(long, hide = true)]
-    pub worker_exe: Option<PathBuf>,
-}
-
-#[derive(clap::Parser)]
-struct Wrapper {
-    #[command(flatten)]
-    args: SustainedArgs,
-}
-
-impl SustainedArgs {
-    /// The arguments as the command line `outbox-dev bench sustained ARGS…` would give them.
-    pub fn parse(args: &[&str]) -> anyhow::Result<SustainedArgs> {
-        use clap::Parser;
-        let argv = std::iter::once("sustained").chain(args.iter().copied());
-        Ok(Wrapper::try_parse_from(argv)?.args)
-    }
-
-    /// `--quick`'s sizes, where the command line left the defaults.
-    fn effective(mut self) -> SustainedArgs {
-        if self.quick {
-            self.minutes = self.minutes.min(4);
-            self.minute_secs = self.minute_secs.min(10);
-            self.rate = self.rate.min(200.0);
-            self.retention_minutes = self.retention_minutes.min(1.0);
-            self.invocation_secs = self.invocation_secs.min(30);
-            self.ordered_keys = self.ordered_keys.min(50);
-            self.unordered_keys = self.unordered_keys.min(500);
-            self.drain_timeout_secs = self.drain_timeout_secs.min(120);
-        }
-        self
-    }
-
-    /// The retention window as `*_HOURS` settings read it.
-    fn retention_hours(&self) -> f64 {
-        self.retention_minutes * self.minute_secs as f64 / 3600.0
-    }
-}
+pub use args::SustainedArgs;
 
 /// Counters the producers and the sampler share.
 #[derive(Default)]
@@ -283,10 +181,8 @@ pub async fn run_and_judge(args: SustainedArgs) -> anyhow::Result<Value> {
         // JSON logs whatever the caller's environment says: the sampler reads the relays' summary lines.
         ("LOG_FORMAT".into(), "json".into()),
         // Warnings, and the relay's one summary line per invocation (its housekeeping figures).
-        (
-            "RUST_LOG".into(),
-            "warn,outbox::internals::handler=info".into(),
-        ),
+        // The log target is where the handler is defined, whatever path the seam gives it.
+        ("RUST_LOG".into(), "warn,outbox::relay::handler=info".into()),
     ];
     let spawner = Spawner::new(
         args.worker_exe.as_ref(),

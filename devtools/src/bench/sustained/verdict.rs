@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::SustainedArgs;
+use super::args::SustainedArgs;
 use super::sample::{Invocation, Minute};
 
 /// Every event's fate.
