@@ -10,6 +10,7 @@ mod dev_console;
 mod explore;
 mod explore_check;
 mod help;
+mod layering;
 mod pg_local;
 mod pgbouncer;
 mod soak;

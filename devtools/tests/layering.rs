@@ -1,0 +1,25 @@
+//! The developer tools are layered by the workspace's one checker (`outbox-layering`, the rules that need no
+//! Layout): no arrow from a file up to a module above it (its parent's file, the crate root), no circle between
+//! files.
+
+use std::path::Path;
+
+#[test]
+fn the_developer_tools_have_no_arrow_up_the_tree_and_no_circle() {
+    let report = outbox_layering::check_tree(Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap();
+    assert!(report.problems.is_empty(), "{}", report.problems.join("\n"));
+    // The scan saw what it must (a checker that reads nothing passes everything).
+    for (from, to) in [
+        ("src/soak/chaos.rs", "src/soak/counts.rs"),
+        ("src/soak/explore/mod.rs", "src/soak/worker_env.rs"),
+        ("src/bench/fanout/outage.rs", "src/bench/fanout/rig.rs"),
+        ("src/dev/console.rs", "src/dev/figures.rs"),
+    ] {
+        assert!(
+            report.uses(from, to),
+            "the checker did not see {from} use {to}: {} arrows in {} files",
+            report.arrows.len(),
+            report.files.len()
+        );
+    }
+}

@@ -1,0 +1,23 @@
+//! The test kit is layered by the workspace's one checker (`outbox-layering`, the rules that need no Layout): no
+//! arrow from a file up to a module above it (its parent's file, the crate root), no circle between files.
+
+use std::path::Path;
+
+#[test]
+fn the_test_kit_has_no_arrow_up_the_tree_and_no_circle() {
+    let report = outbox_layering::check_tree(Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap();
+    assert!(report.problems.is_empty(), "{}", report.problems.join("\n"));
+    // The scan saw what it must (a checker that reads nothing passes everything).
+    for (from, to) in [
+        ("src/sam/insights.rs", "src/sam/metric.rs"),
+        ("src/stack/start.rs", "src/stack/recording.rs"),
+        ("src/moto.rs", "src/repo.rs"),
+    ] {
+        assert!(
+            report.uses(from, to),
+            "the checker did not see {from} use {to}: {} arrows in {} files",
+            report.arrows.len(),
+            report.files.len()
+        );
+    }
+}
