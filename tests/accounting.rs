@@ -465,7 +465,7 @@ async fn an_event_lost_again_after_its_redrive_gets_one_open_dead_letter(pool: P
             db: DbArgs {
                 database_url: url_of(&pool),
             },
-            id: Some(first),
+            id: Some(first.into()),
             filter: FilterArgs::default(),
             out_of_order: false,
             yes: true,

@@ -661,7 +661,10 @@ async fn keys_page_by_key_and_dead_letters_group_by_error(pool: PgPool) {
             ("QStash refused the message: N", 2)
         ]
     );
-    assert_eq!((groups[0].first_id, groups[0].last_id), (ids[0], ids[2]));
+    assert_eq!(
+        (groups[0].first_id, groups[0].last_id),
+        (ids[0].into(), ids[2].into())
+    );
     assert!(groups[0].first_at.is_some() && groups[0].last_at.is_some());
     let count = |f: Filter| {
         let pool = pool.clone();
@@ -673,7 +676,7 @@ async fn keys_page_by_key_and_dead_letters_group_by_error(pool: PgPool) {
     let filter = |error: Option<&str>, group: Option<&str>, max_id: Option<i64>| Filter {
         error: error.map(str::to_owned),
         error_group: group.map(str::to_owned),
-        max_id,
+        max_id: max_id.map(Into::into),
         ..Filter::default()
     };
     assert_eq!(

@@ -173,7 +173,7 @@ async fn stored_control_characters_are_printed_escaped(pool: PgPool) {
     run(
         DeadLettersCommand::Show(ShowArgs {
             db: db(&pool),
-            id: dl,
+            id: dl.into(),
             json: false,
         }),
         &mut out,

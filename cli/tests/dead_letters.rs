@@ -521,7 +521,10 @@ async fn refusals_change_nothing(pool: PgPool) {
     let e = dead_letters::redrive(&mut conn, 999_999, IN_ORDER)
         .await
         .unwrap_err();
-    assert!(matches!(e, RedriveError::NotFound(999_999)), "{e}");
+    assert!(
+        matches!(e, RedriveError::NotFound(outbox::DeadLetterId(999_999))),
+        "{e}"
+    );
     assert_eq!(before, snapshot(&pool).await);
 }
 
@@ -838,7 +841,7 @@ async fn list_pages_by_cursor_and_hides_handled_ones(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(p1.items.iter().map(|d| d.id).collect::<Vec<_>>(), ids[0..2]);
-    assert_eq!(p1.next_after, Some(ids[1]));
+    assert_eq!(p1.next_after, Some(ids[1].into()));
     let p2 = dead_letters::list(&mut conn, &q(p1.next_after, Listing::Unhandled))
         .await
         .unwrap();
@@ -970,7 +973,7 @@ async fn show_prints_payload_error_attempts_response_and_the_event_state(pool: P
     run(
         DeadLettersCommand::Show(ShowArgs {
             db: db(&pool),
-            id: dl,
+            id: dl.into(),
             json: false,
         }),
         &mut out,
@@ -998,7 +1001,7 @@ async fn show_prints_payload_error_attempts_response_and_the_event_state(pool: P
     run(
         DeadLettersCommand::Show(ShowArgs {
             db: db(&pool),
-            id: dl,
+            id: dl.into(),
             json: true,
         }),
         &mut out,
@@ -1012,7 +1015,7 @@ async fn show_prints_payload_error_attempts_response_and_the_event_state(pool: P
     let e = run(
         DeadLettersCommand::Show(ShowArgs {
             db: db(&pool),
-            id: 424242,
+            id: 424242.into(),
             json: false,
         }),
         &mut Vec::new(),

@@ -89,7 +89,7 @@ async fn applied(pool: &PgPool, ids: &[i64]) -> Vec<i64> {
 fn redrive(pool: &PgPool, id: i64, out_of_order: bool) -> DeadLettersCommand {
     DeadLettersCommand::Redrive(RedriveArgs {
         db: db(pool),
-        id: Some(id),
+        id: Some(id.into()),
         filter: FilterArgs::default(),
         out_of_order,
         yes: false,

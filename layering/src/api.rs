@@ -1,6 +1,7 @@
 //! A crate's public surface as a list: every module reachable from the root through `pub mod`, and every item
 //! and re-export declared `pub` in those modules, one line each (`fn crate::relay::drain`), sorted. Methods and
-//! fields are not listed: they come with their type. A committed copy of the list, compared in a test, makes a
+//! fields are not listed: they come with their type; nor are items a macro defines (the ids' newtypes), which
+//! show through their re-exports. A committed copy of the list, compared in a test, makes a
 //! change of the API visible in review.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -459,6 +459,7 @@ pub(crate) fn batch_dedup_id(events: &[(OutboxId, i32)]) -> String {
 }
 
 /// Percent-encodes a partition key for an HTTP header value (the legacy `x-outbox-key` header).
+#[cfg_attr(not(feature = "internals"), allow(dead_code))] // for `crate::internals`
 pub fn encode_key(key: &str) -> String {
     let mut out = String::with_capacity(key.len());
     for b in key.bytes() {

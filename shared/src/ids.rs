@@ -1,5 +1,5 @@
-//! The values that name an event as it crosses modules: its outbox id, its topic's name, its partition key, and a
-//! relay's lease on a key. Plain newtypes over what the tables store (`bigint`, `text`): they bind and decode
+//! The values that name an event as it crosses modules: its outbox id, its topic's name, its partition key, a
+//! relay's lease on a key, and a dead letter's id. Plain newtypes over what the tables store (`bigint`, `text`): they bind and decode
 //! directly in SQL (`sqlx::Type`, transparent), serialise as the bare value (`serde(transparent)`, so the wire
 //! contract is unchanged), and print as the bare value (`Display`). They add no validation: the producer checks
 //! topics and keys when an event is written (the `producer` module), and the contract parser checks what arrives.
@@ -9,51 +9,77 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// An outbox event's id: the `outbox.id` the producer's insert returned. The consumer's dedupe key, the subject
-/// of delivery evidence and of dead letters. Positive for every stored event.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]
-#[serde(transparent)]
-#[sqlx(transparent)]
-pub struct OutboxId(pub i64);
+/// Defines a newtype over a table's `bigint` id with the accessors every id shares.
+macro_rules! int_newtype {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]
+        #[serde(transparent)]
+        #[sqlx(transparent)]
+        pub struct $name(pub i64);
 
-impl OutboxId {
-    /// The id as stored.
-    pub const fn get(self) -> i64 {
-        self.0
-    }
+        impl $name {
+            /// The id as stored.
+            pub const fn get(self) -> i64 {
+                self.0
+            }
+        }
+
+        impl From<i64> for $name {
+            fn from(id: i64) -> Self {
+                $name(id)
+            }
+        }
+
+        impl From<$name> for i64 {
+            fn from(id: $name) -> Self {
+                id.0
+            }
+        }
+
+        /// The decimal id, as an operator types it.
+        impl std::str::FromStr for $name {
+            type Err = std::num::ParseIntError;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                s.parse().map($name)
+            }
+        }
+
+        impl PartialEq<i64> for $name {
+            fn eq(&self, other: &i64) -> bool {
+                self.0 == *other
+            }
+        }
+
+        /// Prints the bare value, like `Display`: log fields written with `?` (a list of ids, a result holding
+        /// ids) read as they did when the ids were plain integers.
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&self.0, f)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+
+    };
 }
 
-impl From<i64> for OutboxId {
-    fn from(id: i64) -> Self {
-        OutboxId(id)
-    }
-}
+int_newtype!(
+    /// An outbox event's id: the `outbox.id` the producer's insert returned. The consumer's dedupe key, the
+    /// subject of delivery evidence and of dead letters. Positive for every stored event.
+    OutboxId
+);
 
-impl From<OutboxId> for i64 {
-    fn from(id: OutboxId) -> Self {
-        id.0
-    }
-}
-
-impl PartialEq<i64> for OutboxId {
-    fn eq(&self, other: &i64) -> bool {
-        self.0 == *other
-    }
-}
-
-/// Prints the bare value, like `Display`: log fields written with `?` (a list of ids, a result holding ids) read
-/// as they did when the ids were plain integers.
-impl fmt::Debug for OutboxId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.0, f)
-    }
-}
-
-impl fmt::Display for OutboxId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
+int_newtype!(
+    /// A dead letter's id: `dead_letters.id`, what an operator names to show, redrive or purge one (never an
+    /// event's id: a dead letter names its event by [`OutboxId`]).
+    DeadLetterId
+);
 
 /// Defines a newtype over `String` with the accessors both text values share.
 macro_rules! text_newtype {

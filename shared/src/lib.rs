@@ -110,7 +110,7 @@ pub use callbacks::handle_callback;
 pub use headers::InvalidEvent;
 pub use health::DatabaseHealth;
 pub use ids::KeyLease;
-pub use ids::OutboxId;
+pub use ids::{DeadLetterId, OutboxId};
 pub use producer::EnqueuedEvent;
 pub use receiver::{Receiver, ReceiverState};
 pub use tls::install_crypto_provider;

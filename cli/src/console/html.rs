@@ -50,7 +50,7 @@ impl Html {
     }
 
     /// `path` followed by a number (`/events/12`): the number is the program's own formatting.
-    pub fn path_id(&mut self, path: &'static str, id: i64) -> &mut Self {
+    pub fn path_id(&mut self, path: &'static str, id: impl std::fmt::Display) -> &mut Self {
         self.0.push_str(path);
         let _ = write!(self.0, "{id}");
         self

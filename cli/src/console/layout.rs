@@ -155,7 +155,8 @@ pub fn event_link(h: &mut Html, id: OutboxId) {
 }
 
 /// A link to a dead letter's page.
-pub fn dead_letter_link(h: &mut Html, id: i64) {
+pub fn dead_letter_link(h: &mut Html, id: impl Into<outbox::DeadLetterId>) {
+    let id = id.into();
     h.lit("<a href=\"")
         .path_id("/dead-letters/", id)
         .lit("\">#")

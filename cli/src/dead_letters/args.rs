@@ -5,6 +5,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use anyhow::bail;
 use chrono::{DateTime, NaiveDate, TimeDelta, Utc};
 use clap::{Args, Subcommand};
+use outbox::DeadLetterId;
 use outbox::dead_letters::{self, Filter, Source};
 
 use crate::util::{self, DbArgs};
@@ -143,7 +144,7 @@ pub struct ListArgs {
     pub include_redriven: bool,
     /// Start after this id (the cursor printed at the end of the previous page).
     #[arg(long)]
-    pub after: Option<i64>,
+    pub after: Option<DeadLetterId>,
     /// Page size.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub limit: u32,
@@ -158,7 +159,7 @@ pub struct ShowArgs {
     #[command(flatten)]
     pub db: DbArgs,
     /// The dead letter's id.
-    pub id: i64,
+    pub id: DeadLetterId,
     /// As JSON.
     #[arg(long)]
     pub json: bool,
@@ -171,7 +172,7 @@ pub struct RedriveArgs {
     pub db: DbArgs,
     /// One dead letter's id (or use filters for a bulk redrive).
     #[arg(conflicts_with_all = ["topic", "source", "key", "since", "until", "subscriber"])]
-    pub id: Option<i64>,
+    pub id: Option<DeadLetterId>,
     #[command(flatten)]
     pub filter: FilterArgs,
     /// Also redrive ordered events their key has moved past, as UNORDERED events (applied after later events of

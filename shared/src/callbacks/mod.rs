@@ -65,7 +65,9 @@ pub(crate) use outcome::CallbackOutcome;
 pub(crate) use {checks::ATTEMPT_BODY_CHARS, checks::MAX_RESPONSE_BODY_CHARS};
 
 pub(crate) use failure::FailureRecorder;
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
 pub use parse::{CallbackBody, ParsedCallback, SourceEvent};
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
 pub use {parse::parse_callback, parse::source_event, parse::source_header};
 
 /// Which callback a path is.

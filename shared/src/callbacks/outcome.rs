@@ -155,12 +155,12 @@ fn log_dead_letter(answered: u16, recorded: &FailureRecorded) {
     match recorded {
         FailureRecorded::Recorded { dead_letter_id, .. } => tracing::error!(
             answered,
-            dead_letter_id,
+            dead_letter_id = dead_letter_id.get(),
             "QStash gave up on an event: dead letter recorded"
         ),
         FailureRecorded::Merged { dead_letter_id, .. } => tracing::error!(
             answered,
-            dead_letter_id,
+            dead_letter_id = dead_letter_id.get(),
             "QStash gave up on another message of an event: merged into its dead letter"
         ),
         FailureRecorded::Duplicate => {
@@ -173,7 +173,7 @@ fn log_batch_dead_letters(answered: u16, r: &BatchFailureRecorded) {
     for (dead_letter_id, outbox_id) in &r.dead_letters {
         tracing::error!(
             answered,
-            dead_letter_id,
+            dead_letter_id = dead_letter_id.get(),
             outbox_id = outbox_id.get(),
             "QStash gave up on a batched message: dead letter recorded for this event"
         )

@@ -1,5 +1,6 @@
 //! What dead letters are selected by: their [`Source`] and a [`Filter`], and the SQL that applies one.
 
+use crate::ids::DeadLetterId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -55,7 +56,7 @@ pub struct Filter {
     pub error_group: Option<String>,
     /// Only dead letters with an id up to this one: a bulk action confirmed on a count touches only what was
     /// counted, not what was recorded after. Not a selection of its own ([`Filter::is_empty`] ignores it).
-    pub max_id: Option<i64>,
+    pub max_id: Option<DeadLetterId>,
     /// Only this subscriber's (`''`: the default one; see `crate::subscribers`).
     pub subscriber: Option<String>,
 }

@@ -2,6 +2,7 @@
 //! 200 characters), for the operator console: which failures there are and how many of each, before looking at
 //! one of them or acting on a whole group.
 
+use crate::ids::DeadLetterId;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, Row};
@@ -17,10 +18,10 @@ pub struct ErrorGroup {
     /// Dead letters in it (of those the filter matched).
     pub count: i64,
     /// Its oldest dead letter, and when it was recorded.
-    pub first_id: i64,
+    pub first_id: DeadLetterId,
     pub first_at: Option<DateTime<Utc>>,
     /// Its newest dead letter (an example to show), and when it was recorded.
-    pub last_id: i64,
+    pub last_id: DeadLetterId,
     pub last_at: Option<DateTime<Utc>>,
 }
 
@@ -58,17 +59,17 @@ pub async fn error_groups(
             last_at: None,
         });
     }
-    let ids: Vec<i64> = groups
+    let ids: Vec<DeadLetterId> = groups
         .iter()
         .flat_map(|g| [g.first_id, g.last_id])
         .collect();
-    let times: Vec<(i64, DateTime<Utc>)> = sqlx::query_as(crate::schema::q(
+    let times: Vec<(DeadLetterId, DateTime<Utc>)> = sqlx::query_as(crate::schema::q(
         "SELECT id, created_at FROM {schema}.dead_letters WHERE id = ANY ($1)",
     ))
     .bind(&ids)
     .fetch_all(&mut *conn)
     .await?;
-    let at = |id: i64| times.iter().find(|(i, _)| *i == id).map(|(_, t)| *t);
+    let at = |id: DeadLetterId| times.iter().find(|(i, _)| *i == id).map(|(_, t)| *t);
     for g in &mut groups {
         g.first_at = at(g.first_id);
         g.last_at = at(g.last_id);
@@ -78,7 +79,7 @@ pub async fn error_groups(
 
 /// The largest dead-letter id now (0 when there is none): the bound ([`Filter::max_id`]) a confirmed bulk
 /// action keeps to.
-pub async fn max_id(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
+pub async fn max_id(conn: &mut PgConnection) -> Result<DeadLetterId, sqlx::Error> {
     sqlx::query_scalar(crate::schema::q(
         "SELECT coalesce(max(id), 0) FROM {schema}.dead_letters",
     ))

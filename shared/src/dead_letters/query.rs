@@ -2,6 +2,7 @@
 //! [`list`] (filters, paging by id cursor), [`get`], [`event_state`], [`count_unhandled`]; and
 //! [`event_headers_of`], which reads an event's headers back from what a dead letter stored.
 
+use crate::ids::DeadLetterId;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -16,7 +17,7 @@ use crate::producer::{EventHeaders, is_traceparent};
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct DeadLetterSummary {
     /// Row id (the handle for show/redrive).
-    pub id: i64,
+    pub id: DeadLetterId,
     /// When it was recorded.
     pub created_at: DateTime<Utc>,
     /// `relay` or `qstash`.
@@ -88,7 +89,7 @@ pub struct ListQuery {
     /// The unhandled dead letters only, or all.
     pub listing: Listing,
     /// Only ids greater than this (the cursor of the previous page).
-    pub after: Option<i64>,
+    pub after: Option<DeadLetterId>,
     /// Page size.
     pub limit: u32,
 }
@@ -98,7 +99,7 @@ pub struct ListQuery {
 pub struct Page {
     pub items: Vec<DeadLetterSummary>,
     /// Pass as `after` for the next page; `None` when this was the last page.
-    pub next_after: Option<i64>,
+    pub next_after: Option<DeadLetterId>,
 }
 
 /// Lists dead letters by id (oldest first), one page at a time.
@@ -115,7 +116,7 @@ pub async fn list(conn: &mut PgConnection, q: &ListQuery) -> Result<Page, sqlx::
     );
     let rows = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), &q.filter)
         .bind(q.listing == Listing::All)
-        .bind(q.after.unwrap_or(0))
+        .bind(q.after.unwrap_or(DeadLetterId(0)))
         .fetch_all(&mut *conn)
         .await?;
     let mut items = rows
@@ -135,7 +136,7 @@ pub async fn list(conn: &mut PgConnection, q: &ListQuery) -> Result<Page, sqlx::
 /// Everything stored about one dead letter.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct DeadLetter {
-    pub id: i64,
+    pub id: DeadLetterId,
     /// `relay` or `qstash`.
     pub source: String,
     /// `'<outbox id>/<lease token>'` (relay) or QStash's `dlqId`.
@@ -188,8 +189,12 @@ impl DeadLetter {
     }
 }
 
-/// One dead letter by id.
-pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<DeadLetter>, sqlx::Error> {
+/// One dead letter by id (a [`DeadLetterId`], or the bare number: never an event's [`crate::OutboxId`]).
+pub async fn get(
+    conn: &mut PgConnection,
+    id: impl Into<DeadLetterId>,
+) -> Result<Option<DeadLetter>, sqlx::Error> {
+    let id = id.into();
     sqlx::query_as::<_, DeadLetter>(
         crate::schema::q("SELECT id, source, natural_id, outbox_id, topic, partition_key, subscriber, seq, payload, body, headers, error, status, \
                 response_body, attempts, qstash_message_id, dlq_id, raw_callback, parse_error, created_at, \

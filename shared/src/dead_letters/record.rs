@@ -2,6 +2,7 @@
 //! callback; for a batched message [`record_qstash_batch_failure`], one dead letter per failed event). The relay's own dead letters are not written here: its settle statement writes them in the same
 //! statement that marks the event dead ([`crate::relay::settle`]), so an event can never be dead without one.
 
+use crate::ids::DeadLetterId;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, Row};
@@ -107,7 +108,7 @@ impl QstashFailure {
 pub enum FailureRecorded {
     /// A new dead letter.
     Recorded {
-        dead_letter_id: i64,
+        dead_letter_id: DeadLetterId,
         /// The outbox event it belongs to, if known.
         outbox_id: Option<OutboxId>,
     },
@@ -115,7 +116,7 @@ pub enum FailureRecorded {
     /// batch formed again after a relay died, a republish): this failure was merged into it — its natural id
     /// remembered, its attempts added, its reason appended — so the event keeps one dead letter, redriven once.
     Merged {
-        dead_letter_id: i64,
+        dead_letter_id: DeadLetterId,
         outbox_id: OutboxId,
     },
     /// The same failure was already recorded (QStash retried the callback).
@@ -250,7 +251,7 @@ const INSERT_SQL: &str = r#"
 /// What [`insert_dead_letter`] wrote.
 struct Inserted {
     /// The new dead letter's id.
-    id: i64,
+    id: DeadLetterId,
     /// The event it belongs to, if known.
     outbox_id: Option<OutboxId>,
     topic: Option<String>,
@@ -329,7 +330,7 @@ enum Merge {
     /// This failure (its natural id) was merged into an open dead letter before: a retried callback.
     Seen,
     /// Merged now into this open dead letter.
-    Into(i64),
+    Into(DeadLetterId),
     /// No open dead letter to merge into (or the event is done after all): record a dead letter of its own.
     None,
 }
@@ -409,7 +410,7 @@ async fn merge_into_open(
         .fetch_one(&mut *tx)
         .await?;
     let seen: bool = row.try_get("seen")?;
-    let merged: Option<i64> = row.try_get("merged_id")?;
+    let merged: Option<DeadLetterId> = row.try_get("merged_id")?;
     Ok(match (seen, merged) {
         (true, _) => Merge::Seen,
         (false, Some(id)) => Merge::Into(id),
@@ -435,11 +436,11 @@ pub struct BatchFailureRecorded {
     /// Applied by the consumer (a dedupe row of `consumer`): recorded as delivered.
     pub delivered: Vec<OutboxId>,
     /// New dead letters `(dead letter id, outbox id)`.
-    pub dead_letters: Vec<(i64, OutboxId)>,
+    pub dead_letters: Vec<(DeadLetterId, OutboxId)>,
     /// Dead letters recorded before (QStash retried the callback).
     pub duplicates: Vec<OutboxId>,
     /// Failures merged into the event's open dead letter `(dead letter id, outbox id)`.
-    pub merged: Vec<(i64, OutboxId)>,
+    pub merged: Vec<(DeadLetterId, OutboxId)>,
     /// Unordered events not applied and not dead: due again for the relay.
     pub requeued: Vec<OutboxId>,
     /// Ordered events not applied and not dead: left alone (they wait behind the dead head, or the relay

@@ -3,6 +3,7 @@
 //! [`RedriveOptions::out_of_order`] (decision record 0060). [`redrive`] does one dead letter, [`redrive_matching`]
 //! every unhandled one a filter matches.
 
+use crate::ids::DeadLetterId;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -43,7 +44,7 @@ pub enum RedriveOrder {
 /// What a successful redrive did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Redriven {
-    pub dead_letter_id: i64,
+    pub dead_letter_id: DeadLetterId,
     /// The event (same id: the consumer's dedupe key).
     pub outbox_id: OutboxId,
     pub topic: TopicName,
@@ -58,7 +59,7 @@ pub struct Redriven {
     pub dedup_id: String,
     /// Other unhandled dead letters of the same event, marked redriven too (one event can die more than once
     /// before anyone looks, e.g. a relay dead letter and a QStash one).
-    pub also_marked: Vec<i64>,
+    pub also_marked: Vec<DeadLetterId>,
 }
 
 /// Why a dead letter was not redriven.
@@ -66,7 +67,7 @@ pub struct Redriven {
 pub enum RedriveError {
     /// No such dead letter.
     #[error("dead letter #{0} does not exist (list them with `outbox dead-letters list`)")]
-    NotFound(i64),
+    NotFound(DeadLetterId),
     /// Redriven before.
     #[error(
         "dead letter #{id} was already redriven at {at}; if the event failed again, it has a newer dead letter \
@@ -74,7 +75,7 @@ pub enum RedriveError {
     )]
     AlreadyRedriven {
         /// Dead letter.
-        id: i64,
+        id: DeadLetterId,
         at: DateTime<Utc>,
     },
     /// The event was delivered after all.
@@ -84,7 +85,7 @@ pub enum RedriveError {
     )]
     Delivered {
         /// Dead letter.
-        id: i64,
+        id: DeadLetterId,
         outbox_id: OutboxId,
         at: DateTime<Utc>,
     },
@@ -96,7 +97,7 @@ pub enum RedriveError {
     )]
     NoOutboxId {
         /// Dead letter.
-        id: i64,
+        id: DeadLetterId,
         /// The callback could not be parsed.
         parse_error: bool,
     },
@@ -107,7 +108,7 @@ pub enum RedriveError {
     )]
     CannotRebuild {
         /// Dead letter.
-        id: i64,
+        id: DeadLetterId,
         outbox_id: OutboxId,
         /// What is missing: `JSON payload`, `topic`, `partition key`.
         missing: &'static str,
@@ -119,7 +120,7 @@ pub enum RedriveError {
     )]
     NotDead {
         /// Dead letter.
-        id: i64,
+        id: DeadLetterId,
         outbox_id: OutboxId,
         /// `pending` or `dispatched`.
         state: &'static str,
@@ -133,7 +134,7 @@ pub enum RedriveError {
     )]
     OutOfOrder {
         /// Dead letter.
-        id: i64,
+        id: DeadLetterId,
         outbox_id: OutboxId,
         topic: TopicName,
         key: PartitionKey,
@@ -174,9 +175,10 @@ impl RedriveError {
 /// * the dead letter (and any other unhandled dead letter of the same event) gets `redriven_at`.
 pub async fn redrive(
     conn: &mut PgConnection,
-    dead_letter_id: i64,
+    dead_letter_id: impl Into<DeadLetterId>,
     opts: RedriveOptions,
 ) -> Result<Redriven, RedriveError> {
+    let dead_letter_id = dead_letter_id.into();
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     let result = redrive_in(&mut tx, dead_letter_id, opts).await;
     match result {
@@ -195,7 +197,7 @@ pub async fn redrive(
 /// Redrives one dead letter inside `tx`; the steps below, in this order.
 async fn redrive_in(
     tx: &mut PgConnection,
-    dead_letter_id: i64,
+    dead_letter_id: DeadLetterId,
     opts: RedriveOptions,
 ) -> Result<Redriven, RedriveError> {
     let (dead_letter, outbox_id) = lock_dead_letter(tx, dead_letter_id).await?;
@@ -211,7 +213,7 @@ async fn redrive_in(
         reinserted,
         redrive_count,
     } = requeued;
-    tracing::info!(dead_letter_id, outbox_id = outbox_id.get(), topic = %topic, key = %partition_key, order = ?order, reinserted,
+    tracing::info!(dead_letter_id = dead_letter_id.get(), outbox_id = outbox_id.get(), topic = %topic, key = %partition_key, order = ?order, reinserted,
         redrive_count, "dead letter redriven");
     Ok(Redriven {
         dead_letter_id,
@@ -229,7 +231,7 @@ async fn redrive_in(
 /// The dead letter being redriven, as far as a redrive reads it.
 #[derive(sqlx::FromRow)]
 struct DeadLetterRow {
-    id: i64,
+    id: DeadLetterId,
     source: String,
     outbox_id: Option<OutboxId>,
     topic: Option<TopicName>,
@@ -271,7 +273,7 @@ struct Requeued {
 /// event, or resolved: delivered after all). Returns it with its event's outbox id.
 async fn lock_dead_letter(
     tx: &mut PgConnection,
-    dead_letter_id: i64,
+    dead_letter_id: DeadLetterId,
 ) -> Result<(DeadLetterRow, OutboxId), RedriveError> {
     let dead_letter: DeadLetterRow = sqlx::query_as(
         crate::schema::q("SELECT id, source, outbox_id, topic, partition_key, subscriber, seq, payload, headers, error, parse_error, raw_callback, \
@@ -460,7 +462,7 @@ async fn reinsert_pruned_event(
 }
 
 /// The event's `last_error` after a redrive: where it came from, and (shortened) why it had died.
-fn redrive_note(dead_letter_id: i64, was: &str) -> String {
+fn redrive_note(dead_letter_id: DeadLetterId, was: &str) -> String {
     let was: String = was.chars().take(1800).collect();
     format!("redriven from dead letter #{dead_letter_id} (was: {was})")
 }
@@ -470,7 +472,7 @@ fn redrive_note(dead_letter_id: i64, was: &str) -> String {
 /// Locks the key row.
 async fn ordered_position(
     tx: &mut PgConnection,
-    dead_letter_id: i64,
+    dead_letter_id: DeadLetterId,
     outbox_id: OutboxId,
     row: &OutboxRow,
     seq: i64,
@@ -549,10 +551,10 @@ async fn unblock_key(
 /// event can die more than once before anyone looks); returns those others' ids.
 async fn mark_redriven(
     tx: &mut PgConnection,
-    dead_letter_id: i64,
+    dead_letter_id: DeadLetterId,
     outbox_id: OutboxId,
-) -> Result<Vec<i64>, sqlx::Error> {
-    let marked: Vec<i64> = sqlx::query_scalar(
+) -> Result<Vec<DeadLetterId>, sqlx::Error> {
+    let marked: Vec<DeadLetterId> = sqlx::query_scalar(
         crate::schema::q("UPDATE {schema}.dead_letters SET redriven_at = now() \
          WHERE id = $1 OR (outbox_id = $2 AND redriven_at IS NULL AND resolved_at IS NULL) RETURNING id"),
     )
@@ -560,7 +562,7 @@ async fn mark_redriven(
     .bind(outbox_id)
     .fetch_all(&mut *tx)
     .await?;
-    let mut also_marked: Vec<i64> = marked
+    let mut also_marked: Vec<DeadLetterId> = marked
         .into_iter()
         .filter(|i| *i != dead_letter_id)
         .collect();

@@ -4,6 +4,8 @@
 use serde::Serialize;
 use sqlx::Row;
 
+use crate::ids::DeadLetterId;
+
 use super::redrive::{RedriveError, RedriveOptions, Redriven, redrive};
 use super::{FILTER_SQL, Filter, UNHANDLED_SQL, bind_filter};
 
@@ -15,14 +17,14 @@ pub enum BulkOutcome {
     /// Left as it is (with why): a middle event without `out_of_order`, an event that is live again, a dead letter
     /// that cannot be redriven.
     Skipped {
-        dead_letter_id: i64,
+        dead_letter_id: DeadLetterId,
         /// A middle ordered event (would need `--out-of-order`).
         out_of_order: bool,
         reason: String,
     },
     /// A database error on this item (the others go on).
     Failed {
-        dead_letter_id: i64,
+        dead_letter_id: DeadLetterId,
         error: String,
     },
 }
@@ -62,16 +64,17 @@ pub async fn redrive_matching(
          ORDER BY d.id LIMIT 500"
     );
     let mut report = BulkReport::default();
-    let mut after = 0i64;
+    let mut after = DeadLetterId(0);
     loop {
-        let ids: Vec<i64> = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql.clone())), filter)
-            .bind(after)
-            .bind(upto)
-            .fetch_all(&mut *conn)
-            .await?
-            .iter()
-            .map(|r| r.try_get(0))
-            .collect::<Result<_, _>>()?;
+        let ids: Vec<DeadLetterId> =
+            bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql.clone())), filter)
+                .bind(after)
+                .bind(upto)
+                .fetch_all(&mut *conn)
+                .await?
+                .iter()
+                .map(|r| r.try_get(0))
+                .collect::<Result<_, _>>()?;
         let Some(last) = ids.last().copied() else {
             break;
         };

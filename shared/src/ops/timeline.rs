@@ -14,6 +14,7 @@ use sqlx::PgConnection;
 
 use super::actions::{self, Action};
 use crate::dead_letters::DeadLetter;
+use crate::ids::DeadLetterId;
 use crate::ids::{OutboxId, PartitionKey, TopicName};
 
 /// The outbox row, every column.
@@ -161,16 +162,16 @@ pub enum StepKind {
     DeadLettered { last_error: Option<String> },
     /// A dead letter was recorded.
     DeadLetterRecorded {
-        dead_letter_id: i64,
+        dead_letter_id: DeadLetterId,
         source: String,
         error: String,
         status: Option<i32>,
     },
     /// That dead letter was redriven.
-    Redriven { dead_letter_id: i64 },
+    Redriven { dead_letter_id: DeadLetterId },
     /// That dead letter turned out done after all.
     Resolved {
-        dead_letter_id: i64,
+        dead_letter_id: DeadLetterId,
         resolution: Option<String>,
     },
     /// An action taken through the console.
@@ -275,7 +276,7 @@ async fn dead_letters_of(
     conn: &mut PgConnection,
     outbox_id: OutboxId,
 ) -> Result<Vec<DeadLetter>, sqlx::Error> {
-    let dead_ids: Vec<i64> = sqlx::query_scalar(crate::schema::q(
+    let dead_ids: Vec<DeadLetterId> = sqlx::query_scalar(crate::schema::q(
         "SELECT id FROM {schema}.dead_letters WHERE outbox_id = $1 ORDER BY id LIMIT 100",
     ))
     .bind(outbox_id)

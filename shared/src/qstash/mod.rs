@@ -28,12 +28,15 @@ mod client;
 mod manage;
 mod options;
 
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
 pub use client::BatchResponse;
 pub(crate) use client::request_level_failure;
 use client::retry_after;
 pub(crate) use manage::DLQ_IDS_PER_REQUEST;
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
 pub use manage::DlqPage;
 pub use manage::ManageError;
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
 pub use options::HeadersJson;
 pub use {client::Message, client::QstashClientError};
 pub use {client::PublishOutcome, client::QstashClient};

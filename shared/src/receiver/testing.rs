@@ -1,6 +1,7 @@
 //! Signing like QStash does, for fixtures, tests and local tooling; production tokens come from QStash. Behind the
 //! cargo feature `testing` (off by default), so the library and the Lambda binaries ship no token signer (the dev
 //! keys' public values are in `crate::secrets`, where the functions use them only to refuse them).
+#![cfg_attr(not(feature = "internals"), allow(dead_code))] // used through `crate::internals`
 
 use base64::Engine;
 use secrecy::SecretString;

@@ -28,7 +28,7 @@ pub(super) fn filter_of(p: &Params) -> Result<Filter, String> {
         max_id: p
             .get("max_id")
             .map(|v| {
-                v.parse::<i64>()
+                v.parse::<outbox::DeadLetterId>()
                     .map_err(|_| "max_id: not a number".to_owned())
             })
             .transpose()?,
@@ -240,7 +240,7 @@ mod tests {
                 until: Some(at("2026-03-02T00:00:00Z")),
                 error: Some("answered 489".into()),
                 error_group: Some("consumer answered N".into()),
-                max_id: Some(77),
+                max_id: Some(77.into()),
                 subscriber: Some(subscriber.into()),
             };
             let query = url::form_urlencoded::Serializer::new(String::new())

@@ -22,7 +22,7 @@ pub async fn show(
     Extension(ctx): Extension<Ctx>,
     Path(id): Path<String>,
 ) -> Response {
-    let Ok(id) = id.parse::<i64>() else {
+    let Ok(id) = id.parse::<outbox::DeadLetterId>() else {
         return bad_request(&ctx, "a dead letter id is a number");
     };
     let mut conn = match respond::conn(&app, &ctx).await {
@@ -215,7 +215,7 @@ pub async fn redrive_one(
         Ok(p) => p,
         Err(refused) => return *refused,
     };
-    let Ok(id) = id.parse::<i64>() else {
+    let Ok(id) = id.parse::<outbox::DeadLetterId>() else {
         return bad_request(&ctx, "a dead letter id is a number");
     };
     let opts = RedriveOptions {
@@ -225,7 +225,7 @@ pub async fn redrive_one(
         Ok(c) => c,
         Err(stop) => return stop.into_response(),
     };
-    let logged = match log_start(&mut conn, &ctx, "redrive", Some(id), None).await {
+    let logged = match log_start(&mut conn, &ctx, "redrive", Some(id.get()), None).await {
         Ok(l) => l,
         Err(e) => return respond::db_error(&ctx, e),
     };
@@ -257,7 +257,7 @@ pub async fn redrive_one(
 /// What one redrive did (or why it was refused), and the answer's status.
 fn redrive_report(
     h: &mut Html,
-    id: i64,
+    id: outbox::DeadLetterId,
     result: &Result<dead_letters::Redriven, RedriveError>,
 ) -> StatusCode {
     match result {
