@@ -74,9 +74,9 @@ impl FilterArgs {
     /// The library filter.
     pub fn filter(&self) -> Filter {
         Filter {
-            topic: self.topic.clone(),
+            topic: self.topic.clone().map(Into::into),
             source: self.source,
-            key: self.key.clone(),
+            key: self.key.clone().map(Into::into),
             since: self.since,
             until: self.until,
             subscriber: self.subscriber.clone(),

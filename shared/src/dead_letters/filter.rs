@@ -1,6 +1,6 @@
 //! What dead letters are selected by: their [`Source`] and a [`Filter`], and the SQL that applies one.
 
-use crate::ids::DeadLetterId;
+use crate::ids::{DeadLetterId, PartitionKey, TopicName};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -42,10 +42,10 @@ impl std::str::FromStr for Source {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Filter {
-    pub topic: Option<String>,
+    pub topic: Option<TopicName>,
     pub source: Option<Source>,
     /// Partition key.
-    pub key: Option<String>,
+    pub key: Option<PartitionKey>,
     /// Recorded at or after.
     pub since: Option<DateTime<Utc>>,
     /// Recorded before.

@@ -18,9 +18,9 @@ pub(super) fn filter_of(p: &Params) -> Result<Filter, String> {
             .transpose()
     };
     Ok(Filter {
-        topic: p.string("topic"),
+        topic: p.string("topic").map(Into::into),
         source: p.get("source").map(str::parse::<Source>).transpose()?,
-        key: p.string("key"),
+        key: p.string("key").map(Into::into),
         since: time("since")?,
         until: time("until")?,
         error: p.string("error"),
@@ -85,10 +85,10 @@ pub(super) fn parts(f: &Filter) -> [Part; 9] {
         .as_deref()
         .map(|s| outbox::subscribers::label(s).to_owned());
     [
-        Part::new("topic", "topic", topic.clone()),
+        Part::new("topic", "topic", topic.clone().map(String::from)),
         Part::new("subscriber", "subscriber", subscriber),
         Part::new("source", "source", source.map(|s| s.as_str().to_owned())),
-        Part::new("key", "key", key.clone()),
+        Part::new("key", "key", key.clone().map(String::from)),
         Part::new("error", "error contains", error.clone()),
         Part::new("group", "error group", error_group.clone()),
         time("since", "recorded since", since),

@@ -50,9 +50,9 @@ impl Operator {
 
     fn filter(sel: &Selection) -> Filter {
         Filter {
-            topic: sel.topic.map(|t| TOPICS[t].name().to_owned()),
+            topic: sel.topic.map(|t| TOPICS[t].name().into()),
             subscriber: sel.subscriber.map(|s| SUBSCRIBERS[s].to_owned()),
-            key: sel.key.map(|k| format!("k{k}")),
+            key: sel.key.map(|k| format!("k{k}").into()),
             error: sel.poison.then(|| "poison".to_owned()),
             ..Filter::default()
         }
