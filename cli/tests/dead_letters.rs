@@ -14,6 +14,7 @@ use outbox::dead_letters::{
     self, Filter, ListQuery, Listing, PurgeError, RedriveError, RedriveOptions, RedriveOrder,
     Source,
 };
+use outbox::internals::RelaySteps;
 use outbox::internals::qstash::QstashClient;
 use outbox::relay::Relay;
 use outbox_cli::dead_letters::{

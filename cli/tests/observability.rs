@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use orders_example::{LineItem, OrderEvent, OrderPlaced, order_event};
 use outbox::db::{Db, Statements};
+use outbox::internals::RelaySteps;
 use outbox::producer::enqueue_batch;
 use outbox_testkit::db::url_with_password;
 use outbox_testkit::stack::{LocalStack, StackOptions};

@@ -93,3 +93,109 @@ pub mod accounting {
     pub use crate::accounting::reconcile::{ReconcileError, Reconciler, reconcile};
     pub use crate::accounting::sweep::sweep_applied;
 }
+
+/// The relay's single steps and its parts, as the tests and benchmarks drive them one at a time (a cycle runs
+/// the steps in order: [`crate::relay::Relay::run_cycle`]). Bring the trait into scope and call them as methods:
+/// `use outbox::internals::RelaySteps;`.
+#[allow(async_fn_in_trait)] // the workspace's own tests and benchmarks only
+pub trait RelaySteps: Sized {
+    /// A relay from its parts (the Lambda function builds one from the environment: `relay::RelayState`).
+    fn new(
+        db: crate::db::Db,
+        client: crate::qstash::QstashClient,
+        cfg: crate::config::RelayConfig,
+        qstash: crate::config::QstashConfig,
+    ) -> Self;
+    /// With every subscriber's signing key.
+    fn with_subscriber_keys(self, keys: crate::subscriber_keys::SubscriberKeys) -> Self;
+    /// The claim statements (plan inspection).
+    fn claim_statements(&self) -> &crate::relay::claim::ClaimStatements;
+    /// Step 1: the claim.
+    async fn claim(
+        &self,
+    ) -> Result<Vec<crate::relay::claim::ClaimedEvent>, crate::relay::RelayError>;
+    /// The message of one claimed event.
+    fn message_for(&self, ev: &crate::relay::claim::ClaimedEvent) -> crate::qstash::Message;
+    /// The messages a claim forms.
+    fn messages_for(
+        &self,
+        events: &[crate::relay::claim::ClaimedEvent],
+    ) -> crate::relay::forming::Formed;
+    /// Step 2: one outcome per event, and each request's latency.
+    async fn publish(
+        &self,
+        events: &[crate::relay::claim::ClaimedEvent],
+    ) -> (Vec<crate::qstash::PublishOutcome>, Vec<std::time::Duration>);
+    /// Step 2, classified.
+    async fn publish_classified(
+        &self,
+        events: &[crate::relay::claim::ClaimedEvent],
+    ) -> crate::relay::published::Published;
+    /// What to record for each published event.
+    fn decide(
+        &self,
+        events: &[crate::relay::claim::ClaimedEvent],
+        outcomes: &[crate::qstash::PublishOutcome],
+    ) -> Vec<crate::relay::settle::SettleItem>;
+    /// Step 3: one fenced statement.
+    async fn settle(
+        &self,
+        items: &[crate::relay::settle::SettleItem],
+    ) -> Result<crate::relay::settle::SettleCounts, crate::relay::RelayError>;
+}
+
+impl RelaySteps for crate::relay::Relay {
+    fn new(
+        db: crate::db::Db,
+        client: crate::qstash::QstashClient,
+        cfg: crate::config::RelayConfig,
+        qstash: crate::config::QstashConfig,
+    ) -> Self {
+        crate::relay::Relay::new(db, client, cfg, qstash)
+    }
+    fn with_subscriber_keys(self, keys: crate::subscriber_keys::SubscriberKeys) -> Self {
+        crate::relay::Relay::with_subscriber_keys(self, keys)
+    }
+    fn claim_statements(&self) -> &crate::relay::claim::ClaimStatements {
+        crate::relay::Relay::claim_statements(self)
+    }
+    async fn claim(
+        &self,
+    ) -> Result<Vec<crate::relay::claim::ClaimedEvent>, crate::relay::RelayError> {
+        crate::relay::Relay::claim(self).await
+    }
+    fn message_for(&self, ev: &crate::relay::claim::ClaimedEvent) -> crate::qstash::Message {
+        crate::relay::Relay::message_for(self, ev)
+    }
+    fn messages_for(
+        &self,
+        events: &[crate::relay::claim::ClaimedEvent],
+    ) -> crate::relay::forming::Formed {
+        crate::relay::Relay::messages_for(self, events)
+    }
+    async fn publish(
+        &self,
+        events: &[crate::relay::claim::ClaimedEvent],
+    ) -> (Vec<crate::qstash::PublishOutcome>, Vec<std::time::Duration>) {
+        crate::relay::Relay::publish(self, events).await
+    }
+    async fn publish_classified(
+        &self,
+        events: &[crate::relay::claim::ClaimedEvent],
+    ) -> crate::relay::published::Published {
+        crate::relay::Relay::publish_classified(self, events).await
+    }
+    fn decide(
+        &self,
+        events: &[crate::relay::claim::ClaimedEvent],
+        outcomes: &[crate::qstash::PublishOutcome],
+    ) -> Vec<crate::relay::settle::SettleItem> {
+        crate::relay::Relay::decide(self, events, outcomes)
+    }
+    async fn settle(
+        &self,
+        items: &[crate::relay::settle::SettleItem],
+    ) -> Result<crate::relay::settle::SettleCounts, crate::relay::RelayError> {
+        crate::relay::Relay::settle(self, items).await
+    }
+}

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use outbox::config::{AccountingConfig, OutcomeSource, QstashConfig, RelayConfig};
 use outbox::dead_letters::{RedriveOptions, redrive};
+use outbox::internals::RelaySteps;
 use outbox::internals::qstash::QstashClient;
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
 use outbox::relay::Relay;

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use outbox::db::Statements;
+use outbox::internals::RelaySteps;
 use outbox::internals::claim::ClaimStatements;
 use outbox::internals::settle::{SettleItem, Settlement, settle};
 use outbox::producer::{NewEvent, Topic, enqueue_batch};

@@ -11,6 +11,7 @@ use std::time::Duration;
 use outbox::OutboxId;
 use outbox::config::{DeliveryBatching, EvidenceMode, RelayConfig};
 use outbox::db::Statements;
+use outbox::internals::RelaySteps;
 use outbox::internals::qstash::flow_control_key;
 use outbox::producer::{NewEvent, Topic, enqueue_batch};
 use outbox::relay::Relay;

@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lambda_runtime::{Context, LambdaEvent};
 use outbox::config::{QstashConfig, RelayConfig};
 use outbox::db::{Db, Statements};
+use outbox::internals::RelaySteps;
 use outbox::internals::handler::{RelayState, handle};
 use outbox::internals::qstash::QstashClient;
 use outbox::producer::{NewEvent, Topic, enqueue_batch};

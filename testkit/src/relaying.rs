@@ -12,6 +12,7 @@ use outbox::config::{
     AccountingConfig, DeliveryBatching, EvidenceMode, OutcomeSource, QstashConfig, RelayConfig,
 };
 use outbox::db::{Db, Statements};
+use outbox::internals::RelaySteps;
 use outbox::internals::qstash::QstashClient;
 use outbox::relay::Relay;
 use qstash_dev::{Config as DevConfig, DevServer};

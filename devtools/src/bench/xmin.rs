@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use outbox::internals::RelaySteps;
 use outbox::relay::Relay;
 use outbox_testkit::{median, percentile};
 use serde_json::{Value, json};

@@ -192,11 +192,13 @@ impl ClaimStatements {
     }
 
     /// The unordered claim's SQL.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // `internals::RelaySteps`
     pub fn unordered_sql(&self) -> &str {
         &self.unordered
     }
 
     /// The ordered claim's SQL.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // `internals::RelaySteps`
     pub fn ordered_sql(&self) -> &str {
         &self.ordered
     }

@@ -88,7 +88,12 @@ const DESTINATIONS_TTL: Duration = Duration::from_secs(5);
 
 impl Relay {
     /// Builds a relay.
-    pub fn new(db: Db, client: QstashClient, cfg: RelayConfig, qstash: QstashConfig) -> Self {
+    pub(crate) fn new(
+        db: Db,
+        client: QstashClient,
+        cfg: RelayConfig,
+        qstash: QstashConfig,
+    ) -> Self {
         let statements = db.statements();
         Relay {
             stop: Arc::new(StopSignal::default()),
@@ -116,7 +121,7 @@ impl Relay {
 
     /// With every subscriber's key ([`crate::subscriber_keys`]): each subscriber's messages carry its signature,
     /// and the reconciler checks what QStash's DLQ says about a copy as the failure callback does.
-    pub fn with_subscriber_keys(mut self, keys: SubscriberKeys) -> Self {
+    pub(crate) fn with_subscriber_keys(mut self, keys: SubscriberKeys) -> Self {
         self.subscriber_keys = keys;
         self
     }
@@ -162,15 +167,18 @@ impl Relay {
     }
 
     /// The claim statements (for plan inspection in tests and benchmarks).
-    pub fn claim_statements(&self) -> &ClaimStatements {
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // `internals::RelaySteps`
+    pub(crate) fn claim_statements(&self) -> &ClaimStatements {
         &self.claims
     }
 
     /// Step 1: claims unordered events and ordered key heads (each up to the batch size).
-    pub async fn claim(&self) -> Result<Vec<ClaimedEvent>, RelayError> {
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // `internals::RelaySteps`
+    pub(crate) async fn claim(&self) -> Result<Vec<ClaimedEvent>, RelayError> {
         self.claim_with(&self.claims).await
     }
 
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // `internals::RelaySteps`
     pub(super) async fn claim_with(
         &self,
         claims: &ClaimStatements,
@@ -200,7 +208,8 @@ impl Relay {
 
     /// The QStash message for one claimed event (a message of one event; [`Relay::messages_for`] forms the
     /// messages of a claim).
-    pub fn message_for(&self, ev: &ClaimedEvent) -> Message {
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // `internals::RelaySteps`
+    pub(crate) fn message_for(&self, ev: &ClaimedEvent) -> Message {
         self.forming().message_of(&[ev])
     }
 
@@ -294,7 +303,7 @@ impl Relay {
     /// indexes (into `events`) of the events it carries. An ordered key's events that do not fit its one message
     /// (size limit, a gap) are in [`Formed::left_over`]: a key never has two messages in flight, so they wait for
     /// the next claim.
-    pub fn messages_for(&self, events: &[ClaimedEvent]) -> Formed {
+    pub(crate) fn messages_for(&self, events: &[ClaimedEvent]) -> Formed {
         self.forming().messages_for(events)
     }
 
@@ -308,12 +317,17 @@ impl Relay {
 
     /// Decides what to record for each published event from its outcome (pure: no I/O; the table is in
     /// `relay/decide.rs`).
-    pub fn decide(&self, events: &[ClaimedEvent], outcomes: &[PublishOutcome]) -> Vec<SettleItem> {
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // `internals::RelaySteps`
+    pub(crate) fn decide(
+        &self,
+        events: &[ClaimedEvent],
+        outcomes: &[PublishOutcome],
+    ) -> Vec<SettleItem> {
         self.decider().decide(events, outcomes)
     }
 
     /// Step 3: settles `items` in one fenced statement (a cycle settles in pieces: `pipeline.rs`).
-    pub async fn settle(&self, items: &[SettleItem]) -> Result<SettleCounts, RelayError> {
+    pub(crate) async fn settle(&self, items: &[SettleItem]) -> Result<SettleCounts, RelayError> {
         let mut conn = self.pool().acquire().await.map_err(db("acquire"))?;
         settle::settle(
             &mut conn,

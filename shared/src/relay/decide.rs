@@ -42,6 +42,7 @@ impl Decider<'_> {
 
     /// What to record for each published event from its outcome alone (the first four rows of the module
     /// docs' table).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // `internals::RelaySteps`
     pub(super) fn decide(
         &self,
         events: &[ClaimedEvent],

@@ -24,7 +24,11 @@ use super::published::{MessageResult, Published, Sent};
 impl Relay {
     /// Step 2: publishes events through `/v2/batch` (requests of `QSTASH_BATCH_SIZE` messages run
     /// concurrently). Returns one outcome per event, in order, and the latency of each request.
-    pub async fn publish(&self, events: &[ClaimedEvent]) -> (Vec<PublishOutcome>, Vec<Duration>) {
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // `internals::RelaySteps`
+    pub(crate) async fn publish(
+        &self,
+        events: &[ClaimedEvent],
+    ) -> (Vec<PublishOutcome>, Vec<Duration>) {
         let p = self.publish_classified(events).await;
         (p.outcomes(), p.latencies)
     }
@@ -36,7 +40,8 @@ impl Relay {
     /// A message of several events that QStash refuses permanently is not the events' verdict: its events are
     /// published again one per message in the same cycle (an ordered run: its head alone, the rest waits) and
     /// each event gets its own outcome.
-    pub async fn publish_classified(&self, events: &[ClaimedEvent]) -> Published {
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // `internals::RelaySteps`
+    pub(crate) async fn publish_classified(&self, events: &[ClaimedEvent]) -> Published {
         let formed = self.messages_for(events);
         let messages: Vec<Message> = formed.messages.iter().map(|m| m.message.clone()).collect();
         let sent = self.send(&messages).await;

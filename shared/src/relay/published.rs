@@ -94,6 +94,7 @@ impl Published {
     }
 
     /// The outcome of each event, in claim order (what [`Relay::decide`] takes).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // `internals::RelaySteps`
     pub fn outcomes(&self) -> Vec<PublishOutcome> {
         self.events.iter().map(|e| e.outcome.clone()).collect()
     }

@@ -12,6 +12,7 @@ use outbox::ReceiverState;
 use outbox::config::{ConsumerConfig, QstashConfig, Vars};
 use outbox::consumer::ConsumerState;
 use outbox::db::{Db, DbConfig, Statements};
+use outbox::internals::RelaySteps;
 use outbox::internals::qstash::QstashClient;
 use outbox::internals::receiver::{KeyRing, SigningKeys};
 use outbox::internals::subscriber_keys::{OwnKey, SubscriberKeys};
