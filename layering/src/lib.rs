@@ -22,6 +22,7 @@ pub mod layout;
 mod lexer;
 mod resolve;
 mod scan;
+mod sizes;
 mod tree;
 
 use std::collections::BTreeMap;
@@ -30,6 +31,7 @@ use std::path::Path;
 pub use api::{ApiItem, public_api};
 use layout::Layout;
 use resolve::Resolver;
+pub use sizes::{long_files, long_functions};
 use tree::Tree;
 
 /// An arrow between two files (as shown: `src/relay/drain.rs`) → the places (`file:line`) that make it.

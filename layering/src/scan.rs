@@ -59,14 +59,14 @@ pub struct Scan {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-enum Tok {
+pub(crate) enum Tok {
     Ident(String),
     Punct(char),
     /// `::`
     Sep,
 }
 
-fn tokens(code: &str) -> Vec<(Tok, usize)> {
+pub(crate) fn tokens(code: &str) -> Vec<(Tok, usize)> {
     let mut out = Vec::new();
     let (mut line, mut chars) = (1, code.char_indices().peekable());
     while let Some((i, c)) = chars.next() {

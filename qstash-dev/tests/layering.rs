@@ -18,3 +18,11 @@ fn the_dev_server_is_layered_as_its_layout_says() {
         assert!(report.uses(from, to), "the scan saw no arrow {from} → {to}");
     }
 }
+
+/// A reader can hold a file of at most 650 lines (its tests not counted).
+#[test]
+fn no_file_over_650_lines() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = outbox_layering::long_files(dir, 650).expect("the sources read");
+    assert!(files.is_empty(), "files over 650 lines: {files:#?}");
+}

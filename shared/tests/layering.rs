@@ -22,3 +22,16 @@ fn the_library_is_layered_as_its_layout_says() {
         );
     }
 }
+
+/// A reader can hold a function of at most 80 lines and a file of at most 650 (its tests not counted).
+#[test]
+fn no_function_over_80_lines_and_no_file_over_650() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let functions = outbox_layering::long_functions(dir, 80).expect("the sources read");
+    assert!(
+        functions.is_empty(),
+        "functions over 80 lines: {functions:#?}"
+    );
+    let files = outbox_layering::long_files(dir, 650).expect("the sources read");
+    assert!(files.is_empty(), "files over 650 lines: {files:#?}");
+}

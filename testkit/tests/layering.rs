@@ -21,3 +21,11 @@ fn the_test_kit_has_no_arrow_up_the_tree_and_no_circle() {
         );
     }
 }
+
+/// A reader can hold a file of at most 650 lines (its tests not counted).
+#[test]
+fn no_file_over_650_lines() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = outbox_layering::long_files(dir, 650).expect("the sources read");
+    assert!(files.is_empty(), "files over 650 lines: {files:#?}");
+}
