@@ -109,15 +109,12 @@ mod tls;
 pub use callbacks::handle_callback;
 pub use headers::InvalidEvent;
 pub use health::DatabaseHealth;
-pub use ids::KeyLease;
-pub use ids::{DeadLetterId, OutboxId};
-pub use producer::EnqueuedEvent;
+pub use ids::{DeadLetterId, KeyLease, OutboxId};
+pub use producer::{
+    EnqueueError, EnqueuedEvent, NewEvent, Producer, Topic, TopicOrdering, enqueue, enqueue_batch,
+};
 pub use receiver::{Receiver, ReceiverState};
 pub use tls::install_crypto_provider;
-pub use {
-    producer::EnqueueError, producer::NewEvent, producer::Producer, producer::Topic,
-    producer::TopicOrdering, producer::enqueue, producer::enqueue_batch,
-};
 
 /// The embedded schema migrations of the outbox's own tables (what the relay and the receivers expect). Run by
 /// the CLI (`outbox migrate`) and the tests.

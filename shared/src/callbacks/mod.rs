@@ -58,17 +58,16 @@ use crate::receiver::verify_request;
 use checks::{check_id_copy, check_ids_copy};
 use delivered::delivered;
 use failure::failure;
-pub(crate) use failure::record_failure;
+pub(crate) use failure::{FailureRecorder, record_failure};
 
 pub(crate) use outcome::CallbackOutcome;
 
-pub(crate) use {checks::ATTEMPT_BODY_CHARS, checks::MAX_RESPONSE_BODY_CHARS};
+pub(crate) use checks::{ATTEMPT_BODY_CHARS, MAX_RESPONSE_BODY_CHARS};
 
-pub(crate) use failure::FailureRecorder;
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
 pub use parse::{CallbackBody, ParsedCallback, SourceEvent};
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
-pub use {parse::parse_callback, parse::source_event, parse::source_header};
+pub use parse::{parse_callback, source_event, source_header};
 
 /// Which callback a path is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,8 +26,7 @@ pub use consumer::{
 };
 pub use env::{ConfigError, EnvSource, ProcessEnv, Vars};
 pub use policy::DeadHeadPolicy;
-pub use {
-    relay::AccountingConfig, relay::DEFAULT_DELIVERY_BATCH, relay::DeclaredSubscriber,
-    relay::DeliveryBatching, relay::EvidenceMode, relay::OutcomeSource, relay::QstashConfig,
-    relay::RelayConfig, relay::qstash_retry_horizon, relay::reconcile_horizon,
+pub use relay::{
+    AccountingConfig, DEFAULT_DELIVERY_BATCH, DeclaredSubscriber, DeliveryBatching, EvidenceMode,
+    OutcomeSource, QstashConfig, RelayConfig, qstash_retry_horizon, reconcile_horizon,
 };

@@ -39,9 +39,5 @@ mod state;
 // Shared by both receivers, so they live in `crate::receiver`; re-exported where they used to be.
 pub use http::handle_event;
 pub use outcome::Outcome;
-pub use registry::EventMeta;
+pub use registry::{Event, EventMeta, Handler, HandlerError, Registry, TopicRoute};
 pub use state::ConsumerState;
-pub use {
-    registry::Event, registry::Handler, registry::HandlerError, registry::Registry,
-    registry::TopicRoute,
-};

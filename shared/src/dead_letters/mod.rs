@@ -37,16 +37,13 @@ pub use filter::{Filter, Source};
 pub use groups::{ErrorGroup, error_groups, max_id};
 pub use purge::{PurgeCounts, PurgeError, PurgeScope, count_purge, purge};
 pub(crate) use query::event_headers_of;
-pub use record::FailureRecorded;
+pub use query::{
+    DeadLetter, DeadLetterSummary, EventState, ListQuery, Listing, Page, count_unhandled,
+    event_state, get, list,
+};
+pub(crate) use record::{
+    BatchFailureRecorded, BatchMember, applied_ids, record_qstash_batch_failure,
+};
+pub use record::{FailureRecorded, QstashFailure, record_qstash_failure};
 pub use redrive::{RedriveError, RedriveOptions, RedriveOrder, Redriven, redrive};
 pub use redrive_bulk::{BulkOutcome, BulkReport, redrive_matching};
-pub use {
-    query::DeadLetter, query::DeadLetterSummary, query::EventState, query::ListQuery,
-    query::Listing, query::Page, query::count_unhandled, query::event_state, query::get,
-    query::list,
-};
-pub(crate) use {
-    record::BatchFailureRecorded, record::BatchMember, record::applied_ids,
-    record::record_qstash_batch_failure,
-};
-pub use {record::QstashFailure, record::record_qstash_failure};

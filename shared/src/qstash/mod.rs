@@ -32,13 +32,11 @@ mod options;
 pub use client::BatchResponse;
 pub(crate) use client::request_level_failure;
 use client::retry_after;
+pub use client::{Message, PublishOutcome, QstashClient, QstashClientError};
 pub(crate) use manage::DLQ_IDS_PER_REQUEST;
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
 pub use manage::DlqPage;
 pub use manage::ManageError;
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
 pub use options::HeadersJson;
-pub use {client::Message, client::QstashClientError};
-pub use {client::PublishOutcome, client::QstashClient};
-pub use {options::FlowControl, options::PublishOptions};
-pub use {options::HeaderName, options::flow_control_key};
+pub use options::{FlowControl, HeaderName, PublishOptions, flow_control_key};

@@ -60,8 +60,8 @@ pub use state::{Receiver, ReceiverState};
 pub use testing::{DEV_SIGNING_KEYS, decode_unverified, resign_function_url_event, sign};
 use token::B64URL;
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
+pub(crate) use token::{ISSUER, MAX_TOKEN_BYTES, SIGNATURE_HEADER};
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
 pub use url::{UrlSource, request_url};
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
 pub use verify::{Claims, Clock, KeyUsed, VerifyError, VerifyOptions, body_hash, verify};
-#[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
-pub(crate) use {token::ISSUER, token::MAX_TOKEN_BYTES, token::SIGNATURE_HEADER};

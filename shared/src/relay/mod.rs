@@ -74,8 +74,8 @@ pub(crate) mod published;
 pub(crate) mod settle;
 mod stop;
 mod triage;
-pub use cycle::CycleReport;
-pub use cycle::Relay;
+
+pub use cycle::{CycleReport, Relay};
 pub use drain::{DrainSummary, Until};
 pub use error::RelayError;
 pub use handler::{InvocationSummary, RelayState, StartupError, handle};

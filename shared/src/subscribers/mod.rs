@@ -35,13 +35,10 @@ mod stored;
 pub use add::{Added, Ensured, Start, add, add_again, ensure};
 pub use destinations::Destinations;
 pub use error::SubscriberError;
-pub use remove::Removed;
-pub use remove::remove;
+pub use names::{DEFAULT, label, parse_name, record_default_consumer};
+pub use remove::{Removed, remove};
+pub use replay::{ReplayProgress, release_waiting_lanes, replay, replay_step};
 pub use stored::{Replay, Subscriber, check_replay_parallelism, get, list, set_replay_parallelism};
-pub use {names::DEFAULT, names::label, names::parse_name, names::record_default_consumer};
-pub use {
-    replay::ReplayProgress, replay::release_waiting_lanes, replay::replay, replay::replay_step,
-};
 
 #[cfg(test)]
 mod tests {
