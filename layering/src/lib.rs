@@ -47,6 +47,19 @@ pub struct Report {
 }
 
 impl Report {
+    /// Panics unless the scan saw each of `arrows` (`from` uses `to`): a checker that reads nothing passes
+    /// everything, so each crate's test names arrows it must have drawn.
+    pub fn assert_saw(&self, arrows: &[(&str, &str)]) {
+        for (from, to) in arrows {
+            assert!(
+                self.uses(from, to),
+                "the checker did not see {from} use {to}: {} arrows in {} files",
+                self.arrows.len(),
+                self.files.len()
+            );
+        }
+    }
+
     /// Whether file `from` uses file `to` (paths relative to the crate directory, `src/…`).
     pub fn uses(&self, from: &str, to: &str) -> bool {
         self.arrows
@@ -57,33 +70,34 @@ impl Report {
 /// Checks the crate in `crate_dir` (the directory of its `Cargo.toml`); `Err` when it cannot be read or states
 /// no Layout.
 pub fn check(crate_dir: &Path) -> Result<Report, String> {
-    let lib = std::fs::read_to_string(crate_dir.join("src/lib.rs"))
-        .map_err(|e| format!("reading src/lib.rs: {e}"))?;
-    check_with(crate_dir, Some(Layout::read(&lib)?))
+    let tree = Tree::read(crate_dir).map_err(|e| e.0)?;
+    // The crate root is the tree's first file.
+    let layout = Layout::read(&tree.files[0].text)?;
+    Ok(report(&tree, Some(layout)))
 }
 
 /// The rules that need no Layout, for a crate that states none (the developer tools, the test kit): no arrow
 /// from a file up to a module above it, no circle between files.
 pub fn check_tree(crate_dir: &Path) -> Result<Report, String> {
-    check_with(crate_dir, None)
+    let tree = Tree::read(crate_dir).map_err(|e| e.0)?;
+    Ok(report(&tree, None))
 }
 
-fn check_with(crate_dir: &Path, layout: Option<Layout>) -> Result<Report, String> {
-    let tree = Tree::read(crate_dir).map_err(|e| e.0)?;
-    let arrows = arrows(&tree);
+fn report(tree: &Tree, layout: Option<Layout>) -> Report {
+    let arrows = arrows(tree);
     let mut problems = Vec::new();
     if let Some(layout) = &layout {
-        problems.extend(listed_as_declared(&tree, layout));
-        problems.extend(against_layout(&tree, layout, &arrows));
+        problems.extend(listed_as_declared(tree, layout));
+        problems.extend(against_layout(tree, layout, &arrows));
         problems.extend(graph::circles(&layout.stated(), "the Layout's stated uses"));
     }
-    problems.extend(up_the_tree(&tree, &arrows));
+    problems.extend(up_the_tree(tree, &arrows));
     problems.extend(graph::circles(&file_graph(&arrows), "files"));
-    Ok(Report {
+    Report {
         files: tree.files.iter().map(|f| f.shown.clone()).collect(),
         arrows,
         problems,
-    })
+    }
 }
 
 /// [`check`], panicking with every problem (a unit test's whole body). Returns the report, for a test to
@@ -93,6 +107,18 @@ pub fn assert_layered(crate_dir: &Path) -> Report {
     assert!(
         report.problems.is_empty(),
         "{} is not layered as its Layout says (src/lib.rs):\n{}",
+        crate_dir.display(),
+        report.problems.join("\n")
+    );
+    report
+}
+
+/// [`check_tree`], panicking with every problem, like [`assert_layered`].
+pub fn assert_tree(crate_dir: &Path) -> Report {
+    let report = check_tree(crate_dir).unwrap_or_else(|e| panic!("{}: {e}", crate_dir.display()));
+    assert!(
+        report.problems.is_empty(),
+        "{} has an arrow up the tree or a circle:\n{}",
         crate_dir.display(),
         report.problems.join("\n")
     );

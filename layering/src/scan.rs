@@ -94,6 +94,21 @@ pub(crate) fn tokens(code: &str) -> Vec<(Tok, usize)> {
     out
 }
 
+/// `#[cfg(test)]`, token by token.
+const CFG_TEST: [&str; 7] = ["#", "[", "cfg", "(", "test", ")", "]"];
+
+/// Whether `#[cfg(test)]` starts at token `start`.
+pub(crate) fn cfg_test_at(toks: &[(Tok, usize)], start: usize) -> bool {
+    CFG_TEST
+        .iter()
+        .enumerate()
+        .all(|(k, a)| match toks.get(start + k).map(|t| &t.0) {
+            Some(Tok::Ident(s)) => s == a,
+            Some(Tok::Punct(c)) => a.len() == 1 && a.starts_with(*c),
+            _ => false,
+        })
+}
+
 const ITEM_KEYWORDS: [&str; 8] = [
     "fn", "struct", "enum", "trait", "type", "const", "static", "union",
 ];
@@ -133,18 +148,7 @@ pub fn scan(text: &str) -> Scan {
         false
     };
     // `#[cfg(test)]` just before token `i`.
-    let cfg_test = |i: usize| {
-        let attr = ["#", "[", "cfg", "(", "test", ")", "]"];
-        i >= attr.len()
-            && attr
-                .iter()
-                .enumerate()
-                .all(|(k, a)| match &toks[i - attr.len() + k].0 {
-                    Tok::Ident(s) => s == a,
-                    Tok::Punct(c) => a.len() == 1 && a.starts_with(*c),
-                    Tok::Sep => false,
-                })
-    };
+    let cfg_test = |i: usize| i >= CFG_TEST.len() && cfg_test_at(&toks, i - CFG_TEST.len());
     let mut i = 0;
     while i < toks.len() {
         if braces.iter().any(|b| matches!(b, Brace::TestModule)) {

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use crate::lexer::code_only;
-use crate::scan::{Tok, tokens};
+use crate::scan::{Tok, cfg_test_at, tokens};
 use crate::tree::Tree;
 
 /// Every function of the crate in `crate_dir` longer than `max` lines: `file:line name (n lines)`.
@@ -38,14 +38,7 @@ pub fn long_files(crate_dir: &Path, max: usize) -> Result<Vec<String>, String> {
 
 fn files(crate_dir: &Path) -> Result<Vec<(String, String)>, String> {
     let tree = Tree::read(crate_dir).map_err(|e| e.0)?;
-    tree.files
-        .iter()
-        .map(|f| {
-            std::fs::read_to_string(crate_dir.join(&f.shown))
-                .map(|t| (f.shown.clone(), t))
-                .map_err(|e| format!("reading {}: {e}", f.shown))
-        })
-        .collect()
+    Ok(tree.files.into_iter().map(|f| (f.shown, f.text)).collect())
 }
 
 /// The functions with a body in `text`, outside `#[cfg(test)]` modules: name, first line, lines.
@@ -60,14 +53,7 @@ fn functions(text: &str) -> Vec<(String, usize, usize)> {
     let mut i = 0;
     while i < toks.len() {
         // `#[cfg(test)] mod x { … }`: skipped whole.
-        let cfg_test = punct(i, '#')
-            && punct(i + 1, '[')
-            && ident(i + 2) == Some("cfg")
-            && punct(i + 3, '(')
-            && ident(i + 4) == Some("test")
-            && punct(i + 5, ')')
-            && punct(i + 6, ']');
-        if cfg_test && ident(i + 7) == Some("mod") && punct(i + 9, '{') {
+        if cfg_test_at(&toks, i) && ident(i + 7) == Some("mod") && punct(i + 9, '{') {
             i = closing(&toks, i + 9) + 1;
             continue;
         }

@@ -16,6 +16,8 @@ pub struct File {
     pub shown: String,
     /// The module the file is.
     pub module: ModPath,
+    /// The file as read.
+    pub text: String,
     pub scan: Scan,
 }
 
@@ -70,6 +72,7 @@ impl Tree {
                 .display()
                 .to_string(),
             module: module.clone(),
+            text,
             scan,
         });
         for (inline, name) in children {
