@@ -4,7 +4,7 @@
 //!
 //! What is checked, in this order (decision record 0020):
 //!
-//! 1. the token is three base64url segments, at most [`MAX_TOKEN_BYTES`] long;
+//! 1. the token is three base64url segments, at most `MAX_TOKEN_BYTES` (`token.rs`) long;
 //! 2. the protected header says `"alg":"HS256"` (so `none`, `RS256`, `HS512`… are refused before any HMAC);
 //! 3. the HMAC-SHA256 of `header.payload`, keyed with the **bytes of the signing-key string** (the `sig_`
 //!    prefix included, no base64 decoding), equals the signature under the **current** key, else under the
@@ -58,9 +58,6 @@ pub use state::{Receiver, ReceiverState};
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
 pub use testing::{DEV_SIGNING_KEYS, decode_unverified, resign_function_url_event, sign};
-use token::B64URL;
-#[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
-pub(crate) use token::{ISSUER, MAX_TOKEN_BYTES, SIGNATURE_HEADER};
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`
 pub use url::{UrlSource, request_url};
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for `crate::internals`

@@ -7,8 +7,9 @@ use base64::Engine;
 use secrecy::SecretString;
 use serde_json::{Map, Value};
 
+use super::token::{B64URL, ISSUER, SIGNATURE_HEADER};
 use super::verify::hmac_tag;
-use super::{B64URL, ISSUER, SIGNATURE_HEADER, UrlSource, body_hash, request_url};
+use super::{UrlSource, body_hash, request_url};
 
 /// Signs like QStash does (same header, alphabetical claims, padded body hash, `nbf = -62135596800`,
 /// `exp = iat + ttl`). For fixtures, tests and local tooling; production tokens come from QStash.

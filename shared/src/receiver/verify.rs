@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::signing_keys::SigningKeys;
-use super::{B64URL, ISSUER, MAX_TOKEN_BYTES};
+use super::token::{B64URL, ISSUER, MAX_TOKEN_BYTES};
 
 type HmacSha256 = Hmac<Sha256>;
 
