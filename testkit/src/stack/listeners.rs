@@ -33,11 +33,7 @@ pub(super) fn serve_consumer(
             async move {
                 recorded(rec.as_ref(), Receiver::Consumer, req, async |req| {
                     if down.as_ref().is_some_and(|d| d.load(Ordering::SeqCst)) {
-                        let mut r = lambda_http::Response::new(lambda_http::Body::from(
-                            "consumer unavailable (test switch)",
-                        ));
-                        *r.status_mut() = lambda_http::http::StatusCode::SERVICE_UNAVAILABLE;
-                        return r;
+                        return switched_off("consumer");
                     }
                     handle_event(&c, req).await
                 })
@@ -69,11 +65,7 @@ pub(super) fn serve_callbacks(
             async move {
                 recorded(rec.as_ref(), Receiver::Callbacks, req, async |req| {
                     if down.load(Ordering::SeqCst) {
-                        let mut r = lambda_http::Response::new(lambda_http::Body::from(
-                            "callback function unavailable (test switch)",
-                        ));
-                        *r.status_mut() = lambda_http::http::StatusCode::SERVICE_UNAVAILABLE;
-                        return r;
+                        return switched_off("callback function");
                     }
                     handle_callback(&c, req).await
                 })
@@ -84,6 +76,15 @@ pub(super) fn serve_callbacks(
             let _ = shutdown.wait_for(|s| *s).await;
         },
     ))
+}
+
+/// What a function switched off by a test answers: 503, `<who> unavailable (test switch)`.
+fn switched_off(who: &str) -> lambda_http::Response<lambda_http::Body> {
+    let mut r = lambda_http::Response::new(lambda_http::Body::from(format!(
+        "{who} unavailable (test switch)"
+    )));
+    *r.status_mut() = lambda_http::http::StatusCode::SERVICE_UNAVAILABLE;
+    r
 }
 
 pub(super) async fn listen() -> anyhow::Result<(tokio::net::TcpListener, String)> {
