@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | contract version | destination query `?contract=2` ([`CONTRACT_QUERY`]) | `sub` |
 //! | topic | destination path `/events/{topic}`, repeated as the envelope's `topic` | `sub`, `body` |
-//! | outbox id, partition key, sequence, schema version, creation time, headers, payload | the envelope's event | `body` |
+//! | outbox id, partition key, sequence, schema version, creation time, headers (with the fairness key), payload | the envelope's event | `body` |
 //! | who records delivery evidence of an ordered event | the envelope's `evidence` | `body` |
 //! | the named subscriber a copy is for (fan-out; omitted for the default subscriber) | the envelope's `subscriber` | `body` |
 //! | the event a copy is of: the consumer's dedupe key (fan-out and replay; omitted when it is the copy's own id) | the envelope's event `event` | `body` |
@@ -72,6 +72,9 @@ pub const OUTBOX_ID: &str = "x-outbox-id";
 pub const TRACEPARENT: &str = "traceparent";
 /// Correlation id (envelope header).
 pub(crate) const CORRELATION_ID: &str = "x-correlation-id";
+/// The event's fairness key, when it has one (envelope header; [`crate::fairness`]). An `x-outbox-*` name: user
+/// headers cannot set it.
+pub(crate) const FAIRNESS_KEY: &str = "x-outbox-fairness-key";
 
 /// The request headers of the previous contract (identity in unsigned headers). Read only on the legacy path,
 /// where every value is checked against the outbox row; on a current delivery a copy that disagrees with the

@@ -69,6 +69,14 @@ pub enum InvalidEvent {
         name: &'static str,
         reason: String,
     },
+    /// The fairness key ([`crate::NewEvent::fairness_key`]) is empty, too long or has other characters.
+    #[error("fairness key {key:?} {reason}")]
+    InvalidFairnessKey {
+        /// The key as given (at most 80 characters of it).
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// The delay is longer than [`crate::producer::MAX_DELAY`].
     #[error("delay of {0:?} is longer than the maximum of 365 days")]
     DelayTooLong(Duration),
@@ -293,6 +301,30 @@ pub(crate) fn user_headers_of(
         .filter(|(name, _)| !is_reserved(name))
         .map(|(n, v)| (n.clone(), v.clone()))
         .collect()
+}
+
+/// The longest fairness key, in characters (it is part of a QStash flow-control key and of the console's URLs).
+pub(crate) const MAX_FAIRNESS_KEY_CHARS: usize = 64;
+
+/// Checks a fairness key ([`crate::NewEvent::fairness_key`]): 1–[`MAX_FAIRNESS_KEY_CHARS`] characters of
+/// `A-Z a-z 0-9 . _ - :`.
+pub(crate) fn validate_fairness_key(key: &str) -> Result<(), InvalidEvent> {
+    let reason = if key.is_empty() {
+        "is empty (leave it unset for no key)"
+    } else if key.chars().count() > MAX_FAIRNESS_KEY_CHARS {
+        "is longer than 64 characters"
+    } else if !key
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
+    {
+        "may only contain A-Z a-z 0-9 . _ - :"
+    } else {
+        return Ok(());
+    };
+    Err(InvalidEvent::InvalidFairnessKey {
+        key: key.chars().take(80).collect(),
+        reason,
+    })
 }
 
 #[cfg(test)]

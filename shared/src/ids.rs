@@ -217,6 +217,18 @@ pub(crate) fn is_subscriber_name(name: &str) -> bool {
         })
 }
 
+/// Longest topic name (it becomes part of the consumer URL path).
+pub(crate) const MAX_TOPIC_CHARS: usize = 100;
+
+/// Whether `name` may name a topic: 1–100 characters of `A-Z a-z 0-9 . _ -` (it becomes a URL path segment).
+pub(crate) fn is_topic_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_TOPIC_CHARS
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

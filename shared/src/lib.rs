@@ -63,6 +63,7 @@
 //!   check.
 //! - `ordering`: per-key order: sequences, heads, delivery evidence.
 //! - `producer`: [`enqueue`] and [`Producer`]: writing events in the caller's transaction.
+//! - `fairness`: fairness between tenants: the fair claim, pausing one tenant.
 //! - `subscribers`: fan-out: a topic's subscribers, adding one with its history replayed, removing one.
 //! - `once`: the dedupe row that applies a side effect once.
 //! - `qstash`: the QStash client.
@@ -84,6 +85,7 @@ pub mod consumer;
 pub(crate) mod contract;
 pub mod db;
 pub mod dead_letters;
+pub mod fairness;
 pub mod headers;
 pub(crate) mod health;
 pub mod ids;

@@ -46,7 +46,10 @@ keys AS (
         FROM (SELECT 1) one
         LEFT JOIN {schema}.outbox h ON h.topic = k.topic AND h.partition_key = k.partition_key
                           AND h.subscriber = k.subscriber AND h.seq = k.done_seq + 1
-                          AND h.dead_lettered_at IS NULL AND h.delivered_at IS NULL)
+                          AND h.dead_lettered_at IS NULL AND h.delivered_at IS NULL
+                          -- A paused tenant's head is not claimed: the key waits, checked again each second.
+                          AND NOT EXISTS (SELECT 1 FROM {schema}.outbox_paused_keys p
+                                          WHERE p.fairness_key = h.fairness_key))
     WHERE k.ctid = ANY (ARRAY(
         SELECT ctid FROM {schema}.outbox_keys
         WHERE blocked_at IS NULL AND available_at <= now()
@@ -84,7 +87,7 @@ WHERE k.lease_token = (SELECT t FROM tok)
   AND o.seq = k.done_seq + 1
 RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, o.attempts,
           o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token,
-          coalesce(o.event_id, o.id) AS event_id
+          coalesce(o.event_id, o.id) AS event_id, o.fairness_key
 "#
 );
 
@@ -123,7 +126,7 @@ FROM run
 WHERE o.id = run.row_id
 RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, o.attempts,
           o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token,
-          coalesce(o.event_id, o.id) AS event_id
+          coalesce(o.event_id, o.id) AS event_id, o.fairness_key
 "#
 );
 

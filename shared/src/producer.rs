@@ -43,8 +43,6 @@ use crate::headers::InvalidEvent;
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1_000_000;
 /// Longest partition key accepted (it becomes part of HTTP headers and a flow-control key).
 pub(crate) const MAX_KEY_BYTES: usize = 512;
-/// Longest topic name (it becomes part of the consumer URL path).
-pub(crate) const MAX_TOPIC_CHARS: usize = 100;
 /// Longest delay accepted.
 pub(crate) const MAX_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
 
@@ -105,11 +103,7 @@ pub(crate) fn validate_topic(name: &str) -> Result<(), InvalidEvent> {
     if name.is_empty() {
         return Err(InvalidEvent::EmptyTopic);
     }
-    let ok = name.chars().count() <= MAX_TOPIC_CHARS
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
+    if crate::ids::is_topic_name(name) {
         Ok(())
     } else {
         Err(InvalidEvent::InvalidTopic(name.chars().take(120).collect()))
@@ -206,6 +200,8 @@ pub struct NewEvent {
     /// [`NewEvent::header`] calls in order, checked when enqueued.
     user_headers: Vec<(String, String)>,
     delay: Option<Duration>,
+    /// [`NewEvent::fairness_key`]; `None`: no key (`''` in the outbox).
+    fairness_key: Option<String>,
 }
 
 impl NewEvent {
@@ -246,6 +242,7 @@ impl NewEvent {
             headers: EventHeaders::default(),
             user_headers: Vec::new(),
             delay: None,
+            fairness_key: None,
         }
     }
 
@@ -275,6 +272,17 @@ impl NewEvent {
     /// name set twice.
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.user_headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Names who the event belongs to for fairness (a tenant, an account): the relay shares each claim among the
+    /// keys with waiting events, so one key's flood does not delay the others (decision record 0076), an operator
+    /// can pause one key, and a topic can give each key its own rate at QStash. The consumer reads it with
+    /// [`crate::consumer::Event::fairness_key`]. 1–64 characters of `A-Z a-z 0-9 . _ - :`, checked when
+    /// enqueued ([`InvalidEvent::InvalidFairnessKey`]). Without one the event shares the "no key" group with every
+    /// other such event, as before fairness keys existed.
+    pub fn fairness_key(mut self, key: impl Into<String>) -> Self {
+        self.fairness_key = Some(key.into());
         self
     }
 
@@ -325,6 +333,9 @@ impl NewEvent {
             return Err(InvalidEvent::NulInPayload);
         }
         self.headers.validate()?;
+        if let Some(k) = &self.fairness_key {
+            crate::headers::validate_fairness_key(k)?;
+        }
         if let Some(d) = self.delay
             && d > MAX_DELAY
         {
@@ -394,9 +405,9 @@ pub(crate) const NOTIFY_CHANNEL: &str = "outbox_new";
 
 const ENQUEUE_SQL: &str = r#"
 WITH input AS (
-    SELECT t.ord, t.topic, t.partition_key, t.ordered, t.payload, t.headers, t.delay_secs
-    FROM unnest($1::text[], $2::text[], $3::bool[], $4::text[], $5::text[], $6::float8[])
-         WITH ORDINALITY AS t(topic, partition_key, ordered, payload, headers, delay_secs, ord)
+    SELECT t.ord, t.topic, t.partition_key, t.ordered, t.payload, t.headers, t.delay_secs, t.fairness_key
+    FROM unnest($1::text[], $2::text[], $3::bool[], $4::text[], $5::text[], $6::float8[], $7::text[])
+         WITH ORDINALITY AS t(topic, partition_key, ordered, payload, headers, delay_secs, fairness_key, ord)
 ),
 -- Fan-out (decision record 0068): every subscriber of each topic gets a copy of the event. The named subscribers
 -- not removed, and the default one ('') unless it was removed; a replaying subscriber's new keys wait for the
@@ -446,15 +457,19 @@ events AS (
     SELECT i.ord, i.topic, i.partition_key,
            CASE WHEN i.ordered THEN f.before_seq
                 + row_number() OVER (PARTITION BY i.topic, i.partition_key, i.ordered ORDER BY i.ord) END AS seq,
-           i.payload::jsonb AS payload, i.headers::jsonb AS headers,
-           now() + make_interval(secs => i.delay_secs) AS available_at
+           i.payload::jsonb AS payload, i.headers::jsonb AS headers, i.fairness_key,
+           -- A paused tenant's unordered events wait at 'infinity' until resumed (crate::ops::fairness).
+           CASE WHEN NOT i.ordered AND i.fairness_key <> '' AND EXISTS (
+                    SELECT 1 FROM {schema}.outbox_paused_keys p WHERE p.fairness_key = i.fairness_key)
+                THEN 'infinity'::timestamptz
+                ELSE now() + make_interval(secs => i.delay_secs) END AS available_at
     FROM input i
     LEFT JOIN first_seq f ON i.ordered AND f.topic = i.topic AND f.partition_key = i.partition_key
 ),
 -- The first subscriber's copy is the event: its id is the event's id.
 firsts AS (
-    INSERT INTO {schema}.outbox (topic, partition_key, subscriber, seq, payload, headers, available_at)
-    SELECT e.topic, e.partition_key, fs.name, e.seq, e.payload, e.headers, e.available_at
+    INSERT INTO {schema}.outbox (topic, partition_key, subscriber, seq, payload, headers, available_at, fairness_key)
+    SELECT e.topic, e.partition_key, fs.name, e.seq, e.payload, e.headers, e.available_at, e.fairness_key
     FROM events e JOIN first_sub fs USING (topic)
     ORDER BY e.ord
     RETURNING id, seq
@@ -464,8 +479,9 @@ numbered AS (
     SELECT id, seq, row_number() OVER (ORDER BY id) AS ord FROM firsts
 ),
 copies AS (
-    INSERT INTO {schema}.outbox (topic, partition_key, subscriber, seq, payload, headers, available_at, event_id)
-    SELECT e.topic, e.partition_key, s.name, e.seq, e.payload, e.headers, e.available_at, n.id
+    INSERT INTO {schema}.outbox (topic, partition_key, subscriber, seq, payload, headers, available_at, event_id,
+                                 fairness_key)
+    SELECT e.topic, e.partition_key, s.name, e.seq, e.payload, e.headers, e.available_at, n.id, e.fairness_key
     FROM events e
     JOIN numbered n ON n.ord = e.ord
     JOIN first_sub fs ON fs.topic = e.topic
@@ -533,6 +549,7 @@ impl Producer {
             return Ok(Vec::new());
         }
         let n = events.len();
+        let mut fairness: Vec<&str> = Vec::with_capacity(n);
         let (mut topics, mut keys, mut ordered, mut payloads, mut headers, mut delays) = (
             Vec::with_capacity(n),
             Vec::with_capacity(n),
@@ -562,6 +579,7 @@ impl Producer {
             };
             headers.push(row_headers.map_err(EnqueueError::Serialize)?);
             delays.push(e.delay.map(|d| d.as_secs_f64()).unwrap_or(0.0));
+            fairness.push(e.fairness_key.as_deref().unwrap_or(""));
         }
         // On a bare connection with unnamed statements, one transaction keeps a pooler's server connection.
         let st = self.statements;
@@ -574,6 +592,7 @@ impl Producer {
             .bind(&payloads)
             .bind(&headers)
             .bind(&delays)
+            .bind(&fairness)
             .fetch_all(&mut *c)
             .await?;
         if self.notify {

@@ -10,6 +10,7 @@ mod callbacks;
 mod claim_plans;
 mod config;
 mod consumer;
+mod fairness;
 mod fixtures;
 mod health;
 mod housekeeping;

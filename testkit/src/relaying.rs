@@ -54,6 +54,7 @@ pub fn relay_config() -> RelayConfig {
             default_n: 1,
             ..Default::default()
         },
+        fairness: Default::default(),
     }
 }
 

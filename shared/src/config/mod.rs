@@ -10,9 +10,11 @@
 //! | `env.rs` | [`EnvSource`], [`Vars`] (typed, checked reads) and [`ConfigError`] |
 //! | `relay.rs` | the relay function's: [`QstashConfig`], [`RelayConfig`], [`DeliveryBatching`], [`AccountingConfig`] |
 //! | `consumer.rs` | the receivers' (consumer and callback function): [`ConsumerConfig`] |
+//! | `fairness.rs` | the relay's fairness between tenants: [`FairnessConfig`], [`TenantLimits`] |
 
 mod consumer;
 mod env;
+mod fairness;
 mod policy;
 mod relay;
 
@@ -25,6 +27,8 @@ pub use consumer::{
     ConsumerConfig, LegacyDeliveries, MAX_CLOCK_TOLERANCE, MIN_SECRET_REFRESH_INTERVAL,
 };
 pub use env::{ConfigError, EnvSource, ProcessEnv, Vars};
+pub(crate) use fairness::TenantLimit;
+pub use fairness::{FairnessConfig, TenantLimits};
 pub use policy::DeadHeadPolicy;
 pub use relay::{
     AccountingConfig, DEFAULT_DELIVERY_BATCH, DeclaredSubscriber, DeliveryBatching, EvidenceMode,

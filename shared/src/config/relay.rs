@@ -140,6 +140,8 @@ pub struct RelayConfig {
     pub batching: DeliveryBatching,
     /// How the relay learns every event's outcome and closes what callbacks leave open (decision record 0015).
     pub accounting: AccountingConfig,
+    /// `RELAY_FAIR_CLAIMS` and `RELAY_TENANT_LIMITS`: fairness between tenants ([`crate::fairness`]).
+    pub fairness: super::FairnessConfig,
 }
 
 /// One item of `OUTBOX_SUBSCRIBERS`: `topic:name=url` (the name and URL are checked when the relay applies it).
@@ -600,6 +602,7 @@ impl RelayConfig {
             processed_ttl: hours_or(v, "PROCESSED_TTL_HOURS", 168.0)?,
             housekeeping_batch: v.ranged_or("RELAY_HOUSEKEEPING_BATCH", 1000, 1, 100_000)?,
             listen_notify: v.bool_or("RELAY_LISTEN_NOTIFY", false)?,
+            fairness: super::FairnessConfig::from_vars(v)?,
         };
         cfg.accounting
             .check_dedupe_lifetime(cfg.processed_ttl, qstash_retries)?;

@@ -213,6 +213,7 @@ fn event_meta(
         created_at: ev.created_at,
         traceparent: ev.headers.get(contract::TRACEPARENT).cloned(),
         correlation_id: ev.headers.get(contract::CORRELATION_ID).cloned(),
+        fairness_key: ev.headers.get(contract::FAIRNESS_KEY).cloned(),
         headers: crate::headers::user_headers_of(&ev.headers),
         message_id: message_id.map(str::to_owned),
         retried,
@@ -303,6 +304,8 @@ pub(super) async fn legacy_delivery<'b>(
             created_at: Some(created_at),
             traceparent: headers.traceparent,
             correlation_id: headers.correlation_id,
+            // The previous relay knew no fairness keys.
+            fairness_key: None,
             // The previous relay published no user headers (its producers could not set any).
             headers: Default::default(),
             message_id,

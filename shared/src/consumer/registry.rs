@@ -78,6 +78,9 @@ pub struct EventMeta {
     /// The producer's W3C trace context (the envelope's `headers`).
     pub traceparent: Option<String>,
     pub correlation_id: Option<String>,
+    /// Who the event belongs to for fairness ([`crate::NewEvent::fairness_key`]; the envelope's
+    /// `x-outbox-fairness-key` header), `None` when the producer set none.
+    pub fairness_key: Option<String>,
     /// The application's own headers ([`crate::NewEvent::header`]) by lower-case name, from the signed envelope
     /// (never from request headers, so a handler may decide things from them). Empty for a delivery in the
     /// previous wire format. Read them with [`Event::header`].
@@ -118,6 +121,12 @@ impl<P> Event<P> {
     /// [`crate::NewEvent::header`]: `event.header("tenant")`. Signed like the payload, so safe to decide on.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.meta.header(name)
+    }
+
+    /// The event's fairness key (a tenant), as the producer set it with [`crate::NewEvent::fairness_key`]; signed
+    /// like the payload.
+    pub fn fairness_key(&self) -> Option<&str> {
+        self.meta.fairness_key.as_deref()
     }
 
     /// All of the application's headers, by lower-case name (the pipeline's own — trace context, correlation

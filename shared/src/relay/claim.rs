@@ -10,7 +10,10 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
+use std::sync::Arc;
+
 use crate::db::Statements;
+use crate::fairness::{Cursor, FAIR_CLAIM_SQL, KEYS_PER_CLAIM};
 use crate::ids::{KeyLease, OutboxId, PartitionKey, TopicName};
 use crate::ordering::{CLAIM_HEADS_SQL, CLAIM_RUNS_SQL};
 use crate::producer::EventHeaders;
@@ -34,7 +37,7 @@ WHERE o.id = ANY (ARRAY(
     FOR UPDATE SKIP LOCKED))
 RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, o.attempts,
           o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token,
-          coalesce(o.event_id, o.id) AS event_id
+          coalesce(o.event_id, o.id) AS event_id, o.fairness_key
 "#;
 
 /// An event a relay holds under lease.
@@ -67,6 +70,8 @@ pub struct ClaimedEvent {
     /// The event this row is a copy of (its first copy's id; [`ClaimedEvent::id`] itself for the first copy): a
     /// replayed copy is recognised by it ([`crate::subscribers::Destinations::replayed`]).
     pub event_id: OutboxId,
+    /// Who the event belongs to for fairness (`''`: no key; [`crate::fairness`]).
+    pub fairness_key: String,
 }
 
 impl ClaimedEvent {
@@ -100,6 +105,7 @@ impl ClaimedEvent {
             last_error: r.try_get("last_error")?,
             lease_token: r.try_get("lease_token")?,
             event_id: r.try_get("event_id")?,
+            fairness_key: r.try_get("fairness_key")?,
         })
     }
 }
@@ -129,6 +135,7 @@ impl ClaimedEvent {
             last_error: None,
             lease_token,
             event_id: OutboxId(id),
+            fairness_key: String::new(),
         }
     }
 }
@@ -147,6 +154,9 @@ pub struct ClaimStatements {
     batch_default: i32,
     /// The ordered statement is [`CLAIM_RUNS_SQL`] (it takes `$2`–`$4`).
     runs: bool,
+    /// The fair unordered claim ([`crate::fairness::FAIR_CLAIM_SQL`]) and where its next walk starts; `None`: the
+    /// unfair one, oldest first ([`CLAIM_UNORDERED_SQL`], `RELAY_FAIR_CLAIMS=false`).
+    fair: Option<(String, Arc<Cursor>)>,
 }
 
 impl ClaimStatements {
@@ -163,7 +173,19 @@ impl ClaimStatements {
             batch_ns: Vec::new(),
             batch_default: 1,
             runs: false,
+            fair: None,
         }
+    }
+
+    /// Shares each unordered claim among the fairness keys with waiting events ([`crate::fairness`]).
+    pub fn with_fair_claims(mut self, fair: bool) -> Self {
+        self.fair = fair.then(|| {
+            let sql = crate::schema::sql(FAIR_CLAIM_SQL)
+                .replace("{limit}", &self.batch_size.to_string())
+                .replace("{keys}", &KEYS_PER_CLAIM.min(self.batch_size).to_string());
+            (sql, Arc::new(Cursor::default()))
+        });
+        self
     }
 
     /// Claims up to each topic's events-per-message of an ordered key at once (its head and the consecutive
@@ -194,7 +216,10 @@ impl ClaimStatements {
     /// The unordered claim's SQL.
     #[cfg_attr(not(feature = "internals"), allow(dead_code))] // `internals::RelaySteps`
     pub fn unordered_sql(&self) -> &str {
-        &self.unordered
+        match &self.fair {
+            Some((sql, _)) => sql,
+            None => &self.unordered,
+        }
     }
 
     /// The ordered claim's SQL.
@@ -209,7 +234,26 @@ impl ClaimStatements {
         conn: &mut PgConnection,
         lease_secs: f64,
     ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
-        self.run(conn, &self.unordered, lease_secs, false).await
+        let Some((sql, cursor)) = &self.fair else {
+            return self.run(conn, &self.unordered, lease_secs, false).await;
+        };
+        let start = cursor.start();
+        let q = self
+            .statements
+            .query(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(lease_secs)
+            .bind(start);
+        let rows = self
+            .statements
+            .run(conn, async |c| q.fetch_all(c).await)
+            .await?;
+        let walked: (i64, Option<String>) = match rows.first() {
+            Some(r) => (r.try_get("walked")?, r.try_get("walked_last")?),
+            None => (0, None),
+        };
+        let max = KEYS_PER_CLAIM.min(self.batch_size);
+        cursor.advance(walked.0, walked.1.as_deref(), max);
+        rows.iter().map(ClaimedEvent::from_row).collect()
     }
 
     /// Claims the heads of due, unblocked ordered keys, each with up to its topic's events-per-message minus

@@ -98,7 +98,8 @@ impl Relay {
         Relay {
             stop: Arc::new(StopSignal::default()),
             claims: ClaimStatements::new(cfg.batch_size, statements)
-                .with_delivery_batching(&cfg.batching),
+                .with_delivery_batching(&cfg.batching)
+                .with_fair_claims(cfg.fairness.fair_claims),
             probe_claims: ClaimStatements::new(1, statements).with_delivery_batching(&cfg.batching),
             backoff: Backoff {
                 base: cfg.backoff_base,

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::{EvidenceMode, OutcomeSource, QstashConfig, RelayConfig};
+use crate::config::{EvidenceMode, OutcomeSource, QstashConfig, RelayConfig, TenantLimit};
 use crate::contract;
 use crate::ids::{KeyLease, OutboxId, TopicName};
 use crate::qstash::{FlowControl, HeaderName, Message, PublishOptions, flow_control_key};
@@ -47,7 +47,9 @@ pub struct Outgoing {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Group<'a> {
     Run(KeyLease),
-    Topic(&'a TopicName, &'a str, bool),
+    /// Topic, subscriber, replayed, and the fairness key: each key's messages go out under a flow-control key of
+    /// its own ([`crate::fairness`]), so one tenant's backlog at QStash never queues another's.
+    Topic(&'a TopicName, &'a str, bool, &'a str),
 }
 
 /// The settings forming reads: the relay's (evidence, batching), QStash's (URLs, retries, flow control) and the
@@ -70,6 +72,9 @@ fn envelope_headers(ev: &ClaimedEvent) -> Vec<(&str, &str)> {
     }
     if let Some(c) = &ev.headers.correlation_id {
         headers.push((contract::CORRELATION_ID, c));
+    }
+    if !ev.fairness_key.is_empty() {
+        headers.push((contract::FAIRNESS_KEY, &ev.fairness_key));
     }
     // The producer refused reserved names; a row written by hand could still hold one, and it must not shadow
     // the pipeline's own entries in the envelope.
@@ -104,6 +109,12 @@ fn named(ev: &ClaimedEvent) -> Option<&str> {
     (!ev.subscriber.is_empty()).then_some(ev.subscriber.as_str())
 }
 
+/// The QStash flow-control key of a tenant's messages on a topic with per-tenant limits:
+/// `{topic}{@subscriber}.tenant-{fairness key}` (sanitised; a key with `:` is hashed like any other).
+fn tenant_flow_key(ev: &ClaimedEvent, lane: &str) -> String {
+    flow_control_key(&format!("{}{lane}.tenant-{}", ev.topic, ev.fairness_key))
+}
+
 /// Claimed events grouped for forming, in first-seen order: ordered events per key lease (a subscriber's lane),
 /// unordered per topic, subscriber and whether replayed.
 fn groups<'e>(
@@ -119,6 +130,7 @@ fn groups<'e>(
                 &e.topic,
                 &e.subscriber,
                 destinations.replayed(&e.topic, &e.subscriber, e.event_id.get()),
+                e.fairness_key.as_str(),
             ),
         };
         let at = match index.get(&g) {
@@ -221,6 +233,66 @@ impl Forming<'_> {
         let replayed =
             self.destinations
                 .replayed(&first.topic, &first.subscriber, first.event_id.get());
+        let flow_control = match self.tenant_limit(events, replayed) {
+            // A tenant's lane (crate::fairness): every message of this key on this topic (and subscriber) shares one
+            // flow-control key, with the topic's per-tenant limits or the usual parallelism and rate.
+            Some(limit) => FlowControl {
+                key: tenant_flow_key(first, &lane),
+                parallelism: limit.parallelism,
+                rate: limit.rate,
+                period: limit
+                    .rate
+                    .map(|_| limit.period.unwrap_or(self.qstash.flow_period)),
+            },
+            None => self.usual_flow_control(events, &lane, replayed),
+        };
+        let cb = &self.qstash.callback_url;
+        PublishOptions {
+            content_type: Some("application/json".into()),
+            deduplication_id: Some(contract::batch_dedup_id(&dedup)),
+            retries: Some(self.qstash.retries),
+            timeout: self.qstash.delivery_timeout,
+            failure_callback: Some(format!("{cb}{}", contract::FAILURE_PATH)),
+            callback: callback.then(|| format!("{cb}{}", contract::DELIVERED_PATH)),
+            forward,
+            flow_control: Some(flow_control),
+            label: Some(first.topic.to_string()),
+            ..Default::default()
+        }
+    }
+
+    /// The limits of the tenant lane a message goes out in, or `None` for the usual flow control: a message of a
+    /// fairness key goes in its tenant's lane when its topic has per-tenant limits, or when it carries several
+    /// unordered events (which would otherwise share the topic's key with every other tenant). A replay keeps its
+    /// own key, and so does a single event or an ordered key without limits (they have a key of their own
+    /// already).
+    fn tenant_limit(&self, events: &[&ClaimedEvent], replayed: bool) -> Option<TenantLimit> {
+        let first = events[0];
+        if first.fairness_key.is_empty() || replayed {
+            return None;
+        }
+        let usual = || TenantLimit {
+            rate: self.qstash.flow_rate,
+            period: None,
+            parallelism: Some(self.qstash.flow_parallelism),
+        };
+        match self.cfg.fairness.limits.for_topic(&first.topic) {
+            Some(limit) => Some(limit),
+            None if first.seq.is_none() && events.len() > 1 => Some(usual()),
+            None => None,
+        }
+    }
+
+    /// The flow control of a message without per-tenant limits: a replay's key, an ordered key's (or a single
+    /// event's), or the topic's.
+    fn usual_flow_control(
+        &self,
+        events: &[&ClaimedEvent],
+        lane: &str,
+        replayed: bool,
+    ) -> FlowControl {
+        let first = events[0];
+        let ordered = first.seq.is_some();
         let (flow_key, parallelism, rate) = if replayed {
             (
                 flow_control_key(&format!("{}{lane}.replay", first.topic)),
@@ -242,23 +314,11 @@ impl Forming<'_> {
                 self.qstash.flow_rate,
             )
         };
-        let cb = &self.qstash.callback_url;
-        PublishOptions {
-            content_type: Some("application/json".into()),
-            deduplication_id: Some(contract::batch_dedup_id(&dedup)),
-            retries: Some(self.qstash.retries),
-            timeout: self.qstash.delivery_timeout,
-            failure_callback: Some(format!("{cb}{}", contract::FAILURE_PATH)),
-            callback: callback.then(|| format!("{cb}{}", contract::DELIVERED_PATH)),
-            forward,
-            flow_control: Some(FlowControl {
-                key: flow_key,
-                parallelism: Some(parallelism),
-                rate,
-                period: rate.map(|_| self.qstash.flow_period),
-            }),
-            label: Some(first.topic.to_string()),
-            ..Default::default()
+        FlowControl {
+            key: flow_key,
+            parallelism: Some(parallelism),
+            rate,
+            period: rate.map(|_| self.qstash.flow_period),
         }
     }
 
@@ -285,7 +345,7 @@ impl Forming<'_> {
         for (group, mut members) in groups(events, &self.destinations) {
             let (ordered, topic) = match &group {
                 Group::Run(lease) => (true, lease.topic.as_str()),
-                Group::Topic(topic, _, _) => (false, topic.as_str()),
+                Group::Topic(topic, _, _, _) => (false, topic.as_str()),
             };
             if ordered {
                 members.sort_by_key(|&i| events[i].seq);
