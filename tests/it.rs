@@ -7,6 +7,7 @@
 mod accounting;
 mod ci;
 mod docs;
+mod fairness;
 mod fanout;
 mod fuzz_regressions;
 mod lambda_runtime;
