@@ -768,6 +768,14 @@ fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
                 Some("true") => "false".to_owned(),
                 Some("false") => "true".to_owned(),
                 Some(d) if d.parse::<u64>().is_ok() => (d.parse::<u64>().unwrap() + 1).to_string(),
+                // A `topic:rate=n` list (RELAY_TENANT_LIMITS).
+                Some("")
+                    if cfn["Parameters"][value["Ref"].as_str().unwrap()]["AllowedPattern"]
+                        .as_str()
+                        .is_some_and(|p| p.contains("rate")) =>
+                {
+                    "changed:rate=1".to_owned()
+                }
                 // A `topic:name=url` list (OUTBOX_SUBSCRIBERS).
                 Some("")
                     if cfn["Parameters"][value["Ref"].as_str().unwrap()]["AllowedPattern"]
