@@ -278,7 +278,7 @@ async fn a_single_consumer_database_upgrades_with_events_in_flight_unchanged(poo
     .unwrap();
     let snapshot = |pool: PgPool| async move {
         sqlx::query_as::<_, (serde_json::Value,)>(
-            "SELECT jsonb_build_object('outbox', (SELECT jsonb_agg(to_jsonb(o) - 'subscriber' - 'event_id' - 'first_claimed_at' - 'republish_by' ORDER BY id) FROM outbox o), \
+            "SELECT jsonb_build_object('outbox', (SELECT jsonb_agg(to_jsonb(o) - 'subscriber' - 'event_id' - 'first_claimed_at' - 'republish_by' - 'fairness_key' ORDER BY id) FROM outbox o), \
                'keys', (SELECT jsonb_agg(to_jsonb(k) - 'subscriber') FROM outbox_keys k), \
                'dead', (SELECT jsonb_agg(to_jsonb(d) - 'subscriber' ORDER BY id) FROM dead_letters d))",
         )
