@@ -3,7 +3,7 @@
 //! `outbox-dev`'s.)
 
 use clap::{Parser, Subcommand};
-use outbox_cli::{console, dead_letters, prune, relay_cmd, status, subscribers, util};
+use outbox_cli::{console, dead_letters, prune, relay_cmd, status, subscribers, tenants, util};
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +38,10 @@ enum Command {
     /// Fan-out: the subscribers of each topic (list, add with or without the retained history, replay, remove).
     #[command(subcommand)]
     Subscribers(subscribers::SubscribersCommand),
+    /// Fairness per tenant: the backlog and lag per fairness key (list), holding one tenant's events in the outbox
+    /// (pause, optionally at QStash too with --qstash) and releasing them (resume).
+    #[command(subcommand)]
+    Tenants(tenants::TenantsCommand),
 }
 
 #[tokio::main]
@@ -54,6 +58,7 @@ async fn main() {
         Command::Relay(args) => relay_cmd::run(args).await,
         Command::Console(args) => console::run(args).await,
         Command::Subscribers(cmd) => subscribers::run(cmd, &mut std::io::stdout()).await,
+        Command::Tenants(cmd) => tenants::run(cmd, &mut std::io::stdout()).await,
     };
     if let Err(e) = result {
         // Errors can quote stored data (a topic, a database message): escaped like every other line.

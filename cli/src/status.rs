@@ -1,12 +1,13 @@
 //! `outbox status`: the three status queries (backlog depth, oldest pending age and flapping rows; dispatched per
 //! minute over the last hour; stuck leases), blocked ordered keys, heads awaiting delivery evidence, and
-//! dead-letter counts by topic and source — a table for people, `--json` for scripts. The figures come from
-//! `outbox::ops::status`.
+//! dead-letter counts by topic and source, and the tenants (fairness keys) with the oldest waiting events — a table
+//! for people, `--json` for scripts. The figures come from `outbox::ops::status` and `outbox::fairness::backlog`.
 
 use std::io::Write;
 
 use anyhow::Context;
 use clap::Args;
+use outbox::fairness::KeyBacklog;
 use outbox::ops::{self, Status};
 
 use crate::util::{self, DbArgs};
@@ -30,10 +31,91 @@ pub async fn run(args: StatusArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let status = ops::status_with_horizon(&pool, reconcile_horizon()?)
         .await
         .context("reading the status figures (is the schema migrated? run `outbox migrate`)")?;
+    let tenants = outbox::fairness::backlog(&mut *pool.acquire().await?, None, TOP_TENANTS)
+        .await
+        .context("reading the backlog per fairness key")?;
     if args.json {
-        writeln!(out, "{}", serde_json::to_string(&status)?)?;
+        let mut v = serde_json::to_value(&status)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("tenants".into(), serde_json::to_value(&tenants)?);
+        }
+        writeln!(out, "{v}")?;
     } else {
         write_table(&status, args.warn_age_secs as f64, out)?;
+        writeln!(
+            out,
+            "\nTenants (fairness keys) by lag (the {TOP_TENANTS} with the oldest waiting events, then every paused one)"
+        )?;
+        write_tenants(&tenants, out)?;
+    }
+    Ok(())
+}
+
+/// How many fairness keys `outbox status` (and the console's overview) lists.
+pub const TOP_TENANTS: i64 = 10;
+
+/// A fairness key as shown: `(none)` for events without one.
+pub fn tenant_label(key: &str) -> String {
+    if key.is_empty() {
+        "(none)".into()
+    } else {
+        util::printable(key)
+    }
+}
+
+/// `1,234,567`.
+pub fn thousands(n: impl Into<i128>) -> String {
+    let digits = n.into().unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The tenants table: a line per fairness key, its waiting events, their oldest age and its pause (`outbox status`,
+/// `outbox tenants list`).
+pub fn write_tenants(keys: &[KeyBacklog], out: &mut dyn Write) -> std::io::Result<()> {
+    if keys.is_empty() {
+        return writeln!(out, "  none");
+    }
+    writeln!(
+        out,
+        "  {:<32} {:>10} {:>10}  PAUSED",
+        "KEY", "PENDING", "OLDEST"
+    )?;
+    for k in keys {
+        let paused = match k.paused_at {
+            None => "-".to_owned(),
+            Some(at) => format!(
+                "since {} UTC by {}{}",
+                at.format("%Y-%m-%d %H:%M:%S"),
+                util::one_line(k.paused_by.as_deref().unwrap_or("?"), 40),
+                k.paused_reason
+                    .as_deref()
+                    .map(|r| format!(": {}", util::one_line(r, 100)))
+                    .unwrap_or_default()
+            ),
+        };
+        writeln!(
+            out,
+            "  {:<32} {:>10} {:>10}  {}",
+            if k.fairness_key.is_empty() {
+                "(none)".to_owned()
+            } else {
+                util::one_line(&k.fairness_key, 32)
+            },
+            thousands(k.pending),
+            if k.pending > 0 {
+                age(k.oldest_age_secs)
+            } else {
+                "-".into()
+            },
+            paused
+        )?;
     }
     Ok(())
 }

@@ -34,3 +34,5 @@ mod relay_outage;
 mod status;
 #[path = "subscribers.rs"]
 mod subscribers;
+#[path = "tenants.rs"]
+mod tenants;
