@@ -207,21 +207,26 @@ impl Change<'_> {
         Ok(())
     }
 
-    /// What changed, in words: `paused acme: 1,234 waiting events held`, `acme was already paused`.
     fn said(&self, o: &PauseOutcome) -> String {
-        let key = util::printable(self.key);
-        let n = thousands(o.events);
-        match (self.action, o.changed) {
-            (FlowAction::Pause, true) => format!("paused {key}: {n} waiting events held"),
-            (FlowAction::Pause, false) if o.events > 0 => {
-                format!("{key} was already paused ({n} more waiting events held)")
-            }
-            (FlowAction::Pause, false) => format!("{key} was already paused"),
-            (FlowAction::Resume, true) => format!("resumed {key}: {n} waiting events due again"),
-            (FlowAction::Resume, false) if o.events > 0 => {
-                format!("{key} was not paused ({n} held events due again)")
-            }
-            (FlowAction::Resume, false) => format!("{key} was not paused"),
+        said(self.action, self.key, o)
+    }
+}
+
+/// What a pause or resume changed, in words: `paused acme: 1,234 waiting events held`, `acme was already paused`
+/// (the CLI's line, the console's report).
+pub fn said(action: FlowAction, key: &str, o: &PauseOutcome) -> String {
+    let key = util::printable(key);
+    let n = thousands(o.events);
+    match (action, o.changed) {
+        (FlowAction::Pause, true) => format!("paused {key}: {n} waiting events held"),
+        (FlowAction::Pause, false) if o.events > 0 => {
+            format!("{key} was already paused ({n} more waiting events held)")
         }
+        (FlowAction::Pause, false) => format!("{key} was already paused"),
+        (FlowAction::Resume, true) => format!("resumed {key}: {n} waiting events due again"),
+        (FlowAction::Resume, false) if o.events > 0 => {
+            format!("{key} was not paused ({n} held events due again)")
+        }
+        (FlowAction::Resume, false) => format!("{key} was not paused"),
     }
 }

@@ -4,10 +4,14 @@
 //! pause/resume buttons do the same, logged in the action log.
 
 mod common;
+mod console_kit;
 
+use console_kit::{Tab, args, by_id, csrf, field, form};
+use outbox_cli::console::Console;
 use outbox_cli::status::{StatusArgs, run};
 use outbox_testkit::db::event;
 use outbox_testkit::text;
+use reqwest::StatusCode;
 use sqlx::PgPool;
 
 use common::{db, outbox};
@@ -287,4 +291,165 @@ async fn with_qstash_the_tenants_flow_control_keys_are_paused_there_too(pool: Pg
     assert!(err.contains("nothing was changed"), "{err}");
     assert_eq!(held(&pool, "acme").await, (0, 2));
     dev.shutdown().await;
+}
+
+/// The console's action log: (actor, action, selection, outcome), oldest first.
+async fn logged(
+    pool: &PgPool,
+) -> Vec<(String, String, serde_json::Value, Option<serde_json::Value>)> {
+    sqlx::query_as(
+        "SELECT actor, action, selection, outcome FROM outbox_console_actions ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// The `<tr>` of `key` in the tenants table of `page`.
+fn tenant_row<'p>(page: &'p str, key: &str) -> &'p str {
+    let start = page
+        .find(&format!("<tr data-tenant=\"{key}\">"))
+        .unwrap_or_else(|| panic!("no tenant {key} in:\n{page}"));
+    &page[start..start + page[start..].find("</tr>").unwrap()]
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn the_console_lists_tenants_and_pauses_one_with_a_logged_action(pool: PgPool) {
+    tenant_events(&pool, "audit", "acme", 3, 20).await;
+    tenant_events(&pool, "audit", "globex", 1, 5).await;
+    tenant_events(&pool, "billing", "initech", 2, 30).await;
+    let console = Console::start(&args(&pool)).await.unwrap();
+    let mut tab = Tab::new(&console);
+
+    let overview = tab.get("/").await;
+    assert_eq!(overview.status, StatusCode::OK);
+    let order: Vec<&str> = overview
+        .body
+        .split("<tr data-tenant=\"")
+        .skip(1)
+        .map(|r| &r[..r.find('"').unwrap()])
+        .collect();
+    assert_eq!(
+        order,
+        ["initech", "acme", "globex"],
+        "by lag, over all topics"
+    );
+    assert!(tenant_row(&overview.body, "acme").contains(">3<"));
+    // A topic's page: its own tenants only.
+    let topic = tab.get("/topics?topic=audit").await;
+    assert_eq!(topic.status, StatusCode::OK);
+    assert!(
+        topic.body.contains("<tr data-tenant=\"acme\">"),
+        "{}",
+        topic.body
+    );
+    assert!(
+        !topic.body.contains("data-tenant=\"initech\""),
+        "{}",
+        topic.body
+    );
+    assert!(
+        tab.get("/topics")
+            .await
+            .body
+            .contains("href=\"/topics?topic=audit\"")
+    );
+
+    let mut fields = vec![
+        ("csrf".to_owned(), field(&topic.body, "pause-acme", "csrf")),
+        ("key".to_owned(), field(&topic.body, "pause-acme", "key")),
+    ];
+    fields.push(("reason".into(), "noisy import".into()));
+    let done = tab.post("/tenants/pause", &fields).await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    assert_eq!(
+        by_id(&done.body, "report"),
+        "paused acme: 3 waiting events held"
+    );
+    assert_eq!(held(&pool, "acme").await, (3, 0));
+    assert_eq!(held(&pool, "globex").await, (0, 1));
+    let page = tab.get("/").await.body;
+    let row = tenant_row(&page, "acme");
+    assert!(
+        row.contains("paused</span> since") && row.contains("by local: "),
+        "{row}"
+    );
+    assert!(
+        row.contains("noisy import") && row.contains("<form id=\"resume-acme\""),
+        "{row}"
+    );
+
+    // A key the library refuses: 400 with its reason, logged as refused, nothing changed.
+    let token = csrf(&page);
+    let bad = tab
+        .post("/tenants/pause", &form(&[("csrf", &token), ("key", "a b")]))
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    assert!(
+        by_id(&bad.body, "report").contains("may only contain A-Z a-z 0-9 . _ - :"),
+        "{}",
+        bad.body
+    );
+    // Without the session's CSRF token: refused before anything is logged.
+    let r = tab
+        .post("/tenants/resume", &form(&[("csrf", "00"), ("key", "acme")]))
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    let resumed = tab
+        .post(
+            "/tenants/resume",
+            &form(&[("csrf", &token), ("key", "acme")]),
+        )
+        .await;
+    assert_eq!(
+        by_id(&resumed.body, "report"),
+        "resumed acme: 3 waiting events due again"
+    );
+    assert_eq!(held(&pool, "acme").await, (0, 3));
+
+    let log = logged(&pool).await;
+    let summary: Vec<(&str, &str, &serde_json::Value)> = log
+        .iter()
+        .map(|(who, what, sel, _)| (who.as_str(), what.as_str(), &sel["fairness_key"]))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("local", "pause_tenant", &serde_json::json!("acme")),
+            ("local", "pause_tenant", &serde_json::json!("a b")),
+            ("local", "resume_tenant", &serde_json::json!("acme")),
+        ]
+    );
+    assert_eq!(
+        log[0].3,
+        Some(serde_json::json!({"paused": {"changed": true, "events": 3}}))
+    );
+    assert!(
+        log[1].3.as_ref().unwrap()["refused"].is_string(),
+        "{:?}",
+        log[1].3
+    );
+    assert!(tab.get("/actions").await.body.contains("pause_tenant"));
+    console.stop().await.unwrap();
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_read_only_console_shows_tenants_without_buttons_and_refuses_a_pause(pool: PgPool) {
+    tenant_events(&pool, "audit", "acme", 1, 1).await;
+    let mut a = args(&pool);
+    a.read_only = true;
+    let console = Console::start(&a).await.unwrap();
+    let mut tab = Tab::new(&console);
+    let page = tab.get("/").await.body;
+    assert!(!tenant_row(&page, "acme").contains("<form"), "{page}");
+    let r = tab
+        .post(
+            "/tenants/pause",
+            &form(&[("csrf", &csrf(&page)), ("key", "acme")]),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert_eq!(held(&pool, "acme").await, (0, 1));
+    assert!(logged(&pool).await.is_empty());
+    console.stop().await.unwrap();
 }

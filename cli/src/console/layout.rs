@@ -88,7 +88,7 @@ pub fn page(ctx: &Ctx, title: &str, refresh: Option<u32>, body: &Html) -> Html {
     }
     h.lit("</header><main>");
     if ctx.read_only {
-        h.lit("<div class=\"banner\" id=\"read-only\">Read-only console: redrive and purge are disabled.</div>");
+        h.lit("<div class=\"banner\" id=\"read-only\">Read-only console: redrive, purge and pausing or resuming a tenant are disabled.</div>");
     }
     h.push(body).lit("</main></body></html>");
     h

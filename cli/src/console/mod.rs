@@ -1,6 +1,6 @@
 //! `outbox console`: the outbox in a browser — the overview of `outbox status` refreshing live, topics and
-//! ordered keys, one event's whole life as a timeline, and the dead letters grouped by error with guarded
-//! redrive and purge. Server-rendered HTML, no script; every figure and list comes from the library
+//! ordered keys, one event's whole life as a timeline, the dead letters grouped by error with guarded
+//! redrive and purge, and the tenants (fairness keys) by lag, each one paused or resumed with a button. Server-rendered HTML, no script; every figure and list comes from the library
 //! (`outbox::ops`, `outbox::dead_letters`), as the other commands' do.
 //!
 //! Safe with hostile data: every stored string reaches a page only through the escaper ([`html::Html`]).
@@ -16,6 +16,7 @@
 //! | `overview.rs` | the overview: `outbox status`'s numbers and the per-minute chart |
 //! | `pages.rs` | topics, keys, event timeline, action log, log-in |
 //! | `subscribers.rs` | fan-out: per subscriber and topic, lag, in flight, blocked lanes, dead letters, replay |
+//! | `tenants.rs` | fairness keys: backlog and lag per tenant, pause and resume one (logged) |
 //! | `dead_letters.rs` | dead letters: groups, list, one, redrive, bulk redrive and purge |
 
 pub mod auth;
@@ -29,6 +30,7 @@ mod pages;
 mod respond;
 mod server;
 mod subscribers;
+mod tenants;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;

@@ -4,7 +4,7 @@
 use axum::Extension;
 use axum::extract::State;
 use axum::http::Uri;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use outbox::ops::{self, Status};
 use outbox::subscribers::label;
 
@@ -12,6 +12,7 @@ use super::context::{self, Ctx, S};
 use super::html::Html;
 use super::layout::{age, ago, cut, dead_letter_link, event_link, key_link, opt, opt_time, time};
 use super::respond;
+use super::tenants;
 
 /// A figure the browser tests read back: `<span data-figure="backlog.pending">12</span>` (the path is the
 /// figure's place in `outbox status --json`).
@@ -67,6 +68,10 @@ pub async fn overview(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -
     h.lit("<h2>Dispatched per minute, last hour</h2>");
     chart(&mut h, &s.throughput.per_minute);
     blocked_keys(&mut h, &s);
+    match tenants::section(&app, &ctx, None).await {
+        Ok(t) => h.push(&t),
+        Err(stop) => return stop.into_response(),
+    };
     subscribers(&mut h, &s.subscribers);
     dead_letters(&mut h, &s);
     stuck_and_flapping(&mut h, &s);

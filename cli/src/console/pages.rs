@@ -15,13 +15,16 @@ use super::context::{self, Ctx, Params, S};
 use super::html::Html;
 use super::layout::{age, ago, cut, dead_letter_link, event_link, opt, time};
 use super::respond;
+use super::tenants;
 
 /// How many keys a page lists.
 const KEYS_PAGE: u32 = 50;
 
-/// `GET /topics`: per topic, the backlog and lag, what is in flight, its ordered keys and dead letters.
-pub async fn topics(State(app): S, Extension(ctx): Extension<Ctx>) -> Response {
-    let rows = match respond::read(&app, &ctx, async |conn| {
+/// `GET /topics[?topic=…]`: per topic, the backlog and lag, what is in flight, its ordered keys and dead letters;
+/// one topic's page adds its tenants (fairness keys) by lag.
+pub async fn topics(State(app): S, Extension(ctx): Extension<Ctx>, uri: Uri) -> Response {
+    let topic = context::query(&uri).string("topic");
+    let mut rows = match respond::read(&app, &ctx, async |conn| {
         ops::topics::topics(conn, 500).await
     })
     .await
@@ -30,7 +33,17 @@ pub async fn topics(State(app): S, Extension(ctx): Extension<Ctx>) -> Response {
         Err(stop) => return stop.into_response(),
     };
     let mut h = Html::new();
-    h.lit("<h1>Topics</h1>");
+    match &topic {
+        Some(t) => {
+            rows.retain(|r| &r.topic == t);
+            h.lit("<h1>Topic ")
+                .text(t)
+                .lit("</h1><p><a href=\"/topics\">all topics</a></p>");
+        }
+        None => {
+            h.lit("<h1>Topics</h1>");
+        }
+    }
     if rows.is_empty() {
         h.lit("<p class=\"muted\">Nothing pending, in flight, blocked or dead.</p>");
     } else {
@@ -38,9 +51,11 @@ pub async fn topics(State(app): S, Extension(ctx): Extension<Ctx>) -> Response {
             .lit("<th class=\"n\">in flight</th><th>oldest in flight</th><th class=\"n\">active keys</th>")
             .lit("<th class=\"n\">blocked keys</th><th class=\"n\">dead letters</th></tr>");
         for t in &rows {
-            h.lit("<tr><td>")
+            h.lit("<tr><td><a href=\"")
+                .href("/topics", &[("topic", &t.topic)])
+                .lit("\">")
                 .text(&t.topic)
-                .lit("</td><td class=\"n\">")
+                .lit("</a></td><td class=\"n\">")
                 .text(t.pending)
                 .lit("</td><td>");
             if t.pending > 0 {
@@ -71,6 +86,12 @@ pub async fn topics(State(app): S, Extension(ctx): Extension<Ctx>) -> Response {
     h.lit("<p class=\"muted\">Lag is the age of the topic's oldest pending event; in flight means accepted by QStash with no outcome yet. \
            With fan-out the figures count copies (one per subscriber of each event) over all subscribers; each \
            subscriber's own are on the <a href=\"/subscribers\">subscribers</a> page.</p>");
+    if let Some(t) = &topic {
+        match tenants::section(&app, &ctx, Some(t)).await {
+            Ok(section) => h.push(&section),
+            Err(stop) => return stop.into_response(),
+        };
+    }
     respond::ok_page(&ctx, "Topics", None, &h)
 }
 

@@ -135,7 +135,7 @@ pub fn action_form(ctx: &Ctx, body: &Bytes) -> Result<Params, Box<Response>> {
     if ctx.read_only {
         let mut h = Html::new();
         h.lit(
-            "This console is read-only (<code>--read-only</code>): redrive and purge are refused.",
+            "This console is read-only (<code>--read-only</code>): redrive, purge and pausing or resuming a tenant are refused.",
         );
         return Err(Box::new(error_page(ctx, StatusCode::FORBIDDEN, &h)));
     }

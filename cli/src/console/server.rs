@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use super::auth;
 use super::context::{App, Ctx, S};
 use super::respond::{plain, redirect, session_cookie};
-use super::{dead_letters, event, layout, overview, pages, subscribers};
+use super::{dead_letters, event, layout, overview, pages, subscribers, tenants};
 
 /// The address a connection arrived on (what counts for `Host` when bound to 0.0.0.0 or ::).
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +50,8 @@ pub fn router(app: Arc<App>) -> Router {
             "/dead-letters/{id}/redrive",
             post(dead_letters::redrive_one),
         )
+        .route("/tenants/pause", post(tenants::pause))
+        .route("/tenants/resume", post(tenants::resume))
         .route("/login", get(pages::login_form).post(pages::login))
         .route("/logout", post(pages::logout))
         .route("/console.css", get(css))
