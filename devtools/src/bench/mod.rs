@@ -6,6 +6,7 @@ pub mod batched;
 pub mod console;
 pub mod consumer;
 pub mod dev_server;
+pub mod fairness;
 pub mod fanout;
 pub mod plot;
 pub mod relay;
@@ -51,6 +52,10 @@ pub enum BenchCommand {
     /// QStash messages per event per subscriber, relay CPU per event), then a replay of retained history to a new
     /// subscriber beside a live one at a steady rate.
     Fanout(fanout::FanoutArgs),
+    /// Fairness between tenants: one tenant's import of 100,000 events beside ten tenants writing 10 events/s
+    /// each — the others' commit → applied and the import's rate, with fair claims, without, and with every
+    /// tenant limited at QStash, beside each side alone.
+    Fairness(fairness::FairnessArgs),
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -61,6 +66,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Batched(args) => batched::run_cli(args).await,
         BenchCommand::Accounting(args) => accounting::run(args).await,
         BenchCommand::Fanout(args) => fanout::run(args).await,
+        BenchCommand::Fairness(args) => fairness::run(args).await,
         BenchCommand::Consumer(args) => consumer::run_cli(args).await,
         BenchCommand::DevServer(args) => dev_server::run(args).await,
         BenchCommand::Console(args) => console::run(args).await,

@@ -18,7 +18,7 @@ use sqlx::PgConnection;
 
 use super::support::{DevServerProcess, Knobs, ScratchDb, in_process_relay};
 
-const TOPIC: Topic = Topic::unordered("bench_steady");
+pub(super) const TOPIC: Topic = Topic::unordered("bench_steady");
 
 /// Stamps the moment the consumer applied the event, in the consumer's transaction.
 struct Stamp;
@@ -38,7 +38,7 @@ impl Handler<Value> for Stamp {
 }
 
 /// The real consumer on a local port, on `db_url`. Sending `true` stops it; the counter counts its HTTP requests.
-async fn consumer_endpoint(
+pub(super) async fn consumer_endpoint(
     db_url: &str,
 ) -> anyhow::Result<(String, tokio::sync::watch::Sender<bool>, Arc<AtomicU64>)> {
     use outbox::ReceiverState;
