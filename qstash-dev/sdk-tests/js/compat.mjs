@@ -17,6 +17,8 @@ const receiver = new Receiver({
 
 // ---- an endpoint that records and verifies every delivery -------------------------------------------------
 const received = [];
+const inFlight = {};
+const maxInFlight = {};
 let sinkBase = "";
 const sink = http.createServer((req, res) => {
   const chunks = [];
@@ -31,7 +33,16 @@ const sink = http.createServer((req, res) => {
     } catch (e) {
       error = String(e?.message ?? e);
     }
-    received.push({ path: req.url.split("?")[0], url, headers: req.headers, body, verified, error });
+    const path = req.url.split("?")[0];
+    received.push({ path, url, headers: req.headers, body, verified, error, at: performance.now() });
+    if (path.startsWith("/js/slow/")) {
+      // Held for a while, so that deliveries a flow-control key allows at once overlap here.
+      const key = path.slice("/js/slow/".length);
+      inFlight[key] = (inFlight[key] ?? 0) + 1;
+      maxInFlight[key] = Math.max(maxInFlight[key] ?? 0, inFlight[key]);
+      await new Promise((r) => setTimeout(r, 150));
+      inFlight[key] -= 1;
+    }
     res.statusCode = req.url.startsWith("/fail") ? 500 : 200;
     res.end(res.statusCode === 200 ? "ok" : "failing on purpose");
   });
@@ -100,6 +111,35 @@ await step("publishJSON with delay, retries, dedup id, flow control, headers, ca
   assert.equal(fc.parallelismMax, 2);
   // A tampered body must not verify: proves the verification above is real.
   await assert.rejects(receiver.verify({ signature: d.headers["upstash-signature"], body: d.body + " ", url: d.url }));
+});
+
+await step("flow control per key: parallelism and rate as the SDK sets them", async () => {
+  // Two keys of one tenant each, as the outbox relay publishes with RELAY_TENANT_LIMITS: parallelism 1 and 3.
+  const publish = (key, parallelism, n) =>
+    Promise.all(
+      Array.from({ length: n }, (_, i) =>
+        client.publishJSON({ url: `${sinkBase}/js/slow/${key}`, body: { i }, flowControl: { key, parallelism } }),
+      ),
+    );
+  await Promise.all([publish("js-one", 1, 4), publish("js-three", 3, 6)]);
+  await waitFor(() => received.filter(at("/js/slow/js-one")).length >= 4 && received.filter(at("/js/slow/js-three")).length >= 6, "slow deliveries");
+  await sleep(200);
+  assert.equal(maxInFlight["js-one"], 1, "parallelism=1 let deliveries overlap");
+  assert.equal(maxInFlight["js-three"], 3, "parallelism=3 did not run 3 at once");
+  // Rate 2 per period: five deliveries need three windows, so the first and the fifth start at least one whole
+  // window apart (this server runs at time_scale 0.001: a window of 1m is 60 ms).
+  const rated = await Promise.all(
+    Array.from({ length: 5 }, (_, i) =>
+      client.publishJSON({ url: `${sinkBase}/js/rated`, body: { i }, flowControl: { key: "js-rated", rate: 2, period: "1m" } }),
+    ),
+  );
+  assert.equal(rated.length, 5);
+  await waitFor(() => received.filter(at("/js/rated")).length >= 5, "rated deliveries");
+  const times = received.filter(at("/js/rated")).map((r) => r.at).sort((a, b) => a - b);
+  assert.ok(times[4] - times[0] >= 55, `5 deliveries at rate 2 per 60 ms window took only ${times[4] - times[0]} ms`);
+  const fc = await client.flowControl.get("js-rated");
+  assert.equal(fc.rateMax, 2);
+  assert.equal(fc.ratePeriod, 60);
 });
 
 await step("batchJSON", async () => {
