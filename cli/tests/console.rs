@@ -111,7 +111,9 @@ async fn every_page_answers_with_the_data(pool: PgPool) {
     assert_eq!(topics.status, StatusCode::OK);
     for t in ["orders", "billing"] {
         assert!(
-            topics.body.contains(&format!("<td>{t}</td>")),
+            topics
+                .body
+                .contains(&format!("<a href=\"/topics?topic={t}\">{t}</a></td>")),
             "{t}:\n{}",
             topics.body
         );

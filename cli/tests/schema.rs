@@ -22,7 +22,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 /// The outbox's tables, as the migrations create them.
-const OUTBOX_TABLES: [&str; 12] = [
+const OUTBOX_TABLES: [&str; 13] = [
     "_sqlx_migrations",
     "consumer_sequences",
     "dead_letters",
@@ -31,6 +31,7 @@ const OUTBOX_TABLES: [&str; 12] = [
     "outbox_console_actions",
     "outbox_default_consumer",
     "outbox_keys",
+    "outbox_paused_keys",
     "outbox_relay_outage",
     "outbox_sequences",
     "outbox_subscribers",
