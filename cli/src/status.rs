@@ -41,12 +41,7 @@ pub async fn run(args: StatusArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         writeln!(out, "{v}")?;
     } else {
-        write_table(&status, args.warn_age_secs as f64, out)?;
-        writeln!(
-            out,
-            "\nTenants (fairness keys) by lag (the {TOP_TENANTS} with the oldest waiting events, then every paused one)"
-        )?;
-        write_tenants(&tenants, out)?;
+        write_table(&status, &tenants, args.warn_age_secs as f64, out)?;
     }
     Ok(())
 }
@@ -280,8 +275,13 @@ fn shown(total: i64, listed: usize) -> String {
     }
 }
 
-/// The table for people.
-pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::Result<()> {
+/// The table for people (`tenants`: [`outbox::fairness::backlog`]'s top keys).
+pub fn write_table(
+    s: &Status,
+    tenants: &[KeyBacklog],
+    warn_age: f64,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     writeln!(
         out,
         "outbox status at {} UTC",
@@ -296,6 +296,11 @@ pub fn write_table(s: &Status, warn_age: f64, out: &mut dyn Write) -> std::io::R
     write_in_flight(s, out)?;
     write_ordered_keys(s, out)?;
     write_dead_letters(s, out)?;
+    writeln!(
+        out,
+        "\nTenants (fairness keys) by lag (the {TOP_TENANTS} with the oldest waiting events, then every paused one)"
+    )?;
+    write_tenants(tenants, out)?;
     write_hints(s, warn_age, out)
 }
 
