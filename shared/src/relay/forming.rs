@@ -120,18 +120,35 @@ fn tenant_flow_key(ev: &ClaimedEvent, lane: &str) -> String {
 fn groups<'e>(
     events: &'e [ClaimedEvent],
     destinations: &Destinations,
+    own_lane: impl Fn(&TopicName, usize) -> bool,
 ) -> Vec<(Group<'e>, Vec<usize>)> {
+    // How many unordered events each fairness key has in this claim, per topic and subscriber: a key with a
+    // message's worth goes in a lane of its own ([`Forming::tenant_limit`]); lighter keys share the topic's.
+    let mut per_key: HashMap<(&TopicName, &str, &str), usize> = HashMap::new();
+    for e in events.iter().filter(|e| e.seq.is_none()) {
+        *per_key
+            .entry((&e.topic, &e.subscriber, &e.fairness_key))
+            .or_insert(0) += 1;
+    }
     let mut groups: Vec<(Group<'_>, Vec<usize>)> = Vec::new();
     let mut index: HashMap<Group<'_>, usize> = HashMap::new();
     for (i, e) in events.iter().enumerate() {
         let g = match e.key_lease() {
             Some(lease) => Group::Run(lease),
-            None => Group::Topic(
-                &e.topic,
-                &e.subscriber,
-                destinations.replayed(&e.topic, &e.subscriber, e.event_id.get()),
-                e.fairness_key.as_str(),
-            ),
+            None => {
+                let n = per_key[&(&e.topic, e.subscriber.as_str(), e.fairness_key.as_str())];
+                let lane = if own_lane(&e.topic, n) {
+                    e.fairness_key.as_str()
+                } else {
+                    ""
+                };
+                Group::Topic(
+                    &e.topic,
+                    &e.subscriber,
+                    destinations.replayed(&e.topic, &e.subscriber, e.event_id.get()),
+                    lane,
+                )
+            }
         };
         let at = match index.get(&g) {
             Some(&at) => at,
@@ -261,14 +278,16 @@ impl Forming<'_> {
         }
     }
 
-    /// The limits of the tenant lane a message goes out in, or `None` for the usual flow control: a message of a
-    /// fairness key goes in its tenant's lane when its topic has per-tenant limits, or when it carries several
-    /// unordered events (which would otherwise share the topic's key with every other tenant). A replay keeps its
-    /// own key, and so does a single event or an ordered key without limits (they have a key of their own
-    /// already).
+    /// The limits of the tenant lane a message goes out in, or `None` for the usual flow control: a message of
+    /// one fairness key goes in its tenant's lane when its topic has per-tenant limits, or when it carries several
+    /// unordered events (forming gives a key its own messages when it has a message's worth in the claim: a flood
+    /// waits at QStash in its own lane, while light tenants share the topic's key and its messages). A replay
+    /// keeps its own key, and so does a single event or an ordered key without limits (they have a key of their
+    /// own already), or a message of several tenants.
     fn tenant_limit(&self, events: &[&ClaimedEvent], replayed: bool) -> Option<TenantLimit> {
         let first = events[0];
-        if first.fairness_key.is_empty() || replayed {
+        let one_key = events.iter().all(|e| e.fairness_key == first.fairness_key);
+        if first.fairness_key.is_empty() || replayed || !one_key {
             return None;
         }
         let usual = || TenantLimit {
@@ -342,7 +361,11 @@ impl Forming<'_> {
                 .collect();
             return formed;
         }
-        for (group, mut members) in groups(events, &self.destinations) {
+        let own_lane = |topic: &TopicName, n: usize| {
+            self.cfg.fairness.limits.for_topic(topic).is_some()
+                || n >= self.cfg.batching.n_for(topic).max(2) as usize
+        };
+        for (group, mut members) in groups(events, &self.destinations, own_lane) {
             let (ordered, topic) = match &group {
                 Group::Run(lease) => (true, lease.topic.as_str()),
                 Group::Topic(topic, _, _, _) => (false, topic.as_str()),
@@ -499,6 +522,74 @@ mod tests {
     fn envelope_ids(m: &Message) -> Vec<i64> {
         let env = contract::parse_envelope(m.body.as_bytes()).expect("an envelope");
         env.events.iter().map(|e| e.id.get()).collect()
+    }
+
+    fn of_tenant(id: i64, tenant: &str) -> ClaimedEvent {
+        ClaimedEvent {
+            fairness_key: tenant.into(),
+            ..event(id, "audit", &format!("k{id}"), None, 1)
+        }
+    }
+
+    /// A tenant with a message's worth of events in the claim gets messages and a QStash lane of its own, with the
+    /// usual parallelism (or the topic's per-tenant limits); light tenants share the topic's messages and key; the
+    /// envelope names each event's fairness key.
+    #[test]
+    fn a_heavy_tenant_gets_its_own_lane_and_light_tenants_share_the_topics() {
+        let s = Settings::new(&[("RELAY_DELIVERY_BATCH", "50")]);
+        let mut events: Vec<ClaimedEvent> = (1..=120).map(|i| of_tenant(i, "bulk")).collect();
+        events.push(of_tenant(200, "t1"));
+        events.extend([
+            of_tenant(201, "t2"),
+            of_tenant(202, "t2"),
+            of_tenant(203, ""),
+        ]);
+        let formed = s.forming().messages_for(&events);
+        let lanes: Vec<(String, usize)> = formed
+            .messages
+            .iter()
+            .map(|m| (flow_control(&m.message).key.clone(), m.events.len()))
+            .collect();
+        let bulk = flow_control_key("audit.tenant-bulk");
+        assert_eq!(
+            lanes,
+            vec![
+                (bulk.clone(), 50),
+                (bulk.clone(), 50),
+                (bulk, 20),
+                (flow_control_key("audit"), 4)
+            ]
+        );
+        assert_eq!(
+            flow_control(&formed.messages[0].message).parallelism,
+            Some(s.qstash.flow_parallelism)
+        );
+        let shared = contract::parse_envelope(formed.messages[3].message.body.as_bytes()).unwrap();
+        let keys: Vec<Option<&str>> = shared
+            .events
+            .iter()
+            .map(|e| e.headers.get(contract::FAIRNESS_KEY).map(String::as_str))
+            .collect();
+        assert_eq!(keys, [Some("t1"), Some("t2"), Some("t2"), None]);
+
+        // With per-tenant limits on the topic every tenant has its own lane, at the topic's limits.
+        let limited = Settings::new(&[
+            ("RELAY_DELIVERY_BATCH", "50"),
+            ("RELAY_TENANT_LIMITS", "audit:rate=5,period=1m"),
+        ]);
+        let formed = limited.forming().messages_for(&events);
+        let t2 = formed
+            .messages
+            .iter()
+            .find(|m| m.events.len() == 2)
+            .expect("t2's own message");
+        let fc = flow_control(&t2.message);
+        assert_eq!(fc.key, flow_control_key("audit.tenant-t2"));
+        assert_eq!(
+            (fc.rate, fc.period, fc.parallelism),
+            (Some(5), Some(std::time::Duration::from_secs(60)), None)
+        );
+        assert_eq!(fc.value().as_deref(), Some("rate=5, period=60s"));
     }
 
     #[test]
