@@ -6,7 +6,7 @@
 mod common;
 mod console_kit;
 
-use console_kit::{Tab, args, by_id, csrf, field, form};
+use console_kit::{Tab, args, assert_no_raw_hostile_text, by_id, csrf, field, form, hostile};
 use outbox_cli::console::Console;
 use outbox_cli::status::{StatusArgs, run};
 use outbox_testkit::db::event;
@@ -452,4 +452,40 @@ async fn a_read_only_console_shows_tenants_without_buttons_and_refuses_a_pause(p
     assert_eq!(held(&pool, "acme").await, (0, 1));
     assert!(logged(&pool).await.is_empty());
     console.stop().await.unwrap();
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn hostile_keys_and_reasons_are_escaped_on_the_tenants_tables(pool: PgPool) {
+    // The producer refuses such a key; a row written around it, and a pause's reason, are still stored text.
+    event(&pool, "audit", "k", None, "").await;
+    sqlx::query("UPDATE outbox SET fairness_key = $1")
+        .bind(hostile("tenant"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    outbox::fairness::pause(&mut conn, "acme", &hostile("by"), Some(&hostile("reason")))
+        .await
+        .unwrap();
+    let console = Console::start(&args(&pool)).await.unwrap();
+    let mut tab = Tab::new(&console);
+    for path in ["/", "/topics?topic=audit"] {
+        let page = tab.get(path).await;
+        assert_eq!(page.status, StatusCode::OK, "{path}");
+        assert_no_raw_hostile_text(&page.body, path);
+        assert!(
+            page.body.contains("tenant-&lt;script&gt;"),
+            "{path}: {}",
+            page.body
+        );
+    }
+    assert!(tab.get("/").await.body.contains("reason-&lt;script&gt;"));
+    console.stop().await.unwrap();
+    let (ok, out, err) = cli(&pool, &["tenants", "list"]);
+    assert!(ok, "{err}");
+    assert!(
+        !out.contains('\u{1b}') && !out.contains('\u{202e}'),
+        "{out}"
+    );
+    assert!(out.contains("by-<script>"), "cut, not dropped: {out}");
 }
