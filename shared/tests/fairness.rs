@@ -287,3 +287,39 @@ async fn an_outbox_from_before_fairness_keys_upgrades_with_events_in_flight_unch
     .unwrap();
     assert_eq!(still_leased, 5);
 }
+
+/// A subscriber added with its history replayed gets every copy under the event's fairness key, live copies too:
+/// a paused tenant's replayed copies wait, and its lanes and limits apply to them.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn replayed_and_live_copies_keep_the_events_fairness_key(pool: PgPool) {
+    use outbox::subscribers::{self, Start};
+    let db = outbox::db::Db::new(pool.clone(), Statements::Prepared);
+    let first = flood(&pool, &AUDIT, Some("acme"), 3).await[0];
+    subscribers::add(
+        &db,
+        "audit",
+        "billing",
+        Some("http://127.0.0.1:9/"),
+        Start::FromId(first),
+        std::time::Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    while let Some(p) = subscribers::replay_step(&db, "audit", "billing", 100)
+        .await
+        .unwrap()
+    {
+        if p.finished {
+            break;
+        }
+    }
+    flood(&pool, &AUDIT, Some("acme"), 1).await;
+    let keys: Vec<(String, String)> = sqlx::query_as(
+        "SELECT subscriber, fairness_key FROM outbox WHERE subscriber = 'billing' ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    assert!(keys.iter().all(|(_, k)| k == "acme"), "{keys:?}");
+}

@@ -68,7 +68,7 @@ WITH src AS (
     -- Any retained copy of an event will do (they share key, sequence, payload and headers): in the index's
     -- order, so the scan stops after the chunk instead of sorting the rest of the range.
     SELECT DISTINCT ON (coalesce(o.event_id, o.id)) coalesce(o.event_id, o.id) AS ev, o.topic, o.partition_key,
-           o.seq, o.payload, o.headers
+           o.seq, o.payload, o.headers, o.fairness_key
     FROM {schema}.outbox o
     WHERE o.topic = $1 AND coalesce(o.event_id, o.id) > $3 AND coalesce(o.event_id, o.id) <= $4
     ORDER BY coalesce(o.event_id, o.id)
@@ -95,8 +95,8 @@ lanes AS (
     DO UPDATE SET done_seq = least(k.done_seq, excluded.done_seq)
 ),
 copied AS (
-    INSERT INTO {schema}.outbox (topic, partition_key, subscriber, seq, payload, headers, event_id)
-    SELECT topic, partition_key, $2, seq, payload, headers, ev FROM todo ORDER BY ev
+    INSERT INTO {schema}.outbox (topic, partition_key, subscriber, seq, payload, headers, event_id, fairness_key)
+    SELECT topic, partition_key, $2, seq, payload, headers, ev, fairness_key FROM todo ORDER BY ev
     RETURNING 1
 ),
 moved AS (
