@@ -334,3 +334,54 @@ pub fn write_report_section(
     std::fs::write(&md_path, splice_section(&md, begin, end, section))?;
     Ok(vec![json_path, md_path])
 }
+/// Stores `run` under `key` in `dir/benchmarks/figures.json` and rewrites the section of `dir/benchmarks.md` from
+/// `begin` to `end` with what `section` makes of the figures: how the scenarios that run on their own (fan-out,
+/// sustained load, cost) keep their part of the report while `bench report` keeps the rest.
+pub fn write_section(
+    dir: &std::path::Path,
+    key: &str,
+    run: &serde_json::Value,
+    section: impl Fn(&serde_json::Value) -> String,
+    [begin, end]: [&str; 2],
+) -> anyhow::Result<Vec<PathBuf>> {
+    let json_path = dir.join("benchmarks").join("figures.json");
+    let mut figures: serde_json::Value = match std::fs::read_to_string(&json_path) {
+        Ok(text) => serde_json::from_str(&text)
+            .with_context(|| format!("reading {}", json_path.display()))?,
+        Err(_) => serde_json::Value::Object(Default::default()),
+    };
+    let Some(object) = figures.as_object_mut() else {
+        bail!("{} is not a JSON object", json_path.display());
+    };
+    object.insert(key.to_owned(), run.clone());
+    std::fs::create_dir_all(dir.join("benchmarks"))?;
+    std::fs::write(&json_path, serde_json::to_string_pretty(&figures)? + "\n")?;
+    let md_path = dir.join("benchmarks.md");
+    let md = std::fs::read_to_string(&md_path).unwrap_or_else(|_| "# Benchmarks\n".to_owned());
+    std::fs::write(
+        &md_path,
+        splice_section(&md, begin, end, &section(&figures)),
+    )?;
+    Ok(vec![json_path, md_path])
+}
+
+/// `text` with what lies between `begin` and `end` replaced by `block`; `None` when it has no such block, an error
+/// when it is unterminated or there are two: how a page quotes generated figures (the README's blocks).
+pub fn with_block_between(
+    text: &str,
+    [begin, end]: [&str; 2],
+    block: &str,
+) -> anyhow::Result<Option<String>> {
+    let Some(start) = text.find(begin) else {
+        return Ok(None);
+    };
+    let inner = start + begin.len();
+    let stop = text[inner..]
+        .find(end)
+        .map(|i| inner + i)
+        .with_context(|| format!("{begin} without {end}"))?;
+    if text[stop + end.len()..].contains(begin) {
+        bail!("more than one {begin} block");
+    }
+    Ok(Some(format!("{}{block}{}", &text[..inner], &text[stop..])))
+}

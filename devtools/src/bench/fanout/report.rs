@@ -216,20 +216,7 @@ pub fn with_section(md: &str, section: &str) -> String {
 
 /// Stores the run under [`KEY`] in `dir/benchmarks/figures.json` and rewrites the section of `dir/benchmarks.md`.
 pub fn write(dir: &Path, run: &Value) -> anyhow::Result<Vec<PathBuf>> {
-    let json_path = dir.join("benchmarks").join("figures.json");
-    let mut figures: Value = match std::fs::read_to_string(&json_path) {
-        Ok(text) => serde_json::from_str(&text)?,
-        Err(_) => Value::Object(Default::default()),
-    };
-    figures[KEY] = run.clone();
-    if let Some(parent) = json_path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(&json_path, serde_json::to_string_pretty(&figures)? + "\n")?;
-    let md_path = dir.join("benchmarks.md");
-    let md = std::fs::read_to_string(&md_path).unwrap_or_else(|_| "# Benchmarks\n".to_owned());
-    std::fs::write(&md_path, with_section(&md, &section(&figures)))?;
-    Ok(vec![json_path, md_path])
+    super::super::support::write_section(dir, KEY, run, section, [BEGIN, END])
 }
 
 #[cfg(test)]
