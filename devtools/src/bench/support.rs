@@ -33,6 +33,18 @@ pub struct ScratchDb {
 }
 
 impl ScratchDb {
+    /// Empties every table a pipeline run writes (events, keys, sequences, dead letters, dedupe rows,
+    /// subscribers): the next run starts from nothing.
+    pub async fn empty_pipeline_tables(&self) -> anyhow::Result<()> {
+        sqlx::query(
+            "TRUNCATE outbox, outbox_keys, outbox_sequences, dead_letters, processed_messages, \
+             consumer_sequences, outbox_subscribers",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     pub async fn create(base_url: &str, name: &str) -> anyhow::Result<ScratchDb> {
         let name = &format!("{name}_{}", std::process::id());
         let admin = connect(base_url).await?;
@@ -206,6 +218,19 @@ pub fn cpu_secs(pid: u32) -> Option<f64> {
 /// before it is read).
 pub fn reaped_children_cpu_secs() -> Option<f64> {
     stat_secs("self", [13, 14])
+}
+
+/// A load average triple from a report's JSON as `1.20 / 0.90 / 0.70`.
+pub fn load_text(v: &serde_json::Value) -> String {
+    let parts: Vec<String> = v
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| format!("{:.2}", x.as_f64().unwrap_or(f64::NAN)))
+                .collect()
+        })
+        .unwrap_or_default();
+    parts.join(" / ")
 }
 
 /// The three load averages of `/proc/loadavg` (zeros where unreadable).

@@ -73,12 +73,7 @@ impl Rig {
 
 /// Empties the tables and makes the first `subscribers - 1` named subscribers live for the scenario's topic.
 async fn reset(db: &ScratchDb, rig: &Rig, s: &Scenario, topic: &Topic) -> anyhow::Result<()> {
-    sqlx::query(
-        "TRUNCATE outbox, outbox_keys, outbox_sequences, dead_letters, processed_messages, consumer_sequences, \
-         outbox_subscribers",
-    )
-    .execute(&db.pool)
-    .await?;
+    db.empty_pipeline_tables().await?;
     let h = Db::new(db.pool.clone(), Statements::Prepared);
     for (name, url, _) in rig.named.iter().take(s.subscribers - 1) {
         let at = Duration::from_secs(30);

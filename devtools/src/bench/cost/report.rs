@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::model::usd_per_million_at;
 use super::prices::PRICES;
 use crate::bench::plot::{self, Series, XScale};
-use crate::bench::support::write_section;
+use crate::bench::support::{load_text, write_section};
 
 pub const BEGIN: &str = "<!-- cost:begin -->";
 pub const END: &str = "<!-- cost:end -->";
@@ -51,14 +51,6 @@ fn count(v: &Value) -> String {
         Some(x) if x >= 100.0 => format!("{x:.0}"),
         Some(x) => format!("{x:.2}"),
     }
-}
-
-fn load(v: &Value) -> String {
-    let parts: Vec<String> = v
-        .as_array()
-        .map(|a| a.iter().map(|x| format!("{:.2}", f(x))).collect())
-        .unwrap_or_default();
-    parts.join(" / ")
 }
 
 /// The row of scenario `name`.
@@ -170,8 +162,8 @@ pub fn section(figures: &Value) -> String {
          the command and kept apart from the counts; what the model leaves out: decision record 0075.\n",
         run["generated_at"].as_str().unwrap_or("?"),
         run["mode"].as_str().unwrap_or("?"),
-        load(&run["load_before"]),
-        load(&run["load_after"]),
+        load_text(&run["load_before"]),
+        load_text(&run["load_after"]),
         run["rate"],
         run["keys"],
         f(&run["produce_secs"]),

@@ -74,12 +74,7 @@ pub(super) async fn rig(db: &ScratchDb) -> anyhow::Result<Rig> {
 
 /// Empties every table the drains use, and makes the first `subs - 1` named subscribers live for both topics.
 pub(super) async fn reset(db: &ScratchDb, rig: &Rig, subs: usize) -> anyhow::Result<()> {
-    sqlx::query(
-        "TRUNCATE outbox, outbox_keys, outbox_sequences, dead_letters, processed_messages, consumer_sequences, \
-         outbox_subscribers",
-    )
-    .execute(&db.pool)
-    .await?;
+    db.empty_pipeline_tables().await?;
     let h = Db::new(db.pool.clone(), Statements::Prepared);
     for (name, url) in rig.consumers.iter().skip(1).take(subs - 1) {
         for topic in [ORDERED.name(), UNORDERED.name()] {
