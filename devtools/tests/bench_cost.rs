@@ -102,7 +102,7 @@ async fn the_cost_counts_match_the_dev_server_and_the_handlers() {
     // The section and the README block come from these figures.
     let figures = serde_json::json!({ report::KEY: run });
     let md = report::section(&figures);
-    assert!(md.contains("| the seed: one message per event, a delivery callback each | unordered | 1 | 2000000 (1000000 + 1000000) |"), "{md}");
+    assert!(md.contains("| the seed: one message per event, a delivery callback each | unordered | 1 | 2000000 (1000000 + 1000000) | 2000000 |"), "{md}");
     assert!(
         report::readme_block(&figures).is_err(),
         "no defaults-unordered row in this run"

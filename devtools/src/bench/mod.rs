@@ -58,10 +58,10 @@ pub enum BenchCommand {
     /// each — the others' commit → applied and the import's rate, with fair claims, without, and with every
     /// tenant limited at QStash, beside each side alone.
     Fairness(fairness::FairnessArgs),
-    /// The cost model, measured: the seed's configuration, the defaults, fan-out to 3 subscribers and consumer
-    /// evidence, ordered and unordered, at a steady rate through the real handlers; QStash messages, Lambda
-    /// invocations and GB-seconds, bytes, Postgres CPU and WAL per million events, then the dated price table
-    /// applied apart from the counts.
+    /// The cost model, measured: the seed's configuration, the template's defaults, fan-out to 3 subscribers and
+    /// the defaults with delivery callbacks, ordered and unordered, at a steady rate through the real handlers;
+    /// QStash messages, Lambda invocations and GB-seconds, bytes, Postgres CPU and WAL per million events, then
+    /// the dated price table applied apart from the counts.
     Cost(cost::CostArgs),
 }
 

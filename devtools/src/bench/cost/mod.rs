@@ -1,11 +1,12 @@
 //! `outbox-dev bench cost`: the cost model, measured. Each configuration (`plan.rs`: the seed's one message and
-//! one delivery callback per event, the defaults, fan-out to 3 subscribers, evidence from the consumer; ordered and
-//! unordered) runs at a steady rate through the real handlers (`measure.rs`); the counts per million events
-//! (`model.rs`) are QStash's messages billed, retries, API requests and bytes (the dev server's own counters),
-//! each function's invocations and GB-seconds (the handlers' timed invocations; the relay's schedule a fixed
-//! monthly cost), Postgres CPU seconds and WAL bytes (`postgres.rs`). The prices (`prices.rs`, with their sources
-//! and dates) are applied to the counts, never mixed into them; `report.rs` writes the section of
-//! `benchmarks.md`, its plot and the README's block. What the model leaves out: decision record 0075.
+//! one delivery callback per event, the template's defaults, fan-out to 3 subscribers, the defaults with delivery
+//! callbacks; ordered and unordered) runs at a steady rate through the real handlers (`measure.rs`); the counts
+//! per million events (`model.rs`) are QStash's messages billed, retries, API requests and bytes (the dev
+//! server's own counters), each function's invocations and GB-seconds (the handlers' timed invocations; the
+//! relay's schedule a fixed monthly cost), Postgres CPU seconds and WAL bytes (`postgres.rs`). The prices
+//! (`prices.rs`, with their sources and dates) are applied to the counts, never mixed into them; `report.rs`
+//! writes the section of `benchmarks.md`, its plot and the README's block. What the model leaves out: decision
+//! record 0075.
 
 use clap::Args;
 use outbox_cli::util::DbArgs;

@@ -1,7 +1,9 @@
-//! What `bench cost` runs: the configurations (the seed's, the defaults, fan-out to 3 subscribers, evidence from the
-//! consumer; each ordered and unordered) and the sizes of a run, full and `--quick`.
+//! What `bench cost` runs: the configurations (the seed's, the deployment's defaults, fan-out to 3 subscribers, the
+//! defaults with delivery callbacks; each ordered and unordered) and the sizes of a run, full and `--quick`.
 
 use std::time::Duration;
+
+use super::prices::template_default;
 
 /// One configuration of the pipeline, run at a steady rate.
 #[derive(Clone, Debug)]
@@ -17,16 +19,33 @@ pub struct Scenario {
     pub env: Vec<(&'static str, String)>,
 }
 
+/// The deployment's defaults for batching and evidence: `template.yaml`'s parameters (50 events per message,
+/// evidence from the consumer's transaction, outcomes from the dedupe rows: no delivery callbacks).
+fn template_env() -> Vec<(&'static str, String)> {
+    [
+        ("RELAY_DELIVERY_BATCH", "RelayDeliveryBatch"),
+        ("RELAY_ORDERED_EVIDENCE", "RelayOrderedEvidence"),
+        ("RELAY_UNORDERED_EVIDENCE", "RelayUnorderedEvidence"),
+    ]
+    .into_iter()
+    .filter_map(|(var, param)| template_default(param).map(|v| (var, v)))
+    .collect()
+}
+
 /// The configurations, in the order the table shows them.
 pub fn scenarios() -> Vec<Scenario> {
-    let seed = || {
-        vec![
-            ("RELAY_DELIVERY_BATCH", "1".to_owned()),
-            ("RELAY_ORDERED_EVIDENCE", "callback".to_owned()),
-            ("RELAY_UNORDERED_EVIDENCE", "callback".to_owned()),
-        ]
-    };
-    let consumer_evidence = || vec![("RELAY_ORDERED_EVIDENCE", "consumer".to_owned())];
+    let seed = vec![
+        ("RELAY_DELIVERY_BATCH", "1".to_owned()),
+        ("RELAY_ORDERED_EVIDENCE", "callback".to_owned()),
+        ("RELAY_UNORDERED_EVIDENCE", "callback".to_owned()),
+    ];
+    let defaults = template_env();
+    let mut callbacks = defaults.clone();
+    callbacks.retain(|(k, _)| !k.ends_with("_EVIDENCE"));
+    callbacks.extend([
+        ("RELAY_ORDERED_EVIDENCE", "callback".to_owned()),
+        ("RELAY_UNORDERED_EVIDENCE", "callback".to_owned()),
+    ]);
     let mut out = Vec::new();
     for ordered in [true, false] {
         let kind = if ordered { "ordered" } else { "unordered" };
@@ -35,15 +54,15 @@ pub fn scenarios() -> Vec<Scenario> {
                 "seed",
                 "the seed: one message per event, a delivery callback each",
                 1,
-                seed(),
+                &seed,
             ),
-            ("defaults", "the defaults", 1, Vec::new()),
-            ("fanout3", "the defaults, 3 subscribers", 3, Vec::new()),
+            ("defaults", "the defaults (template.yaml)", 1, &defaults),
+            ("fanout3", "the defaults, 3 subscribers", 3, &defaults),
             (
-                "consumer-evidence",
-                "the defaults, evidence from the consumer",
+                "callbacks",
+                "the defaults with delivery callbacks (a consumer on its own database)",
                 1,
-                consumer_evidence(),
+                &callbacks,
             ),
         ] {
             out.push(Scenario {
@@ -51,7 +70,7 @@ pub fn scenarios() -> Vec<Scenario> {
                 label,
                 ordered,
                 subscribers,
-                env,
+                env: env.clone(),
             });
         }
     }

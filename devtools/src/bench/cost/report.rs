@@ -64,24 +64,27 @@ fn row<'a>(run: &'a Value, name: &str) -> Option<&'a Value> {
 fn counts_table(w: &mut String, rows: &[Value]) {
     let _ = writeln!(
         w,
-        "| configuration | topic | subscribers | QStash messages (publishes + callbacks) | retries | API requests | MB to QStash | consumer invocations | consumer GB-s | callback invocations | callback GB-s | Postgres CPU s | WAL MB |"
+        "| configuration | topic | subscribers | QStash messages (publishes + callbacks) | per subscriber | retries | API requests | MB to QStash | consumer invocations | consumer GB-s | callback invocations | callback GB-s | Postgres CPU s | WAL MB |"
     );
     let _ = writeln!(
         w,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in rows {
         let c = &r["per_million_events"];
         let mb = |v: &Value| v.as_f64().map(|b| serde_json::json!(b / 1e6));
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {} ({} + {}) | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} ({} + {}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r["label"].as_str().unwrap_or("?"),
             kind(r),
             r["subscribers"],
             count(&c["qstash_messages"]),
             count(&c["qstash_publishes"]),
             count(&c["qstash_callbacks"]),
+            count(&serde_json::json!(
+                f(&c["qstash_messages"]) / f(&r["subscribers"])
+            )),
             count(&c["qstash_retries"]),
             count(&c["qstash_api_requests"]),
             count(&mb(&c["qstash_bytes"]).unwrap_or(Value::Null)),
