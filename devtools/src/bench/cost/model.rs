@@ -22,7 +22,8 @@ fn durations(v: &Value) -> Vec<f64> {
 
 /// GB-seconds of invocations lasting `ms` each (rounded up to 1 ms, as Lambda bills) at `memory_mb`.
 pub fn gb_seconds(ms: &[f64], memory_mb: f64) -> f64 {
-    ms.iter().map(|d| d.ceil() / 1000.0).sum::<f64>() * memory_mb / 1024.0
+    // A fold from +0.0: an empty sum of f64 is -0.0.
+    ms.iter().fold(0.0, |sum, d| sum + d.ceil() / 1000.0) * memory_mb / 1024.0
 }
 
 /// A run's counts per million events: QStash messages billed (publishes and callbacks), retries, API requests and
