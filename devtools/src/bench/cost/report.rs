@@ -48,7 +48,7 @@ fn usd(v: f64) -> String {
 fn count(v: &Value) -> String {
     match v.as_f64() {
         None => "–".to_owned(),
-        Some(x) if x == 0.0 => "0".to_owned(),
+        Some(0.0) => "0".to_owned(),
         Some(x) if x >= 100.0 => format!("{x:.0}"),
         Some(x) => format!("{x:.2}"),
     }
