@@ -334,31 +334,6 @@ pub fn splice_section(md: &str, begin: &str, end: &str, section: &str) -> String
     }
 }
 
-/// Stores `run` under `key` in `dir/benchmarks/figures.json` and puts `section` between `begin` and `end` in
-/// `dir/benchmarks.md` ([`splice_section`]); the paths written.
-pub fn write_report_section(
-    dir: &std::path::Path,
-    key: &str,
-    run: &serde_json::Value,
-    begin: &str,
-    end: &str,
-    section: &str,
-) -> anyhow::Result<Vec<PathBuf>> {
-    let json_path = dir.join("benchmarks").join("figures.json");
-    let mut figures: serde_json::Value = match std::fs::read_to_string(&json_path) {
-        Ok(text) => serde_json::from_str(&text)?,
-        Err(_) => serde_json::Value::Object(Default::default()),
-    };
-    figures[key] = run.clone();
-    if let Some(parent) = json_path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(&json_path, serde_json::to_string_pretty(&figures)? + "\n")?;
-    let md_path = dir.join("benchmarks.md");
-    let md = std::fs::read_to_string(&md_path).unwrap_or_else(|_| "# Benchmarks\n".to_owned());
-    std::fs::write(&md_path, splice_section(&md, begin, end, section))?;
-    Ok(vec![json_path, md_path])
-}
 /// Stores `run` under `key` in `dir/benchmarks/figures.json` and rewrites the section of `dir/benchmarks.md` from
 /// `begin` to `end` with what `section` makes of the figures: how the scenarios that run on their own (fan-out,
 /// sustained load, cost) keep their part of the report while `bench report` keeps the rest.
