@@ -92,7 +92,7 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<()> {
 
 /// Peak resident set size of this process (`VmHWM` of `/proc/self/status`), in KiB: what a drain needed, for
 /// sizing the function's memory.
-fn peak_rss_kib() -> Option<u64> {
+pub fn peak_rss_kib() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     s.lines()
         .find(|l| l.starts_with("VmHWM:"))

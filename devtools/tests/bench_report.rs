@@ -13,7 +13,7 @@ use outbox_devtools::bench::report::{SCENARIOS, files};
 /// The relay and the dev server run as the `outbox` and `qstash-dev` binaries next to `outbox-dev`. A workspace
 /// test run builds them (their own packages' tests use them); `cargo test -p outbox-devtools` alone does not, so
 /// they are built here when missing.
-fn build_siblings() {
+pub(crate) fn build_siblings() {
     let dir = Path::new(env!("CARGO_BIN_EXE_outbox-dev"))
         .parent()
         .expect("binary directory");

@@ -4,6 +4,7 @@
 //! below (or as a `[[test]]` of its own in Cargo.toml, if it needs process-global state of its own): the
 //! whole-system test `tests/test_layout.rs` fails on a file that no test binary compiles.
 
+mod bench_cost;
 mod bench_report;
 mod bench_sustained;
 mod dev_console;

@@ -103,6 +103,20 @@ pub struct Stats {
     /// Accepted messages lost on purpose before their first attempt (`message_loss_rate`); their ids are in
     /// `/__dev/lost`.
     pub injected_lost_messages: u64,
+    /// Body bytes of the publish / enqueue / batch requests received (headers not counted).
+    #[serde(default)]
+    pub publish_bytes: u64,
+    /// Other QStash API requests received (`/v2/messages`, `/v2/dlq`, queues, flow control, keys; the `/__dev/`
+    /// API not counted): what a client spends on lookups.
+    #[serde(default)]
+    pub api_requests: u64,
+    /// Delivery attempts after the first of their message (`Upstash-Retried` > 0; injected duplicates not
+    /// counted).
+    #[serde(default)]
+    pub retries: u64,
+    /// Delivery attempts of callback and failure-callback messages (part of `attempts`).
+    #[serde(default)]
+    pub callback_attempts: u64,
     /// Deliveries in flight right now (HTTP request outstanding).
     pub in_flight: u64,
     /// Live messages not in flight: delayed, waiting for retry, in a queue or flow-control waitlist, or ready.

@@ -33,6 +33,7 @@ use sqlx::migrate::Migrator;
 
 pub mod db;
 pub mod given_up;
+pub mod lambda_event;
 pub mod moto;
 pub mod pg_local;
 pub mod pgbouncer;

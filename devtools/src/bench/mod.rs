@@ -5,7 +5,9 @@ pub mod accounting;
 pub mod batched;
 pub mod console;
 pub mod consumer;
+pub mod cost;
 pub mod dev_server;
+pub mod endpoints;
 pub mod fairness;
 pub mod fanout;
 pub mod plot;
@@ -56,6 +58,11 @@ pub enum BenchCommand {
     /// each — the others' commit → applied and the import's rate, with fair claims, without, and with every
     /// tenant limited at QStash, beside each side alone.
     Fairness(fairness::FairnessArgs),
+    /// The cost model, measured: the seed's configuration, the template's defaults, fan-out to 3 subscribers and
+    /// the defaults with delivery callbacks, ordered and unordered, at a steady rate through the real handlers;
+    /// QStash messages, Lambda invocations and GB-seconds, bytes, Postgres CPU and WAL per million events, then
+    /// the dated price table applied apart from the counts.
+    Cost(cost::CostArgs),
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -67,6 +74,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Accounting(args) => accounting::run(args).await,
         BenchCommand::Fanout(args) => fanout::run(args).await,
         BenchCommand::Fairness(args) => fairness::run(args).await,
+        BenchCommand::Cost(args) => cost::run(args).await,
         BenchCommand::Consumer(args) => consumer::run_cli(args).await,
         BenchCommand::DevServer(args) => dev_server::run(args).await,
         BenchCommand::Console(args) => console::run(args).await,

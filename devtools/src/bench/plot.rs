@@ -45,11 +45,15 @@ pub enum XScale {
     Log,
 }
 
-const COLORS: [RGBColor; 4] = [
+const COLORS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
     RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
 ];
 
 fn bounds(series: &[Series], pick: impl Fn(&(f64, f64)) -> f64) -> (f64, f64) {
@@ -94,7 +98,14 @@ pub fn lines(
                 .x_desc(x_desc)
                 .y_desc(y_desc)
                 .x_label_formatter(&|v| format!("{v:.0}"))
-                .y_label_formatter(&|v| format!("{v:.0}"))
+                // Small values (dollars) keep two decimals.
+                .y_label_formatter(&|v| {
+                    if y1 < 10.0 {
+                        format!("{v:.2}")
+                    } else {
+                        format!("{v:.0}")
+                    }
+                })
                 .draw()
                 .map_err(err)?;
             for (i, s) in series.iter().enumerate() {

@@ -33,6 +33,18 @@ pub struct ScratchDb {
 }
 
 impl ScratchDb {
+    /// Empties every table a pipeline run writes (events, keys, sequences, dead letters, dedupe rows,
+    /// subscribers): the next run starts from nothing.
+    pub async fn empty_pipeline_tables(&self) -> anyhow::Result<()> {
+        sqlx::query(
+            "TRUNCATE outbox, outbox_keys, outbox_sequences, dead_letters, processed_messages, \
+             consumer_sequences, outbox_subscribers",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     pub async fn create(base_url: &str, name: &str) -> anyhow::Result<ScratchDb> {
         let name = &format!("{name}_{}", std::process::id());
         let admin = connect(base_url).await?;
@@ -208,6 +220,19 @@ pub fn reaped_children_cpu_secs() -> Option<f64> {
     stat_secs("self", [13, 14])
 }
 
+/// A load average triple from a report's JSON as `1.20 / 0.90 / 0.70`.
+pub fn load_text(v: &serde_json::Value) -> String {
+    let parts: Vec<String> = v
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| format!("{:.2}", x.as_f64().unwrap_or(f64::NAN)))
+                .collect()
+        })
+        .unwrap_or_default();
+    parts.join(" / ")
+}
+
 /// The three load averages of `/proc/loadavg` (zeros where unreadable).
 pub fn load_average() -> [f64; 3] {
     let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -309,28 +334,54 @@ pub fn splice_section(md: &str, begin: &str, end: &str, section: &str) -> String
     }
 }
 
-/// Stores `run` under `key` in `dir/benchmarks/figures.json` and puts `section` between `begin` and `end` in
-/// `dir/benchmarks.md` ([`splice_section`]); the paths written.
-pub fn write_report_section(
+/// Stores `run` under `key` in `dir/benchmarks/figures.json` and rewrites the section of `dir/benchmarks.md` from
+/// `begin` to `end` with what `section` makes of the figures: how the scenarios that run on their own (fan-out,
+/// sustained load, cost) keep their part of the report while `bench report` keeps the rest.
+pub fn write_section(
     dir: &std::path::Path,
     key: &str,
     run: &serde_json::Value,
-    begin: &str,
-    end: &str,
-    section: &str,
+    section: impl Fn(&serde_json::Value) -> String,
+    [begin, end]: [&str; 2],
 ) -> anyhow::Result<Vec<PathBuf>> {
     let json_path = dir.join("benchmarks").join("figures.json");
     let mut figures: serde_json::Value = match std::fs::read_to_string(&json_path) {
-        Ok(text) => serde_json::from_str(&text)?,
+        Ok(text) => serde_json::from_str(&text)
+            .with_context(|| format!("reading {}", json_path.display()))?,
         Err(_) => serde_json::Value::Object(Default::default()),
     };
-    figures[key] = run.clone();
-    if let Some(parent) = json_path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
+    let Some(object) = figures.as_object_mut() else {
+        bail!("{} is not a JSON object", json_path.display());
+    };
+    object.insert(key.to_owned(), run.clone());
+    std::fs::create_dir_all(dir.join("benchmarks"))?;
     std::fs::write(&json_path, serde_json::to_string_pretty(&figures)? + "\n")?;
     let md_path = dir.join("benchmarks.md");
     let md = std::fs::read_to_string(&md_path).unwrap_or_else(|_| "# Benchmarks\n".to_owned());
-    std::fs::write(&md_path, splice_section(&md, begin, end, section))?;
+    std::fs::write(
+        &md_path,
+        splice_section(&md, begin, end, &section(&figures)),
+    )?;
     Ok(vec![json_path, md_path])
+}
+
+/// `text` with what lies between `begin` and `end` replaced by `block`; `None` when it has no such block, an error
+/// when it is unterminated or there are two: how a page quotes generated figures (the README's blocks).
+pub fn with_block_between(
+    text: &str,
+    [begin, end]: [&str; 2],
+    block: &str,
+) -> anyhow::Result<Option<String>> {
+    let Some(start) = text.find(begin) else {
+        return Ok(None);
+    };
+    let inner = start + begin.len();
+    let stop = text[inner..]
+        .find(end)
+        .map(|i| inner + i)
+        .with_context(|| format!("{begin} without {end}"))?;
+    if text[stop + end.len()..].contains(begin) {
+        bail!("more than one {begin} block");
+    }
+    Ok(Some(format!("{}{block}{}", &text[..inner], &text[stop..])))
 }

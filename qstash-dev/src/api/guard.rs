@@ -10,6 +10,7 @@ use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 
 use super::request::{S, query_pairs};
+use crate::core::Counters;
 use crate::error::ApiError;
 use crate::state::{ConnCtx, Shared};
 
@@ -49,6 +50,13 @@ async fn auth(State(s): S, req: Request, next: Next) -> Response {
             .iter()
             .any(|(k, v)| k == "qstash_token" && v == token);
     if ok {
+        let path = req.uri().path();
+        let publishes = ["/v2/publish/", "/v2/enqueue/", "/v2/batch"]
+            .iter()
+            .any(|p| path.starts_with(p));
+        if path.starts_with("/v2/") && !publishes {
+            Counters::inc(&s.counters.api_requests);
+        }
         next.run(req).await
     } else {
         ApiError::unauthorized().into_response()

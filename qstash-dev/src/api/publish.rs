@@ -204,6 +204,13 @@ fn publish_one(s: &Shared, item: Result<NewMessage, ApiError>) -> Response {
     }
 }
 
+/// Adds a publish-type request's body to the bytes received.
+fn count_bytes(s: &Shared, body: &Result<Bytes, ApiError>) {
+    if let Ok(b) = body {
+        Counters::add(&s.counters.publish_bytes, b.len() as u64);
+    }
+}
+
 /// The target of a publish-type request as the client wrote it (path and query).
 fn target(parts: &http::request::Parts) -> &str {
     parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("")
@@ -214,6 +221,7 @@ pub(super) async fn publish(State(s): S, req: Request) -> Response {
     let ctx = parts.extensions.get::<ConnCtx>().cloned();
     Counters::inc(&s.counters.publish_requests);
     let body = read_body(&s, body).await;
+    count_bytes(&s, &body);
     let item = body.as_ref().map_err(Clone::clone).and_then(|body| {
         let dest = parts.uri.path().strip_prefix("/v2/publish/").unwrap_or("");
         build_from_request(
@@ -242,6 +250,7 @@ pub(super) async fn enqueue(State(s): S, req: Request) -> Response {
     let ctx = parts.extensions.get::<ConnCtx>().cloned();
     Counters::inc(&s.counters.publish_requests);
     let body = read_body(&s, body).await;
+    count_bytes(&s, &body);
     let item = body.as_ref().map_err(Clone::clone).and_then(|body| {
         let rest = parts.uri.path().strip_prefix("/v2/enqueue/").unwrap_or("");
         let (queue, dest) = rest.split_once('/').unwrap_or((rest, ""));
@@ -385,6 +394,7 @@ pub(super) async fn batch(State(s): S, req: Request) -> Response {
     let ctx = parts.extensions.get::<ConnCtx>().cloned();
     Counters::inc(&s.counters.publish_requests);
     let body = read_body(&s, body).await;
+    count_bytes(&s, &body);
     let built = body
         .as_ref()
         .map_err(Clone::clone)

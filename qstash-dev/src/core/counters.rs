@@ -18,11 +18,18 @@ pub(crate) struct Counters {
     pub injected_publish_errors: AtomicU64,
     pub injected_dropped_responses: AtomicU64,
     pub injected_lost_messages: AtomicU64,
+    pub publish_bytes: AtomicU64,
+    pub api_requests: AtomicU64,
+    pub retries: AtomicU64,
+    pub callback_attempts: AtomicU64,
 }
 
 impl Counters {
     pub fn inc(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
     }
     pub fn reset(&self) {
         for c in [
@@ -39,6 +46,10 @@ impl Counters {
             &self.injected_publish_errors,
             &self.injected_dropped_responses,
             &self.injected_lost_messages,
+            &self.publish_bytes,
+            &self.api_requests,
+            &self.retries,
+            &self.callback_attempts,
         ] {
             c.store(0, Ordering::Relaxed);
         }

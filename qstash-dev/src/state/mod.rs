@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 use crate::config::{Config, Faults};
 use crate::core::{Core, Counters, Effects, Job, Outcome};
 use crate::draw::{FaultKind, Occurrences, uniform};
-use crate::types::{DeliveryAttempt, DlqEntryInfo, Stats};
+use crate::types::{AttemptKind, DeliveryAttempt, DlqEntryInfo, Stats};
 
 pub(crate) use self::attempts::AttemptRec;
 
@@ -182,6 +182,12 @@ impl Shared {
 
     pub fn record_attempt(&self, mut a: AttemptRec) {
         Counters::inc(&self.counters.attempts);
+        if a.retried > 0 && !a.duplicate {
+            Counters::inc(&self.counters.retries);
+        }
+        if a.data.kind != AttemptKind::Destination {
+            Counters::inc(&self.counters.callback_attempts);
+        }
         tracing::debug!(
             message_id = %a.data.id, url = %a.data.url, retried = a.retried, status = ?a.status,
             error = ?a.error, kind = ?a.data.kind, "delivery attempt"
@@ -317,6 +323,10 @@ impl Shared {
             injected_publish_errors: g(&c.injected_publish_errors),
             injected_dropped_responses: g(&c.injected_dropped_responses),
             injected_lost_messages: g(&c.injected_lost_messages),
+            publish_bytes: g(&c.publish_bytes),
+            api_requests: g(&c.api_requests),
+            retries: g(&c.retries),
+            callback_attempts: g(&c.callback_attempts),
             in_flight: in_flight as u64,
             waiting: (waiting_core + queued) as u64,
             dlq_size: dlq_size as u64,

@@ -4,10 +4,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
-use lambda_runtime::{Context as LambdaContext, LambdaEvent};
 use outbox::ReceiverState;
 use outbox::config::{ConsumerConfig, QstashConfig, Vars};
 use outbox::consumer::ConsumerState;
@@ -20,7 +19,6 @@ use outbox::relay::Relay;
 use outbox::relay::{RelayState, handle};
 use qstash_dev::DevServer;
 use secrecy::SecretString;
-use serde_json::json;
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use tokio::sync::{Mutex, watch};
@@ -270,17 +268,7 @@ impl LocalStack {
                 let mut n = 0u64;
                 while !stop.is_stopped() {
                     n += 1;
-                    let mut ctx = LambdaContext::default();
-                    ctx.request_id = format!("local-{n}");
-                    let deadline = SystemTime::now() + invocation;
-                    ctx.deadline = deadline
-                        .duration_since(UNIX_EPOCH)
-                        .map(|d| d.as_millis() as u64)
-                        .unwrap_or(0);
-                    let event = LambdaEvent::new(
-                        json!({"source": "outbox.local", "detail-type": "Scheduled Event"}),
-                        ctx,
-                    );
+                    let event = crate::lambda_event::scheduled(n, "outbox.local", invocation);
                     match handle(&state, event).await {
                         Ok(s) => {
                             // A QStash outage whose next probe does not fit in the invocation ends it at

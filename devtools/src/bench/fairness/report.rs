@@ -102,5 +102,5 @@ pub fn section(run: &Value) -> String {
 
 /// Stores the run under [`KEY`] in `dir/benchmarks/figures.json` and rewrites the section of `dir/benchmarks.md`.
 pub fn write(dir: &Path, run: &Value) -> anyhow::Result<Vec<PathBuf>> {
-    super::super::support::write_report_section(dir, KEY, run, BEGIN, END, &section(run))
+    super::super::support::write_section(dir, KEY, run, |_| section(run), [BEGIN, END])
 }

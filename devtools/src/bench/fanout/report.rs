@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::bench::support::load_text;
+
 /// Where the section starts.
 pub const BEGIN: &str = "<!-- fanout:begin -->";
 /// Where it ends.
@@ -16,15 +18,6 @@ pub const KEY: &str = "fanout";
 
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
-}
-
-/// A load average triple as `1.2 / 0.9 / 0.7`.
-fn load(v: &Value) -> String {
-    let parts: Vec<String> = v
-        .as_array()
-        .map(|a| a.iter().map(|x| format!("{:.2}", f(x))).collect())
-        .unwrap_or_default();
-    parts.join(" / ")
 }
 
 /// The section, from `figures.json` alone (empty when it holds no fan-out run).
@@ -48,8 +41,8 @@ pub fn section(figures: &Value) -> String {
         run["generated_at"].as_str().unwrap_or("?"),
         run["mode"].as_str().unwrap_or("?"),
         run["rounds"],
-        load(&run["load_before"]),
-        load(&run["load_after"]),
+        load_text(&run["load_before"]),
+        load_text(&run["load_after"]),
         run["delivery_batch"],
     );
     let _ = writeln!(
@@ -216,20 +209,7 @@ pub fn with_section(md: &str, section: &str) -> String {
 
 /// Stores the run under [`KEY`] in `dir/benchmarks/figures.json` and rewrites the section of `dir/benchmarks.md`.
 pub fn write(dir: &Path, run: &Value) -> anyhow::Result<Vec<PathBuf>> {
-    let json_path = dir.join("benchmarks").join("figures.json");
-    let mut figures: Value = match std::fs::read_to_string(&json_path) {
-        Ok(text) => serde_json::from_str(&text)?,
-        Err(_) => Value::Object(Default::default()),
-    };
-    figures[KEY] = run.clone();
-    if let Some(parent) = json_path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(&json_path, serde_json::to_string_pretty(&figures)? + "\n")?;
-    let md_path = dir.join("benchmarks.md");
-    let md = std::fs::read_to_string(&md_path).unwrap_or_else(|_| "# Benchmarks\n".to_owned());
-    std::fs::write(&md_path, with_section(&md, &section(&figures)))?;
-    Ok(vec![json_path, md_path])
+    super::super::support::write_section(dir, KEY, run, section, [BEGIN, END])
 }
 
 #[cfg(test)]

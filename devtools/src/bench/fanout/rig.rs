@@ -7,7 +7,7 @@ use outbox::Topic;
 use outbox::db::{Db, Statements};
 use outbox::subscribers::{self, Start};
 
-use crate::bench::relay;
+use crate::bench::endpoints;
 use crate::bench::support::{DevServerProcess, Knobs, ScratchDb, in_process_relay};
 
 pub(super) const ORDERED: Topic = Topic::ordered("bench_ordered");
@@ -45,14 +45,16 @@ impl Rig {
 
 pub(super) async fn rig(db: &ScratchDb) -> anyhow::Result<Rig> {
     let (stop, rx) = tokio::sync::watch::channel(false);
-    let (default_url, callback_url, stop_default, _) = relay::ordered_endpoints(&db.url).await?;
-    let mut consumers = vec![("consumer".to_owned(), default_url)];
+    let defaults = endpoints::ordered_endpoints(&db.url).await?;
+    let (callback_url, stop_default) = (defaults.callback_url, defaults.stop);
+    let mut consumers = vec![("consumer".to_owned(), defaults.consumer_url)];
     let b_down = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for (i, name) in NAMED.iter().chain([&REPLAYED]).enumerate() {
         let (url, _) = if i == 0 {
-            relay::switchable_consumer_endpoint(&db.url, name, rx.clone(), b_down.clone()).await?
+            endpoints::switchable_consumer_endpoint(&db.url, name, rx.clone(), b_down.clone())
+                .await?
         } else {
-            relay::consumer_endpoint(&db.url, name, rx.clone()).await?
+            endpoints::consumer_endpoint(&db.url, name, rx.clone()).await?
         };
         consumers.push(((*name).to_owned(), url));
     }
@@ -72,12 +74,7 @@ pub(super) async fn rig(db: &ScratchDb) -> anyhow::Result<Rig> {
 
 /// Empties every table the drains use, and makes the first `subs - 1` named subscribers live for both topics.
 pub(super) async fn reset(db: &ScratchDb, rig: &Rig, subs: usize) -> anyhow::Result<()> {
-    sqlx::query(
-        "TRUNCATE outbox, outbox_keys, outbox_sequences, dead_letters, processed_messages, consumer_sequences, \
-         outbox_subscribers",
-    )
-    .execute(&db.pool)
-    .await?;
+    db.empty_pipeline_tables().await?;
     let h = Db::new(db.pool.clone(), Statements::Prepared);
     for (name, url) in rig.consumers.iter().skip(1).take(subs - 1) {
         for topic in [ORDERED.name(), UNORDERED.name()] {

@@ -13,6 +13,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tokio::process::Command;
 
+use crate::bench::endpoints::{Invocations, ordered_endpoints};
 use crate::bench::support::{
     DevServerProcess, Knobs, ScratchDb, cpu_secs, reaped_children_cpu_secs, sibling,
 };
@@ -326,147 +327,6 @@ pub(crate) async fn sql_only_ordered(
     join_workers(workers, &pool, started).await
 }
 
-/// A no-op topic handler: the consumer's own work (verify, dedupe row, sequence check, evidence) is what is
-/// measured.
-struct Noop;
-
-impl outbox::consumer::Handler<serde_json::Value> for Noop {
-    async fn handle(
-        &self,
-        _conn: &mut sqlx::PgConnection,
-        _event: &outbox::consumer::Event<serde_json::Value>,
-    ) -> Result<(), outbox::consumer::HandlerError> {
-        Ok(())
-    }
-}
-
-/// The real callback receiver and the real consumer (signatures checked, a no-op handler on the ordered topic
-/// `bench_ordered` and on the unordered topic `bench`) behind the function-URL adapter, on the benchmark
-/// database. Sending `true` on the returned channel stops both; the counter counts the consumer's HTTP requests
-/// (its invocations).
-pub(crate) async fn ordered_endpoints(
-    db_url: &str,
-) -> anyhow::Result<(
-    String,
-    String,
-    tokio::sync::watch::Sender<bool>,
-    std::sync::Arc<std::sync::atomic::AtomicU64>,
-)> {
-    use outbox::ReceiverState;
-    use outbox::config::{ConsumerConfig, Vars};
-    use outbox::internals::receiver::{KeyRing, SigningKeys};
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    let cb = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let cb_url = format!("http://{}", cb.local_addr()?);
-    let mut cfg = ConsumerConfig::from_vars(&Vars::new(&std::collections::HashMap::<
-        String,
-        String,
-    >::new()))?;
-    cfg.public_base_url = Some(cb_url.clone());
-    let mut db = DbConfig::defaults("bench-callbacks");
-    db.async_commit = true;
-    db.max_connections = 16;
-    let state = std::sync::Arc::new(
-        ReceiverState::new(
-            cfg,
-            db.handle(&secrecy::SecretString::from(db_url.to_owned()))?,
-            KeyRing::fixed(SigningKeys::new(
-                qstash_dev::DEV_CURRENT_SIGNING_KEY,
-                Some(qstash_dev::DEV_NEXT_SIGNING_KEY.to_owned()),
-            )),
-        )
-        .with_metrics(false),
-    );
-    let mut rx2 = rx.clone();
-    tokio::spawn(outbox::local::serve(
-        cb,
-        move |req| {
-            let s = state.clone();
-            async move { outbox::internals::callbacks::handle_callback(&s, req).await }
-        },
-        async move {
-            let _ = rx2.wait_for(|s| *s).await;
-        },
-    ));
-    let (consumer_url, requests) = consumer_endpoint(db_url, "consumer", rx.clone()).await?;
-    Ok((consumer_url, cb_url, tx, requests))
-}
-
-/// The real consumer (signature, dedupe row, per-key sequence check, a no-op handler on `bench_ordered` and
-/// `bench`, evidence in the same transaction when asked), synchronous commits like the consumer Lambda, with
-/// `CONSUMER_NAME` `name` (a subscriber's name, fan-out), behind the function-URL adapter until `rx` turns true.
-/// Returns its URL and a counter of the HTTP requests it received.
-pub(crate) async fn consumer_endpoint(
-    db_url: &str,
-    name: &str,
-    rx: tokio::sync::watch::Receiver<bool>,
-) -> anyhow::Result<(String, std::sync::Arc<std::sync::atomic::AtomicU64>)> {
-    let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    switchable_consumer_endpoint(db_url, name, rx, up).await
-}
-
-/// [`consumer_endpoint`] that answers every request 503 without reading it while `down` is true: a consumer
-/// that is down, as QStash sees it (fan-out's "B down" figures).
-pub(crate) async fn switchable_consumer_endpoint(
-    db_url: &str,
-    name: &str,
-    rx: tokio::sync::watch::Receiver<bool>,
-    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> anyhow::Result<(String, std::sync::Arc<std::sync::atomic::AtomicU64>)> {
-    use outbox::ReceiverState;
-    use outbox::config::{ConsumerConfig, Vars};
-    use outbox::internals::receiver::{KeyRing, SigningKeys};
-    // The real consumer (signature, dedupe row, per-key sequence check, a no-op handler, evidence in the same
-    // transaction when asked), synchronous commits like the consumer Lambda.
-    let cl = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let consumer_url = format!("http://{}", cl.local_addr()?);
-    let mut ccfg = ConsumerConfig::from_vars(&Vars::new(&std::collections::HashMap::<
-        String,
-        String,
-    >::new()))?;
-    ccfg.public_base_url = Some(consumer_url.clone());
-    ccfg.name = name.to_owned();
-    let mut cdb = DbConfig::defaults("bench-consumer");
-    cdb.max_connections = 16;
-    let consumer = std::sync::Arc::new(outbox::consumer::ConsumerState::new(
-        ReceiverState::new(
-            ccfg,
-            cdb.handle(&secrecy::SecretString::from(db_url.to_owned()))?,
-            KeyRing::fixed(SigningKeys::new(
-                qstash_dev::DEV_CURRENT_SIGNING_KEY,
-                Some(qstash_dev::DEV_NEXT_SIGNING_KEY.to_owned()),
-            )),
-        )
-        .with_metrics(false),
-        outbox::consumer::Registry::new()
-            .on("bench_ordered", Noop)
-            .on("bench", Noop),
-    ));
-    let requests = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let counted = requests.clone();
-    let mut rx3 = rx.clone();
-    tokio::spawn(outbox::local::serve(
-        cl,
-        move |req| {
-            let c = consumer.clone();
-            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let is_down = down.load(std::sync::atomic::Ordering::SeqCst);
-            async move {
-                if is_down {
-                    let mut unavailable = lambda_http::Response::new(lambda_http::Body::Empty);
-                    *unavailable.status_mut() = lambda_http::http::StatusCode::SERVICE_UNAVAILABLE;
-                    return unavailable;
-                }
-                outbox::consumer::handle_event(&c, req).await
-            }
-        },
-        async move {
-            let _ = rx3.wait_for(|s| *s).await;
-        },
-    ));
-    Ok((consumer_url, requests))
-}
-
 /// One relay drain through the dev server, as the relay process reported it.
 #[derive(Debug, Clone, Copy)]
 pub struct RelayRun {
@@ -559,15 +419,14 @@ pub(crate) struct OrderedRig {
     pub consumer_url: String,
     pub callback_url: String,
     pub stop: tokio::sync::watch::Sender<bool>,
-    /// HTTP requests the consumer has received so far.
-    pub consumer_requests: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The consumer's invocations (HTTP requests) so far.
+    pub consumer: std::sync::Arc<Invocations>,
 }
 
 impl OrderedRig {
     /// HTTP requests the consumer has received so far (deliveries, retries included).
     pub fn consumer_requests(&self) -> u64 {
-        self.consumer_requests
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.consumer.count()
     }
 }
 
@@ -628,14 +487,14 @@ pub(crate) async fn ordered_relay_run(
 /// Starts the delivering dev server and the ordered endpoints on `db`.
 pub(crate) async fn ordered_rig(db: &ScratchDb) -> anyhow::Result<(DevServerProcess, OrderedRig)> {
     let dev = DevServerProcess::start(&["--deliver", "true"]).await?;
-    let (consumer_url, callback_url, stop, consumer_requests) = ordered_endpoints(&db.url).await?;
+    let e = ordered_endpoints(&db.url).await?;
     Ok((
         dev,
         OrderedRig {
-            consumer_url,
-            callback_url,
-            stop,
-            consumer_requests,
+            consumer_url: e.consumer_url,
+            callback_url: e.callback_url,
+            stop: e.stop,
+            consumer: e.consumer,
         },
     ))
 }

@@ -400,14 +400,14 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
             "batched_deliveries": batched_out,
         },
     });
-    // The sustained-load and fan-out runs (`bench sustained --report`, `bench fanout --report`) are not part of this
-    // report's run: kept as they were.
+    // The sustained-load, fan-out and cost runs (`bench sustained --report`, `bench fanout --report`, `bench cost
+    // --report`) are not part of this report's run: kept as they were.
     if let Ok(old) = std::fs::read_to_string(plots_dir.join("figures.json"))
         && let Ok(old) = serde_json::from_str::<Value>(&old)
     {
         for key in super::sustained::report::KEYS
             .iter()
-            .chain([&super::fanout::report::KEY])
+            .chain([&super::fanout::report::KEY, &super::cost::report::KEY])
         {
             if old[key].is_object() {
                 figures[key] = old[key].clone();
@@ -423,6 +423,12 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
         &super::sustained::report::section(&figures),
     );
     let md = super::fanout::report::with_section(&md, &super::fanout::report::section(&figures));
+    let md = super::support::splice_section(
+        &md,
+        super::cost::report::BEGIN,
+        super::cost::report::END,
+        &super::cost::report::section(&figures),
+    );
     std::fs::write(args.out.join("benchmarks.md"), &md)?;
     let readme_path = args
         .readme

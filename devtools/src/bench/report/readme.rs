@@ -9,6 +9,8 @@ use clap::Args;
 use serde_json::Value;
 
 use super::markdown::{k, pct};
+use crate::bench::cost::report as cost_report;
+use crate::bench::support::with_block_between;
 
 /// Where the block starts (an HTML comment: invisible on the rendered page).
 pub const BEGIN: &str = "<!-- figures:begin -->";
@@ -97,28 +99,25 @@ pub fn block(figures: &Value) -> anyhow::Result<String> {
 
 /// `text` with what lies between [`BEGIN`] and [`END`] replaced by `block`; `None` when it has no such block.
 pub fn with_block(text: &str, block: &str) -> anyhow::Result<Option<String>> {
-    let Some(start) = text.find(BEGIN) else {
-        return Ok(None);
-    };
-    let inner = start + BEGIN.len();
-    let end = text[inner..]
-        .find(END)
-        .map(|i| inner + i)
-        .with_context(|| format!("{BEGIN} without {END}"))?;
-    if text[end + END.len()..].contains(BEGIN) {
-        bail!("more than one {BEGIN} block");
-    }
-    Ok(Some(format!("{}{block}{}", &text[..inner], &text[end..])))
+    with_block_between(text, [BEGIN, END], block)
 }
 
-/// Rewrites the block of the page at `readme` from `figures`. Returns whether the page has a block (a page
+/// Rewrites the blocks of the page at `readme` from `figures`: the figures block, and the cost block
+/// ([`cost_report::readme_block`]) when the page has one. Returns whether the page has a figures block (a page
 /// without one is left alone).
 pub fn update(readme: &Path, figures: &Value) -> anyhow::Result<bool> {
     let text =
         std::fs::read_to_string(readme).with_context(|| format!("reading {}", readme.display()))?;
-    let Some(new) = with_block(&text, &block(figures)?)? else {
+    let Some(mut new) = with_block(&text, &block(figures)?)? else {
         return Ok(false);
     };
+    let cost = [cost_report::README_BEGIN, cost_report::README_END];
+    if new.contains(cost[0])
+        && let Some(with_cost) =
+            with_block_between(&new, cost, &cost_report::readme_block(figures)?)?
+    {
+        new = with_cost;
+    }
     if new != text {
         std::fs::write(readme, new).with_context(|| format!("writing {}", readme.display()))?;
     }

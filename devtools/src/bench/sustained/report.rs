@@ -6,7 +6,6 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use serde_json::{Value, json};
 
 use crate::bench::plot::{self, Series, XScale};
@@ -209,26 +208,13 @@ pub fn write(dir: &Path, summary: &Value) -> anyhow::Result<Vec<PathBuf>> {
         written.push(plots.join(s));
     }
 
-    let figures_path = plots.join("figures.json");
-    let mut figures: Value = match std::fs::read_to_string(&figures_path) {
-        Ok(text) => serde_json::from_str(&text)
-            .with_context(|| format!("reading {}", figures_path.display()))?,
-        Err(_) => json!({}),
-    };
-    let Some(object) = figures.as_object_mut() else {
-        anyhow::bail!("{} is not a JSON object", figures_path.display());
-    };
-    object.insert(key.to_owned(), summary.clone());
-    std::fs::write(
-        &figures_path,
-        serde_json::to_string_pretty(&figures)? + "\n",
-    )?;
-    written.push(figures_path);
-
-    let md_path = dir.join("benchmarks.md");
-    let md = std::fs::read_to_string(&md_path).unwrap_or_else(|_| "# Benchmarks\n".into());
-    std::fs::write(&md_path, with_section(&md, &section(&figures)))?;
-    written.push(md_path);
+    written.extend(super::super::support::write_section(
+        dir,
+        key,
+        summary,
+        section,
+        [BEGIN, END],
+    )?);
     Ok(written)
 }
 
