@@ -163,6 +163,7 @@ async fn the_two_migrators_make_what_the_single_one_made(pool: PgPool) {
             "outbox_console_actions",
             "outbox_default_consumer",
             "outbox_keys",
+            "outbox_paused_keys",
             "outbox_relay_outage",
             "outbox_sequences",
             "outbox_subscribers",
