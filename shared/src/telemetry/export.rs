@@ -182,6 +182,18 @@ static EXPORT: OnceLock<Arc<Export>> = OnceLock::new();
 /// Sets up export with `settings` and makes its tracer provider the global one. Returns the provider (for the
 /// `tracing` bridge). A second call keeps the first export.
 pub(crate) fn install(settings: &ExportSettings) -> Result<SdkTracerProvider, ExportError> {
+    let (provider, export) = build(settings)?;
+    if EXPORT.set(export.clone()).is_ok() {
+        opentelemetry::global::set_tracer_provider(provider.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(background(export));
+        }
+    }
+    Ok(provider)
+}
+
+/// A provider exporting through its own bounded buffer, and that export.
+fn build(settings: &ExportSettings) -> Result<(SdkTracerProvider, Arc<Export>), ExportError> {
     crate::tls::install_crypto_provider();
     let client = reqwest::Client::builder()
         .timeout(settings.flush_timeout)
@@ -220,13 +232,54 @@ pub(crate) fn install(settings: &ExportSettings) -> Result<SdkTracerProvider, Ex
         one_at_a_time: tokio::sync::Mutex::new(()),
         flush_timeout: settings.flush_timeout,
     });
-    if EXPORT.set(export.clone()).is_ok() {
-        opentelemetry::global::set_tracer_provider(provider.clone());
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(background(export));
+    Ok((provider, export))
+}
+
+/// An export of its own, not the process's (the benchmarks' fault checks): a collector at `base_url`, spans
+/// made on demand.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
+pub struct TraceRig {
+    provider: SdkTracerProvider,
+    export: Arc<Export>,
+}
+
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
+impl TraceRig {
+    /// Export to `base_url` (`/v1/traces` appended) with this flush bound and buffer size.
+    pub fn new(
+        base_url: &str,
+        flush_timeout: Duration,
+        max_queue: usize,
+    ) -> Result<TraceRig, String> {
+        let mut settings = ExportSettings::with_endpoint(Some(base_url), |_| None);
+        settings.flush_timeout = flush_timeout;
+        settings.max_queue = max_queue;
+        settings.max_batch = settings.max_batch.min(max_queue);
+        let (provider, export) = build(&settings).map_err(|e| e.to_string())?;
+        Ok(TraceRig { provider, export })
+    }
+
+    /// Makes and ends `n` spans with a link and a few attributes each (like a consumer's `process`).
+    pub fn record(&self, n: usize) {
+        use opentelemetry::KeyValue;
+        use opentelemetry::trace::{Span as _, Tracer as _, TracerProvider as _};
+        let tracer = self.provider.tracer("outbox-bench");
+        for i in 0..n {
+            let mut span = tracer.start("process bench");
+            span.set_attribute(KeyValue::new("messaging.message.id", i as i64));
+            span.set_attribute(KeyValue::new("messaging.destination.name", "bench"));
+            span.end();
         }
     }
-    Ok(provider)
+
+    /// One flush, as a handler's: within the bound.
+    pub async fn flush(&self) {
+        self.export.flush().await;
+    }
+
+    pub fn stats(&self) -> ExportStats {
+        self.export.stats()
+    }
 }
 
 /// Flushes whenever a batch's worth is waiting.

@@ -7,7 +7,7 @@
 //!   otherwise; [`flush`] sends them within a bound before a Lambda invocation returns.
 //! - `spans`: the messaging spans of the producer, the relay and the consumer.
 
-mod export;
+pub(crate) mod export;
 mod logs;
 pub(crate) mod spans;
 

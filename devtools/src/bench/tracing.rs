@@ -1,0 +1,203 @@
+//! `outbox-dev bench tracing`: what trace export costs and what a bad collector can do (issue 38, decision record
+//! 0074).
+//!
+//! 1. Collector faults, on an export of its own (`outbox::internals::trace::TraceRig`): per collector — accepting,
+//!    down (nothing listens), slow (answers after 2 s), refusing (503) — rounds of one invocation's worth of spans
+//!    then one flush, timed: no flush may take longer than the bound. Then the memory bound: ten buffers' worth of
+//!    spans with no flush, against a collector that is down: what is held stays at the buffer's size, the rest
+//!    is dropped and counted.
+//! 2. Throughput with export off and on, side by side: the relay (`outbox relay --until-empty`, a child process,
+//!    exporting to a receiver here when on) and the consumer (its handler in this process, after which export is
+//!    on for the rest of the process).
+
+use std::time::{Duration, Instant};
+
+use outbox::internals::trace::TraceRig;
+use outbox_cli::util::DbArgs;
+use outbox_testkit::otlp::{Behaviour, OtlpReceiver, dead_endpoint};
+use serde_json::{Value, json};
+
+use super::consumer::{self, ConsumerPlan};
+use super::relay;
+use outbox_testkit::median;
+
+use super::support::{DevServerProcess, Knobs, ScratchDb};
+
+#[derive(clap::Args)]
+pub struct TracingArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Rounds of each measurement (off and on alternate for the relay).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Events per relay drain.
+    #[arg(long, default_value_t = 20_000)]
+    pub events: u64,
+    /// Seconds per consumer round.
+    #[arg(long, default_value_t = 5.0)]
+    pub consumer_secs: f64,
+    /// Spans per simulated invocation in the fault rounds.
+    #[arg(long, default_value_t = 500)]
+    pub spans: usize,
+}
+
+/// The flush bound the fault rounds use (the default `OUTBOX_TRACE_FLUSH_TIMEOUT_MS`).
+const BOUND: Duration = Duration::from_millis(500);
+/// The buffer the fault rounds use (the default `OTEL_BSP_MAX_QUEUE_SIZE`).
+const QUEUE: usize = 2048;
+
+pub async fn run(args: TracingArgs) -> anyhow::Result<()> {
+    let faults = collector_faults(args.rounds.max(3), args.spans).await?;
+    let memory = memory_bound().await?;
+    let relay = relay_on_off(&args).await?;
+    let consumer = consumer_on_off(&args).await?;
+    let line = json!({
+        "bench": "tracing", "flush_bound_ms": BOUND.as_millis() as u64, "max_queue": QUEUE,
+        "faults": faults, "memory": memory, "relay": relay, "consumer": consumer,
+    });
+    println!("BENCH_JSON {line}");
+    Ok(())
+}
+
+async fn collector_faults(rounds: usize, spans: usize) -> anyhow::Result<Value> {
+    println!(
+        "collector faults: {rounds} rounds of {spans} spans + one flush (bound {} ms)",
+        BOUND.as_millis()
+    );
+    let accepting = OtlpReceiver::start(Behaviour::Accept).await?;
+    let slow = OtlpReceiver::start(Behaviour::Slow(Duration::from_secs(2))).await?;
+    let refusing = OtlpReceiver::start(Behaviour::Refuse(503)).await?;
+    let dead = dead_endpoint();
+    let mut out = serde_json::Map::new();
+    for (name, url) in [
+        ("accepting", accepting.url.as_str()),
+        ("down", dead.as_str()),
+        ("slow_2s", slow.url.as_str()),
+        ("refusing_503", refusing.url.as_str()),
+    ] {
+        let rig = TraceRig::new(url, BOUND, QUEUE).map_err(anyhow::Error::msg)?;
+        let mut ms = Vec::new();
+        for _ in 0..rounds {
+            rig.record(spans);
+            let t = Instant::now();
+            rig.flush().await;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let s = rig.stats();
+        let max = ms.iter().cloned().fold(0.0, f64::max);
+        println!(
+            "  {name:<13} flush median {:>7.1} ms, max {max:>7.1} ms; exported {}, dropped {} (failed flushes {})",
+            median(&ms),
+            s.exported,
+            s.dropped_failed + s.dropped_full,
+            s.failed_flushes
+        );
+        out.insert(
+            name.into(),
+            json!({ "flush_ms": ms, "flush_ms_median": median(&ms), "flush_ms_max": max,
+                    "exported": s.exported, "dropped": s.dropped_failed + s.dropped_full,
+                    "failed_flushes": s.failed_flushes }),
+        );
+    }
+    Ok(Value::Object(out))
+}
+
+async fn memory_bound() -> anyhow::Result<Value> {
+    let rig = TraceRig::new(&dead_endpoint(), BOUND, QUEUE).map_err(anyhow::Error::msg)?;
+    let made = 10 * QUEUE;
+    rig.record(made);
+    let s = rig.stats();
+    println!(
+        "memory bound: {made} spans with no flush, collector down: {} held, {} dropped and counted",
+        s.buffered, s.dropped_full
+    );
+    Ok(json!({ "spans_made": made, "held": s.buffered, "dropped_full": s.dropped_full }))
+}
+
+async fn relay_on_off(args: &TracingArgs) -> anyhow::Result<Value> {
+    let db = ScratchDb::create(&args.db.database_url, "outbox_bench_tracing").await?;
+    let dev = DevServerProcess::start(&["--deliver", "false"]).await?;
+    let receiver = OtlpReceiver::start(Behaviour::Accept).await?;
+    let knobs = Knobs {
+        batch: 500,
+        concurrency: 8,
+        qstash_batch: 100,
+    };
+    let result = async {
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        for round in 1..=args.rounds {
+            let a = relay_rate(&db, &dev, args.events, knobs, None).await?;
+            let b = relay_rate(&db, &dev, args.events, knobs, Some(&receiver.url)).await?;
+            println!(
+                "  relay round {round}: off {a:>7.0}/s, on {b:>7.0}/s ({:.0} %)",
+                100.0 * b / a
+            );
+            off.push(a);
+            on.push(b);
+        }
+        let (a, b) = (median(&off), median(&on));
+        println!(
+            "relay: export off {a:.0}/s, on {b:.0}/s: {:.0} %",
+            100.0 * b / a
+        );
+        Ok::<_, anyhow::Error>(json!({
+            "events": args.events, "batch": knobs.batch, "concurrency": knobs.concurrency,
+            "off_events_per_sec": off, "on_events_per_sec": on, "off_median": a, "on_median": b,
+            "on_vs_off": b / a, "spans_received": receiver.spans().len(),
+        }))
+    }
+    .await;
+    dev.stop().await;
+    db.drop_now().await?;
+    result
+}
+
+/// One drain of `events` by the relay child: events/s (export to `otlp` when given).
+async fn relay_rate(
+    db: &ScratchDb,
+    dev: &DevServerProcess,
+    events: u64,
+    knobs: Knobs,
+    otlp: Option<&str>,
+) -> anyhow::Result<f64> {
+    relay::seed_unordered(&db.pool, events).await?;
+    let env: Vec<(&str, String)> = otlp
+        .map(|u| vec![("OTEL_EXPORTER_OTLP_ENDPOINT", u.to_owned())])
+        .unwrap_or_default();
+    let out = relay::relay_child(&db.url, &dev.url, knobs, &env).await?;
+    let dispatched = out["summary"]["dispatched"].as_u64().unwrap_or(0);
+    anyhow::ensure!(
+        dispatched == events,
+        "relay dispatched {dispatched} of {events}: {out}"
+    );
+    Ok(events as f64 / out["elapsed_secs"].as_f64().unwrap_or(f64::NAN))
+}
+
+async fn consumer_on_off(args: &TracingArgs) -> anyhow::Result<Value> {
+    let plan = || ConsumerPlan {
+        rounds: args.rounds,
+        secs: args.consumer_secs,
+        concurrency: 16,
+        pool: 8,
+        ping_always: false,
+    };
+    let off = consumer::run(&args.db.database_url, plan()).await?;
+    let receiver = OtlpReceiver::start(Behaviour::Accept).await?;
+    // From here on the process exports (there is no turning it off again).
+    anyhow::ensure!(
+        outbox::telemetry::trace_layer::<tracing_subscriber::Registry>(Some(&receiver.url))
+            .is_some(),
+        "trace export could not be set up"
+    );
+    let on = consumer::run(&args.db.database_url, plan()).await?;
+    let (a, b) = (median(&off.rates), median(&on.rates));
+    println!(
+        "consumer: export off {a:.0} applied/s, on {b:.0}/s: {:.0} % (spans received {})",
+        100.0 * b / a,
+        receiver.spans().len()
+    );
+    Ok(json!({
+        "off_applied_per_sec": off.rates, "on_applied_per_sec": on.rates, "off_median": a, "on_median": b,
+        "on_vs_off": b / a, "spans_received": receiver.spans().len(),
+    }))
+}
