@@ -39,6 +39,10 @@ pub struct TracingArgs {
     /// Spans per simulated invocation in the fault rounds.
     #[arg(long, default_value_t = 500)]
     pub spans: usize,
+    /// Also write the figures into `DIR/benchmarks.md` (the section between `<!-- tracing:begin -->` and
+    /// `<!-- tracing:end -->`) and `DIR/benchmarks/figures.json` (key `tracing`), e.g. `--out docs`.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<std::path::PathBuf>,
 }
 
 /// The flush bound the fault rounds use (the default `OUTBOX_TRACE_FLUSH_TIMEOUT_MS`).
@@ -56,7 +60,73 @@ pub async fn run(args: TracingArgs) -> anyhow::Result<()> {
         "faults": faults, "memory": memory, "relay": relay, "consumer": consumer,
     });
     println!("BENCH_JSON {line}");
+    if let Some(dir) = &args.out {
+        write(dir, &line)?;
+    }
     Ok(())
+}
+
+const BEGIN: &str = "<!-- tracing:begin -->";
+const END: &str = "<!-- tracing:end -->";
+
+/// Stores the run under `tracing` in `dir/benchmarks/figures.json` and rewrites its section of `dir/benchmarks.md`.
+fn write(dir: &std::path::Path, run: &Value) -> anyhow::Result<()> {
+    let json_path = dir.join("benchmarks").join("figures.json");
+    let mut figures: Value = match std::fs::read_to_string(&json_path) {
+        Ok(text) => serde_json::from_str(&text)?,
+        Err(_) => Value::Object(Default::default()),
+    };
+    figures["tracing"] = run.clone();
+    std::fs::create_dir_all(dir.join("benchmarks"))?;
+    std::fs::write(&json_path, serde_json::to_string_pretty(&figures)? + "\n")?;
+    let md_path = dir.join("benchmarks.md");
+    let md = std::fs::read_to_string(&md_path).unwrap_or_else(|_| "# Benchmarks\n".to_owned());
+    std::fs::write(
+        &md_path,
+        super::support::splice_section(&md, BEGIN, END, &section(run)),
+    )?;
+    println!("wrote {} and {}", md_path.display(), json_path.display());
+    Ok(())
+}
+
+/// The `benchmarks.md` section of one run.
+fn section(run: &Value) -> String {
+    let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    let mut s = format!(
+        "{BEGIN}\n## Trace export: collector faults and cost\n\n\
+         `outbox-dev bench tracing` (docs/operations.md, \"Tracing\"; decision record 0074). Flush bound {} ms, \
+         buffer {} spans. Each round: one invocation's worth of spans, then the flush a handler does before it \
+         returns.\n\n| collector | flush median | flush max | exported | dropped and counted |\n|---|---:|---:|---:|---:|\n",
+        run["flush_bound_ms"], run["max_queue"]
+    );
+    for (name, label) in [
+        ("accepting", "accepting"),
+        ("down", "down (nothing listens)"),
+        ("slow_2s", "slow (answers after 2 s)"),
+        ("refusing_503", "refusing (503)"),
+    ] {
+        let c = &run["faults"][name];
+        s.push_str(&format!(
+            "| {label} | {:.1} ms | {:.1} ms | {} | {} |\n",
+            f(&c["flush_ms_median"]),
+            f(&c["flush_ms_max"]),
+            c["exported"],
+            c["dropped"]
+        ));
+    }
+    let m = &run["memory"];
+    let (r, c) = (&run["relay"], &run["consumer"]);
+    s.push_str(&format!(
+        "\nMemory: {} spans made with no flush and the collector down: {} held (the buffer), {} dropped and \
+         counted.\n\n| throughput | export off | export on | on / off |\n|---|---:|---:|---:|\n\
+         | relay (unordered, {} events, claim {}, concurrency {}), events/s | {:.0} | {:.0} | {:.0} % |\n\
+         | consumer (16 concurrent callers in one process, a flush per request), applied/s | {:.0} | {:.0} | {:.0} % |\n\
+         {END}\n",
+        m["spans_made"], m["held"], m["dropped_full"],
+        r["events"], r["batch"], r["concurrency"], f(&r["off_median"]), f(&r["on_median"]), 100.0 * f(&r["on_vs_off"]),
+        f(&c["off_median"]), f(&c["on_median"]), 100.0 * f(&c["on_vs_off"]),
+    ));
+    s
 }
 
 async fn collector_faults(rounds: usize, spans: usize) -> anyhow::Result<Value> {

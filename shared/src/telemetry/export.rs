@@ -313,6 +313,9 @@ impl Export {
         let start = Instant::now();
         let bound = self.flush_timeout;
         let c = &self.buffer.counters;
+        if self.buffer.lock().is_empty() {
+            return; // nothing of ours waits (a concurrent flush took it)
+        }
         let Ok(_one) = tokio::time::timeout(bound, self.one_at_a_time.lock()).await else {
             return; // another flush holds the exporter for its own bound; the spans wait (bounded)
         };
