@@ -38,7 +38,7 @@ use crate::ids::OutboxId;
 
 // Lives with the header rules it names, so that `headers` need not know the producer; re-exported here.
 use crate::headers::InvalidEvent;
-use crate::telemetry::spans::Creating;
+use crate::telemetry::spans::{Creating, is_traceparent};
 
 /// Payload limit by default: QStash's smallest plan accepts 1 MB messages.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1_000_000;
@@ -155,24 +155,6 @@ impl EventHeaders {
         }
         Ok(())
     }
-}
-
-/// `00-<trace id>-<parent id>-<flags>`, lower-case hex, non-zero ids.
-pub(crate) fn is_traceparent(s: &str) -> bool {
-    let parts: Vec<&str> = s.split('-').collect();
-    let hex = |p: &str, n: usize| {
-        p.len() == n
-            && p.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    parts.len() == 4
-        && hex(parts[0], 2)
-        && parts[0] != "ff"
-        && hex(parts[1], 32)
-        && parts[1].bytes().any(|b| b != b'0')
-        && hex(parts[2], 16)
-        && parts[2].bytes().any(|b| b != b'0')
-        && hex(parts[3], 2)
 }
 
 /// An event's payload as it was given; [`NewEvent::validated`] decides whether it is JSON.

@@ -52,6 +52,24 @@ pub(crate) fn traceparent_of(cx: &SpanContext) -> String {
     )
 }
 
+/// `00-<trace id>-<parent id>-<flags>`, lower-case hex, non-zero ids.
+pub(crate) fn is_traceparent(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('-').collect();
+    let hex = |p: &str, n: usize| {
+        p.len() == n
+            && p.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    parts.len() == 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && hex(parts[1], 32)
+        && parts[1].bytes().any(|b| b != b'0')
+        && hex(parts[2], 16)
+        && parts[2].bytes().any(|b| b != b'0')
+        && hex(parts[3], 2)
+}
+
 /// The span context a W3C `traceparent` names (remote), if it is well formed and not all zeros.
 pub(crate) fn parse_traceparent(s: &str) -> Option<SpanContext> {
     let mut parts = s.trim().split('-');
