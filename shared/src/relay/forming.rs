@@ -866,6 +866,35 @@ mod tests {
         assert_eq!(fc.key, "orders.a");
     }
 
+    /// A copy sent again on purpose (redriven or republished: a dedup generation; a replayed copy) says so in
+    /// the envelope, for the consumer's tracing (linked, not a child of the producer's span); a first send does not.
+    #[test]
+    fn a_copy_sent_again_on_purpose_is_marked_resent() {
+        let mut s = Settings::new(&[("RELAY_DELIVERY_BATCH", "1")]);
+        s.destinations = Arc::new(
+            Destinations::default()
+                .with("orders", "billing", "https://billing.example")
+                .with_replay("orders", "billing", 1, Some(100)),
+        );
+        let first = event_for(1, "a", None);
+        let mut redriven = event_for(2, "b", None);
+        redriven.dedup_generation = 1;
+        let mut replayed = event_for(1003, "c", None);
+        replayed.subscriber = "billing".into();
+        replayed.event_id = OutboxId(3);
+        let resent = |ev: &ClaimedEvent| {
+            let m = s.forming().message_of(&[ev]);
+            contract::parse_envelope(m.body.as_bytes())
+                .expect("an envelope")
+                .events[0]
+                .resent
+        };
+        assert_eq!(
+            [resent(&first), resent(&redriven), resent(&replayed)],
+            [false, true, true]
+        );
+    }
+
     fn event_for(id: i64, key: &str, seq: Option<i64>) -> ClaimedEvent {
         event(id, "orders", key, seq, 0)
     }
