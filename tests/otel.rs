@@ -6,7 +6,10 @@
 //! - the relay's `send` spans link every event they carry;
 //! - a first delivery's `process` span is a child of the event's `create` span, for each subscriber's copy, with
 //!   the subscriber attribute; a retry's is linked instead; a batch's links every event;
-//! - a handler's own `tracing` spans are children of the `process` span.
+//! - a handler's own `tracing` spans are children of the `process` span;
+//!
+//! and then, with the receiver refusing (503), the next event is still applied and its spans are dropped and
+//! counted.
 //!
 //! A binary of its own: it installs the process's global subscriber and tracer provider.
 
@@ -151,30 +154,55 @@ async fn one_trace_from_the_producer_to_each_consumer(pool: PgPool) {
     let (first, retried, batch) = ids;
 
     // 2 events × 2 subscribers + 3 batched events, each applied once.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM traced_applied")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        if n >= 7 || tokio::time::Instant::now() > deadline {
-            assert_eq!(n, 7, "every copy applied once");
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_applied(&pool, 7).await;
+    // The relay's send spans leave when its invocation ends; flush until every span is in.
+    let complete = |s: &[ReceivedSpan]| {
+        s.iter().any(|x| x.name.starts_with("send"))
+            && named(s, "process traced.single").len() >= 5
+            && !named(s, "process traced.batched").is_empty()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !complete(&receiver.spans()) && tokio::time::Instant::now() < deadline {
+        outbox::telemetry::flush().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    stack.stop().await;
-    outbox::telemetry::flush().await;
-    let spans = receiver
-        .wait_for(Duration::from_secs(20), |s| {
-            s.iter().any(|x| x.name.starts_with("send"))
-                && named(s, "process traced.single").len() >= 5
-                && !named(s, "process traced.batched").is_empty()
-        })
-        .await;
+    let spans = receiver.spans();
     check_tree(&spans, first, retried, &batch);
     let stats = outbox::telemetry::stats();
     assert_eq!(stats.dropped_full + stats.dropped_failed, 0, "{stats:?}");
+
+    // A collector that refuses fails nothing: the next event is applied by both subscribers, its spans are
+    // dropped and counted.
+    receiver.set_behaviour(Behaviour::Refuse(503));
+    let mut tx = pool.begin().await.unwrap();
+    outbox::enqueue(&mut tx, event(&SINGLE, 6, false))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    wait_applied(&pool, 9).await;
+    outbox::telemetry::flush().await;
+    let after = outbox::telemetry::stats();
+    assert!(
+        after.dropped_failed > 0 && after.failed_flushes > 0,
+        "refused spans are counted: {after:?}"
+    );
+    stack.stop().await;
+}
+
+/// Waits (at most a minute) until `n` copies were applied, and checks it is exactly `n`.
+async fn wait_applied(pool: &PgPool, n: i64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM traced_applied")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if applied >= n || tokio::time::Instant::now() > deadline {
+            assert_eq!(applied, n, "every copy applied once");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 fn check_tree(spans: &[ReceivedSpan], first: i64, retried: i64, batch: &[i64]) {
