@@ -61,33 +61,22 @@ pub async fn run(args: TracingArgs) -> anyhow::Result<()> {
     });
     println!("BENCH_JSON {line}");
     if let Some(dir) = &args.out {
-        write(dir, &line)?;
+        let written = super::support::write_section(
+            dir,
+            "tracing",
+            &line,
+            |figures| section(&figures["tracing"]),
+            [BEGIN, END],
+        )?;
+        for path in written {
+            println!("wrote {}", path.display());
+        }
     }
     Ok(())
 }
 
 const BEGIN: &str = "<!-- tracing:begin -->";
 const END: &str = "<!-- tracing:end -->";
-
-/// Stores the run under `tracing` in `dir/benchmarks/figures.json` and rewrites its section of `dir/benchmarks.md`.
-fn write(dir: &std::path::Path, run: &Value) -> anyhow::Result<()> {
-    let json_path = dir.join("benchmarks").join("figures.json");
-    let mut figures: Value = match std::fs::read_to_string(&json_path) {
-        Ok(text) => serde_json::from_str(&text)?,
-        Err(_) => Value::Object(Default::default()),
-    };
-    figures["tracing"] = run.clone();
-    std::fs::create_dir_all(dir.join("benchmarks"))?;
-    std::fs::write(&json_path, serde_json::to_string_pretty(&figures)? + "\n")?;
-    let md_path = dir.join("benchmarks.md");
-    let md = std::fs::read_to_string(&md_path).unwrap_or_else(|_| "# Benchmarks\n".to_owned());
-    std::fs::write(
-        &md_path,
-        super::support::splice_section(&md, BEGIN, END, &section(run)),
-    )?;
-    println!("wrote {} and {}", md_path.display(), json_path.display());
-    Ok(())
-}
 
 /// The `benchmarks.md` section of one run.
 fn section(run: &Value) -> String {
@@ -270,4 +259,33 @@ async fn consumer_on_off(args: &TracingArgs) -> anyhow::Result<Value> {
         "off_applied_per_sec": off.rates, "on_applied_per_sec": on.rates, "off_median": a, "on_median": b,
         "on_vs_off": b / a, "spans_received": receiver.spans().len(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_section_shows_each_collector_the_memory_bound_and_both_throughputs() {
+        let fault = |ms: f64, exported: u64, dropped: u64| json!({"flush_ms_median": ms, "flush_ms_max": ms + 1.0, "exported": exported, "dropped": dropped});
+        let run = json!({
+            "flush_bound_ms": 500, "max_queue": 2048,
+            "faults": {"accepting": fault(4.0, 10, 0), "down": fault(1.0, 0, 10), "slow_2s": fault(501.5, 0, 10),
+                       "refusing_503": fault(1.0, 0, 10)},
+            "memory": {"spans_made": 20480, "held": 2048, "dropped_full": 18432},
+            "relay": {"events": 100, "batch": 500, "concurrency": 8, "off_median": 1000.0, "on_median": 950.0,
+                      "on_vs_off": 0.95},
+            "consumer": {"off_median": 800.0, "on_median": 752.0, "on_vs_off": 0.94},
+        });
+        let s = section(&run);
+        assert!(s.starts_with(BEGIN) && s.trim_end().ends_with(END), "{s}");
+        for row in [
+            "| slow (answers after 2 s) | 501.5 ms | 502.5 ms | 0 | 10 |",
+            "2048 held (the buffer), 18432 dropped and counted",
+            "| 1000 | 950 | 95 % |",
+            "| 800 | 752 | 94 % |",
+        ] {
+            assert!(s.contains(row), "{row} in\n{s}");
+        }
+    }
 }
