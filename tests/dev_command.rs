@@ -29,6 +29,7 @@ fn four_seconds(pool: &PgPool, subscribers: u32) -> DevArgs {
         log_file: None,
         progress_secs: 1,
         subscribers,
+        otlp: None,
     }
 }
 

@@ -336,15 +336,20 @@ fn roles_are_least_privilege() {
                 assert_eq!(res, &json!({"Fn::GetAtt": [own_group, "Arn"]}), "{role}");
             }
         }
-        // Managed policies: only VPC networking, and only when subnets are given.
+        // Managed policies: only VPC networking, and only when subnets are given; X-Ray writes only with trace
+        // export on (the collector layer's pipeline; X-Ray's write actions take no resource).
         let managed = &cfn["Resources"][&role]["Properties"]["ManagedPolicyArns"];
         for m in managed.as_array().into_iter().flatten() {
-            assert_eq!(m["Fn::If"][0], "HasVpc", "{role}: {m}");
+            let policy = match m["Fn::If"][0].as_str() {
+                Some("HasVpc") => "service-role/AWSLambdaVPCAccessExecutionRole",
+                Some("TracingOn") => ":policy/AWSXRayDaemonWriteAccess",
+                _ => panic!("{role}: {m}"),
+            };
             assert!(
                 m["Fn::If"][1]["Fn::Sub"]
                     .as_str()
                     .unwrap()
-                    .ends_with("AWSLambdaVPCAccessExecutionRole"),
+                    .ends_with(policy),
                 "{role}: {m}"
             );
         }
@@ -727,6 +732,9 @@ fn every_environment_variable_is_read_by_the_code_and_defaults_match() {
             if name == SECRET_ID_VAR {
                 continue; // read by outbox::internals::secrets (checked above)
             }
+            if name.starts_with("OTEL_") {
+                continue; // trace export's standard variables, read by outbox::telemetry (tracing_is_off_by_default…)
+            }
             // The template's default gives the code's default...
             let default = match value.get("Ref").and_then(Value::as_str) {
                 Some(param) => match param_default(&cfn, param) {
@@ -1021,6 +1029,49 @@ fn alarms_read_metrics_the_code_emits_and_notify_one_topic() {
         cfn["Resources"]["AlarmEmailSubscription"]["Condition"],
         "HasAlarmEmail"
     );
+}
+
+/// Trace export (decision record 0074): one parameter, empty by default, adds the collector layer to every
+/// function and sets the standard variables that turn export on; empty, neither is there.
+#[test]
+fn tracing_is_off_by_default_and_one_parameter_turns_it_on() {
+    let cfn = translated_template();
+    assert_eq!(param_default(&cfn, "TracingCollectorLayerArn"), json!(""));
+    assert_eq!(
+        cfn["Conditions"]["TracingOn"],
+        json!({"Fn::Not": [{"Fn::Equals": [{"Ref": "TracingCollectorLayerArn"}, ""]}]})
+    );
+    let off = json!({"Ref": "AWS::NoValue"});
+    for (id, _, _) in FUNCTIONS {
+        let p = &cfn["Resources"][id]["Properties"];
+        assert_eq!(
+            p["Layers"],
+            json!({"Fn::If": ["TracingOn", [{"Ref": "TracingCollectorLayerArn"}], off]}),
+            "{id}"
+        );
+        let vars = &p["Environment"]["Variables"];
+        assert_eq!(
+            vars["OTEL_EXPORTER_OTLP_ENDPOINT"],
+            json!({"Fn::If": ["TracingOn", "http://localhost:4318", off]}),
+            "{id}"
+        );
+        assert_eq!(
+            vars["OTEL_EXPORTER_OTLP_PROTOCOL"],
+            json!({"Fn::If": ["TracingOn", "http/protobuf", off]}),
+            "{id}"
+        );
+    }
+    let otel: Vec<&String> = FUNCTIONS
+        .iter()
+        .flat_map(|(id, _, _)| {
+            cfn["Resources"][id]["Properties"]["Environment"]["Variables"]
+                .as_object()
+                .unwrap()
+                .keys()
+        })
+        .filter(|k| k.starts_with("OTEL_"))
+        .collect();
+    assert_eq!(otel.len(), 2 * FUNCTIONS.len(), "{otel:?}");
 }
 
 #[test]

@@ -40,13 +40,18 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<()> {
             )
             .await
             .context("relay drain")?;
+        // As the Lambda handler does before it returns (nothing when trace export is off).
+        outbox::telemetry::flush().await;
         let elapsed = started.elapsed();
+        let traces = outbox::telemetry::stats();
         println!(
             "{}",
             json!({
                 "elapsed_secs": elapsed.as_secs_f64(),
                 "summary": summary,
                 "peak_rss_kib": peak_rss_kib(),
+                "spans_exported": traces.exported,
+                "spans_dropped": traces.dropped_full + traces.dropped_failed,
             })
         );
         return Ok(());

@@ -98,6 +98,11 @@ pub struct DevArgs {
     /// entries of orders whose id ends in 7, which the others accept. The summary counts each one's events.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub subscribers: u32,
+    /// Export the whole pipeline's traces by OTLP/HTTP to this base URL (a local trace viewer's, e.g.
+    /// http://127.0.0.1:4318; docs/operations.md, "Tracing"). Without it the standard OTEL_EXPORTER_OTLP_ENDPOINT
+    /// does the same; with neither, nothing is exported.
+    #[arg(long, value_name = "URL")]
+    pub otlp: Option<String>,
 }
 
 /// The database to run against on the server at `server_url`: that URL's own with `--existing-db`, else a fresh
@@ -136,7 +141,7 @@ fn style(args: &DevArgs) -> Style {
 /// Runs the local pipeline until Ctrl-C (or `--duration-secs`).
 pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
     let log_file = args.log_file.clone().unwrap_or_else(logs::default_path);
-    logs::install(&log_file, args.verbose)?;
+    let tracing_to = logs::install(&log_file, args.verbose, args.otlp.as_deref())?;
     let mut console = Console::new(style(&args));
     console.line("outbox-dev dev — the whole pipeline, locally");
     console.line(&format!(
@@ -148,6 +153,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
             "   (--verbose shows it here too)"
         }
     ));
+    if let Some(to) = &tracing_to {
+        console.line(&format!("  traces            OTLP/HTTP to {to}"));
+    }
     tracing::info!(log_file = %log_file.display(), "outbox-dev dev starting");
     // OUTBOX_SCHEMA is checked here, at the edge: a bad name stops the command instead of falling back to public.
     let schema = outbox::schema::from_process_env()?;
@@ -348,6 +356,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<DevSummary> {
         subscriber_counts(&stack.pool, &consumer_name, &named).await?
     };
     stack.stop().await;
+    // The last spans (the producer's, the consumers' since their last request) before the process ends.
+    outbox::telemetry::flush().await;
     operator_console.stop().await?;
     let c = *counts_rx.borrow();
     let summary = DevSummary {

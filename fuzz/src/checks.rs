@@ -207,6 +207,7 @@ pub fn envelope(data: &[u8]) {
             schema_version: e.schema_version,
             headers: h,
             payload: e.payload.get(),
+            resent: e.resent,
         })
         .collect();
     let text = write_envelope(&env.topic, env.subscriber.as_deref(), env.evidence, &wire);

@@ -201,6 +201,10 @@ pub struct EnvelopeEvent<'a> {
     /// before this field).
     #[serde(default)]
     pub event: Option<OutboxId>,
+    /// This copy was sent again on purpose: a redrive, a reconciler's republish or a replay. Tracing only (the
+    /// consumer's `process` span links the producer's instead of being its child); absent: false.
+    #[serde(default)]
+    pub resent: bool,
     /// The partition key.
     pub key: PartitionKey,
     /// The per-key sequence (ordered topics only).
@@ -348,6 +352,8 @@ pub struct WireEvent<'a> {
     pub headers: &'a [(&'a str, &'a str)],
     /// The payload: JSON text as Postgres rendered the `jsonb` value (trusted, written as is).
     pub payload: &'a str,
+    /// Sent again on purpose (a redrive, a reconciler's republish, a replay): written as `"resent":true`.
+    pub resent: bool,
 }
 
 /// Writes a delivery body ([`Envelope`]): `subscriber` is the named subscriber the copy is for (`None` for the
@@ -384,6 +390,9 @@ pub fn write_envelope(
         if e.event_id != e.id {
             out.extend_from_slice(b",\"event\":");
             out.extend_from_slice(e.event_id.to_string().as_bytes());
+        }
+        if e.resent {
+            out.extend_from_slice(b",\"resent\":true");
         }
         out.extend_from_slice(b",\"key\":");
         json_str(&mut out, e.key);
@@ -591,6 +600,7 @@ mod tests {
                 schema_version: Some(2),
                 headers: &headers,
                 payload: r#"{"a": [1, 2, {"b": "ü\n"}]}"#,
+                resent: true,
             }],
         );
         let env = parse_envelope(body.as_bytes()).unwrap();
@@ -604,6 +614,7 @@ mod tests {
         );
         assert_eq!(e.created_at, Some(created));
         assert_eq!(e.schema_version, Some(2));
+        assert!(e.resent);
         assert_eq!(
             e.headers.get(CORRELATION_ID).map(String::as_str),
             Some("c\"1")
@@ -627,9 +638,11 @@ mod tests {
                 schema_version: None,
                 headers: &[],
                 payload: "{}",
+                resent: false,
             }],
         );
         let env = parse_envelope(bare.as_bytes()).unwrap();
+        assert!(!env.events[0].resent && !bare.contains("resent"), "{bare}");
         assert_eq!(env.subscriber, None);
         assert!(!bare.contains("subscriber"), "{bare}");
         assert_eq!(

@@ -35,6 +35,11 @@ pub mod outage {
     pub use crate::relay::outage::*;
 }
 
+/// Trace export on its own (not the process's), for the benchmarks' collector-fault checks.
+pub mod trace {
+    pub use crate::telemetry::export::TraceRig;
+}
+
 /// Secrets Manager and the environment: the database URL, QStash token and signing keys.
 pub mod secrets {
     pub use crate::secrets::*;

@@ -55,7 +55,8 @@
 //! - `config`: typed configuration from environment variables.
 //! - `db`: the Lambda-sized Postgres pool and its connections.
 //! - `secrets`: the database URL, QStash token and signing keys, from Secrets Manager or the environment.
-//! - `telemetry`: logging setup.
+//! - `telemetry`: logging setup, trace export by OTLP (on when the `OTEL_*` variables say so) and the messaging
+//!   spans of the producer, the relay and the consumer.
 //! - `metrics`: CloudWatch EMF metrics.
 //! - `headers`: user headers and their rules, and [`InvalidEvent`] (why an event is refused).
 //! - `contract`: the signed wire contract between relay, QStash and the receivers.

@@ -38,6 +38,7 @@ use crate::ids::OutboxId;
 
 // Lives with the header rules it names, so that `headers` need not know the producer; re-exported here.
 use crate::headers::InvalidEvent;
+use crate::telemetry::spans::{Creating, is_traceparent};
 
 /// Payload limit by default: QStash's smallest plan accepts 1 MB messages.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1_000_000;
@@ -154,24 +155,6 @@ impl EventHeaders {
         }
         Ok(())
     }
-}
-
-/// `00-<trace id>-<parent id>-<flags>`, lower-case hex, non-zero ids.
-pub(crate) fn is_traceparent(s: &str) -> bool {
-    let parts: Vec<&str> = s.split('-').collect();
-    let hex = |p: &str, n: usize| {
-        p.len() == n
-            && p.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    parts.len() == 4
-        && hex(parts[0], 2)
-        && parts[0] != "ff"
-        && hex(parts[1], 32)
-        && parts[1].bytes().any(|b| b != b'0')
-        && hex(parts[2], 16)
-        && parts[2].bytes().any(|b| b != b'0')
-        && hex(parts[3], 2)
 }
 
 /// An event's payload as it was given; [`NewEvent::validated`] decides whether it is JSON.
@@ -522,8 +505,9 @@ impl Producer {
         conn: &mut PgConnection,
         event: NewEvent,
     ) -> Result<EnqueuedEvent, EnqueueError> {
+        let caller = opentelemetry::Context::current();
         let mut out = self
-            .write(conn, std::slice::from_ref(&event), false)
+            .write(conn, std::slice::from_ref(&event), false, &caller)
             .await?;
         out.pop()
             .ok_or(EnqueueError::Database(sqlx::Error::RowNotFound))
@@ -535,7 +519,8 @@ impl Producer {
         conn: &mut PgConnection,
         events: &[NewEvent],
     ) -> Result<Vec<EnqueuedEvent>, EnqueueError> {
-        self.write(conn, events, true).await
+        let caller = opentelemetry::Context::current();
+        self.write(conn, events, true, &caller).await
     }
 
     #[tracing::instrument(name = "outbox.enqueue", skip_all, fields(events = events.len()))]
@@ -544,10 +529,33 @@ impl Producer {
         conn: &mut PgConnection,
         events: &[NewEvent],
         batch: bool,
+        caller: &opentelemetry::Context,
     ) -> Result<Vec<EnqueuedEvent>, EnqueueError> {
         if events.is_empty() {
             return Ok(Vec::new());
         }
+        // The messaging `create` spans (their context is what the event carries), when tracing is on.
+        let creating = Creating::start(
+            caller,
+            events
+                .iter()
+                .map(|e| (e.topic.as_str(), e.headers.traceparent.as_deref())),
+        );
+        let written = self.write_traced(conn, events, batch, &creating).await;
+        match &written {
+            Ok(out) => creating.end(Ok(&out.iter().map(|e| e.id.get()).collect::<Vec<_>>())),
+            Err(e) => creating.end(Err(e)),
+        }
+        written
+    }
+
+    async fn write_traced(
+        &self,
+        conn: &mut PgConnection,
+        events: &[NewEvent],
+        batch: bool,
+        creating: &Creating,
+    ) -> Result<Vec<EnqueuedEvent>, EnqueueError> {
         let n = events.len();
         let mut fairness: Vec<&str> = Vec::with_capacity(n);
         let (mut topics, mut keys, mut ordered, mut payloads, mut headers, mut delays) = (
@@ -569,11 +577,13 @@ impl Producer {
             keys.push(e.key.as_str());
             ordered.push(e.ordering == TopicOrdering::PerKey);
             payloads.push(json);
-            let row_headers = if user.is_empty() {
+            let traced = creating.traceparent(i);
+            let row_headers = if user.is_empty() && traced.is_none() {
                 serde_json::to_string(&e.headers)
             } else {
                 serde_json::to_string(&EventHeaders {
                     user,
+                    traceparent: traced.or_else(|| e.headers.traceparent.clone()),
                     ..e.headers.clone()
                 })
             };

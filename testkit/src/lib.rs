@@ -11,6 +11,8 @@
 //! * [`db`]: URLs of `#[sqlx::test]` databases and hand-built outbox states;
 //! * [`given_up`]: which events may end as unexpected dead letters, by the dev server's own DLQ;
 //! * [`moto`]: a local AWS Secrets Manager;
+//! * [`otlp`]: an OTLP/HTTP trace receiver decoding the real protocol, and a collector that is slow, refusing or
+//!   down;
 //! * [`pg_local`]: a throwaway Postgres cluster for when none is running (`outbox-dev dev`);
 //! * [`ports`]: ports bound once — no "find a free port, then bind it" anywhere;
 //! * [`sam`]: `template.yaml` as CloudFormation, its alarms and dashboard; [`previous_relay`]: what the relay of
@@ -35,6 +37,7 @@ pub mod db;
 pub mod given_up;
 pub mod lambda_event;
 pub mod moto;
+pub mod otlp;
 pub mod pg_local;
 pub mod pgbouncer;
 pub mod ports;

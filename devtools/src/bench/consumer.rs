@@ -103,6 +103,7 @@ fn presign(next_id: &mut i64, n: usize, sub: &str) -> anyhow::Result<Arc<Vec<Msg
                     schema_version: None,
                     headers: &[],
                     payload: &payload,
+                    resent: false,
                 }],
             );
             Msg {

@@ -16,6 +16,7 @@ pub mod report;
 pub mod steady;
 pub mod support;
 pub mod sustained;
+pub mod tracing;
 pub mod xmin;
 
 use clap::Subcommand;
@@ -63,6 +64,10 @@ pub enum BenchCommand {
     /// QStash messages, Lambda invocations and GB-seconds, bytes, Postgres CPU and WAL per million events, then
     /// the dated price table applied apart from the counts.
     Cost(cost::CostArgs),
+    /// Trace export (docs/operations.md, "Tracing"): the flush time and what is dropped with a collector that is
+    /// accepting, down, slow or refusing; the spans held with no flush; relay and consumer throughput with export
+    /// off and on.
+    Tracing(tracing::TracingArgs),
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -79,5 +84,6 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::DevServer(args) => dev_server::run(args).await,
         BenchCommand::Console(args) => console::run(args).await,
         BenchCommand::Sustained(args) => sustained::run(args).await,
+        BenchCommand::Tracing(args) => tracing::run(args).await,
     }
 }

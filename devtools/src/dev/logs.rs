@@ -77,10 +77,12 @@ fn filter() -> tracing_subscriber::EnvFilter {
     outbox::telemetry::filter_from(std::env::var("RUST_LOG").ok().as_deref(), None, "info")
 }
 
-/// Creates the log file (and its directory) and installs the process's subscriber: the file, and stderr too when
-/// `verbose`. Returns false when a subscriber was already installed (a test process that runs `dev` twice): the
-/// file is created, and the lines go wherever that subscriber sends them.
-pub fn install(path: &Path, verbose: bool) -> anyhow::Result<bool> {
+/// Creates the log file (and its directory) and installs the process's subscriber: the file, stderr too when
+/// `verbose`, and trace export when `otlp` (a base URL) or the standard `OTEL_*` variables ask for it
+/// ([`outbox::telemetry::trace_layer`]). Returns where traces go (`None`: nowhere). When a subscriber was already
+/// installed (a test process that runs `dev` twice) the file is created, and the lines go wherever that subscriber
+/// sends them.
+pub fn install(path: &Path, verbose: bool, otlp: Option<&str>) -> anyhow::Result<Option<String>> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating the log directory {}", dir.display()))?;
@@ -116,8 +118,14 @@ pub fn install(path: &Path, verbose: bool) -> anyhow::Result<bool> {
                 .boxed(),
         );
     }
-    Ok(tracing_subscriber::registry()
-        .with(layers)
-        .try_init()
-        .is_ok())
+    let traces = outbox::telemetry::trace_layer::<Registry>(otlp);
+    let to = traces.as_ref().map(|_| {
+        otlp.map(str::to_owned)
+            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").ok())
+            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
+            .unwrap_or_default()
+    });
+    layers.extend(traces);
+    let _ = tracing_subscriber::registry().with(layers).try_init();
+    Ok(to)
 }

@@ -36,6 +36,8 @@ pub(super) struct Delivery<'b> {
     pub(super) payload: &'b [u8],
     /// Record the delivery evidence of this ordered event in the applying transaction (and on a duplicate).
     pub(super) record_evidence: bool,
+    /// The relay sent this copy again on purpose (the envelope's `resent`; tracing only).
+    pub(super) resent: bool,
 }
 
 /// QStash's own informational headers (never used to decide a write).
@@ -121,6 +123,7 @@ pub(super) fn current_delivery<'b>(
             meta: event_meta(ev, topic, message_id.as_deref(), retried),
             payload: ev.payload.get().as_bytes(),
             record_evidence: ev.seq.is_some() && consumer_evidence,
+            resent: ev.resent,
         })
         .collect())
 }
@@ -313,6 +316,7 @@ pub(super) async fn legacy_delivery<'b>(
         },
         payload: body,
         record_evidence: seq.is_some(),
+        resent: false,
     })
 }
 

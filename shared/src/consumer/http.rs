@@ -19,6 +19,9 @@ use crate::metrics::{EmfRecord, Unit};
 use crate::receiver::ReceiverState;
 use crate::receiver::http::{RequestOutcome, log_signature_rejected, request_path, respond};
 use crate::receiver::verify_request;
+use crate::telemetry::spans;
+use opentelemetry::Context;
+use opentelemetry::context::FutureExt as _;
 
 /// The topic of `/events/{topic}` (the last `/events/` segment, so a path prefix in front is allowed).
 fn topic_of(path: &str) -> Option<&str> {
@@ -42,11 +45,14 @@ pub async fn handle_event(state: &ConsumerState, req: Request) -> Response<Body>
         traceparent = Empty,
         batch_size = Empty,
     );
-    respond(span, state.receiver.emit_metrics, async {
+    let response = respond(span, state.receiver.emit_metrics, async {
         let (outcome, events) = process(state, &req).await;
         Handled { outcome, events }
     })
-    .await
+    .await;
+    // The request's spans (export on only) leave before it returns: the environment may freeze after.
+    crate::telemetry::flush().await;
+    response
 }
 
 /// A finished request: its outcome and, once they were known, its events and what happened to each.
@@ -255,15 +261,55 @@ async fn process(state: &ConsumerState, req: &Request) -> (Outcome, Vec<(EventMe
     record_first_event(&span, &deliveries);
 
     // 4.–5. Decode the typed payloads; per event, in one transaction: dedupe row, sequence check, the handler.
-    let results = batch::apply(receiver, route, &deliveries).await;
+    // Traced as the messaging `process` span (when export is on), the parent of what the handlers trace.
+    let traced = process_span(topic, &receiver.config.name, &deliveries);
+    let applying = batch::apply(receiver, route, &deliveries);
+    let results = match &traced {
+        Some(cx) => applying.with_context(cx.clone()).await,
+        None => applying.await,
+    };
     let ids: Vec<OutboxId> = deliveries.iter().map(|d| d.meta.outbox_id).collect();
     let outcome = batch::outcome_of(&ids, &results);
+    if let Some(cx) = &traced {
+        spans::end(cx, outcome_error(&outcome));
+    }
     let events = deliveries
         .into_iter()
         .map(|d| d.meta)
         .zip(results)
         .collect();
     (outcome, events)
+}
+
+/// The `process` span of a delivery's events ([`spans::process`]).
+fn process_span(topic: &str, subscriber: &str, deliveries: &[Delivery<'_>]) -> Option<Context> {
+    if !spans::enabled() {
+        return None;
+    }
+    let events: Vec<spans::Delivered<'_>> = deliveries
+        .iter()
+        .map(|d| spans::Delivered {
+            event: spans::Linked {
+                traceparent: d.meta.traceparent.as_deref(),
+                message_id: d.meta.event_id.get(),
+                subscriber,
+            },
+            retried: d.meta.retried,
+            resent: d.resent,
+        })
+        .collect();
+    let qstash_id = deliveries
+        .first()
+        .and_then(|d| d.meta.message_id.as_deref());
+    spans::process(topic, subscriber, qstash_id, &events)
+}
+
+/// The error a `process` span ends with: none when every event was applied or was a duplicate.
+fn outcome_error(outcome: &Outcome) -> Option<String> {
+    match outcome {
+        Outcome::Processed { .. } | Outcome::Duplicate { .. } => None,
+        other => Some(other.metric().to_owned()),
+    }
 }
 
 /// Step 3: the topic of a POST to `/events/{topic}`, and its registered route.

@@ -11,7 +11,8 @@ use sqlx::{PgConnection, Row};
 use super::{FILTER_SQL, Filter, UNHANDLED_SQL, bind_filter};
 use crate::contract;
 use crate::ids::{OutboxId, PartitionKey, TopicName};
-use crate::producer::{EventHeaders, is_traceparent};
+use crate::producer::EventHeaders;
+use crate::telemetry::spans::is_traceparent;
 
 /// One line of `outbox dead-letters list`.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]

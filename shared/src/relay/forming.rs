@@ -91,6 +91,7 @@ fn envelope_headers(ev: &ClaimedEvent) -> Vec<(&str, &str)> {
 fn wire_event<'a>(
     ev: &'a ClaimedEvent,
     headers: &'a [(&'a str, &'a str)],
+    resent: bool,
 ) -> contract::WireEvent<'a> {
     contract::WireEvent {
         id: ev.id,
@@ -101,6 +102,7 @@ fn wire_event<'a>(
         schema_version: ev.headers.schema_version,
         headers,
         payload: &ev.payload,
+        resent,
     }
 }
 
@@ -188,7 +190,7 @@ impl Forming<'_> {
         let wire: Vec<contract::WireEvent<'_>> = events
             .iter()
             .zip(&header_lists)
-            .map(|(ev, headers)| wire_event(ev, headers))
+            .map(|(ev, headers)| wire_event(ev, headers, self.resent(ev)))
             .collect();
         let body = contract::write_envelope(
             &first.topic,
@@ -434,6 +436,12 @@ impl Forming<'_> {
         }
     }
 
+    /// Whether `ev` is sent again on purpose: redriven, republished by the reconciler, or a replayed copy.
+    fn resent(&self, ev: &ClaimedEvent) -> bool {
+        ev.dedup_generation > 0
+            || (self.destinations).replayed(&ev.topic, &ev.subscriber, ev.event_id.get())
+    }
+
     /// The bytes one event adds to an envelope (its envelope alone minus the empty envelope).
     fn event_size(&self, ev: &ClaimedEvent, overhead: usize) -> usize {
         let headers = envelope_headers(ev);
@@ -441,7 +449,7 @@ impl Forming<'_> {
             &ev.topic,
             named(ev),
             self.evidence_for(ev.seq.is_some()),
-            &[wire_event(ev, &headers)],
+            &[wire_event(ev, &headers, self.resent(ev))],
         );
         one.len().saturating_sub(overhead)
     }
@@ -856,6 +864,35 @@ mod tests {
             .flow_control
             .expect("flow control");
         assert_eq!(fc.key, "orders.a");
+    }
+
+    /// A copy sent again on purpose (redriven or republished: a dedup generation; a replayed copy) says so in
+    /// the envelope, for the consumer's tracing (linked, not a child of the producer's span); a first send does not.
+    #[test]
+    fn a_copy_sent_again_on_purpose_is_marked_resent() {
+        let mut s = Settings::new(&[("RELAY_DELIVERY_BATCH", "1")]);
+        s.destinations = Arc::new(
+            Destinations::default()
+                .with("orders", "billing", "https://billing.example")
+                .with_replay("orders", "billing", 1, Some(100)),
+        );
+        let first = event_for(1, "a", None);
+        let mut redriven = event_for(2, "b", None);
+        redriven.dedup_generation = 1;
+        let mut replayed = event_for(1003, "c", None);
+        replayed.subscriber = "billing".into();
+        replayed.event_id = OutboxId(3);
+        let resent = |ev: &ClaimedEvent| {
+            let m = s.forming().message_of(&[ev]);
+            contract::parse_envelope(m.body.as_bytes())
+                .expect("an envelope")
+                .events[0]
+                .resent
+        };
+        assert_eq!(
+            [resent(&first), resent(&redriven), resent(&replayed)],
+            [false, true, true]
+        );
     }
 
     fn event_for(id: i64, key: &str, seq: Option<i64>) -> ClaimedEvent {

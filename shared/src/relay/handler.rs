@@ -334,6 +334,8 @@ pub async fn handle(
             &drained,
         )
     );
+    // The invocation's spans (export on only) leave before it returns: the environment may freeze after.
+    crate::telemetry::flush().await;
     let drain = drain?;
     let (accounting, accounting_error) = accounting_outcome(accounting);
     let backlog = housekeeping::backlog(relay.db(), cfg.accounting.horizon)

@@ -17,8 +17,6 @@
 
 use futures::stream::{FuturesUnordered, StreamExt};
 
-use crate::qstash::Message;
-
 use super::claim::ClaimedEvent;
 use super::decide::log_dead_letters;
 use super::forming::{Formed, Outgoing};
@@ -155,8 +153,7 @@ impl Relay {
             messages,
             left_over: Vec::new(),
         };
-        let bodies: Vec<Message> = formed.messages.iter().map(|m| m.message.clone()).collect();
-        let sent = self.send_request(&bodies).await;
+        let sent = self.send_request(events, &formed.messages).await;
         let (formed, published) = self.with_single_fallback(events, formed, sent).await;
         Answered { formed, published }
     }

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use crate::qstash::{Message, PublishOutcome, request_level_failure};
 
+use crate::telemetry::spans::{self, Linked, MessagingSpan};
+
 use super::claim::ClaimedEvent;
 use super::cycle::Relay;
 use super::forming::{Formed, Outgoing};
@@ -43,8 +45,7 @@ impl Relay {
     #[cfg_attr(not(feature = "internals"), allow(dead_code))] // `internals::RelaySteps`
     pub(crate) async fn publish_classified(&self, events: &[ClaimedEvent]) -> Published {
         let formed = self.messages_for(events);
-        let messages: Vec<Message> = formed.messages.iter().map(|m| m.message.clone()).collect();
-        let sent = self.send(&messages).await;
+        let sent = self.send(events, &formed.messages).await;
         self.with_single_fallback(events, formed, sent).await.1
     }
 
@@ -59,8 +60,7 @@ impl Relay {
     ) -> (Formed, Published) {
         let singles = self.refused_singly(events, &mut formed, &sent);
         if !singles.is_empty() {
-            let messages: Vec<Message> = singles.iter().map(|o| o.message.clone()).collect();
-            sent.absorb(self.send(&messages).await);
+            sent.absorb(self.send(events, &singles).await);
             formed.messages.extend(singles);
         }
         let published = Published::assemble(events.len(), &formed, sent);
@@ -102,9 +102,9 @@ impl Relay {
     }
 
     /// Sends messages through `/v2/batch` requests of `QSTASH_BATCH_SIZE`: one result per message.
-    async fn send(&self, messages: &[Message]) -> Sent {
+    async fn send(&self, events: &[ClaimedEvent], messages: &[Outgoing]) -> Sent {
         let chunk = self.qstash.batch_size.max(1) as usize;
-        let requests = messages.chunks(chunk).map(|c| self.send_request(c));
+        let requests = messages.chunks(chunk).map(|c| self.send_request(events, c));
         let mut sent = Sent::default();
         for one in futures::future::join_all(requests).await {
             sent.absorb(one);
@@ -114,8 +114,21 @@ impl Relay {
 
     /// One `/v2/batch` request. A permanent refusal of a whole multi-message request (e.g. 413: the batch is
     /// too large) says nothing about each message: they are asked again one by one so only the culprits are
-    /// dead-lettered.
-    pub(super) async fn send_request(&self, c: &[Message]) -> Sent {
+    /// dead-lettered. Traced as one messaging `send` span linking the events it carries (when export is on).
+    pub(super) async fn send_request(&self, events: &[ClaimedEvent], out: &[Outgoing]) -> Sent {
+        let mut span = send_span(events, out);
+        let messages: Vec<Message> = out.iter().map(|o| o.message.clone()).collect();
+        let sent = self.send_messages(&messages).await;
+        if let Some(span) = span.as_mut()
+            && sent.requests_failed > 0
+        {
+            use opentelemetry::trace::Span as _;
+            span.set_status(opentelemetry::trace::Status::error("QStash request failed"));
+        }
+        sent
+    }
+
+    async fn send_messages(&self, c: &[Message]) -> Sent {
         let t = Instant::now();
         let resp = self.client.batch_classified(c).await;
         let out = resp.outcomes;
@@ -157,6 +170,29 @@ impl Relay {
             latencies: vec![t.elapsed()],
         }
     }
+}
+
+/// The `send` span of a request of `out` ([`crate::telemetry::spans::send`]): named after the topic when all of its
+/// messages share one.
+fn send_span(events: &[ClaimedEvent], out: &[Outgoing]) -> Option<MessagingSpan> {
+    if !spans::enabled() {
+        return None;
+    }
+    let carried = || {
+        out.iter()
+            .flat_map(|o| o.events.iter().map(|&i| &events[i]))
+    };
+    let topic = carried().next().map(|e| e.topic.as_str());
+    let one_topic = topic.filter(|t| carried().all(|e| e.topic.as_str() == *t));
+    spans::send(
+        one_topic,
+        out.len(),
+        carried().map(|e| Linked {
+            traceparent: e.headers.traceparent.as_deref(),
+            message_id: e.event_id.get(),
+            subscriber: &e.subscriber,
+        }),
+    )
 }
 
 fn all_equal(v: &[PublishOutcome]) -> bool {

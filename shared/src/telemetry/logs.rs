@@ -1,8 +1,12 @@
-//! Logging setup shared by every binary: JSON lines through `tracing` (CloudWatch reads the top-level
-//! `level`), level from `AWS_LAMBDA_LOG_LEVEL` or `RUST_LOG` (default `info`). Secrets are never logged: they
-//! are [`secrecy::SecretString`] values whose `Debug` is redacted, and no code path formats them.
+//! Log lines: JSON through `tracing` (CloudWatch reads the top-level `level`), level from `AWS_LAMBDA_LOG_LEVEL`
+//! or `RUST_LOG` (default `info`); with trace export on, the same lines plus the bridge from `tracing` spans to
+//! OpenTelemetry ([`trace_layer`]).
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt};
+
+use super::export::{ExportSettings, install};
 
 /// Output format of the log lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,8 +76,28 @@ pub fn init(format: LogFormat) {
     init_with_default(format, "info");
 }
 
-/// Like [`init`], with another default level when neither `AWS_LAMBDA_LOG_LEVEL` nor `RUST_LOG` is set.
+/// Like [`init`], with another default level when neither `AWS_LAMBDA_LOG_LEVEL` nor `RUST_LOG` is set. With
+/// trace export on (the `OTEL_*` variables), the same log lines go through a registry that also carries
+/// [`trace_layer`]; without, the subscriber is the one it always was.
 pub(crate) fn init_with_default(format: LogFormat, default_level: &str) {
+    if let Some(traces) = trace_layer(None) {
+        let logs = tracing_subscriber::fmt::layer().with_target(false);
+        let logs = match format {
+            LogFormat::Json => logs
+                .json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .with_span_list(false)
+                .boxed(),
+            LogFormat::Pretty => logs.compact().boxed(),
+        };
+        let _ = tracing_subscriber::registry()
+            .with(filter(default_level))
+            .with(logs)
+            .with(traces)
+            .try_init();
+        return;
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter(default_level))
         .with_target(false);
@@ -86,6 +110,49 @@ pub(crate) fn init_with_default(format: LogFormat, default_level: &str) {
             .try_init(),
         LogFormat::Pretty => builder.compact().try_init(),
     };
+}
+
+/// Targets whose `tracing` spans are not bridged to OpenTelemetry: the pipeline's own (its messaging spans are
+/// made directly, [`super::spans`]) and the Lambda runtime's. An application's spans are: the producer's caller
+/// becomes the parent of its `create` spans, and a handler's spans are children of the consumer's `process`.
+const NOT_BRIDGED: [&str; 4] = ["outbox", "lambda_runtime", "lambda_http", "qstash_dev"];
+
+fn bridged(target: &str) -> bool {
+    !NOT_BRIDGED.iter().any(|c| {
+        target
+            .strip_prefix(c)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+    })
+}
+
+/// Sets up trace export and returns the layer that bridges an application's `tracing` spans to it, when
+/// `endpoint` (an OTLP/HTTP base URL, `/v1/traces` appended) is given or the `OTEL_*` variables turn export on;
+/// `None` otherwise, or when export could not be set up (said on stderr: no subscriber is installed yet).
+/// For a subscriber of one's own (`outbox-dev dev`); [`init`] and [`init_from_env`] add it themselves.
+pub fn trace_layer<S>(endpoint: Option<&str>) -> Option<Box<dyn Layer<S> + Send + Sync>>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
+{
+    let get = |k: &str| std::env::var(k).ok();
+    let settings = match endpoint {
+        Some(url) => ExportSettings::with_endpoint(Some(url), get),
+        None => ExportSettings::from_env(get)?,
+    };
+    match install(&settings) {
+        Ok(provider) => {
+            use opentelemetry::trace::TracerProvider as _;
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("outbox"))
+                .with_filter(tracing_subscriber::filter::filter_fn(|m| {
+                    bridged(m.target())
+                }));
+            Some(layer.boxed())
+        }
+        Err(e) => {
+            eprintln!("trace export is off: {e}");
+            None
+        }
+    }
 }
 
 /// JSON unless `LOG_FORMAT=pretty` (Lambda always gets JSON).
@@ -117,6 +184,26 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn the_pipelines_own_spans_are_not_bridged() {
+        for t in [
+            "outbox",
+            "outbox::relay",
+            "lambda_runtime::layers",
+            "qstash_dev::api",
+        ] {
+            assert!(!bridged(t), "{t}");
+        }
+        for t in [
+            "outbox_devtools::dev",
+            "orders_example",
+            "app::checkout",
+            "outboxes",
+        ] {
+            assert!(bridged(t), "{t}");
+        }
+    }
     use std::sync::{Arc, Mutex};
 
     #[derive(Clone, Default)]
