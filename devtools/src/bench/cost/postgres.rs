@@ -126,7 +126,9 @@ impl PgMeter {
         Ok(json!({
             "cpu_secs": cpu,
             "backends": seen.len(),
-            "wal_bytes": db_wal,
+            // pg_walinspect may be missing or refused (a concurrent `CREATE EXTENSION`, no replication slot left):
+            // then the whole server's difference, and `wal_method` says so.
+            "wal_bytes": db_wal.unwrap_or(server_wal),
             "server_wal_bytes": server_wal,
             "wal_method": if db_wal.is_some() { "pg_walinspect, this database's records" }
                           else { "the whole server's LSN difference" },
