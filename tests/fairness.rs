@@ -316,6 +316,13 @@ async fn each_tenants_rate_limit_holds_at_the_dev_server_in_a_key_of_its_own(poo
     wait_applied(&pool, "free", 20, Duration::from_secs(60)).await;
     wait_applied(&pool, "", 20, Duration::from_secs(60)).await;
     wait_applied(&pool, "limited", 20, Duration::from_secs(60)).await;
+    // An attempt is logged when its response arrives, after the consumer committed: wait for the last ones.
+    stack
+        .dev
+        .handle()
+        .wait_idle(Duration::from_secs(30))
+        .await
+        .expect("the dev server goes idle");
 
     let starts = delivery_starts(&stack);
     let of = |t: &str| -> Vec<Duration> {

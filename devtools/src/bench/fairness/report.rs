@@ -22,8 +22,8 @@ pub fn section(run: &Value) -> String {
     let _ = writeln!(w, "## Fairness between tenants\n");
     let _ = writeln!(
         w,
-        "Tenant A imports {} events (transactions of 1,000, as fast as it can) while {} other tenants write {} \
-         events/s each, one per transaction, on an unordered topic with batched deliveries (50 events per message), \
+        "Tenant A imports {} events (transactions of 1,000, committed before the relay starts: a backlog of the \
+         whole import) while {} other tenants write {} events/s each, one per transaction, on an unordered topic with batched deliveries (50 events per message), \
          through the relay (this process), the delivering dev server and the real consumer; each run on a fresh \
          database. The others' commit → applied is measured over the events they wrote while A's import was \
          waiting; A's rate is its events over first commit → last applied. `outbox-dev bench fairness` (decision \

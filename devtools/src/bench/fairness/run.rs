@@ -180,6 +180,11 @@ async fn measure(
         concurrency: 8,
         qstash_batch: 100,
     };
+    // The import is committed before the relay starts: a backlog of the whole flood, as a bulk import makes when
+    // it writes faster than the relay drains (a flood the relay keeps pace with delays no one).
+    if kind.flood() {
+        flood(&db.pool, args.flood).await?;
+    }
     let relay =
         Arc::new(super::super::support::in_process_relay(&db.url, &dev.url, knobs, &env).await?);
     let stop_relay = relay.stop_handle();
@@ -202,7 +207,6 @@ async fn measure(
         tokio::spawn(async move { produce_others(pool, tenants, rate, min, until).await })
     });
     if kind.flood() {
-        flood(&db.pool, args.flood).await?;
         wait_flood_applied(&db.pool, args.flood).await?;
         flood_done.notify_one();
     }
