@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use orders_example::{AuditEntry, LineItem, OrderEvent, OrderPlaced, audit_event, order_event};
 use outbox::config::TenantLimits;
-use outbox::producer::enqueue_batch;
-use outbox_testkit::db::url_of;
+use outbox_testkit::db::{enqueue_committed as enqueue, url_of};
 use outbox_testkit::stack::{LocalStack, StackOptions};
 use qstash_dev::AttemptKind;
 use serde_json::{Value, json};
@@ -51,18 +50,6 @@ fn order(tenant: &str, order_id: &str) -> outbox::NewEvent {
     }))
     .unwrap()
     .fairness_key(tenant)
-}
-
-async fn enqueue(pool: &PgPool, events: &[outbox::NewEvent]) -> Vec<i64> {
-    let mut tx = pool.begin().await.unwrap();
-    let ids = enqueue_batch(&mut tx, events)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.id.get())
-        .collect();
-    tx.commit().await.unwrap();
-    ids
 }
 
 fn options(pool: &PgPool) -> StackOptions {
@@ -369,16 +356,8 @@ async fn each_tenants_rate_limit_holds_at_the_dev_server_in_a_key_of_its_own(poo
     );
 
     // QStash's own view of the tenant's flow-control key.
-    let url = format!("{}/v2/flowControl/audit.tenant-limited", stack.dev.url());
-    let info: Value = reqwest::Client::new()
-        .get(url)
-        .bearer_auth(stack.dev.token())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info =
+        outbox_testkit::dev_api::get(&stack.dev, "/v2/flowControl/audit.tenant-limited").await;
     assert_eq!(info["rateMax"], RATE, "{info}");
     stack.stop().await;
 }

@@ -506,15 +506,8 @@ async fn a_subscriber_added_with_history_gets_every_retained_event_once_in_order
     assert_applied_once_in_order(&pool, D, &new).await;
     // C's history went through QStash under flow control of its own, one key per topic at the replay's
     // parallelism (so a replay's backlog queues apart from everyone's live events); nobody else's did.
-    let flows: Vec<serde_json::Value> = reqwest::Client::new()
-        .get(format!("{}/v2/flowControl", stack.dev.url()))
-        .bearer_auth(stack.dev.token())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let flows = outbox_testkit::dev_api::get(&stack.dev, "/v2/flowControl").await;
+    let flows = flows.as_array().expect("a list of flow-control keys");
     let replay_keys: Vec<(&str, u64)> = flows
         .iter()
         .filter_map(|f| {

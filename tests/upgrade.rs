@@ -17,8 +17,7 @@ use orders_example::{
 };
 use outbox::config::EvidenceMode;
 use outbox::dead_letters::RedriveOptions;
-use outbox::producer::enqueue_batch;
-use outbox_testkit::db::url_of;
+use outbox_testkit::db::{enqueue_committed as enqueue, url_of};
 use outbox_testkit::previous_relay::{OldEvent, mark_dispatched};
 use outbox_testkit::stack::{LocalStack, Receiver, RecordedRequest, StackOptions};
 use serde_json::{Value, json};
@@ -58,19 +57,6 @@ fn audit(actor: &str, action: &str) -> outbox::NewEvent {
         },
     )
     .unwrap()
-}
-
-/// Writes events in one producer transaction; their outbox ids.
-async fn enqueue(pool: &PgPool, events: &[outbox::NewEvent]) -> Vec<i64> {
-    let mut tx = pool.begin().await.unwrap();
-    let ids = enqueue_batch(&mut tx, events)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.id.get())
-        .collect();
-    tx.commit().await.unwrap();
-    ids
 }
 
 async fn stack(pool: &PgPool, mode: EvidenceMode) -> LocalStack {

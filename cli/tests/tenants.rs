@@ -201,16 +201,8 @@ async fn a_bad_key_is_refused_with_the_reason_and_changes_nothing(pool: PgPool) 
 }
 
 /// `isPaused` of a flow-control key at the dev server.
-async fn is_paused(http: &reqwest::Client, dev: &qstash_dev::DevServer, key: &str) -> bool {
-    let v: serde_json::Value = http
-        .get(format!("{}/v2/flowControl/{key}", dev.url()))
-        .bearer_auth(dev.token())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+async fn is_paused(dev: &qstash_dev::DevServer, key: &str) -> bool {
+    let v = outbox_testkit::dev_api::get(dev, &format!("/v2/flowControl/{key}")).await;
     v["isPaused"]
         .as_bool()
         .unwrap_or_else(|| panic!("{key}: {v}"))
@@ -269,7 +261,7 @@ async fn with_qstash_the_tenants_flow_control_keys_are_paused_there_too(pool: Pg
     );
     let paused = [true, true, false, false];
     for (key, want) in keys.iter().zip(paused) {
-        assert_eq!(is_paused(&http, &dev, key).await, want, "{key}");
+        assert_eq!(is_paused(&dev, key).await, want, "{key}");
     }
     assert_eq!(held(&pool, "acme").await, (2, 0));
 
@@ -283,7 +275,7 @@ async fn with_qstash_the_tenants_flow_control_keys_are_paused_there_too(pool: Pg
     assert_eq!(v["outcome"]["changed"], true);
     assert_eq!(v["qstash_flow_control_keys"].as_array().unwrap().len(), 2);
     for key in keys {
-        assert!(!is_paused(&http, &dev, key).await, "{key}");
+        assert!(!is_paused(&dev, key).await, "{key}");
     }
     // A wrong token: QStash refuses the list, nothing is changed (exit non-zero).
     let (ok, _, err) = with_qstash(&["tenants", "pause", "acme", "--qstash"], "wrong-token").await;

@@ -13,8 +13,9 @@ use outbox::config::{DeliveryBatching, EvidenceMode, RelayConfig};
 use outbox::db::Statements;
 use outbox::internals::RelaySteps;
 use outbox::internals::qstash::flow_control_key;
-use outbox::producer::{NewEvent, Topic, enqueue_batch};
+use outbox::producer::{NewEvent, Topic};
 use outbox::relay::Relay;
+use outbox_testkit::db::enqueue_committed as enqueue;
 use outbox_testkit::relaying::{self, RelayEnv};
 use qstash_dev::Config as DevConfig;
 use serde_json::{Value, json};
@@ -99,13 +100,6 @@ async fn expire_leases(e: &RelayEnv) {
 
 fn dev() -> DevConfig {
     DevConfig::for_tests(0.0005)
-}
-
-async fn enqueue(pool: &PgPool, events: &[NewEvent]) -> Vec<i64> {
-    let mut tx = pool.begin().await.unwrap();
-    let out = enqueue_batch(&mut tx, events).await.unwrap();
-    tx.commit().await.unwrap();
-    out.into_iter().map(|e| e.id.get()).collect()
 }
 
 fn joined(ids: &[i64]) -> String {

@@ -155,3 +155,13 @@ pub fn library_migrations(keep: impl Fn(i64) -> bool) -> sqlx::migrate::Migrator
         ..sqlx::migrate::Migrator::DEFAULT
     }
 }
+
+/// Writes `events` in one committed producer transaction; their outbox ids, in order.
+pub async fn enqueue_committed(pool: &PgPool, events: &[outbox::NewEvent]) -> Vec<i64> {
+    let mut tx = pool.begin().await.expect("begin");
+    let out = outbox::producer::enqueue_batch(&mut tx, events)
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    out.into_iter().map(|e| e.id.get()).collect()
+}

@@ -34,6 +34,7 @@ use std::sync::LazyLock;
 use sqlx::migrate::Migrator;
 
 pub mod db;
+pub mod dev_api;
 pub mod given_up;
 pub mod lambda_event;
 pub mod moto;
