@@ -30,7 +30,8 @@ pub(crate) const KEYS_PER_CLAIM: u32 = 100;
 /// The fair unordered claim. `$1` = lease seconds, `$2` = the cursor (the walk starts at the first key `>=` it; `''`
 /// is the start). `{limit}` (rows) and `{keys}` (keys walked) are spliced in once, as in the unfair claim. Each
 /// row also returns the walk's last key and how many keys it walked, from which the relay's [`Cursor`] moves on.
-pub(crate) const FAIR_CLAIM_SQL: &str = r#"
+pub(crate) const FAIR_CLAIM_SQL: &str = concat!(
+    r#"
 WITH RECURSIVE tok AS (SELECT nextval('{schema}.outbox_lease_token_seq') AS t),
 walk (k, n) AS (
     (SELECT fairness_key, 1 FROM {schema}.outbox
@@ -84,37 +85,52 @@ SET attempts = o.attempts + 1,
 -- switches on JIT compilation (seconds per claim).
 WHERE o.id = ANY (ARRAY(SELECT id FROM fair
                         UNION ALL (SELECT id FROM fill LIMIT greatest({limit} - (SELECT count(*) FROM fair), 0))))
-RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, o.attempts,
-          o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token,
-          coalesce(o.event_id, o.id) AS event_id, o.fairness_key,
-          (SELECT n FROM walked) AS walked, (SELECT last FROM walked) AS walked_last
-"#;
+"#,
+    crate::ordering::claimed_columns!(),
+    ", (SELECT n FROM walked) AS walked, (SELECT last FROM walked) AS walked_last\n"
+);
 
-/// Where the next fair claim starts its walk over the fairness keys, shared by a relay's concurrent cycles. A
-/// walk that reached [`KEYS_PER_CLAIM`] keys leaves the cursor just past its last key; a shorter one (it reached
-/// the end) sends the next walk back to the start.
-#[derive(Debug, Default)]
-pub(crate) struct Cursor(std::sync::Mutex<String>);
+/// Where the next fair claim starts its walk over the fairness keys, shared by a relay's concurrent cycles, and
+/// how many keys a walk takes. A walk that reached that many keys leaves the cursor just past its last key; a
+/// shorter one (it reached the end) sends the next walk back to the start.
+#[derive(Debug)]
+pub(crate) struct Cursor {
+    next: std::sync::Mutex<String>,
+    keys: u32,
+}
 
 impl Cursor {
+    /// A cursor at the start, for walks of `keys` keys.
+    pub(crate) fn new(keys: u32) -> Self {
+        Cursor {
+            next: std::sync::Mutex::default(),
+            keys,
+        }
+    }
+
+    /// Keys per walk (the claim's `{keys}`).
+    pub(crate) fn keys(&self) -> u32 {
+        self.keys
+    }
+
     /// Where the next walk starts.
     pub(crate) fn start(&self) -> String {
-        self.0
+        self.next
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 
-    /// Moves on after a walk of `walked` keys whose last key was `last`, out of at most `max` keys. An empty
-    /// claim (nothing was due anywhere) sends it back to the start too.
-    pub(crate) fn advance(&self, walked: i64, last: Option<&str>, max: u32) {
+    /// Moves on after a walk of `walked` keys whose last key was `last`. An empty claim (nothing was due
+    /// anywhere) sends it back to the start too.
+    pub(crate) fn advance(&self, walked: i64, last: Option<&str>) {
         let next = match last {
             // The smallest string after `last` in byte order: keys hold no control characters.
-            Some(last) if walked >= i64::from(max) => format!("{last}\u{1}"),
+            Some(last) if walked >= i64::from(self.keys) => format!("{last}\u{1}"),
             _ => String::new(),
         };
         *self
-            .0
+            .next
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = next;
     }
@@ -259,14 +275,14 @@ mod tests {
 
     #[test]
     fn a_full_walk_moves_the_cursor_past_its_last_key_and_a_short_one_starts_over() {
-        let c = Cursor::default();
+        let c = Cursor::new(100);
         assert_eq!(c.start(), "");
-        c.advance(100, Some("tenant-42"), 100);
+        c.advance(100, Some("tenant-42"));
         assert_eq!(c.start(), "tenant-42\u{1}");
         assert!(c.start().as_str() > "tenant-42" && c.start().as_str() < "tenant-42.");
-        c.advance(7, Some("tenant-99"), 100);
+        c.advance(7, Some("tenant-99"));
         assert_eq!(c.start(), "");
-        c.advance(0, None, 100);
+        c.advance(0, None);
         assert_eq!(c.start(), "");
     }
 }

@@ -28,6 +28,18 @@ use crate::config::DeadHeadPolicy;
 use crate::db::Statements;
 use crate::ids::{OutboxId, PartitionKey, TopicName};
 
+/// The `RETURNING` list of every claim, the columns `ClaimedEvent::from_row` reads (`crate::relay::claim`): the
+/// ordered claims below, the unordered one and the fair one (`crate::fairness`) share it, so a column of a claimed
+/// event is added to all of them at once.
+macro_rules! claimed_columns {
+    () => {
+        "RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, \
+         o.attempts, o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, \
+         o.lease_token, coalesce(o.event_id, o.id) AS event_id, o.fairness_key"
+    };
+}
+pub(crate) use claimed_columns;
+
 /// The part both ordered claims share: take a fencing token, lock up to `{limit}` due, unblocked keys (`SKIP
 /// LOCKED`) and lease each key that has a due head with it (see [`CLAIM_HEADS_SQL`]).
 macro_rules! claim_keys_sql {
@@ -85,10 +97,9 @@ FROM keys k
 WHERE k.lease_token = (SELECT t FROM tok)
   AND o.topic = k.topic AND o.partition_key = k.partition_key AND o.subscriber = k.subscriber
   AND o.seq = k.done_seq + 1
-RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, o.attempts,
-          o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token,
-          coalesce(o.event_id, o.id) AS event_id, o.fairness_key
-"#
+"#,
+    claimed_columns!(),
+    "\n"
 );
 
 /// [`CLAIM_HEADS_SQL`] for delivery batches (decision record 0014), used when some topic has
@@ -124,10 +135,9 @@ SET attempts = o.attempts + 1,
     locked_until = now() + make_interval(secs => $1)
 FROM run
 WHERE o.id = run.row_id
-RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, o.attempts,
-          o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token,
-          coalesce(o.event_id, o.id) AS event_id, o.fairness_key
-"#
+"#,
+    claimed_columns!(),
+    "\n"
 );
 
 /// What [`record_delivery`] found.

@@ -21,7 +21,8 @@ use crate::producer::EventHeaders;
 /// The unordered claim. `$1` = lease seconds; `{limit}` is spliced in once (see [`CLAIM_HEADS_SQL`] on why). Rows
 /// are found again by `id`, never by `ctid`: the outbox is partitioned, and a row address repeats from one
 /// partition to the next (decision record 0067).
-pub const CLAIM_UNORDERED_SQL: &str = r#"
+pub const CLAIM_UNORDERED_SQL: &str = concat!(
+    r#"
 WITH tok AS (SELECT nextval('{schema}.outbox_lease_token_seq') AS t)
 UPDATE {schema}.outbox o
 SET attempts = o.attempts + 1,
@@ -35,10 +36,10 @@ WHERE o.id = ANY (ARRAY(
     ORDER BY available_at, id
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED))
-RETURNING o.id, o.topic, o.partition_key, o.subscriber, o.seq, o.payload::text AS payload, o.headers, o.attempts,
-          o.created_at, o.redrive_count + o.republish_count AS dedup_generation, o.last_error, o.lease_token,
-          coalesce(o.event_id, o.id) AS event_id, o.fairness_key
-"#;
+"#,
+    crate::ordering::claimed_columns!(),
+    "\n"
+);
 
 /// An event a relay holds under lease.
 #[derive(Debug, Clone)]
@@ -180,10 +181,11 @@ impl ClaimStatements {
     /// Shares each unordered claim among the fairness keys with waiting events ([`crate::fairness`]).
     pub fn with_fair_claims(mut self, fair: bool) -> Self {
         self.fair = fair.then(|| {
+            let cursor = Cursor::new(KEYS_PER_CLAIM.min(self.batch_size));
             let sql = crate::schema::sql(FAIR_CLAIM_SQL)
                 .replace("{limit}", &self.batch_size.to_string())
-                .replace("{keys}", &KEYS_PER_CLAIM.min(self.batch_size).to_string());
-            (sql, Arc::new(Cursor::default()))
+                .replace("{keys}", &cursor.keys().to_string());
+            (sql, Arc::new(cursor))
         });
         self
     }
@@ -251,8 +253,7 @@ impl ClaimStatements {
             Some(r) => (r.try_get("walked")?, r.try_get("walked_last")?),
             None => (0, None),
         };
-        let max = KEYS_PER_CLAIM.min(self.batch_size);
-        cursor.advance(walked.0, walked.1.as_deref(), max);
+        cursor.advance(walked.0, walked.1.as_deref());
         rows.iter().map(ClaimedEvent::from_row).collect()
     }
 
