@@ -83,6 +83,51 @@ pub(super) async fn consumer_endpoint(
     Ok((url, tx, requests))
 }
 
+/// The relay of a run, built from the Lambda's configuration, draining in the background.
+pub(super) struct Draining {
+    relay: Arc<outbox::relay::Relay>,
+    task: tokio::task::JoinHandle<Result<outbox::relay::DrainSummary, outbox::relay::RelayError>>,
+}
+
+impl Draining {
+    /// Builds the relay for the dev server at `dev_url` and the consumer at `consumer_url`, listening for the
+    /// `NOTIFY` hint with the default 500 ms poll (the hint, not polling, keeps latency low), `extra` on top; starts
+    /// its drain and gives it half a second to connect and listen before the first event.
+    pub(super) async fn start(
+        db_url: &str,
+        dev_url: &str,
+        consumer_url: String,
+        knobs: Knobs,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<Draining> {
+        let mut env = vec![
+            ("CONSUMER_URL", consumer_url),
+            ("RELAY_LISTEN_NOTIFY", "true".into()),
+            ("RELAY_POLL_INTERVAL_MS", "500".into()),
+        ];
+        env.extend(extra.iter().cloned());
+        let relay = Arc::new(in_process_relay(db_url, dev_url, knobs, &env).await?);
+        let task = {
+            let relay = relay.clone();
+            tokio::spawn(async move {
+                relay
+                    .drain(Instant::now() + Duration::from_secs(3600))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok(Draining { relay, task })
+    }
+
+    /// Stops the drain after its current cycles (every claim settled) and closes the relay's pool.
+    pub(super) async fn stop(self) -> anyhow::Result<outbox::relay::DrainSummary> {
+        self.relay.stop_handle().stop();
+        let summary = self.task.await??;
+        self.relay.pool().close().await;
+        Ok(summary)
+    }
+}
+
 /// Produces at `rate` events/s for `secs` seconds, waits until every event is applied, and returns the latency
 /// distributions. `extra` adds relay configuration variables (e.g. `RELAY_DELIVERY_BATCH`).
 pub async fn run(
@@ -114,26 +159,8 @@ async fn measure(
     extra: &[(&str, String)],
 ) -> anyhow::Result<Value> {
     let (consumer_url, stop_consumer, requests) = consumer_endpoint(&db.url).await?;
-    let mut env = vec![
-        ("CONSUMER_URL", consumer_url),
-        ("RELAY_LISTEN_NOTIFY", "true".into()),
-        // The default poll interval: the hint, not polling, is what keeps latency low.
-        ("RELAY_POLL_INTERVAL_MS", "500".into()),
-    ];
-    env.extend(extra.iter().cloned());
     let accepted0 = dev.accepted().await?;
-    let relay = Arc::new(in_process_relay(&db.url, &dev.url, knobs, &env).await?);
-    let stop_relay = relay.stop_handle();
-    let drain = {
-        let relay = relay.clone();
-        tokio::spawn(async move {
-            relay
-                .drain(Instant::now() + Duration::from_secs(3600))
-                .await
-        })
-    };
-    // Let the relay connect and start listening before the first event.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let relay = Draining::start(&db.url, &dev.url, consumer_url, knobs, extra).await?;
 
     let total = (f64::from(rate) * secs).round() as u64;
     let producer = Producer::default().notify(true);
@@ -165,8 +192,7 @@ async fn measure(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    stop_relay.stop();
-    let summary = drain.await??;
+    let summary = relay.stop().await?;
     let _ = stop_consumer.send(true);
     let messages = dev.accepted().await? - accepted0;
     let consumer_requests = requests.load(Ordering::Relaxed);
@@ -193,7 +219,6 @@ async fn measure(
         percentile(&applied, 0.5),
         percentile(&applied, 0.99)
     );
-    relay.pool().close().await;
     Ok(json!({
         "rate_per_sec": rate, "secs": secs, "events": total,
         "achieved_rate_per_sec": total as f64 / produced_in,

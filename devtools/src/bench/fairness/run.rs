@@ -10,7 +10,7 @@ use outbox_cli::util::DbArgs;
 use outbox_testkit::percentile;
 use serde_json::{Value, json};
 
-use super::super::steady::{TOPIC, consumer_endpoint};
+use super::super::steady::{Draining, TOPIC, consumer_endpoint};
 use super::super::support::{DevServerProcess, Knobs, ScratchDb, load_average};
 
 /// `outbox-dev bench fairness`.
@@ -165,12 +165,7 @@ async fn measure(
     dev: &DevServerProcess,
 ) -> anyhow::Result<Value> {
     let (consumer_url, stop_consumer, _) = consumer_endpoint(&db.url).await?;
-    let mut env = vec![
-        ("CONSUMER_URL", consumer_url),
-        ("RELAY_LISTEN_NOTIFY", "true".to_owned()),
-        ("RELAY_POLL_INTERVAL_MS", "500".to_owned()),
-        ("RELAY_FAIR_CLAIMS", (kind != Kind::Unfair).to_string()),
-    ];
+    let mut env = vec![("RELAY_FAIR_CLAIMS", (kind != Kind::Unfair).to_string())];
     if kind == Kind::Limited {
         let limit = format!("{}:rate={},period=1s", TOPIC.name(), args.limit_rate);
         env.push(("RELAY_TENANT_LIMITS", limit));
@@ -185,18 +180,7 @@ async fn measure(
     if kind.flood() {
         flood(&db.pool, args.flood).await?;
     }
-    let relay =
-        Arc::new(super::super::support::in_process_relay(&db.url, &dev.url, knobs, &env).await?);
-    let stop_relay = relay.stop_handle();
-    let drain = {
-        let relay = relay.clone();
-        tokio::spawn(async move {
-            relay
-                .drain(Instant::now() + Duration::from_secs(3600))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let relay = Draining::start(&db.url, &dev.url, consumer_url, knobs, &env).await?;
 
     let flood_done = Arc::new(tokio::sync::Notify::new());
     let others = kind.others().then(|| {
@@ -215,10 +199,8 @@ async fn measure(
         None => 0,
     };
     wait_all_applied(&db.pool).await?;
-    stop_relay.stop();
-    drain.await??;
+    relay.stop().await?;
     let _ = stop_consumer.send(true);
-    relay.pool().close().await;
     figures(&db.pool, kind, written).await
 }
 
